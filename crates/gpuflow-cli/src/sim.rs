@@ -1,0 +1,308 @@
+//! `gpuflow sim …` and `gpuflow bench …`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Subcommand, ValueEnum};
+use gpuflow_core::{MixWeighting, Policy};
+use gpuflow_sim::bench::{self, BenchConfig};
+use gpuflow_sim::fragmentation::{self, Config};
+use gpuflow_sim::{openb, report};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// The FGD paper's fragmentation experiment on the Alibaba openb trace.
+    ///
+    /// The trace is the public alibaba/clusterdata `cluster-trace-gpu-v2023`
+    /// (csv/ folder). Writes a table to stdout and, per pod list, a CSV and an
+    /// SVG chart to --out.
+    Openb {
+        /// Folder with openb_node_list_gpu_node.csv and the openb_pod_list_*.csv files.
+        #[arg(long, default_value_os_t = openb::default_dir())]
+        data: PathBuf,
+        /// Pod lists, comma separated (`default`, `gpushare40`, … or `all`).
+        #[arg(long, default_value = "default")]
+        trace: String,
+        /// Policies, comma separated, or `all`.
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Seeds as FIRST..LAST (inclusive) or a comma-separated list.
+        #[arg(long, default_value = "42..51")]
+        seeds: String,
+        /// Total arriving GPU request as a multiple of GPU capacity.
+        #[arg(long, default_value_t = 1.3)]
+        inflation: f64,
+        /// Where the CSV and SVG files go.
+        #[arg(long, default_value = "sim-out")]
+        out: PathBuf,
+        /// Share of the pod list's tasks whose shapes form the fragmentation mix
+        /// (most common shapes first), between 0 and 1.
+        #[arg(long, default_value_t = 1.0)]
+        mix_coverage: f64,
+        /// How tasks count in the mix: `tasks` (popularity) or `gpus` (GPU demand).
+        #[arg(long, value_enum, default_value = "tasks")]
+        mix_weighting: Weighting,
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Weighting {
+    Tasks,
+    Gpus,
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Placement decisions per second on a synthetic cluster (one thread), with
+    /// departures that hold the cluster near --target allocation.
+    Placement {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 100_000)]
+        tasks: u32,
+        /// Share of jobs that are 4-task gangs asking for one rack.
+        #[arg(long, default_value_t = 0.0)]
+        gangs: f64,
+        /// GPU allocation share the run is held near.
+        #[arg(long, default_value_t = 0.85)]
+        target: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value = "gpuflow")]
+        policy: String,
+    },
+}
+
+fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
+    if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a
+            .trim()
+            .parse()
+            .context("--seeds: FIRST in FIRST..LAST must be a number")?;
+        let b: u64 = b
+            .trim()
+            .parse()
+            .context("--seeds: LAST in FIRST..LAST must be a number")?;
+        if b < a {
+            bail!("--seeds {s}: LAST must not be below FIRST");
+        }
+        return Ok((a..=b).collect());
+    }
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .with_context(|| format!("--seeds: {x:?} is not a number"))
+        })
+        .collect()
+}
+
+fn parse_policies(s: &str) -> anyhow::Result<Vec<Policy>> {
+    if s == "all" {
+        return Ok(Policy::NAMES
+            .iter()
+            .filter_map(|n| Policy::named(n))
+            .collect());
+    }
+    s.split(',')
+        .map(|n| Policy::parse(n).context("--policy"))
+        .collect()
+}
+
+fn progress(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} runs, {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
+    match cmd {
+        SimCommand::Openb {
+            data,
+            trace,
+            policy,
+            seeds,
+            inflation,
+            out,
+            mix_coverage,
+            mix_weighting,
+            output,
+        } => {
+            if !(mix_coverage > 0.0 && mix_coverage <= 1.0) {
+                bail!("--mix-coverage {mix_coverage}: must be above 0 and at most 1");
+            }
+            if !(1.0..=3.0).contains(&inflation) {
+                bail!("--inflation {inflation}: must be between 1.0 and 3.0");
+            }
+            let traces: Vec<String> = if trace == "all" {
+                openb::POD_LISTS.iter().map(|s| s.to_string()).collect()
+            } else {
+                trace.split(',').map(|s| s.trim().to_string()).collect()
+            };
+            let cfg = Config {
+                seeds: parse_seeds(&seeds)?,
+                inflation,
+                policies: parse_policies(&policy)?,
+                mix_coverage,
+                mix_weighting: match mix_weighting {
+                    Weighting::Tasks => MixWeighting::Tasks,
+                    Weighting::Gpus => MixWeighting::Gpus,
+                },
+            };
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("cannot create {}", out.display()))?;
+            let mut json = Vec::new();
+            for t in &traces {
+                let (nodes, pods) = openb::load(&data, t).with_context(|| {
+                    format!(
+                        "loading the openb trace from {} (see README: where the trace comes from)",
+                        data.display()
+                    )
+                })?;
+                let bar = progress((cfg.seeds.len() * cfg.policies.len()) as u64, t);
+                let start = Instant::now();
+                let runs = fragmentation::run_all(&nodes, &pods, &cfg, &|| bar.inc(1))?;
+                let secs = start.elapsed().as_secs_f64();
+                bar.finish_and_clear();
+                let summaries = fragmentation::summarize(&runs, &cfg);
+                if std::env::var_os("GPUFLOW_SIM_DROPS").is_some() {
+                    for p in &cfg.policies {
+                        let mut by: std::collections::BTreeMap<&str, u64> = Default::default();
+                        let mine: Vec<_> = runs.iter().filter(|r| r.policy == p.name).collect();
+                        for r in &mine {
+                            for (k, v) in &r.dropped_by_kind {
+                                *by.entry(k.as_str()).or_default() += v;
+                            }
+                        }
+                        let cap: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+                        let parts: Vec<String> = by
+                            .iter()
+                            .map(|(k, v)| {
+                                format!(
+                                    "{k}: {:.2}%",
+                                    *v as f64 * 100.0 / cap as f64 / mine.len() as f64
+                                )
+                            })
+                            .collect();
+                        eprintln!("dropped before 100% ({}): {}", p.name, parts.join(", "));
+                    }
+                }
+                let decisions: u64 = runs.iter().map(|r| r.pods).sum();
+                eprintln!(
+                    "{t}: {} runs, {decisions} placement decisions in {secs:.2}s ({:.2}s per run, {:.1} µs per decision, on {} threads)",
+                    runs.len(),
+                    secs / runs.len() as f64 * rayon_threads() as f64,
+                    secs * 1e6 * rayon_threads() as f64 / decisions as f64,
+                    rayon_threads()
+                );
+                let name = format!("openb_{t}");
+                report::write(
+                    &out.join(format!("{name}.csv")),
+                    &report::csv(t, &summaries),
+                )?;
+                report::write(
+                    &out.join(format!("{name}.svg")),
+                    &report::svg(t, &summaries),
+                )?;
+                match output {
+                    Output::Table => println!("{}", report::table(t, &summaries)),
+                    Output::Json => {
+                        for s in &summaries {
+                            json.push(format!(
+                                "{{\"trace\":\"{t}\",\"policy\":\"{}\",\"seeds\":{},\"unallocated_gpu_pct\":[{}]}}",
+                                s.policy,
+                                s.seeds,
+                                s.unallocated.iter().map(|u| format!("{u:.4}")).collect::<Vec<_>>().join(",")
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Output::Json = output {
+                println!("[{}]", json.join(",\n"));
+            }
+            eprintln!("wrote CSV and SVG files to {}", out.display());
+            Ok(())
+        }
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Placement {
+            nodes,
+            tasks,
+            gangs,
+            target,
+            seed,
+            policy,
+        } => {
+            if nodes == 0 || tasks == 0 {
+                bail!("--nodes and --tasks must be above 0");
+            }
+            if !(0.0..=1.0).contains(&gangs) || !(0.0..=1.0).contains(&target) {
+                bail!("--gangs and --target are shares between 0 and 1");
+            }
+            let policy = Policy::parse(&policy).context("--policy")?;
+            let cfg = BenchConfig {
+                nodes,
+                tasks,
+                gang_share: gangs,
+                target_allocation: target,
+                seed,
+                ..BenchConfig::default()
+            };
+            let start = Instant::now();
+            let cluster = bench::cluster(&cfg);
+            let jobs = bench::jobs(&cfg);
+            let setup = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            let out = bench::run(cluster, &jobs, policy.clone(), &cfg)?;
+            let secs = start.elapsed().as_secs_f64();
+            println!(
+                "placement benchmark: {nodes} nodes x {} GPUs, racks of {}, policy {}",
+                cfg.gpus_per_node, cfg.rack_size, policy.name
+            );
+            println!(
+                "  jobs {} (tasks {}), placed {}, released {}, mean GPU allocation {:.1}%",
+                out.jobs,
+                out.tasks,
+                out.placed_jobs,
+                out.released_jobs,
+                out.mean_allocation * 100.0
+            );
+            println!("  setup {setup:.2}s, placement {secs:.2}s");
+            println!(
+                "  {:.0} task decisions/s, {:.2} µs per task decision",
+                out.tasks as f64 / secs,
+                secs * 1e6 / out.tasks as f64
+            );
+            match bench::peak_rss_mib() {
+                Some(m) => println!("  peak memory (VmHWM) {m:.0} MiB"),
+                None => println!("  peak memory: not available on this system"),
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The `gpuflow` binary, run as a user would.
+
+use std::process::Command;
+
+fn gpuflow(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuflow"))
+        .args(args)
+        .output()
+        .expect("gpuflow runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn sim_openb_writes_a_table_a_csv_and_an_svg() {
+    let data = gpuflow_sim::openb::default_dir();
+    if !data.join(gpuflow_sim::openb::GPU_NODE_LIST).exists() {
+        eprintln!("skipped: the openb trace is not at {}", data.display());
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("gpuflow-cli-test-{}", std::process::id()));
+    let (code, stdout, stderr) = gpuflow(&[
+        "sim",
+        "openb",
+        "--data",
+        data.to_str().unwrap(),
+        "--trace",
+        "gpushare40",
+        "--seeds",
+        "42",
+        "--policy",
+        "random,best-fit",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("gpushare40") && stdout.contains("best-fit") && stdout.contains("100%"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(out.join("openb_gpushare40.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows[0],
+        "trace,policy,seeds,arrived_pct,unallocated_gpu_pct"
+    );
+    assert_eq!(
+        rows.len(),
+        1 + 2 * 131,
+        "one row per policy and percent 0..=130"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with("gpushare40,best-fit,1,100,"))
+    );
+    let svg = std::fs::read_to_string(out.join("openb_gpushare40.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 2);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_message_that_says_what_to_fix() {
+    let (code, _, err) = gpuflow(&["sim", "openb", "--policy", "fastest"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("fastest") && err.contains("best-fit"), "{err}");
+    let (code, _, err) = gpuflow(&["sim", "openb", "--seeds", "51..42"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("LAST must not be below FIRST"), "{err}");
+    let (code, _, err) = gpuflow(&["sim", "openb", "--trace", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown pod list"), "{err}");
+    let (code, _, err) = gpuflow(&["sim", "openb", "--data", "/nonexistent"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent"), "{err}");
+}
+
+#[test]
+fn bench_placement_prints_its_figures() {
+    let (code, out, err) = gpuflow(&[
+        "bench",
+        "placement",
+        "--nodes",
+        "64",
+        "--tasks",
+        "2000",
+        "--gangs",
+        "0.1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("task decisions/s") && out.contains("tasks 2"),
+        "{out}"
+    );
+}

@@ -1,0 +1,596 @@
+//! The cluster as the scheduler sees it: the static [`Node`]s plus what is used
+//! on each of them, and an index that groups nodes in identical state.
+//!
+//! Nodes in one *class* have the same static shape (pool, labels, taints, CPU,
+//! memory, GPU models and layout) and the same usage, so every filter and every
+//! context-free scorer gives them the same answer. The placement pipeline
+//! evaluates a class once instead of each of its nodes; in a large cluster of a
+//! few node types that is what makes a placement decision cost microseconds.
+//! Names, racks and blocks are not part of a class: rules that read them run per node.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use crate::error::CoreError;
+use crate::ids::{CpuMilli, GpuMilli, MemMib, NodeId, TaskId};
+use crate::model::{GpuHealth, Node, NodeState, Taint};
+use crate::request::GpuRequest;
+
+/// How a GPU is being used right now. Sharing modes never mix on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum GpuMode {
+    #[default]
+    Idle,
+    Exclusive,
+    Fractional,
+    TimeSliced,
+    /// At least one MIG instance is in use.
+    Mig,
+}
+
+/// The usage of one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct GpuUsage {
+    pub mode: GpuMode,
+    /// Compute share used by fractional tasks.
+    pub milli: u32,
+    /// GPU memory claimed by fractional and time-sliced tasks, in MiB.
+    pub mem: u64,
+    /// Tasks on this GPU (fractional or time-sliced).
+    pub tasks: u16,
+    /// Bit i set: MIG instance i is in use.
+    pub mig_used: u32,
+}
+
+impl GpuUsage {
+    /// Compute share still free for whole-GPU and fractional work, in milli-GPU.
+    pub fn free_milli(&self) -> u32 {
+        match self.mode {
+            GpuMode::Idle => 1000,
+            GpuMode::Fractional => 1000u32.saturating_sub(self.milli),
+            _ => 0,
+        }
+    }
+}
+
+/// Which GPUs of a node a task gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuPick {
+    None,
+    /// Whole GPUs: bit i set means GPU i.
+    Whole(u64),
+    /// One shared GPU (fractional or time-sliced).
+    Shared(u8),
+    /// One MIG instance of one GPU.
+    Mig {
+        gpu: u8,
+        instance: u8,
+    },
+}
+
+/// One task's resources on one node, as committed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    pub task: TaskId,
+    pub node: NodeId,
+    pub cpu: CpuMilli,
+    pub mem: MemMib,
+    pub gpu: GpuRequest,
+    pub pick: GpuPick,
+}
+
+impl Allocation {
+    /// The GPU indices this allocation touches.
+    pub fn gpu_indices(&self) -> Vec<u8> {
+        match self.pick {
+            GpuPick::None => Vec::new(),
+            GpuPick::Whole(mask) => (0..64u8).filter(|i| mask & (1 << i) != 0).collect(),
+            GpuPick::Shared(g) | GpuPick::Mig { gpu: g, .. } => vec![g],
+        }
+    }
+}
+
+/// Kinds of task a node hosts, for the clustering scorer: bit per [`shape_kind`].
+pub(crate) const KINDS: usize = 7;
+
+/// The kind of a GPU request as the clustering scorer groups them.
+pub(crate) fn shape_kind(gpu: &GpuRequest) -> usize {
+    match gpu {
+        GpuRequest::None => 0,
+        GpuRequest::Fraction { milli, .. } if milli.0 < 500 => 1,
+        GpuRequest::Fraction { .. } | GpuRequest::TimeSlice { .. } | GpuRequest::Mig { .. } => 2,
+        GpuRequest::Whole { count: 1 } => 3,
+        GpuRequest::Whole { count: 2 } => 4,
+        GpuRequest::Whole { count: 3..=4 } => 5,
+        GpuRequest::Whole { .. } => 6,
+    }
+}
+
+/// What is used on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct NodeUsage {
+    pub cpu: u64,
+    pub mem: u64,
+    pub gpus: Vec<GpuUsage>,
+    /// Tasks per [`shape_kind`].
+    pub kinds: [u32; KINDS],
+}
+
+impl NodeUsage {
+    pub(crate) fn kinds_mask(&self) -> u8 {
+        self.kinds
+            .iter()
+            .enumerate()
+            .fold(0, |m, (i, c)| if *c > 0 { m | (1 << i) } else { m })
+    }
+}
+
+/// The static shape of a node, without its identity or topology position.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct StaticShape {
+    pool: String,
+    labels: BTreeMap<String, String>,
+    taints: Vec<Taint>,
+    state: NodeState,
+    cpu: CpuMilli,
+    mem: MemMib,
+    gpus: Vec<GpuShape>,
+}
+
+/// A GPU's static shape: model, memory, NUMA node, local NVLink island, health,
+/// MIG profiles and time-slice limit.
+type GpuShape = (
+    String,
+    MemMib,
+    u8,
+    Option<u8>,
+    GpuHealth,
+    Vec<(String, MemMib)>,
+    u16,
+);
+
+fn static_shape(node: &Node) -> StaticShape {
+    let mut islands: Vec<&str> = Vec::new();
+    let gpus = node
+        .gpus
+        .iter()
+        .map(|g| {
+            let island = g
+                .nvlink
+                .as_deref()
+                .map(|n| match islands.iter().position(|x| *x == n) {
+                    Some(i) => i as u8,
+                    None => {
+                        islands.push(n);
+                        (islands.len() - 1) as u8
+                    }
+                });
+            let mig = g.mig.iter().map(|m| (m.profile.clone(), m.mem)).collect();
+            (
+                g.model.clone(),
+                g.mem,
+                g.numa,
+                island,
+                g.health,
+                mig,
+                g.time_slices,
+            )
+        })
+        .collect();
+    StaticShape {
+        pool: node.pool.clone(),
+        labels: node.labels.clone(),
+        taints: node.taints.clone(),
+        state: node.state,
+        cpu: node.cpu,
+        mem: node.mem,
+        gpus,
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ClassKey {
+    shape: u32,
+    cpu: u64,
+    mem: u64,
+    gpus: Vec<GpuUsage>,
+    kinds: u8,
+}
+
+/// Identifies a class of nodes in identical state. Class ids are never reused
+/// while the cluster lives, so a cached evaluation of a class stays true.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassId(pub u32);
+
+/// Nodes, their usage, and the class index.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    nodes: Vec<Node>,
+    usage: Vec<NodeUsage>,
+    /// Local NVLink island of each GPU, per node (index into a per-node list).
+    islands: Vec<Vec<Option<u8>>>,
+    shapes: FxHashMap<StaticShape, u32>,
+    shape_of: Vec<u32>,
+    classes: FxHashMap<ClassKey, ClassId>,
+    class_of: Vec<ClassId>,
+    members: Vec<Vec<NodeId>>,
+    pos_in_class: Vec<u32>,
+    live: Vec<ClassId>,
+    live_pos: Vec<u32>,
+    /// The node each class was first seen on: its representative for evaluation.
+    representative: Vec<NodeId>,
+    /// Classes whose liveness may have changed, in order; see [`Cluster::changes_since`].
+    changes: Vec<ClassId>,
+    /// Sequence number of `changes[0]`.
+    changes_base: u64,
+}
+
+/// Changes are kept up to this many; older ones are dropped and readers rescan.
+const MAX_CHANGES: usize = 1 << 20;
+
+const NOT_LIVE: u32 = u32::MAX;
+
+impl Cluster {
+    /// Builds a cluster from its nodes, all idle.
+    ///
+    /// # Errors
+    /// When node ids are not 0..n in order, names repeat, a node has more than
+    /// 64 GPUs or a GPU more than 32 MIG instances.
+    pub fn new(nodes: Vec<Node>) -> Result<Cluster, CoreError> {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, n) in nodes.iter().enumerate() {
+            if n.id.0 as usize != i {
+                return Err(CoreError::NodeIdOrder {
+                    name: n.name.clone(),
+                    id: n.id.0,
+                    expected: i as u32,
+                });
+            }
+            if !names.insert(n.name.as_str()) {
+                return Err(CoreError::DuplicateNode(n.name.clone()));
+            }
+            if n.gpus.len() > 64 {
+                return Err(CoreError::TooManyGpus {
+                    name: n.name.clone(),
+                    count: n.gpus.len(),
+                });
+            }
+            if let Some(g) = n.gpus.iter().find(|g| g.mig.len() > 32) {
+                return Err(CoreError::TooManyMigInstances {
+                    name: n.name.clone(),
+                    count: g.mig.len(),
+                });
+            }
+        }
+        let usage = nodes
+            .iter()
+            .map(|n| NodeUsage {
+                gpus: vec![GpuUsage::default(); n.gpus.len()],
+                ..Default::default()
+            })
+            .collect();
+        let n = nodes.len();
+        let mut c = Cluster {
+            nodes,
+            usage,
+            islands: Vec::with_capacity(n),
+            shapes: FxHashMap::default(),
+            shape_of: vec![0; n],
+            classes: FxHashMap::default(),
+            class_of: vec![ClassId(0); n],
+            members: Vec::new(),
+            pos_in_class: vec![0; n],
+            live: Vec::new(),
+            live_pos: Vec::new(),
+            representative: Vec::new(),
+            changes: Vec::new(),
+            changes_base: 0,
+        };
+        for i in 0..n {
+            let shape = static_shape(&c.nodes[i]);
+            c.islands.push(shape.gpus.iter().map(|g| g.3).collect());
+            c.shape_of[i] = c.intern_shape(shape);
+            let class = c.intern_class(NodeId(i as u32));
+            c.join(NodeId(i as u32), class);
+        }
+        Ok(c)
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    pub fn usage(&self, id: NodeId) -> &NodeUsage {
+        &self.usage[id.0 as usize]
+    }
+
+    /// The local NVLink island index of each GPU of a node.
+    pub fn islands(&self, id: NodeId) -> &[Option<u8>] {
+        &self.islands[id.0 as usize]
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.nodes.iter().find(|n| n.name == name).map(|n| n.id)
+    }
+
+    pub fn class_of(&self, id: NodeId) -> ClassId {
+        self.class_of[id.0 as usize]
+    }
+
+    /// Classes that currently have nodes, in a deterministic order.
+    pub fn live_classes(&self) -> &[ClassId] {
+        &self.live
+    }
+
+    /// The id of a node's static shape: nodes with equal ids have equal static shapes.
+    pub(crate) fn shape_id(&self, id: NodeId) -> u32 {
+        self.shape_of[id.0 as usize]
+    }
+
+    /// Whether a class has nodes now.
+    pub fn is_live(&self, class: ClassId) -> bool {
+        self.live_pos[class.0 as usize] != NOT_LIVE
+    }
+
+    /// The sequence number the next change will get.
+    pub fn change_seq(&self) -> u64 {
+        self.changes_base + self.changes.len() as u64
+    }
+
+    /// Classes that became live or died since sequence number `seq`, or `None`
+    /// when those changes are no longer kept (the reader must rescan).
+    pub fn changes_since(&self, seq: u64) -> Option<&[ClassId]> {
+        if seq < self.changes_base {
+            return None;
+        }
+        self.changes.get((seq - self.changes_base) as usize..)
+    }
+
+    fn record_change(&mut self, class: ClassId) {
+        if self.changes.len() >= MAX_CHANGES {
+            self.changes_base += self.changes.len() as u64;
+            self.changes.clear();
+        }
+        self.changes.push(class);
+    }
+
+    pub fn class_members(&self, class: ClassId) -> &[NodeId] {
+        &self.members[class.0 as usize]
+    }
+
+    /// A node of the class on which its evaluation is made.
+    pub fn class_representative(&self, class: ClassId) -> NodeId {
+        let m = &self.members[class.0 as usize];
+        m.first()
+            .copied()
+            .unwrap_or(self.representative[class.0 as usize])
+    }
+
+    /// Changes a node's state (cordon, drain, lost, ready).
+    pub fn set_node_state(&mut self, id: NodeId, state: NodeState) {
+        self.nodes[id.0 as usize].state = state;
+        self.reshape(id);
+    }
+
+    /// Changes a GPU's health. Work already on it is the caller's to requeue.
+    pub fn set_gpu_health(&mut self, id: NodeId, gpu: usize, health: GpuHealth) {
+        if let Some(g) = self.nodes[id.0 as usize].gpus.get_mut(gpu) {
+            g.health = health;
+            self.reshape(id);
+        }
+    }
+
+    fn reshape(&mut self, id: NodeId) {
+        let shape = static_shape(&self.nodes[id.0 as usize]);
+        self.shape_of[id.0 as usize] = self.intern_shape(shape);
+        self.reclass(id);
+    }
+
+    fn intern_shape(&mut self, shape: StaticShape) -> u32 {
+        let next = self.shapes.len() as u32;
+        *self.shapes.entry(shape).or_insert(next)
+    }
+
+    fn intern_class(&mut self, id: NodeId) -> ClassId {
+        let u = &self.usage[id.0 as usize];
+        let key = ClassKey {
+            shape: self.shape_of[id.0 as usize],
+            cpu: u.cpu,
+            mem: u.mem,
+            gpus: u.gpus.clone(),
+            kinds: u.kinds_mask(),
+        };
+        let next = ClassId(self.members.len() as u32);
+        let class = *self.classes.entry(key).or_insert(next);
+        if class == next {
+            self.members.push(Vec::new());
+            self.live_pos.push(NOT_LIVE);
+            self.representative.push(id);
+        }
+        class
+    }
+
+    fn join(&mut self, id: NodeId, class: ClassId) {
+        let c = class.0 as usize;
+        self.class_of[id.0 as usize] = class;
+        self.pos_in_class[id.0 as usize] = self.members[c].len() as u32;
+        self.members[c].push(id);
+        if self.live_pos[c] == NOT_LIVE {
+            self.live_pos[c] = self.live.len() as u32;
+            self.live.push(class);
+            self.record_change(class);
+        }
+    }
+
+    fn leave(&mut self, id: NodeId) {
+        let class = self.class_of[id.0 as usize];
+        let c = class.0 as usize;
+        let pos = self.pos_in_class[id.0 as usize] as usize;
+        self.members[c].swap_remove(pos);
+        if let Some(&moved) = self.members[c].get(pos) {
+            self.pos_in_class[moved.0 as usize] = pos as u32;
+        }
+        if self.members[c].is_empty() {
+            let lp = self.live_pos[c] as usize;
+            self.live.swap_remove(lp);
+            if let Some(&moved) = self.live.get(lp) {
+                self.live_pos[moved.0 as usize] = lp as u32;
+            }
+            self.live_pos[c] = NOT_LIVE;
+            self.record_change(class);
+        }
+    }
+
+    fn reclass(&mut self, id: NodeId) {
+        let class = self.intern_class(id);
+        if class != self.class_of[id.0 as usize] {
+            self.leave(id);
+            self.join(id, class);
+        }
+    }
+
+    /// Takes an allocation's resources on its node.
+    ///
+    /// # Panics
+    /// In debug builds, when the allocation does not fit: the placement pipeline
+    /// only produces allocations that fit, and a caller restoring committed
+    /// allocations must have checked them with [`Cluster::fits`].
+    pub fn apply(&mut self, a: &Allocation) {
+        debug_assert!(self.fits(a), "allocation does not fit: {a:?}");
+        let node = &self.nodes[a.node.0 as usize];
+        let u = &mut self.usage[a.node.0 as usize];
+        u.cpu += a.cpu.0;
+        u.mem += a.mem.0;
+        u.kinds[shape_kind(&a.gpu)] += 1;
+        match (a.pick, &a.gpu) {
+            (GpuPick::Whole(mask), _) => {
+                for i in 0..node.gpus.len() {
+                    if mask & (1 << i) != 0 {
+                        u.gpus[i].mode = GpuMode::Exclusive;
+                    }
+                }
+            }
+            (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => {
+                let gu = &mut u.gpus[g as usize];
+                gu.mode = GpuMode::Fractional;
+                gu.milli += milli.0;
+                gu.mem += mem.0;
+                gu.tasks += 1;
+            }
+            (GpuPick::Shared(g), GpuRequest::TimeSlice { mem }) => {
+                let gu = &mut u.gpus[g as usize];
+                gu.mode = GpuMode::TimeSliced;
+                gu.mem += mem.0;
+                gu.tasks += 1;
+            }
+            (GpuPick::Mig { gpu, instance }, _) => {
+                let gu = &mut u.gpus[gpu as usize];
+                gu.mode = GpuMode::Mig;
+                gu.mig_used |= 1 << instance;
+            }
+            _ => {}
+        }
+        self.reclass(a.node);
+    }
+
+    /// Gives an allocation's resources back.
+    pub fn release(&mut self, a: &Allocation) {
+        let u = &mut self.usage[a.node.0 as usize];
+        u.cpu = u.cpu.saturating_sub(a.cpu.0);
+        u.mem = u.mem.saturating_sub(a.mem.0);
+        let k = &mut u.kinds[shape_kind(&a.gpu)];
+        *k = k.saturating_sub(1);
+        match (a.pick, &a.gpu) {
+            (GpuPick::Whole(mask), _) => {
+                for (i, gu) in u.gpus.iter_mut().enumerate() {
+                    if mask & (1 << i) != 0 {
+                        *gu = GpuUsage::default();
+                    }
+                }
+            }
+            (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => {
+                let gu = &mut u.gpus[g as usize];
+                gu.milli = gu.milli.saturating_sub(milli.0);
+                gu.mem = gu.mem.saturating_sub(mem.0);
+                gu.tasks = gu.tasks.saturating_sub(1);
+                if gu.tasks == 0 {
+                    *gu = GpuUsage::default();
+                }
+            }
+            (GpuPick::Shared(g), GpuRequest::TimeSlice { mem }) => {
+                let gu = &mut u.gpus[g as usize];
+                gu.mem = gu.mem.saturating_sub(mem.0);
+                gu.tasks = gu.tasks.saturating_sub(1);
+                if gu.tasks == 0 {
+                    *gu = GpuUsage::default();
+                }
+            }
+            (GpuPick::Mig { gpu, instance }, _) => {
+                let gu = &mut u.gpus[gpu as usize];
+                gu.mig_used &= !(1 << instance);
+                if gu.mig_used == 0 {
+                    *gu = GpuUsage::default();
+                }
+            }
+            _ => {}
+        }
+        self.reclass(a.node);
+    }
+
+    /// Whether an allocation fits the node's free resources under the sharing rules.
+    /// Used to check committed allocations when they are loaded, and by tests.
+    pub fn fits(&self, a: &Allocation) -> bool {
+        let Some(node) = self.nodes.get(a.node.0 as usize) else {
+            return false;
+        };
+        let u = &self.usage[a.node.0 as usize];
+        if u.cpu + a.cpu.0 > node.cpu.0 || u.mem + a.mem.0 > node.mem.0 {
+            return false;
+        }
+        let gpu_ok = |i: usize| {
+            node.gpus
+                .get(i)
+                .is_some_and(|g| g.health == GpuHealth::Healthy)
+        };
+        match (a.pick, &a.gpu) {
+            (GpuPick::None, GpuRequest::None) => true,
+            (GpuPick::Whole(mask), GpuRequest::Whole { count }) => {
+                mask.count_ones() == *count as u32
+                    && (0..64).filter(|i| mask & (1u64 << i) != 0).all(|i| {
+                        gpu_ok(i) && !node.gpus[i].mig_enabled() && u.gpus[i].mode == GpuMode::Idle
+                    })
+            }
+            (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => {
+                let g = g as usize;
+                gpu_ok(g)
+                    && !node.gpus[g].mig_enabled()
+                    && matches!(u.gpus[g].mode, GpuMode::Idle | GpuMode::Fractional)
+                    && u.gpus[g].milli + milli.0 <= GpuMilli::WHOLE.0
+                    && u.gpus[g].mem + mem.0 <= node.gpus[g].mem.0
+            }
+            (GpuPick::Shared(g), GpuRequest::TimeSlice { mem }) => {
+                let g = g as usize;
+                gpu_ok(g)
+                    && !node.gpus[g].mig_enabled()
+                    && matches!(u.gpus[g].mode, GpuMode::Idle | GpuMode::TimeSliced)
+                    && u.gpus[g].tasks < node.gpus[g].time_slices
+                    && u.gpus[g].mem + mem.0 <= node.gpus[g].mem.0
+            }
+            (GpuPick::Mig { gpu, instance }, GpuRequest::Mig { profile }) => {
+                let g = gpu as usize;
+                gpu_ok(g)
+                    && node.gpus[g]
+                        .mig
+                        .get(instance as usize)
+                        .is_some_and(|m| &m.profile == profile)
+                    && u.gpus[g].mig_used & (1 << instance) == 0
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,858 @@
+//! Placement: where each task of a job runs, all tasks or none.
+//!
+//! The pipeline for one task (see [`Placer::place_task`]):
+//! 1. Candidates: the live node classes, or the nodes of one topology domain.
+//! 2. Filters ([`filters`]): each node (class) passes every rule or is counted
+//!    under the first rule that rejects it.
+//! 3. GPU picks: the distinct ways the node can give the task its GPUs.
+//! 4. Scorers ([`scorers`]): the policy's weighted state scorers rank each pick;
+//!    the node's best pick is its score. Results per (class, request) are cached.
+//! 5. Context: for gangs and spread services, per-node context scores are added.
+//! 6. Choice: the best score, ties broken by the policy (seeded random or lowest id).
+//!
+//! A job ([`Placer::place_job`]) places its tasks one by one on the working
+//! state, biggest first, and undoes them all if one fails. With a topology
+//! constraint it tries the domains tightest-first and takes the first that
+//! holds the whole gang.
+
+mod explain;
+pub(crate) mod filters;
+mod reject;
+pub mod scorers;
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+pub use explain::Unplaced;
+pub use reject::Reject;
+pub use scorers::{Norm, Scorer};
+
+use crate::cluster::{Allocation, ClassId, Cluster, GpuPick};
+use crate::ids::{CpuMilli, MemMib, NodeId, TaskId};
+use crate::mix::{WorkloadMix, fragmentation, free_milli};
+use crate::policy::{PickChoice, Policy, TieBreak};
+use crate::request::{Constraints, GpuRequest, Job, TaskRequest, Topology, TopologyLevel};
+use crate::rng::SplitMix64;
+use filters::NodeView;
+use scorers::{GangContext, ScoreInput};
+
+/// A class evaluation: the first rule that rejected it, or its best pick and score.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Eval {
+    Reject(Reject),
+    Fit { score: f64, pick: GpuPick },
+}
+
+/// Two scores closer than this are a tie.
+const TIE: f64 = 1e-9;
+
+/// The placement engine: the cluster's working state plus a policy, a seeded
+/// generator for tie-breaking and a cache of class evaluations.
+///
+/// It is pure: no I/O, no clock, no global randomness. Equal clusters, jobs,
+/// policies and seeds give equal placements.
+#[derive(Clone, Debug)]
+pub struct Placer {
+    cluster: Cluster,
+    policy: Policy,
+    mix: WorkloadMix,
+    norm: Norm,
+    /// Pressure per GPU model under the mix, for the scarcity scorer.
+    pressure: Vec<(String, f64)>,
+    rng: SplitMix64,
+    /// Interned (request, class-level constraints) pairs, for the cache key.
+    requests: FxHashMap<(TaskRequest, ConstraintKey), u32>,
+    cache: FxHashMap<(ClassId, u32), Eval>,
+    /// Per request: the live classes that fit it, best first, kept in step with
+    /// the cluster's class changes. A decision reads the top instead of
+    /// evaluating every class.
+    ranked: Vec<Ranked>,
+    /// Fragmentation of node states already measured: (static shape, free CPU,
+    /// free milli-GPU per GPU) → milli-GPU. Valid while the mix stays the same.
+    frag_memo: FxHashMap<(u32, u64, [u16; 8]), f64>,
+    scratch: Scratch,
+}
+
+/// The fitting live classes of one request, ordered best first.
+#[derive(Clone, Debug)]
+struct Ranked {
+    /// The cluster change sequence this is in step with (`u64::MAX`: none kept).
+    synced: u64,
+    /// When the request last scanned instead (`u64::MAX`: never).
+    last_scan: u64,
+    order: std::collections::BTreeSet<(std::cmp::Reverse<OrdScore>, ClassId)>,
+    fit: FxHashMap<ClassId, (f64, GpuPick)>,
+}
+
+impl Ranked {
+    fn new() -> Ranked {
+        Ranked {
+            synced: u64::MAX,
+            last_scan: u64::MAX,
+            order: Default::default(),
+            fit: FxHashMap::default(),
+        }
+    }
+}
+
+/// A score with a total order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdScore(f64);
+
+impl Eq for OrdScore {}
+
+impl PartialOrd for OrdScore {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdScore {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Evaluations kept at most; past this the cache starts over.
+const MAX_CACHE: usize = 1 << 22;
+
+/// The constraints that class evaluation reads (topology and spread are per node).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ConstraintKey {
+    pool: Option<String>,
+    node_selector: BTreeMap<String, String>,
+    tolerations: Vec<String>,
+}
+
+impl ConstraintKey {
+    fn of(c: &Constraints) -> ConstraintKey {
+        ConstraintKey {
+            pool: c.pool.clone(),
+            node_selector: c.node_selector.clone(),
+            tolerations: c.tolerations.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Scratch {
+    picks: Vec<(GpuPick, u16)>,
+    free: Vec<u32>,
+    after: Vec<u32>,
+}
+
+/// Where the tasks of a job were placed.
+pub type Placement = Vec<Allocation>;
+
+impl Placer {
+    /// A placer over an idle cluster.
+    pub fn new(cluster: Cluster, policy: Policy, mix: WorkloadMix, seed: u64) -> Placer {
+        let nodes = cluster.nodes();
+        let norm = Norm {
+            cpu: nodes.iter().map(|n| n.cpu.0).max().unwrap_or(1).max(1) as f64,
+            gpu_milli: (nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(1).max(1) * 1000) as f64,
+        };
+        let pressure = mix.model_pressure(&gpus_by_model(&cluster));
+        Placer {
+            cluster,
+            policy,
+            mix,
+            norm,
+            pressure,
+            rng: SplitMix64::new(seed),
+            requests: FxHashMap::default(),
+            cache: FxHashMap::default(),
+            ranked: Vec::new(),
+            frag_memo: FxHashMap::default(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Replaces the workload mix the fragmentation scorer plans for.
+    pub fn set_mix(&mut self, mix: WorkloadMix) {
+        self.pressure = mix.model_pressure(&gpus_by_model(&self.cluster));
+        self.mix = mix;
+        self.cache.clear();
+        self.ranked.clear();
+        self.frag_memo.clear();
+    }
+
+    /// Commits allocations made elsewhere (e.g. loaded from the store).
+    ///
+    /// # Errors
+    /// Returns the first allocation that does not fit, leaving the earlier ones applied.
+    pub fn apply(&mut self, allocations: &[Allocation]) -> Result<(), Allocation> {
+        for a in allocations {
+            if !self.cluster.fits(a) {
+                return Err(a.clone());
+            }
+            self.cluster.apply(a);
+        }
+        Ok(())
+    }
+
+    /// Gives a job's allocations back (it ended, was preempted or is being undone).
+    pub fn release(&mut self, allocations: &[Allocation]) {
+        for a in allocations.iter().rev() {
+            self.cluster.release(a);
+        }
+    }
+
+    /// Cordons, drains or readies a node.
+    pub fn set_node_state(&mut self, node: NodeId, state: crate::model::NodeState) {
+        self.cluster.set_node_state(node, state);
+    }
+
+    /// Marks a GPU healthy or not.
+    pub fn set_gpu_health(&mut self, node: NodeId, gpu: usize, health: crate::model::GpuHealth) {
+        self.cluster.set_gpu_health(node, gpu, health);
+    }
+
+    /// Places every task of `job` and commits the allocations to the working
+    /// state, or places none and says why.
+    pub fn place_job(&mut self, job: &Job) -> Result<Placement, Unplaced> {
+        // Biggest tasks first: they have the fewest places to go.
+        let mut order: Vec<(usize, u32)> = Vec::with_capacity(job.task_count() as usize);
+        for (g, group) in job.groups.iter().enumerate() {
+            for r in 0..group.replicas {
+                order.push((g, r));
+            }
+        }
+        order.sort_by_key(|&(g, r)| (std::cmp::Reverse(job.groups[g].request.gpu.milli()), g, r));
+        let Some(topology) = job.constraints.topology else {
+            return self.place_tasks(job, &order, None);
+        };
+        for (_, members, nvlink) in self.domains(topology.level, job) {
+            let scope = Scope {
+                members: &members,
+                nvlink: nvlink.as_deref(),
+            };
+            if let Ok(p) = self.place_tasks(job, &order, Some(scope)) {
+                return Ok(p);
+            }
+        }
+        match self.place_tasks(job, &order, None) {
+            Ok(p) if !topology.required => Ok(p),
+            Ok(p) => {
+                self.release(&p);
+                let (g, _) = order[0];
+                Err(self.unplaced(job, g, Vec::new(), Some(topology)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The domains of a topology level that could hold the job, tightest first:
+    /// (name, member nodes, NVLink scope).
+    fn domains(
+        &mut self,
+        level: TopologyLevel,
+        job: &Job,
+    ) -> Vec<(String, Vec<NodeId>, Option<String>)> {
+        let mut by_name: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
+        for n in self.cluster.nodes() {
+            match level {
+                TopologyLevel::Node => by_name.entry(n.name.clone()).or_default().push(n.id),
+                TopologyLevel::Rack => {
+                    if let Some(r) = &n.rack {
+                        by_name.entry(r.clone()).or_default().push(n.id);
+                    }
+                }
+                TopologyLevel::Block => {
+                    if let Some(b) = &n.block {
+                        by_name.entry(b.clone()).or_default().push(n.id);
+                    }
+                }
+                TopologyLevel::NvLink => {
+                    for g in &n.gpus {
+                        if let Some(d) = &g.nvlink {
+                            let m = by_name.entry(d.clone()).or_default();
+                            if m.last() != Some(&n.id) {
+                                m.push(n.id);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let need: u64 = job
+            .groups
+            .iter()
+            .map(|g| g.request.gpu.milli() * g.replicas as u64)
+            .sum();
+        let mut out: Vec<(u64, String, Vec<NodeId>, Option<String>)> = Vec::new();
+        for (name, members) in by_name {
+            let free: u64 = members
+                .iter()
+                .map(|&id| {
+                    let node = self.cluster.node(id);
+                    free_milli(node, self.cluster.usage(id), &mut self.scratch.free);
+                    node.gpus
+                        .iter()
+                        .zip(&self.scratch.free)
+                        .filter(|(g, _)| {
+                            level != TopologyLevel::NvLink
+                                || g.nvlink.as_deref() == Some(name.as_str())
+                        })
+                        .map(|(_, &m)| m as u64)
+                        .sum::<u64>()
+                })
+                .sum();
+            if free >= need {
+                let scope = (level == TopologyLevel::NvLink).then(|| name.clone());
+                out.push((free, name, members, scope));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        out.into_iter().map(|(_, n, m, s)| (n, m, s)).collect()
+    }
+
+    fn place_tasks(
+        &mut self,
+        job: &Job,
+        order: &[(usize, u32)],
+        scope: Option<Scope>,
+    ) -> Result<Placement, Unplaced> {
+        let mut placed: Placement = Vec::with_capacity(order.len());
+        let mut nodes: Vec<NodeId> = Vec::with_capacity(order.len());
+        for &(g, r) in order {
+            let req = &job.groups[g].request;
+            match self.place_one(
+                req,
+                &job.constraints,
+                &nodes,
+                scope.as_ref(),
+                job.task_count() > 1,
+            ) {
+                Ok((node, pick)) => {
+                    let a = Allocation {
+                        task: TaskId {
+                            job: job.id,
+                            group: g as u16,
+                            index: r,
+                        },
+                        node,
+                        cpu: req.cpu,
+                        mem: req.mem,
+                        gpu: req.gpu.clone(),
+                        pick,
+                    };
+                    self.cluster.apply(&a);
+                    nodes.push(node);
+                    placed.push(a);
+                }
+                Err(rejections) => {
+                    self.release(&placed);
+                    return Err(self.unplaced(job, g, rejections, None));
+                }
+            }
+        }
+        debug_assert!(
+            placed.len() as u64 == job.task_count(),
+            "a gang is placed whole"
+        );
+        Ok(placed)
+    }
+
+    fn unplaced(
+        &self,
+        job: &Job,
+        group: usize,
+        rejections: Vec<(Reject, u32)>,
+        topology: Option<Topology>,
+    ) -> Unplaced {
+        let g = &job.groups[group];
+        Unplaced {
+            job: job.id,
+            group: g.name.clone(),
+            request: g.request.clone(),
+            tasks: job.task_count(),
+            nodes: self.cluster.nodes().len() as u32,
+            rejections: explain::finish(rejections),
+            topology,
+        }
+    }
+
+    /// Places one task without committing it: the chosen node and pick, or the
+    /// rejection tally. Exposed for explanations ("which rule rejected how many").
+    pub fn place_task(
+        &mut self,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        self.place_one(req, cons, &[], None, false)
+            .map_err(explain::finish)
+    }
+
+    fn place_one(
+        &mut self,
+        req: &TaskRequest,
+        cons: &Constraints,
+        placed: &[NodeId],
+        scope: Option<&Scope>,
+        gang: bool,
+    ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        let rid = self.intern(req, cons);
+        let per_node = scope.is_some() || gang || cons.spread;
+        let mut rejections: Vec<(Reject, u32)> = Vec::new();
+        if !per_node {
+            // Stages 1-4 per class, then 6: the best classes, and a node among
+            // them. Requests that come often keep a ranking of the classes in
+            // step with the cluster; others scan the (cached) class evaluations.
+            if !self.ranking_worthwhile(rid) {
+                return self.place_by_scan(rid, req, cons);
+            }
+            self.sync_ranked(rid, req, cons);
+            let ranked = &self.ranked[rid as usize];
+            if let (Some(first), Some(last)) = (ranked.order.first(), ranked.order.last()) {
+                // Every fitting class ties (e.g. the random policy): draw nodes
+                // until one fits, which is uniform over the fitting nodes and
+                // avoids walking every class. Few fit: fall through to the walk.
+                if self.policy.tie_break == TieBreak::Random && (first.0).0.0 - (last.0).0.0 <= TIE
+                {
+                    let n = self.cluster.nodes().len() as u64;
+                    for _ in 0..32 {
+                        let node = NodeId(self.rng.below(n) as u32);
+                        if let Some(&(_, pick)) = ranked.fit.get(&self.cluster.class_of(node)) {
+                            return Ok((node, pick));
+                        }
+                    }
+                }
+            }
+            let ranked = &self.ranked[rid as usize];
+            let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
+            if let Some((std::cmp::Reverse(OrdScore(best)), _)) = ranked.order.first() {
+                for (std::cmp::Reverse(OrdScore(score)), class) in &ranked.order {
+                    if *score < best - TIE {
+                        break;
+                    }
+                    tied.push((*class, ranked.fit[class].1));
+                }
+            }
+            if let Some(choice) = self.choose_among_classes(&tied) {
+                return Ok(choice);
+            }
+            return self.place_by_scan(rid, req, cons);
+        }
+        // Per node: stages 1-4 (cached per class unless an NVLink scope narrows
+        // the GPUs), plus stage 5, context scores.
+        let all: Vec<NodeId>;
+        let members: &[NodeId] = match scope {
+            Some(s) => s.members,
+            None => {
+                all = self.cluster.nodes().iter().map(|n| n.id).collect();
+                &all
+            }
+        };
+        if scope.is_some() {
+            let outside = self.cluster.nodes().len() as u32 - members.len() as u32;
+            if outside > 0 {
+                explain::tally(&mut rejections, Reject::Topology, outside);
+            }
+        }
+        let nvlink = scope.and_then(|s| s.nvlink);
+        let mut best = f64::NEG_INFINITY;
+        let mut choice: Option<(NodeId, GpuPick)> = None;
+        let mut ties = 0u64;
+        for &id in members {
+            let eval = match nvlink {
+                Some(_) => self.eval_node(id, req, cons, nvlink),
+                None => self.eval_class(self.cluster.class_of(id), rid, req, cons),
+            };
+            let (score, pick) = match eval {
+                Eval::Reject(r) => {
+                    explain::tally(&mut rejections, r, 1);
+                    continue;
+                }
+                Eval::Fit { score, pick } => (score, pick),
+            };
+            let node = self.cluster.node(id);
+            let ctx = GangContext {
+                placed,
+                nodes: self.cluster.nodes(),
+            };
+            let mut total = score;
+            if !placed.is_empty() {
+                if cons.spread {
+                    total += self.policy.spread * scorers::spread(&ctx, node);
+                } else {
+                    total += self.policy.gang_locality * scorers::gang_locality(&ctx, node);
+                }
+            }
+            if total > best + TIE {
+                best = total;
+                choice = Some((id, pick));
+                ties = 1;
+            } else if total >= best - TIE {
+                ties += 1;
+                // Reservoir sampling keeps each tied node equally likely.
+                if self.policy.tie_break == TieBreak::Random && self.rng.below(ties) == 0 {
+                    choice = Some((id, pick));
+                }
+            }
+        }
+        choice.ok_or(rejections)
+    }
+
+    fn choose_among_classes(&mut self, tied: &[(ClassId, GpuPick)]) -> Option<(NodeId, GpuPick)> {
+        if tied.is_empty() {
+            return None;
+        }
+        match self.policy.tie_break {
+            TieBreak::First => tied
+                .iter()
+                .map(|&(c, p)| {
+                    (
+                        *self
+                            .cluster
+                            .class_members(c)
+                            .iter()
+                            .min()
+                            .expect("live class"),
+                        p,
+                    )
+                })
+                .min_by_key(|(n, _)| *n),
+            TieBreak::Random => {
+                let total: u64 = tied
+                    .iter()
+                    .map(|(c, _)| self.cluster.class_members(*c).len() as u64)
+                    .sum();
+                let mut k = self.rng.below(total) as usize;
+                for &(c, p) in tied {
+                    let m = self.cluster.class_members(c);
+                    if k < m.len() {
+                        return Some((m[k], p));
+                    }
+                    k -= m.len();
+                }
+                unreachable!("k is below the total of the tied classes")
+            }
+        }
+    }
+
+    fn intern(&mut self, req: &TaskRequest, cons: &Constraints) -> u32 {
+        let key = (req.clone(), ConstraintKey::of(cons));
+        let next = self.requests.len() as u32;
+        *self.requests.entry(key).or_insert(next)
+    }
+
+    /// Whether to keep a ranking for this request: yes while one is kept and
+    /// few classes changed since, or when the request comes back soon after a
+    /// scan. Rare requests scan instead of rebuilding a ranking each time.
+    fn ranking_worthwhile(&mut self, rid: u32) -> bool {
+        if self.ranked.len() <= rid as usize {
+            self.ranked.resize_with(rid as usize + 1, Ranked::new);
+        }
+        let live = self.cluster.live_classes().len();
+        let now = self.cluster.change_seq();
+        let r = &mut self.ranked[rid as usize];
+        let recent =
+            |seq: u64| seq != u64::MAX && now.saturating_sub(seq) <= (live as u64 / 2).max(4);
+        if r.synced != u64::MAX
+            && self
+                .cluster
+                .changes_since(r.synced)
+                .is_some_and(|c| c.len() <= live)
+        {
+            return true;
+        }
+        if recent(r.last_scan) {
+            return true;
+        }
+        r.synced = u64::MAX;
+        r.order.clear();
+        r.fit.clear();
+        r.last_scan = now;
+        false
+    }
+
+    /// The fast path's fallback: every live class evaluated (from the cache
+    /// where possible), the best taken, the rejections tallied.
+    fn place_by_scan(
+        &mut self,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        let mut rejections: Vec<(Reject, u32)> = Vec::new();
+        let mut best = f64::NEG_INFINITY;
+        let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
+        for i in 0..self.cluster.live_classes().len() {
+            let class = self.cluster.live_classes()[i];
+            match self.eval_class(class, rid, req, cons) {
+                Eval::Reject(r) => explain::tally(
+                    &mut rejections,
+                    r,
+                    self.cluster.class_members(class).len() as u32,
+                ),
+                Eval::Fit { score, pick } => {
+                    if score > best + TIE {
+                        best = score;
+                        tied.clear();
+                        tied.push((class, pick));
+                    } else if score >= best - TIE {
+                        tied.push((class, pick));
+                    }
+                }
+            }
+        }
+        // Scan order follows the live list, which moves as classes come and go;
+        // sort the ties so the choice depends on the classes alone.
+        tied.sort_by_key(|(c, _)| *c);
+        self.choose_among_classes(&tied).ok_or(rejections)
+    }
+
+    /// Brings a request's ranking in step with the cluster: classes that became
+    /// live are evaluated and ranked, classes that died are dropped. When more
+    /// changed than there are live classes, it is rebuilt from the live classes.
+    fn sync_ranked(&mut self, rid: u32, req: &TaskRequest, cons: &Constraints) {
+        let now = self.cluster.change_seq();
+        let synced = self.ranked[rid as usize].synced;
+        if synced == now {
+            return;
+        }
+        let changed: Vec<ClassId> = match self.cluster.changes_since(synced) {
+            Some(c) if synced != u64::MAX && c.len() <= self.cluster.live_classes().len() => {
+                let mut c = c.to_vec();
+                c.sort_unstable();
+                c.dedup();
+                c
+            }
+            _ => {
+                let r = &mut self.ranked[rid as usize];
+                r.order.clear();
+                r.fit.clear();
+                self.cluster.live_classes().to_vec()
+            }
+        };
+        for class in changed {
+            let live = self.cluster.is_live(class);
+            let had = self.ranked[rid as usize].fit.get(&class).copied();
+            match (live, had) {
+                (true, None) => {
+                    if let Eval::Fit { score, pick } = self.eval_class(class, rid, req, cons) {
+                        let r = &mut self.ranked[rid as usize];
+                        r.fit.insert(class, (score, pick));
+                        r.order.insert((std::cmp::Reverse(OrdScore(score)), class));
+                    }
+                }
+                (false, Some((score, _))) => {
+                    let r = &mut self.ranked[rid as usize];
+                    r.fit.remove(&class);
+                    r.order.remove(&(std::cmp::Reverse(OrdScore(score)), class));
+                }
+                _ => {}
+            }
+        }
+        self.ranked[rid as usize].synced = now;
+    }
+
+    fn eval_class(
+        &mut self,
+        class: ClassId,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Eval {
+        if let Some(e) = self.cache.get(&(class, rid)) {
+            return *e;
+        }
+        let rep = self.cluster.class_representative(class);
+        let e = self.eval_node(rep, req, cons, None);
+        if self.cache.len() >= MAX_CACHE {
+            self.cache.clear();
+        }
+        self.cache.insert((class, rid), e);
+        e
+    }
+
+    /// Stages 2-4 for one node: filters, GPU picks, state scorers.
+    fn eval_node(
+        &mut self,
+        id: NodeId,
+        req: &TaskRequest,
+        cons: &Constraints,
+        nvlink: Option<&str>,
+    ) -> Eval {
+        let node = self.cluster.node(id);
+        let usage = self.cluster.usage(id);
+        let view = NodeView {
+            node,
+            usage,
+            islands: self.cluster.islands(id),
+            req,
+            cons,
+            nvlink_scope: nvlink,
+        };
+        if let Err(r) = filters::run(&view) {
+            return Eval::Reject(r);
+        }
+        let s = &mut self.scratch;
+        filters::picks(&view, &mut s.picks);
+        if s.picks.is_empty() {
+            return Eval::Reject(Reject::GpuCapacity);
+        }
+        free_milli(node, usage, &mut s.free);
+        let uses_frag = self.policy.uses(Scorer::Fragmentation);
+        let shape = self.cluster.shape_id(id);
+        let frag_before = if uses_frag {
+            memo_fragmentation(
+                &mut self.frag_memo,
+                shape,
+                node,
+                node.cpu.0.saturating_sub(usage.cpu),
+                &s.free,
+                &self.mix,
+            )
+        } else {
+            0.0
+        };
+        let mut best: Option<(f64, GpuPick, u32)> = None;
+        let mut ties = 0u64;
+        for &(pick, weight) in &s.picks {
+            s.after.clear();
+            s.after.extend_from_slice(&s.free);
+            match (pick, &req.gpu) {
+                (GpuPick::Whole(mask), _) => {
+                    for (i, f) in s.after.iter_mut().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            *f = 0;
+                        }
+                    }
+                }
+                (GpuPick::Shared(g), GpuRequest::Fraction { milli, .. }) => {
+                    s.after[g as usize] -= milli.0
+                }
+                // A time-sliced or MIG GPU serves no whole or fractional work.
+                (GpuPick::Shared(g), _) | (GpuPick::Mig { gpu: g, .. }, _) => {
+                    s.after[g as usize] = 0
+                }
+                (GpuPick::None, _) => {}
+            }
+            let frag_after = if uses_frag {
+                let cpu_after = node.cpu.0.saturating_sub(usage.cpu + req.cpu.0);
+                memo_fragmentation(
+                    &mut self.frag_memo,
+                    shape,
+                    node,
+                    cpu_after,
+                    &s.after,
+                    &self.mix,
+                )
+            } else {
+                0.0
+            };
+            let input = ScoreInput {
+                node,
+                usage,
+                islands: view.islands,
+                req,
+                pick,
+                norm: self.norm,
+                mix: &self.mix,
+                free_before: &s.free,
+                free_after: &s.after,
+                frag_before,
+                frag_after,
+                pressure: &self.pressure,
+            };
+            let score: f64 = self
+                .policy
+                .scorers
+                .iter()
+                .map(|&(sc, w)| w * scorers::score(sc, &input))
+                .sum();
+            // Equal picks: the tightest GPU, or each equally likely.
+            let left = tightness(pick, &s.after);
+            match best {
+                Some((b, _, l)) if score <= b + TIE => {
+                    if score >= b - TIE {
+                        match self.policy.pick {
+                            PickChoice::Tightest if left < l => best = Some((score, pick, left)),
+                            PickChoice::Random => {
+                                // Each GPU equally likely: a pick stands for `weight` GPUs.
+                                ties += weight as u64;
+                                if self.rng.below(ties) < weight as u64 {
+                                    best = Some((score, pick, left));
+                                }
+                            }
+                            PickChoice::Tightest => {}
+                        }
+                    }
+                }
+                _ => {
+                    best = Some((score, pick, left));
+                    ties = weight as u64;
+                }
+            }
+        }
+        let (score, pick, _) = best.expect("picks is not empty");
+        Eval::Fit { score, pick }
+    }
+}
+
+/// [`fragmentation`], remembered per node state for nodes of up to 8 GPUs.
+fn memo_fragmentation(
+    memo: &mut FxHashMap<(u32, u64, [u16; 8]), f64>,
+    shape: u32,
+    node: &crate::model::Node,
+    free_cpu: u64,
+    free: &[u32],
+    mix: &WorkloadMix,
+) -> f64 {
+    if free.len() > 8 {
+        return fragmentation(node, free_cpu, free, mix);
+    }
+    let mut key = [u16::MAX; 8];
+    for (k, &f) in key.iter_mut().zip(free) {
+        *k = f as u16;
+    }
+    if memo.len() >= MAX_CACHE {
+        memo.clear();
+    }
+    *memo
+        .entry((shape, free_cpu, key))
+        .or_insert_with(|| fragmentation(node, free_cpu, free, mix))
+}
+
+fn gpus_by_model(c: &Cluster) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for g in c.nodes().iter().flat_map(|n| &n.gpus) {
+        *m.entry(g.model.clone()).or_default() += 1;
+    }
+    m
+}
+
+/// How much of the picked shared GPU is left free after the pick (0 for other picks).
+fn tightness(pick: GpuPick, after: &[u32]) -> u32 {
+    match pick {
+        GpuPick::Shared(g) => after[g as usize],
+        _ => 0,
+    }
+}
+
+/// A topology domain being tried: its nodes, and for NVLink the domain's name.
+struct Scope<'a> {
+    members: &'a [NodeId],
+    nvlink: Option<&'a str>,
+}
+
+/// Shorthand for tests and fixtures: a task request.
+pub fn task(cpu_milli: u64, mem_mib: u64, gpu: GpuRequest) -> TaskRequest {
+    TaskRequest {
+        cpu: CpuMilli(cpu_milli),
+        mem: MemMib(mem_mib),
+        gpu,
+        models: Vec::new(),
+    }
+}

@@ -1,0 +1,224 @@
+//! The placement benchmark: a synthetic cluster of racks of mixed GPU nodes and a
+//! seeded stream of tasks of mixed shapes, with departures that hold the
+//! cluster near a target allocation so that decisions are made on a busy,
+//! fragmented cluster rather than an empty one.
+
+use gpuflow_core::{
+    Allocation, Cluster, Constraints, CpuMilli, Gpu, GpuMilli, GpuRequest, Job, JobId, MemMib,
+    MixWeighting, Node, Placer, Policy, SplitMix64, TaskGroup, TaskRequest, Topology,
+    TopologyLevel, WorkloadMix,
+};
+
+use crate::error::SimError;
+
+/// The synthetic cluster and workload.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub rack_size: u32,
+    pub tasks: u32,
+    /// Share of GPU capacity above which running jobs are released at random.
+    pub target_allocation: f64,
+    /// Share of jobs that are 4-task gangs asking for one rack (preferred).
+    pub gang_share: f64,
+    pub seed: u64,
+}
+
+impl Default for BenchConfig {
+    fn default() -> BenchConfig {
+        BenchConfig {
+            nodes: 10_000,
+            gpus_per_node: 8,
+            rack_size: 32,
+            tasks: 100_000,
+            target_allocation: 0.85,
+            gang_share: 0.0,
+            seed: 1,
+        }
+    }
+}
+
+const MODELS: &[(&str, u64, u32)] = &[
+    ("H100", 81_920, 40),
+    ("A100", 81_920, 30),
+    ("L4", 24_576, 20),
+    ("A10", 24_576, 10),
+];
+
+/// Builds the synthetic cluster: models by share, racks of `rack_size`, blocks of 8 racks,
+/// two NVLink islands per node on H100 and A100.
+pub fn cluster(cfg: &BenchConfig) -> Vec<Node> {
+    let mut rng = SplitMix64::new(cfg.seed ^ 0xC1C1);
+    (0..cfg.nodes)
+        .map(|i| {
+            let mut pick = rng.below(100) as u32;
+            let &(model, mem, _) = MODELS
+                .iter()
+                .find(|(_, _, share)| {
+                    if pick < *share {
+                        true
+                    } else {
+                        pick -= share;
+                        false
+                    }
+                })
+                .unwrap_or(&MODELS[0]);
+            let name = format!("node-{i:05}");
+            let gpus = (0..cfg.gpus_per_node)
+                .map(|g| {
+                    let mut gpu = Gpu::plain(model, MemMib(mem));
+                    gpu.numa = (g * 2 / cfg.gpus_per_node.max(1)) as u8;
+                    if model == "H100" || model == "A100" {
+                        gpu.nvlink = Some(format!("{name}/nvl{}", g / 4));
+                    }
+                    gpu
+                })
+                .collect();
+            let cpu = if i % 3 == 0 { 96_000 } else { 128_000 };
+            let mut node = Node::new(i, &name, CpuMilli(cpu), MemMib(1_048_576), gpus);
+            let rack = i / cfg.rack_size;
+            node.rack = Some(format!("rack-{rack:04}"));
+            node.block = Some(format!("block-{:03}", rack / 8));
+            node
+        })
+        .collect()
+}
+
+/// One task shape of the synthetic stream.
+fn task(rng: &mut SplitMix64) -> TaskRequest {
+    let r = rng.below(100);
+    let (gpu, cpu) = match r {
+        0..=4 => (GpuRequest::None, 4_000),
+        5..=19 => (
+            GpuRequest::Fraction {
+                milli: GpuMilli(250),
+                mem: MemMib(10_240),
+            },
+            2_000,
+        ),
+        20..=34 => (
+            GpuRequest::Fraction {
+                milli: GpuMilli(500),
+                mem: MemMib(20_480),
+            },
+            4_000,
+        ),
+        35..=64 => (GpuRequest::Whole { count: 1 }, 8_000),
+        65..=79 => (GpuRequest::Whole { count: 2 }, 16_000),
+        80..=89 => (GpuRequest::Whole { count: 4 }, 32_000),
+        _ => (GpuRequest::Whole { count: 8 }, 64_000),
+    };
+    let models = match rng.below(10) {
+        0 => vec!["H100".to_string()],
+        1 => vec!["A100".to_string(), "H100".to_string()],
+        2 => vec!["L4".to_string()],
+        _ => Vec::new(),
+    };
+    TaskRequest {
+        cpu: CpuMilli(cpu),
+        mem: MemMib(cpu / 1000 * 8192),
+        gpu,
+        models,
+    }
+}
+
+/// The seeded job stream: mostly single tasks, some 4-task gangs.
+pub fn jobs(cfg: &BenchConfig) -> Vec<Job> {
+    let mut rng = SplitMix64::new(cfg.seed);
+    let mut jobs = Vec::new();
+    let mut tasks = 0u32;
+    while tasks < cfg.tasks {
+        let id = jobs.len() as u64;
+        let request = task(&mut rng);
+        let gang = (rng.below(10_000) as f64) < cfg.gang_share * 10_000.0;
+        let job = if gang {
+            Job {
+                id: JobId(id),
+                groups: vec![TaskGroup {
+                    name: "worker".to_string(),
+                    replicas: 4,
+                    request,
+                }],
+                constraints: Constraints {
+                    topology: Some(Topology {
+                        level: TopologyLevel::Rack,
+                        required: false,
+                    }),
+                    ..Constraints::default()
+                },
+            }
+        } else {
+            Job::single(id, request)
+        };
+        tasks += job.task_count() as u32;
+        jobs.push(job);
+    }
+    jobs
+}
+
+/// What a benchmark run did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BenchOutcome {
+    pub jobs: u64,
+    pub tasks: u64,
+    pub placed_jobs: u64,
+    pub released_jobs: u64,
+    /// Mean GPU allocation over the run's decisions, as a share of capacity.
+    pub mean_allocation: f64,
+}
+
+/// Places every job in order; after each, releases random running jobs while
+/// allocation is above the target. The caller times it.
+///
+/// # Errors
+/// When the synthetic cluster is invalid (it is not, unless the config is absurd).
+pub fn run(
+    nodes: Vec<Node>,
+    jobs: &[Job],
+    policy: Policy,
+    cfg: &BenchConfig,
+) -> Result<BenchOutcome, SimError> {
+    let capacity: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+    let cluster = Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?;
+    let mix = WorkloadMix::from_tasks(
+        jobs.iter()
+            .flat_map(|j| j.groups.iter().map(|g| &g.request)),
+        MixWeighting::Tasks,
+        1.0,
+    );
+    let mut placer = Placer::new(cluster, policy, mix, cfg.seed);
+    let mut rng = SplitMix64::new(cfg.seed ^ 0xDEAD);
+    let mut running: Vec<(Vec<Allocation>, u64)> = Vec::new();
+    let mut out = BenchOutcome::default();
+    let (mut allocated, mut alloc_sum) = (0u64, 0f64);
+    let limit = (capacity as f64 * cfg.target_allocation) as u64;
+    for job in jobs {
+        out.jobs += 1;
+        out.tasks += job.task_count();
+        if let Ok(p) = placer.place_job(job) {
+            let milli: u64 = p.iter().map(|a| a.gpu.milli()).sum();
+            allocated += milli;
+            out.placed_jobs += 1;
+            running.push((p, milli));
+        }
+        while allocated > limit && !running.is_empty() {
+            let i = rng.below(running.len() as u64) as usize;
+            let (p, milli) = running.swap_remove(i);
+            placer.release(&p);
+            allocated -= milli;
+            out.released_jobs += 1;
+        }
+        alloc_sum += allocated as f64 / capacity as f64;
+    }
+    out.mean_allocation = alloc_sum / out.jobs.max(1) as f64;
+    Ok(out)
+}
+
+/// Peak resident memory of this process in MiB (Linux), if it can be read.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}

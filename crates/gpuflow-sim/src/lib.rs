@@ -1,0 +1,13 @@
+//! Trace loaders, simulators and reports that drive gpuflow-core.
+//!
+//! The simulators run the core's own placement pipeline, so what they measure
+//! is what production does. This crate reads files and writes reports; it
+//! installs no logger and draws no progress bars (callers pass a `tick`).
+
+pub mod bench;
+mod error;
+pub mod fragmentation;
+pub mod openb;
+pub mod report;
+
+pub use error::SimError;
