@@ -220,6 +220,8 @@ pub struct Cluster {
     live_pos: Vec<u32>,
     /// The node each class was first seen on: its representative for evaluation.
     representative: Vec<NodeId>,
+    /// Free milli-GPU per node for whole and fractional work (healthy, non-MIG GPUs).
+    free_total: Vec<u64>,
     /// Classes whose liveness may have changed, in order; see [`Cluster::changes_since`].
     changes: Vec<ClassId>,
     /// Sequence number of `changes[0]`.
@@ -286,6 +288,7 @@ impl Cluster {
             representative: Vec::new(),
             changes: Vec::new(),
             changes_base: 0,
+            free_total: vec![0; n],
         };
         for i in 0..n {
             let shape = static_shape(&c.nodes[i]);
@@ -293,6 +296,7 @@ impl Cluster {
             c.shape_of[i] = c.intern_shape(shape);
             let class = c.intern_class(NodeId(i as u32));
             c.join(NodeId(i as u32), class);
+            c.reclass(NodeId(i as u32));
         }
         Ok(c)
     }
@@ -446,7 +450,20 @@ impl Cluster {
         }
     }
 
+    /// Free milli-GPU on a node for whole and fractional work.
+    pub fn free_milli_total(&self, id: NodeId) -> u64 {
+        self.free_total[id.0 as usize]
+    }
+
     fn reclass(&mut self, id: NodeId) {
+        let node = &self.nodes[id.0 as usize];
+        self.free_total[id.0 as usize] = node
+            .gpus
+            .iter()
+            .zip(&self.usage[id.0 as usize].gpus)
+            .filter(|(g, _)| g.health == GpuHealth::Healthy && !g.mig_enabled())
+            .map(|(_, u)| u.free_milli() as u64)
+            .sum();
         let class = self.intern_class(id);
         if class != self.class_of[id.0 as usize] {
             self.leave(id);
@@ -592,5 +609,74 @@ impl Cluster {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Gpu;
+
+    fn node(id: u32, name: &str, gpus: usize) -> Node {
+        Node::new(
+            id,
+            name,
+            CpuMilli(1000),
+            MemMib(1024),
+            vec![Gpu::plain("T4", MemMib(16_384)); gpus],
+        )
+    }
+
+    #[test]
+    fn invalid_clusters_are_refused_with_what_to_fix() {
+        let e = Cluster::new(vec![node(0, "a", 1), node(0, "b", 1)]).unwrap_err();
+        assert_eq!(
+            e,
+            CoreError::NodeIdOrder {
+                name: "b".into(),
+                id: 0,
+                expected: 1
+            }
+        );
+        let e = Cluster::new(vec![node(0, "a", 1), node(1, "a", 1)]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "node name a appears twice: node names must be unique"
+        );
+        let e = Cluster::new(vec![node(0, "a", 65)]).unwrap_err();
+        assert!(e.to_string().contains("at most 64 GPUs"));
+    }
+
+    #[test]
+    fn identical_nodes_share_a_class_until_their_usage_differs() {
+        let mut c = Cluster::new(vec![node(0, "a", 2), node(1, "b", 2), node(2, "c", 1)]).unwrap();
+        assert_eq!(c.class_of(NodeId(0)), c.class_of(NodeId(1)));
+        assert_ne!(c.class_of(NodeId(0)), c.class_of(NodeId(2)));
+        assert_eq!(c.live_classes().len(), 2);
+        let a = Allocation {
+            task: TaskId {
+                job: crate::ids::JobId(1),
+                group: 0,
+                index: 0,
+            },
+            node: NodeId(1),
+            cpu: CpuMilli(500),
+            mem: MemMib(0),
+            gpu: GpuRequest::Whole { count: 1 },
+            pick: GpuPick::Whole(0b01),
+        };
+        let idle = c.class_of(NodeId(0));
+        c.apply(&a);
+        assert_ne!(c.class_of(NodeId(1)), idle);
+        assert_eq!(c.live_classes().len(), 3);
+        assert!(!c.fits(&a), "the GPU is taken");
+        c.release(&a);
+        assert_eq!(
+            c.class_of(NodeId(1)),
+            idle,
+            "released: back in the idle class"
+        );
+        assert_eq!(c.class_members(idle).len(), 2);
+        assert_eq!(c.live_classes().len(), 2);
     }
 }

@@ -171,3 +171,30 @@ impl Policy {
         self.scorers.iter().any(|(x, w)| *x == s && *w != 0.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_by_name_or_as_weighted_scorers() {
+        assert_eq!(Policy::parse("best-fit").unwrap(), Policy::best_fit());
+        let p = Policy::parse("fragmentation + 0.5*balance").unwrap();
+        assert_eq!(
+            p.scorers,
+            vec![(Scorer::Fragmentation, 1.0), (Scorer::Balance, 0.5)]
+        );
+        assert_eq!(p.name, "custom:fragmentation + 0.5*balance");
+        let e = Policy::parse("fastest").unwrap_err().to_string();
+        assert!(
+            e.contains("neither a policy") && e.contains("best-fit") && e.contains("scarcity"),
+            "{e}"
+        );
+        let e = Policy::parse("x*packing").unwrap_err().to_string();
+        assert!(e.contains("weight \"x\" is not a number"), "{e}");
+        assert!(Policy::parse("inf*packing").is_err());
+        for name in Policy::NAMES {
+            assert_eq!(Policy::named(name).unwrap().name, *name);
+        }
+    }
+}

@@ -333,3 +333,27 @@ fn best_fit_fills_the_tightest_gpu_and_node() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn block_topology_spans_racks_of_one_block() {
+    let out = support::run(
+        "
+        node a1 gpus=8*H100 rack=ra block=b1
+        node b1 gpus=8*H100 rack=rb block=b1
+        node c1 gpus=8*H100 rack=rc block=b2
+        job 1 gpu=whole:8 cpu=1 select=zone:none topology=block   # selects nothing: pending, says labels
+        job 2 group=worker*3 gpu=whole:8 cpu=1 topology=block!    # 3 nodes but no block has 3
+        job 3 group=worker*2 gpu=whole:8 cpu=1 topology=block!    # block b1: two racks
+        ",
+    );
+    expect![[r#"
+        job 1: pending: main: needs 8 whole GPUs on one node, 1 CPU: 3 nodes lack the selected labels
+        job 2: pending: worker: needs 8 whole GPUs on one node, 1 CPU; the job's 3 tasks fit the cluster but no single block has room for all of them
+        job 3: worker/0→a1[0,1,2,3,4,5,6,7] worker/1→b1[0,1,2,3,4,5,6,7]
+        usage:
+          a1     cpu  1/64 gpus X X X X X X X X
+          b1     cpu  1/64 gpus X X X X X X X X
+          c1     cpu  0/64 gpus . . . . . . . .
+    "#]]
+    .assert_eq(&out);
+}

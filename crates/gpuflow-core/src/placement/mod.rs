@@ -71,6 +71,8 @@ pub struct Placer {
     /// Fragmentation of node states already measured: (static shape, free CPU,
     /// free milli-GPU per GPU) → milli-GPU. Valid while the mix stays the same.
     frag_memo: FxHashMap<(u32, u64, [u16; 8]), f64>,
+    /// Topology domains per level: name → nodes.
+    domains: BTreeMap<TopologyLevel, std::rc::Rc<BTreeMap<String, Vec<NodeId>>>>,
     scratch: Scratch,
 }
 
@@ -165,6 +167,7 @@ impl Placer {
             cache: FxHashMap::default(),
             ranked: Vec::new(),
             frag_memo: FxHashMap::default(),
+            domains: BTreeMap::new(),
             scratch: Scratch::default(),
         }
     }
@@ -231,10 +234,12 @@ impl Placer {
         let Some(topology) = job.constraints.topology else {
             return self.place_tasks(job, &order, None);
         };
-        for (_, members, nvlink) in self.domains(topology.level, job) {
+        let all = self.domain_members(topology.level);
+        for name in self.domains(topology.level, job) {
+            let nvlink = (topology.level == TopologyLevel::NvLink).then_some(name.as_str());
             let scope = Scope {
-                members: &members,
-                nvlink: nvlink.as_deref(),
+                members: &all[&name],
+                nvlink,
             };
             if let Ok(p) = self.place_tasks(job, &order, Some(scope)) {
                 return Ok(p);
@@ -251,69 +256,76 @@ impl Placer {
         }
     }
 
-    /// The domains of a topology level that could hold the job, tightest first:
-    /// (name, member nodes, NVLink scope).
-    fn domains(
-        &mut self,
-        level: TopologyLevel,
-        job: &Job,
-    ) -> Vec<(String, Vec<NodeId>, Option<String>)> {
-        let mut by_name: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
-        for n in self.cluster.nodes() {
-            match level {
-                TopologyLevel::Node => by_name.entry(n.name.clone()).or_default().push(n.id),
-                TopologyLevel::Rack => {
-                    if let Some(r) = &n.rack {
-                        by_name.entry(r.clone()).or_default().push(n.id);
-                    }
-                }
-                TopologyLevel::Block => {
-                    if let Some(b) = &n.block {
-                        by_name.entry(b.clone()).or_default().push(n.id);
-                    }
-                }
-                TopologyLevel::NvLink => {
-                    for g in &n.gpus {
-                        if let Some(d) = &g.nvlink {
-                            let m = by_name.entry(d.clone()).or_default();
-                            if m.last() != Some(&n.id) {
-                                m.push(n.id);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    /// The domains of a topology level that have enough free GPU for the job,
+    /// tightest first.
+    fn domains(&mut self, level: TopologyLevel, job: &Job) -> Vec<String> {
+        let members = self.domain_members(level);
         let need: u64 = job
             .groups
             .iter()
             .map(|g| g.request.gpu.milli() * g.replicas as u64)
             .sum();
-        let mut out: Vec<(u64, String, Vec<NodeId>, Option<String>)> = Vec::new();
-        for (name, members) in by_name {
-            let free: u64 = members
-                .iter()
-                .map(|&id| {
-                    let node = self.cluster.node(id);
-                    free_milli(node, self.cluster.usage(id), &mut self.scratch.free);
-                    node.gpus
-                        .iter()
-                        .zip(&self.scratch.free)
-                        .filter(|(g, _)| {
-                            level != TopologyLevel::NvLink
-                                || g.nvlink.as_deref() == Some(name.as_str())
-                        })
-                        .map(|(_, &m)| m as u64)
-                        .sum::<u64>()
-                })
-                .sum();
+        let mut out: Vec<(u64, &String)> = Vec::new();
+        for (name, members) in members.iter() {
+            let free: u64 = if level == TopologyLevel::NvLink {
+                members
+                    .iter()
+                    .map(|&id| {
+                        let node = self.cluster.node(id);
+                        free_milli(node, self.cluster.usage(id), &mut self.scratch.free);
+                        node.gpus
+                            .iter()
+                            .zip(&self.scratch.free)
+                            .filter(|(g, _)| g.nvlink.as_deref() == Some(name.as_str()))
+                            .map(|(_, &m)| m as u64)
+                            .sum::<u64>()
+                    })
+                    .sum()
+            } else {
+                members
+                    .iter()
+                    .map(|&id| self.cluster.free_milli_total(id))
+                    .sum()
+            };
             if free >= need {
-                let scope = (level == TopologyLevel::NvLink).then(|| name.clone());
-                out.push((free, name, members, scope));
+                out.push((free, name));
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-        out.into_iter().map(|(_, n, m, s)| (n, m, s)).collect()
+        out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        out.into_iter().map(|(_, n)| n.clone()).collect()
+    }
+
+    /// The nodes of each domain of a level, by domain name. Topology does not
+    /// change while the cluster lives, so this is built once per level.
+    fn domain_members(
+        &mut self,
+        level: TopologyLevel,
+    ) -> std::rc::Rc<BTreeMap<String, Vec<NodeId>>> {
+        if let Some(m) = self.domains.get(&level) {
+            return m.clone();
+        }
+        let mut by_name: BTreeMap<String, Vec<NodeId>> = BTreeMap::new();
+        for n in self.cluster.nodes() {
+            let mut add = |k: &String| {
+                let m = by_name.entry(k.clone()).or_default();
+                if m.last() != Some(&n.id) {
+                    m.push(n.id);
+                }
+            };
+            match level {
+                TopologyLevel::Node => add(&n.name),
+                TopologyLevel::Rack => n.rack.iter().for_each(&mut add),
+                TopologyLevel::Block => n.block.iter().for_each(&mut add),
+                TopologyLevel::NvLink => n
+                    .gpus
+                    .iter()
+                    .filter_map(|g| g.nvlink.as_ref())
+                    .for_each(&mut add),
+            }
+        }
+        let m = std::rc::Rc::new(by_name);
+        self.domains.insert(level, m.clone());
+        m
     }
 
     fn place_tasks(
@@ -402,47 +414,131 @@ impl Placer {
         gang: bool,
     ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
         let rid = self.intern(req, cons);
-        let per_node = scope.is_some() || gang || cons.spread;
-        let mut rejections: Vec<(Reject, u32)> = Vec::new();
-        if !per_node {
-            // Stages 1-4 per class, then 6: the best classes, and a node among
-            // them. Requests that come often keep a ranking of the classes in
-            // step with the cluster; others scan the (cached) class evaluations.
-            if !self.ranking_worthwhile(rid) {
-                return self.place_by_scan(rid, req, cons);
+        if scope.is_none() && !cons.spread {
+            let fast = self.place_fast(rid, req, cons)?;
+            if !gang || placed.is_empty() || self.policy.gang_locality == 0.0 {
+                return Ok(fast);
             }
-            self.sync_ranked(rid, req, cons);
-            let ranked = &self.ranked[rid as usize];
-            if let (Some(first), Some(last)) = (ranked.order.first(), ranked.order.last()) {
-                // Every fitting class ties (e.g. the random policy): draw nodes
-                // until one fits, which is uniform over the fitting nodes and
-                // avoids walking every class. Few fit: fall through to the walk.
-                if self.policy.tie_break == TieBreak::Random && (first.0).0.0 - (last.0).0.0 <= TIE
-                {
-                    let n = self.cluster.nodes().len() as u64;
-                    for _ in 0..32 {
-                        let node = NodeId(self.rng.below(n) as u32);
-                        if let Some(&(_, pick)) = ranked.fit.get(&self.cluster.class_of(node)) {
-                            return Ok((node, pick));
-                        }
-                    }
-                }
-            }
-            let ranked = &self.ranked[rid as usize];
-            let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
-            if let Some((std::cmp::Reverse(OrdScore(best)), _)) = ranked.order.first() {
-                for (std::cmp::Reverse(OrdScore(score)), class) in &ranked.order {
-                    if *score < best - TIE {
-                        break;
-                    }
-                    tied.push((*class, ranked.fit[class].1));
-                }
-            }
-            if let Some(choice) = self.choose_among_classes(&tied) {
-                return Ok(choice);
-            }
+            // Stage 5 for gangs: only nodes that share a node, rack or block with
+            // the tasks placed so far get a locality bonus, so the best is either
+            // the fast choice or one of those.
+            return Ok(self.prefer_near(rid, req, cons, placed, fast));
+        }
+        self.place_per_node(rid, req, cons, placed, scope)
+    }
+
+    /// Stages 1-4 per class, then 6: the best classes, and a node among them.
+    /// Requests that come often keep a ranking of the classes in step with the
+    /// cluster; others scan the (cached) class evaluations.
+    fn place_fast(
+        &mut self,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        if !self.ranking_worthwhile(rid) {
             return self.place_by_scan(rid, req, cons);
         }
+        self.sync_ranked(rid, req, cons);
+        let ranked = &self.ranked[rid as usize];
+        if let (Some(first), Some(last)) = (ranked.order.first(), ranked.order.last()) {
+            // Every fitting class ties (e.g. the random policy): draw nodes
+            // until one fits, which is uniform over the fitting nodes and
+            // avoids walking every class. Few fit: fall through to the walk.
+            if self.policy.tie_break == TieBreak::Random && (first.0).0.0 - (last.0).0.0 <= TIE {
+                let n = self.cluster.nodes().len() as u64;
+                for _ in 0..32 {
+                    let node = NodeId(self.rng.below(n) as u32);
+                    if let Some(&(_, pick)) = ranked.fit.get(&self.cluster.class_of(node)) {
+                        return Ok((node, pick));
+                    }
+                }
+            }
+        }
+        let ranked = &self.ranked[rid as usize];
+        let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
+        if let Some((std::cmp::Reverse(OrdScore(best)), _)) = ranked.order.first() {
+            for (std::cmp::Reverse(OrdScore(score)), class) in &ranked.order {
+                if *score < best - TIE {
+                    break;
+                }
+                tied.push((*class, ranked.fit[class].1));
+            }
+        }
+        if let Some(choice) = self.choose_among_classes(&tied) {
+            return Ok(choice);
+        }
+        self.place_by_scan(rid, req, cons)
+    }
+
+    /// The fast choice, or a node near the gang's placed tasks if its state
+    /// score plus the locality bonus beats it.
+    fn prefer_near(
+        &mut self,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+        placed: &[NodeId],
+        fast: (NodeId, GpuPick),
+    ) -> (NodeId, GpuPick) {
+        let bonus = |this: &Self, id: NodeId| {
+            let ctx = GangContext {
+                placed,
+                nodes: this.cluster.nodes(),
+            };
+            this.policy.gang_locality * scorers::gang_locality(&ctx, this.cluster.node(id))
+        };
+        let score_of = |this: &mut Self, id: NodeId| match this.eval_class(
+            this.cluster.class_of(id),
+            rid,
+            req,
+            cons,
+        ) {
+            Eval::Fit { score, pick } => Some((score, pick)),
+            Eval::Reject(_) => None,
+        };
+        let mut best = (
+            score_of(self, fast.0).map_or(f64::NEG_INFINITY, |(s, _)| s) + bonus(self, fast.0),
+            fast,
+        );
+        let mut near: Vec<NodeId> = placed.to_vec();
+        for p in placed {
+            let n = self.cluster.node(*p);
+            let keys = [
+                (TopologyLevel::Rack, n.rack.clone()),
+                (TopologyLevel::Block, n.block.clone()),
+            ];
+            for (level, key) in keys {
+                if let Some(k) = key {
+                    if let Some(m) = self.domain_members(level).get(&k) {
+                        near.extend(m);
+                    }
+                }
+            }
+        }
+        near.sort_unstable();
+        near.dedup();
+        for id in near {
+            if let Some((score, pick)) = score_of(self, id) {
+                let total = score + bonus(self, id);
+                if total > best.0 + TIE {
+                    best = (total, (id, pick));
+                }
+            }
+        }
+        best.1
+    }
+
+    /// Stages 1-5 node by node, for a topology domain or a spread service.
+    fn place_per_node(
+        &mut self,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+        placed: &[NodeId],
+        scope: Option<&Scope>,
+    ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        let mut rejections: Vec<(Reject, u32)> = Vec::new();
         // Per node: stages 1-4 (cached per class unless an NVLink scope narrows
         // the GPUs), plus stage 5, context scores.
         let all: Vec<NodeId>;
