@@ -436,6 +436,17 @@ impl Placer {
         req: &TaskRequest,
         cons: &Constraints,
     ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
+        if self.policy.scorers.is_empty() && self.policy.tie_break == TieBreak::Random {
+            // No scorers: every fitting node ties. Drawing nodes until one fits
+            // is uniform over the fitting nodes and needs no ranking or scan.
+            let n = self.cluster.nodes().len() as u64;
+            for _ in 0..32.min(n) {
+                let node = NodeId(self.rng.below(n) as u32);
+                if let Eval::Fit { pick, .. } = self.eval_class(self.cluster.class_of(node), rid, req, cons) {
+                    return Ok((node, pick));
+                }
+            }
+        }
         if !self.ranking_worthwhile(rid) {
             return self.place_by_scan(rid, req, cons);
         }
@@ -509,10 +520,8 @@ impl Placer {
                 (TopologyLevel::Block, n.block.clone()),
             ];
             for (level, key) in keys {
-                if let Some(k) = key {
-                    if let Some(m) = self.domain_members(level).get(&k) {
-                        near.extend(m);
-                    }
+                if let Some(m) = key.and_then(|k| self.domain_members(level).get(&k).cloned()) {
+                    near.extend(m);
                 }
             }
         }
