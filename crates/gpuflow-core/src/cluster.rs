@@ -133,6 +133,7 @@ struct StaticShape {
     labels: BTreeMap<String, String>,
     taints: Vec<Taint>,
     state: NodeState,
+    reserved: bool,
     cpu: CpuMilli,
     mem: MemMib,
     gpus: Vec<GpuShape>,
@@ -150,7 +151,7 @@ type GpuShape = (
     u16,
 );
 
-fn static_shape(node: &Node) -> StaticShape {
+fn static_shape(node: &Node, reserved: bool) -> StaticShape {
     let mut islands: Vec<&str> = Vec::new();
     let gpus = node
         .gpus
@@ -183,6 +184,7 @@ fn static_shape(node: &Node) -> StaticShape {
         labels: node.labels.clone(),
         taints: node.taints.clone(),
         state: node.state,
+        reserved,
         cpu: node.cpu,
         mem: node.mem,
         gpus,
@@ -222,6 +224,8 @@ pub struct Cluster {
     representative: Vec<NodeId>,
     /// Free milli-GPU per node for whole and fractional work (healthy, non-MIG GPUs).
     free_total: Vec<u64>,
+    /// Nodes held for a reservation: only work that ends before it may use them.
+    reserved: Vec<bool>,
     /// Classes whose liveness may have changed, in order; see [`Cluster::changes_since`].
     changes: Vec<ClassId>,
     /// Sequence number of `changes[0]`.
@@ -289,9 +293,10 @@ impl Cluster {
             changes: Vec::new(),
             changes_base: 0,
             free_total: vec![0; n],
+            reserved: vec![false; n],
         };
         for i in 0..n {
-            let shape = static_shape(&c.nodes[i]);
+            let shape = static_shape(&c.nodes[i], false);
             c.islands.push(shape.gpus.iter().map(|g| g.3).collect());
             c.shape_of[i] = c.intern_shape(shape);
             let class = c.intern_class(NodeId(i as u32));
@@ -389,8 +394,20 @@ impl Cluster {
         }
     }
 
+    /// Marks a node as held for a reservation, or frees it.
+    pub fn set_reserved(&mut self, id: NodeId, reserved: bool) {
+        if self.reserved[id.0 as usize] != reserved {
+            self.reserved[id.0 as usize] = reserved;
+            self.reshape(id);
+        }
+    }
+
+    pub fn is_reserved(&self, id: NodeId) -> bool {
+        self.reserved[id.0 as usize]
+    }
+
     fn reshape(&mut self, id: NodeId) {
-        let shape = static_shape(&self.nodes[id.0 as usize]);
+        let shape = static_shape(&self.nodes[id.0 as usize], self.reserved[id.0 as usize]);
         self.shape_of[id.0 as usize] = self.intern_shape(shape);
         self.reclass(id);
     }

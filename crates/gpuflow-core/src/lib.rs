@@ -21,8 +21,10 @@ pub mod mix;
 pub mod model;
 pub mod placement;
 pub mod policy;
+pub mod queue;
 pub mod request;
 pub mod rng;
+pub mod schedule;
 
 pub use cluster::{Allocation, Cluster, GpuMode, GpuPick, GpuUsage, NodeUsage};
 pub use error::CoreError;

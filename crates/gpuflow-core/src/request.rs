@@ -111,6 +111,9 @@ pub struct Constraints {
     pub topology: Option<Topology>,
     /// Spread replicas over nodes and racks (inference services) rather than packing them.
     pub spread: bool,
+    /// Keep off nodes held for a reservation (set by the scheduler for work
+    /// that would not end before the reservation starts).
+    pub avoid_reserved: bool,
 }
 
 /// A job: a gang of task groups placed all together or not at all.

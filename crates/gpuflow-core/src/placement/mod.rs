@@ -125,6 +125,7 @@ struct ConstraintKey {
     pool: Option<String>,
     node_selector: BTreeMap<String, String>,
     tolerations: Vec<String>,
+    avoid_reserved: bool,
 }
 
 impl ConstraintKey {
@@ -133,6 +134,7 @@ impl ConstraintKey {
             pool: c.pool.clone(),
             node_selector: c.node_selector.clone(),
             tolerations: c.tolerations.clone(),
+            avoid_reserved: c.avoid_reserved,
         }
     }
 }
@@ -208,6 +210,11 @@ impl Placer {
         for a in allocations.iter().rev() {
             self.cluster.release(a);
         }
+    }
+
+    /// Holds a node for a reservation, or frees it.
+    pub fn set_reserved(&mut self, node: NodeId, reserved: bool) {
+        self.cluster.set_reserved(node, reserved);
     }
 
     /// Cordons, drains or readies a node.
@@ -442,7 +449,9 @@ impl Placer {
             let n = self.cluster.nodes().len() as u64;
             for _ in 0..32.min(n) {
                 let node = NodeId(self.rng.below(n) as u32);
-                if let Eval::Fit { pick, .. } = self.eval_class(self.cluster.class_of(node), rid, req, cons) {
+                if let Eval::Fit { pick, .. } =
+                    self.eval_class(self.cluster.class_of(node), rid, req, cons)
+                {
                     return Ok((node, pick));
                 }
             }
@@ -798,6 +807,7 @@ impl Placer {
             req,
             cons,
             nvlink_scope: nvlink,
+            reserved: self.cluster.is_reserved(id),
         };
         if let Err(r) = filters::run(&view) {
             return Eval::Reject(r);

@@ -17,6 +17,8 @@ pub enum Reject {
     GpuCapacity,
     /// Outside the topology domain being tried.
     Topology,
+    /// Held for a reservation the task would not end before.
+    Reserved,
 }
 
 impl Reject {
@@ -33,6 +35,7 @@ impl Reject {
             Reject::Memory => "memory",
             Reject::GpuCapacity => "gpu-capacity",
             Reject::Topology => "topology",
+            Reject::Reserved => "reservation",
         }
     }
 
@@ -54,6 +57,7 @@ impl Reject {
             Reject::Memory => "have too little free memory",
             Reject::GpuCapacity => "have too few free GPUs in the requested sharing mode",
             Reject::Topology => "are outside the topology domain tried",
+            Reject::Reserved => "are held for a reservation the job would not end before",
         }
     }
 }

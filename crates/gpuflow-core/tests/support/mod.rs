@@ -55,7 +55,7 @@ fn parse_gpu(v: &str) -> GpuRequest {
     }
 }
 
-fn parse_node(id: u32, toks: &[&str]) -> Node {
+pub fn parse_node(id: u32, toks: &[&str]) -> Node {
     let name = toks[0];
     let mut node = Node::new(id, name, CpuMilli(64_000), MemMib(512 * 1024), Vec::new());
     let (mut count, mut model, mut gpumem) = (0usize, "H100".to_string(), 80u64);
@@ -132,7 +132,7 @@ fn parse_node(id: u32, toks: &[&str]) -> Node {
     node
 }
 
-fn parse_job(toks: &[&str]) -> Job {
+pub fn parse_job(toks: &[&str]) -> Job {
     let id: u64 = toks[0].parse().unwrap();
     let mut job = Job {
         id: JobId(id),
@@ -198,7 +198,7 @@ fn parse_job(toks: &[&str]) -> Job {
     job
 }
 
-fn render_pick(a: &Allocation) -> String {
+pub fn render_pick(a: &Allocation) -> String {
     match a.pick {
         GpuPick::None => String::new(),
         GpuPick::Whole(_) => {
@@ -335,3 +335,4 @@ pub fn run(fixture: &str) -> String {
     out.push_str(&render_usage(placer.cluster()));
     out
 }
+pub mod sched;

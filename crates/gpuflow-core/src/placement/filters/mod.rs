@@ -9,6 +9,7 @@ mod gpu_model;
 mod node_selector;
 mod node_state;
 mod pool;
+mod reservation;
 mod taints;
 
 pub(crate) use gpu_capacity::picks;
@@ -27,6 +28,7 @@ pub(crate) struct NodeView<'a> {
     pub cons: &'a Constraints,
     /// When set, only GPUs in this NVLink domain may be used.
     pub nvlink_scope: Option<&'a str>,
+    pub reserved: bool,
 }
 
 impl NodeView<'_> {
@@ -44,6 +46,7 @@ type Filter = fn(&NodeView) -> Result<(), Reject>;
 /// The filter pipeline, in order.
 pub(crate) const FILTERS: &[Filter] = &[
     node_state::check,
+    reservation::check,
     pool::check,
     node_selector::check,
     taints::check,

@@ -1,0 +1,1238 @@
+//! The scheduling cycle: which pending jobs start, which running jobs are
+//! preempted, which blocked gang gets a reservation, and why every other job
+//! waits. See `schedule/README.md` beside this file for the flow.
+//!
+//! [`schedule`] works on the caller's [`Placer`] and [`Queues`], which hold the
+//! committed state (running allocations applied, usage charged). Admissions
+//! are applied to them as the cycle goes — the plan's admissions are exactly
+//! what was applied. Preemption and reservations are tried on the same state
+//! and undone, so after the call the state is the committed state plus the
+//! admissions. The cycle reads `now` and a seed from its input, never a clock.
+
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::fmt;
+
+use crate::cluster::Allocation;
+use crate::ids::JobId;
+use crate::placement::{Placement, Placer, Unplaced};
+use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
+use crate::request::{GpuRequest, Job};
+
+/// A priority class: its rank orders work; preemptibility and borrowing are
+/// set independently.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriorityClass {
+    pub name: String,
+    /// Higher goes first and may preempt lower (within a queue).
+    pub rank: u32,
+    pub preemptible: bool,
+    /// Whether the class may run above its queue's guarantee.
+    pub may_borrow: bool,
+}
+
+/// The four classes gpuflow ships with.
+pub fn default_classes() -> Vec<PriorityClass> {
+    let c = |name: &str, rank, preemptible, may_borrow| PriorityClass {
+        name: name.into(),
+        rank,
+        preemptible,
+        may_borrow,
+    };
+    vec![
+        c("inference", 40, false, false),
+        c("notebook", 30, false, false),
+        c("training", 20, true, true),
+        c("batch", 10, true, true),
+    ]
+}
+
+/// A job as the scheduler sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    pub job: Job,
+    pub queue: QueueId,
+    pub user: String,
+    /// Index into [`Config::classes`].
+    pub class: usize,
+    /// Priority inside the class.
+    pub priority: i32,
+    /// Submission time, seconds.
+    pub submitted: u64,
+    /// Declared maximum runtime, seconds.
+    pub max_runtime: Option<u64>,
+    /// Seconds a victim is given between the signal and the kill.
+    pub grace: u64,
+}
+
+impl Workload {
+    /// GPU demand in milli-GPU.
+    pub fn gpu_milli(&self) -> u64 {
+        self.job
+            .groups
+            .iter()
+            .map(|g| g.request.gpu.milli() * g.replicas as u64)
+            .sum()
+    }
+
+    fn needs_gpu(&self) -> bool {
+        self.job
+            .groups
+            .iter()
+            .any(|g| g.request.gpu != GpuRequest::None)
+    }
+}
+
+/// A running job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Running {
+    pub work: Workload,
+    /// The flavor its quota is charged to ("" for no GPU).
+    pub flavor: String,
+    pub allocations: Vec<Allocation>,
+    pub started: u64,
+    pub last_checkpoint: Option<u64>,
+    /// Set once it has been told to stop: the kill time.
+    pub stopping_at: Option<u64>,
+}
+
+impl Running {
+    /// Work lost if it stopped now: GPU-seconds since its last checkpoint.
+    pub fn lost_gpu_seconds(&self, now: u64) -> f64 {
+        let since = now.saturating_sub(
+            self.last_checkpoint
+                .unwrap_or(self.started)
+                .max(self.started),
+        );
+        since as f64 * self.work.gpu_milli() as f64 / 1000.0
+    }
+}
+
+/// How jobs are ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ordering {
+    /// Submission order across all queues, head-of-line blocking.
+    Fifo,
+    /// Class, priority and age across all queues (Slurm-like).
+    Priority,
+    /// Weighted dominant-resource fair share between queues, then class,
+    /// priority and age inside a queue.
+    FairShare,
+}
+
+/// Scheduler settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub classes: Vec<PriorityClass>,
+    pub ordering: Ordering,
+    pub preemption: bool,
+    pub backfill: bool,
+    /// Whether quotas are enforced (FIFO and Slurm-like baselines ignore them).
+    pub quotas: bool,
+    /// Half-life of historical usage, seconds.
+    pub usage_half_life: u64,
+    /// Weight of historical usage against current usage in fair share (0..1).
+    pub history_weight: f64,
+    /// Age that adds one to a job's priority, seconds (0: no aging).
+    pub aging_step: u64,
+    /// Most that aging adds.
+    pub aging_cap: i32,
+    /// Runtime before a job may be preempted, seconds.
+    pub min_runtime: u64,
+    /// GPU-hours of lost work each queue may suffer per window; `None`: no limit.
+    pub disruption_budget: Option<f64>,
+    pub disruption_window: u64,
+    /// Jobs tried per leaf queue per cycle after which the queue waits for the next cycle.
+    pub tries_per_queue: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            classes: default_classes(),
+            ordering: Ordering::FairShare,
+            preemption: true,
+            backfill: true,
+            quotas: true,
+            usage_half_life: 7 * 24 * 3600,
+            history_weight: 0.5,
+            aging_step: 3600,
+            aging_cap: 10,
+            min_runtime: 300,
+            disruption_budget: None,
+            disruption_window: 3600,
+            tries_per_queue: 8,
+        }
+    }
+}
+
+/// What the scheduler remembers between cycles.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History {
+    /// Decayed GPU-hours per queue (leaf and inner).
+    pub usage: BTreeMap<QueueId, f64>,
+    pub decayed_at: u64,
+    /// (time, GPU-hours lost) per queue, for disruption budgets.
+    pub disruptions: BTreeMap<QueueId, Vec<(u64, f64)>>,
+    /// Preemptors waiting for their victims to stop.
+    pub waiting_for: BTreeMap<JobId, Vec<JobId>>,
+}
+
+impl History {
+    /// Ages recorded usage to `now` and adds the GPU-hours used since the last
+    /// call by the running jobs (charged to their queues and ancestors).
+    pub fn account(&mut self, now: u64, half_life: u64, running: &[Running], queues: &Queues) {
+        let dt = now.saturating_sub(self.decayed_at);
+        if dt == 0 {
+            return;
+        }
+        let factor = if half_life == 0 {
+            0.0
+        } else {
+            0.5f64.powf(dt as f64 / half_life as f64)
+        };
+        for v in self.usage.values_mut() {
+            *v *= factor;
+        }
+        for r in running {
+            let hours = r.work.gpu_milli() as f64 / 1000.0 * dt as f64 / 3600.0;
+            for q in queues.path(r.work.queue) {
+                *self.usage.entry(q).or_default() += hours;
+            }
+        }
+        self.decayed_at = now;
+    }
+
+    fn disrupted(&self, q: QueueId, now: u64, window: u64) -> f64 {
+        self.disruptions.get(&q).map_or(0.0, |v| {
+            v.iter()
+                .filter(|(t, _)| now.saturating_sub(*t) < window)
+                .map(|(_, h)| h)
+                .sum()
+        })
+    }
+}
+
+/// A victim of preemption: told to stop now, killed at `kill_at`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preemption {
+    pub victim: JobId,
+    pub by: JobId,
+    pub signal_at: u64,
+    pub kill_at: u64,
+    pub lost_gpu_hours: f64,
+    pub reason: PreemptReason,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptReason {
+    /// The preemptor's queue takes back guaranteed quota the victim's queue borrowed.
+    Reclaim,
+    /// A strictly higher-priority job of the same queue.
+    Priority,
+}
+
+/// Nodes held for a blocked gang until it can start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reservation {
+    pub job: JobId,
+    pub start_at: u64,
+    pub nodes: Vec<crate::ids::NodeId>,
+}
+
+/// Why a job waits. Each reason is data; [`fmt::Display`] renders it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingReason {
+    QueueHeld {
+        queue: String,
+    },
+    QueueDraining {
+        queue: String,
+    },
+    UserGpuLimit {
+        user: String,
+        used: u64,
+        limit: u64,
+    },
+    UserRunningLimit {
+        user: String,
+        running: u32,
+        limit: u32,
+    },
+    /// The class may not borrow and the job does not fit the guarantee.
+    NotWithinGuarantee {
+        flavor: String,
+        class: String,
+        usage: u64,
+        guaranteed: u64,
+    },
+    Quota {
+        flavor: String,
+        block: QuotaBlock,
+        queue_names: Vec<(QueueId, String)>,
+    },
+    Placement {
+        flavor: String,
+        unplaced: Unplaced,
+    },
+    /// Capacity is held for a blocked gang that starts before this job would end.
+    Reservation {
+        job: JobId,
+        start_at: u64,
+    },
+    WaitingForPreemption {
+        victims: usize,
+    },
+    /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
+    NotReached {
+        ahead: usize,
+    },
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gpus = |m: u64| m as f64 / 1000.0;
+        match self {
+            PendingReason::QueueHeld { queue } => {
+                write!(f, "queue {queue} is held: it accepts work but starts none")
+            }
+            PendingReason::QueueDraining { queue } => write!(f, "queue {queue} is draining"),
+            PendingReason::UserGpuLimit { user, used, limit } => {
+                write!(
+                    f,
+                    "user {user} holds {} GPUs of a {} GPU limit in this queue",
+                    gpus(*used),
+                    gpus(*limit)
+                )
+            }
+            PendingReason::UserRunningLimit {
+                user,
+                running,
+                limit,
+            } => {
+                write!(
+                    f,
+                    "user {user} runs {running} jobs of a {limit} job limit in this queue"
+                )
+            }
+            PendingReason::NotWithinGuarantee {
+                flavor,
+                class,
+                usage,
+                guaranteed,
+            } => write!(
+                f,
+                "{class} jobs must fit the guaranteed {flavor} quota: it would use {} of {} GPUs",
+                gpus(*usage),
+                gpus(*guaranteed)
+            ),
+            PendingReason::Quota {
+                flavor,
+                block,
+                queue_names,
+            } => {
+                let name = |q: &QueueId| {
+                    queue_names
+                        .iter()
+                        .find(|(id, _)| id == q)
+                        .map_or("?", |(_, n)| n.as_str())
+                };
+                match block {
+                    QuotaBlock::Cap { queue, usage, cap } => {
+                        write!(
+                            f,
+                            "queue {} would use {} {flavor} GPUs, above its cap of {}",
+                            name(queue),
+                            gpus(*usage),
+                            gpus(*cap)
+                        )
+                    }
+                    QuotaBlock::BorrowLimit {
+                        queue,
+                        usage,
+                        limit,
+                    } => write!(
+                        f,
+                        "queue {} would use {} {flavor} GPUs, above its guarantee plus borrowing limit of {}",
+                        name(queue),
+                        gpus(*usage),
+                        gpus(*limit)
+                    ),
+                    QuotaBlock::NoLendableCapacity {
+                        parent,
+                        needed,
+                        available,
+                    } => write!(
+                        f,
+                        "needs {} {flavor} GPUs of quota; {} has {} left to lend",
+                        gpus(*needed),
+                        parent.as_ref().map_or("the cluster", |p| name(p)),
+                        gpus(*available)
+                    ),
+                    QuotaBlock::Budget { queue, exhausted } => write!(
+                        f,
+                        "queue {}'s GPU-hour budget is used up: it {}",
+                        name(queue),
+                        match exhausted {
+                            crate::queue::BudgetExhausted::StopBorrowing => "may not borrow",
+                            crate::queue::BudgetExhausted::StopAdmitting => "starts no new work",
+                        }
+                    ),
+                }
+            }
+            PendingReason::Placement { flavor, unplaced } if flavor.is_empty() => {
+                write!(f, "{unplaced}")
+            }
+            PendingReason::Placement { flavor, unplaced } => write!(f, "on {flavor}: {unplaced}"),
+            PendingReason::Reservation { job, start_at } => {
+                write!(
+                    f,
+                    "capacity is reserved for job {} from t={start_at}s and this job would not end before",
+                    job.0
+                )
+            }
+            PendingReason::WaitingForPreemption { victims } => {
+                write!(f, "waiting for {victims} preempted job(s) to stop")
+            }
+            PendingReason::NotReached { ahead } => write!(
+                f,
+                "not reached this cycle: {ahead} job(s) ahead were tried first"
+            ),
+        }
+    }
+}
+
+/// A pending job's explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pending {
+    pub job: JobId,
+    pub reasons: Vec<PendingReason>,
+    /// 1-based position among its queue's pending jobs.
+    pub position: usize,
+    /// Estimated start, seconds; `None` when running jobs declare no max runtime.
+    pub eta: Option<u64>,
+}
+
+/// The outcome of a cycle.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub admitted: Vec<(JobId, String, Placement)>,
+    pub preempted: Vec<Preemption>,
+    pub reservations: Vec<Reservation>,
+    pub pending: Vec<Pending>,
+}
+
+/// One scheduling cycle. `running` must match what is applied to `placer` and
+/// charged to `queues`; `pending` are the jobs waiting. Admissions are applied.
+pub fn schedule(
+    now: u64,
+    placer: &mut Placer,
+    queues: &mut Queues,
+    running: &[Running],
+    pending: &[Workload],
+    history: &mut History,
+    cfg: &Config,
+) -> Plan {
+    let mut cycle = Cycle::new(now, placer, queues, running, pending, history, cfg);
+    // Phase 1: order each queue's pending jobs and build the fair-share heap.
+    cycle.order();
+    // Phase 2: take jobs in fair-share (or FIFO, or priority) order; admit,
+    // preempt or reserve. Each step keeps usage and allocations consistent.
+    cycle.admit_all();
+    debug_assert!(cycle.check_quotas(), "admissions exceeded a quota");
+    // Phase 3: explain every job still pending.
+    cycle.explain()
+}
+
+struct Cycle<'a> {
+    now: u64,
+    placer: &'a mut Placer,
+    queues: &'a mut Queues,
+    running: &'a [Running],
+    pending: &'a [Workload],
+    history: &'a mut History,
+    cfg: &'a Config,
+    /// Per leaf queue, indices into `pending`, best first.
+    per_queue: BTreeMap<QueueId, Vec<usize>>,
+    /// Global order (FIFO and priority orderings).
+    global: Vec<usize>,
+    reasons: BTreeMap<usize, Vec<PendingReason>>,
+    admitted: Vec<(JobId, String, Placement)>,
+    preempted: Vec<Preemption>,
+    victims: BTreeSet<JobId>,
+    reservation: Option<Reservation>,
+    /// Per user and queue: (milli-GPU, running jobs).
+    users: BTreeMap<(QueueId, String), (u64, u32)>,
+    tried: usize,
+}
+
+impl<'a> Cycle<'a> {
+    fn new(
+        now: u64,
+        placer: &'a mut Placer,
+        queues: &'a mut Queues,
+        running: &'a [Running],
+        pending: &'a [Workload],
+        history: &'a mut History,
+        cfg: &'a Config,
+    ) -> Cycle<'a> {
+        let mut users: BTreeMap<(QueueId, String), (u64, u32)> = BTreeMap::new();
+        for r in running {
+            let e = users
+                .entry((r.work.queue, r.work.user.clone()))
+                .or_default();
+            e.0 += r.work.gpu_milli();
+            e.1 += 1;
+        }
+        // Victims still stopping are not chosen again; preemptors whose victims
+        // have all stopped no longer wait.
+        let stopping: BTreeSet<JobId> = running
+            .iter()
+            .filter(|r| r.stopping_at.is_some())
+            .map(|r| r.work.job.id)
+            .collect();
+        history
+            .waiting_for
+            .retain(|_, v| v.iter().any(|j| stopping.contains(j)));
+        history
+            .disruptions
+            .values_mut()
+            .for_each(|v| v.retain(|(t, _)| now.saturating_sub(*t) < cfg.disruption_window));
+        Cycle {
+            now,
+            placer,
+            queues,
+            running,
+            pending,
+            history,
+            cfg,
+            per_queue: BTreeMap::new(),
+            global: Vec::new(),
+            reasons: BTreeMap::new(),
+            admitted: Vec::new(),
+            preempted: Vec::new(),
+            victims: stopping,
+            reservation: None,
+            users,
+            tried: 0,
+        }
+    }
+
+    fn rank(&self, w: &Workload) -> u32 {
+        self.cfg.classes.get(w.class).map_or(0, |c| c.rank)
+    }
+
+    /// Priority with aging: one step per `aging_step` seconds waited, capped.
+    fn effective_priority(&self, w: &Workload) -> i32 {
+        if self.cfg.aging_step == 0 {
+            return w.priority;
+        }
+        let steps = (self.now.saturating_sub(w.submitted) / self.cfg.aging_step)
+            .min(self.cfg.aging_cap.max(0) as u64);
+        w.priority.saturating_add(steps as i32)
+    }
+
+    fn order(&mut self) {
+        let key = |c: &Cycle, i: usize| {
+            let w = &c.pending[i];
+            (
+                std::cmp::Reverse(c.rank(w)),
+                std::cmp::Reverse(c.effective_priority(w)),
+                w.submitted,
+                w.job.id,
+            )
+        };
+        let mut all: Vec<usize> = (0..self.pending.len()).collect();
+        match self.cfg.ordering {
+            Ordering::Fifo => {
+                all.sort_by_key(|&i| (self.pending[i].submitted, self.pending[i].job.id))
+            }
+            _ => all.sort_by_key(|&i| key(self, i)),
+        }
+        for &i in &all {
+            self.per_queue
+                .entry(self.pending[i].queue)
+                .or_default()
+                .push(i);
+        }
+        self.global = all;
+    }
+
+    /// The fair-share key of a queue: current dominant share blended with
+    /// decayed historical usage, both over the effective weight.
+    fn share(&self, q: QueueId) -> f64 {
+        let current = self.queues.dominant_share(q);
+        let total_hist: f64 = self
+            .queues
+            .children(self.queues.get(q).parent)
+            .iter()
+            .map(|c| self.history.usage.get(c).copied().unwrap_or(0.0))
+            .sum();
+        let hist = if total_hist > 0.0 {
+            self.history.usage.get(&q).copied().unwrap_or(0.0)
+                / total_hist
+                / self.queues.get(q).effective_weight().max(1e-9)
+        } else {
+            0.0
+        };
+        (1.0 - self.cfg.history_weight) * current + self.cfg.history_weight * hist
+    }
+
+    /// The leaf's key: the shares along its path from the top, compared in order.
+    fn leaf_key(&self, leaf: QueueId) -> Vec<OrdF64> {
+        let mut path = self.queues.path(leaf);
+        path.reverse();
+        path.into_iter().map(|q| OrdF64(self.share(q))).collect()
+    }
+
+    fn admit_all(&mut self) {
+        match self.cfg.ordering {
+            Ordering::Fifo | Ordering::Priority => {
+                let order = std::mem::take(&mut self.global);
+                for (pos, &i) in order.iter().enumerate() {
+                    let admitted = self.try_admit(i);
+                    // FIFO: the head blocks everything behind it.
+                    if !admitted && self.cfg.ordering == Ordering::Fifo && !self.cfg.backfill {
+                        for &j in &order[pos + 1..] {
+                            self.reasons
+                                .entry(j)
+                                .or_default()
+                                .push(PendingReason::NotReached { ahead: pos + 1 });
+                        }
+                        break;
+                    }
+                }
+                self.global = order;
+            }
+            Ordering::FairShare => {
+                // A lazy heap of leaves by fair-share key (smallest first): a
+                // popped leaf whose key grew since it was pushed goes back.
+                let mut heap: BinaryHeap<(
+                    std::cmp::Reverse<Vec<OrdF64>>,
+                    std::cmp::Reverse<QueueId>,
+                )> = BinaryHeap::new();
+                let mut cursor: BTreeMap<QueueId, usize> = BTreeMap::new();
+                let mut tries: BTreeMap<QueueId, usize> = BTreeMap::new();
+                for &q in self.per_queue.keys() {
+                    heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
+                }
+                while let Some((std::cmp::Reverse(key), std::cmp::Reverse(q))) = heap.pop() {
+                    let fresh = self.leaf_key(q);
+                    if fresh > key {
+                        heap.push((std::cmp::Reverse(fresh), std::cmp::Reverse(q)));
+                        continue;
+                    }
+                    let list = &self.per_queue[&q];
+                    let c = cursor.entry(q).or_default();
+                    let Some(&i) = list.get(*c) else { continue };
+                    *c += 1;
+                    let admitted = self.try_admit(i);
+                    let t = tries.entry(q).or_default();
+                    if !admitted {
+                        *t += 1;
+                    }
+                    if *t >= self.cfg.tries_per_queue {
+                        let c = cursor[&q];
+                        let rest: Vec<usize> = self.per_queue[&q][c..].to_vec();
+                        for j in rest {
+                            self.reasons
+                                .entry(j)
+                                .or_default()
+                                .push(PendingReason::NotReached { ahead: c });
+                        }
+                        continue;
+                    }
+                    heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
+                }
+            }
+        }
+    }
+
+    /// Tries to start pending job `i`; records why not. Returns whether it started.
+    fn try_admit(&mut self, i: usize) -> bool {
+        self.tried += 1;
+        let w = &self.pending[i];
+        let q = self.queues.get(w.queue);
+        // Queue state.
+        match q.state {
+            QueueState::Held => {
+                return self.wait(
+                    i,
+                    PendingReason::QueueHeld {
+                        queue: q.name.clone(),
+                    },
+                );
+            }
+            QueueState::Draining => {
+                return self.wait(
+                    i,
+                    PendingReason::QueueDraining {
+                        queue: q.name.clone(),
+                    },
+                );
+            }
+            QueueState::Open => {}
+        }
+        if self.history.waiting_for.contains_key(&w.job.id) {
+            let n = self.history.waiting_for[&w.job.id].len();
+            return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
+        }
+        // Per-user limits.
+        let (used, count) = self
+            .users
+            .get(&(w.queue, w.user.clone()))
+            .copied()
+            .unwrap_or_default();
+        if let Some(limit) = q.user_limits.max_gpu_milli
+            && used + w.gpu_milli() > limit
+        {
+            return self.wait(
+                i,
+                PendingReason::UserGpuLimit {
+                    user: w.user.clone(),
+                    used,
+                    limit,
+                },
+            );
+        }
+        if let Some(limit) = q.user_limits.max_running
+            && count + 1 > limit
+        {
+            return self.wait(
+                i,
+                PendingReason::UserRunningLimit {
+                    user: w.user.clone(),
+                    running: count,
+                    limit,
+                },
+            );
+        }
+        // Flavors: the queue's order, restricted to what the job accepts.
+        let flavors = self.flavors_for(w);
+        let mut reasons = Vec::new();
+        for flavor in &flavors {
+            if let Err(r) = self.quota_ok(i, flavor) {
+                reasons.push(r);
+                continue;
+            }
+            match self.place(i, flavor) {
+                Ok(p) => {
+                    self.commit(i, flavor, p);
+                    return true;
+                }
+                Err(r) => reasons.push(r),
+            }
+        }
+        // Preemption, on the first flavor (in the queue's order) where it helps.
+        if self.cfg.preemption {
+            for flavor in &flavors {
+                if let Some(victims) = self.find_victims(i, flavor) {
+                    let id = self.pending[i].job.id;
+                    self.history
+                        .waiting_for
+                        .insert(id, victims.iter().map(|v| v.victim).collect());
+                    let n = victims.len();
+                    self.preempted.extend(victims);
+                    return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
+                }
+            }
+        }
+        // Backfill: the first job blocked by capacity (not quota) gets a reservation.
+        if self.cfg.backfill
+            && self.reservation.is_none()
+            && let Some(flavor) = flavors.iter().find(|f| self.quota_ok(i, f).is_ok())
+        {
+            self.reserve(i, &flavor.clone());
+        }
+        for r in reasons {
+            self.reasons.entry(i).or_default().push(r);
+        }
+        false
+    }
+
+    fn wait(&mut self, i: usize, r: PendingReason) -> bool {
+        self.reasons.entry(i).or_default().push(r);
+        false
+    }
+
+    fn flavors_for(&self, w: &Workload) -> Vec<String> {
+        if !w.needs_gpu() {
+            return vec![String::new()];
+        }
+        let q = self.queues.get(w.queue);
+        let mut order: Vec<String> = if q.flavor_order.is_empty() {
+            // Flavors with quota first (in name order), then any others the cluster has.
+            let mut v: Vec<String> = q.quotas.keys().cloned().collect();
+            v.extend(
+                self.queues
+                    .flavors()
+                    .filter(|f| !q.quotas.contains_key(*f))
+                    .cloned(),
+            );
+            v
+        } else {
+            q.flavor_order.clone()
+        };
+        let accepts = |f: &String| {
+            w.job
+                .groups
+                .iter()
+                .all(|g| g.request.models.is_empty() || g.request.models.contains(f))
+        };
+        order.retain(|f| accepts(f) && self.queues.capacity(f) > 0);
+        order
+    }
+
+    fn class_may_borrow(&self, w: &Workload) -> bool {
+        self.cfg.classes.get(w.class).is_none_or(|c| c.may_borrow)
+    }
+
+    fn within_guarantee(&self, w: &Workload, flavor: &str) -> bool {
+        self.queues.usage(w.queue, flavor) + w.gpu_milli()
+            <= self.queues.get(w.queue).quota(flavor).guaranteed
+    }
+
+    fn quota_ok(&self, i: usize, flavor: &str) -> Result<(), PendingReason> {
+        let w = &self.pending[i];
+        if !self.cfg.quotas || flavor.is_empty() {
+            return Ok(());
+        }
+        if !self.class_may_borrow(w) && !self.within_guarantee(w, flavor) {
+            let class = self
+                .cfg
+                .classes
+                .get(w.class)
+                .map_or(String::new(), |c| c.name.clone());
+            return Err(PendingReason::NotWithinGuarantee {
+                flavor: flavor.to_string(),
+                class,
+                usage: self.queues.usage(w.queue, flavor) + w.gpu_milli(),
+                guaranteed: self.queues.get(w.queue).quota(flavor).guaranteed,
+            });
+        }
+        self.queues
+            .fits(w.queue, flavor, w.gpu_milli())
+            .map_err(|block| PendingReason::Quota {
+                flavor: flavor.to_string(),
+                queue_names: self
+                    .queues
+                    .list()
+                    .iter()
+                    .enumerate()
+                    .map(|(k, q)| (QueueId(k as u32), q.name.clone()))
+                    .collect(),
+                block,
+            })
+    }
+
+    /// The job restricted to one flavor, keeping off reserved nodes unless it ends first.
+    fn job_on(&self, i: usize, flavor: &str) -> Job {
+        let w = &self.pending[i];
+        let mut job = w.job.clone();
+        if !flavor.is_empty() {
+            for g in &mut job.groups {
+                if g.request.gpu != GpuRequest::None {
+                    g.request.models = vec![flavor.to_string()];
+                }
+            }
+        }
+        job.constraints.avoid_reserved = match &self.reservation {
+            Some(r) if r.job != w.job.id => w.max_runtime.is_none_or(|m| self.now + m > r.start_at),
+            _ => false,
+        };
+        job
+    }
+
+    fn place(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
+        let job = self.job_on(i, flavor);
+        self.placer.place_job(&job).map_err(|unplaced| {
+            if unplaced
+                .rejections
+                .iter()
+                .any(|(r, _)| *r == crate::placement::Reject::Reserved)
+                && let Some(r) = &self.reservation
+            {
+                return PendingReason::Reservation {
+                    job: r.job,
+                    start_at: r.start_at,
+                };
+            }
+            PendingReason::Placement {
+                flavor: flavor.to_string(),
+                unplaced,
+            }
+        })
+    }
+
+    fn commit(&mut self, i: usize, flavor: &str, p: Placement) {
+        let w = &self.pending[i];
+        if !flavor.is_empty() {
+            self.queues.charge(w.queue, flavor, w.gpu_milli() as i64);
+        }
+        let e = self.users.entry((w.queue, w.user.clone())).or_default();
+        e.0 += w.gpu_milli();
+        e.1 += 1;
+        self.admitted.push((w.job.id, flavor.to_string(), p));
+    }
+
+    /// Victims whose removal lets job `i` fit (quota and placement), chosen to
+    /// lose the least work and the fewest GPUs; `None` when no allowed set helps.
+    /// Tried on the live state and undone.
+    fn find_victims(&mut self, i: usize, flavor: &str) -> Option<Vec<Preemption>> {
+        let w = &self.pending[i];
+        let my_rank = (self.rank(w), self.effective_priority(w));
+        let entitled = self.within_guarantee(w, flavor);
+        let mut candidates: Vec<(usize, PreemptReason)> = Vec::new();
+        for (k, r) in self.running.iter().enumerate() {
+            if self.victims.contains(&r.work.job.id) || r.flavor != flavor {
+                continue;
+            }
+            let class = self.cfg.classes.get(r.work.class);
+            if !class.is_some_and(|c| c.preemptible)
+                || self.now.saturating_sub(r.started) < self.cfg.min_runtime
+            {
+                continue;
+            }
+            let their_rank = (self.rank(&r.work), r.work.priority);
+            let reason = if r.work.queue == w.queue && their_rank < my_rank {
+                PreemptReason::Priority
+            } else if r.work.queue != w.queue
+                && entitled
+                && self.queues.borrowing(r.work.queue, flavor)
+            {
+                PreemptReason::Reclaim
+            } else {
+                continue;
+            };
+            candidates.push((k, reason));
+        }
+        candidates.sort_by(|a, b| {
+            let (ra, rb) = (&self.running[a.0], &self.running[b.0]);
+            ra.lost_gpu_seconds(self.now)
+                .total_cmp(&rb.lost_gpu_seconds(self.now))
+                .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
+                .then(ra.work.job.id.cmp(&rb.work.job.id))
+        });
+        let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
+        let mut found = false;
+        for (k, reason) in candidates {
+            let r = &self.running[k];
+            let lost_h = r.lost_gpu_seconds(self.now) / 3600.0;
+            // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
+            if reason == PreemptReason::Reclaim {
+                let after = self
+                    .queues
+                    .usage(r.work.queue, flavor)
+                    .saturating_sub(r.work.gpu_milli());
+                if after < self.queues.get(r.work.queue).quota(flavor).guaranteed {
+                    continue;
+                }
+            }
+            if let Some(budget) = self.cfg.disruption_budget {
+                let planned: f64 = chosen
+                    .iter()
+                    .filter(|(c, _)| self.running[*c].work.queue == r.work.queue)
+                    .map(|(c, _)| self.running[*c].lost_gpu_seconds(self.now) / 3600.0)
+                    .sum();
+                if self
+                    .history
+                    .disrupted(r.work.queue, self.now, self.cfg.disruption_window)
+                    + planned
+                    + lost_h
+                    > budget
+                {
+                    continue;
+                }
+            }
+            self.placer.release(&r.allocations);
+            self.queues
+                .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
+            chosen.push((k, reason));
+            if self.quota_ok(i, flavor).is_ok()
+                && let Ok(p) = self.place(i, flavor)
+            {
+                self.placer.release(&p);
+                found = true;
+                break;
+            }
+        }
+        // Undo: the victims keep running until they stop.
+        for (k, _) in chosen.iter().rev() {
+            let r = &self.running[*k];
+            let _ = self.placer.apply(&r.allocations);
+            self.queues
+                .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
+        }
+        if !found {
+            return None;
+        }
+        let by = self.pending[i].job.id;
+        let mut out = Vec::new();
+        for (k, reason) in chosen {
+            let r = &self.running[k];
+            let lost = r.lost_gpu_seconds(self.now) / 3600.0;
+            self.victims.insert(r.work.job.id);
+            self.history
+                .disruptions
+                .entry(r.work.queue)
+                .or_default()
+                .push((self.now, lost));
+            out.push(Preemption {
+                victim: r.work.job.id,
+                by,
+                signal_at: self.now,
+                kill_at: self.now + r.work.grace,
+                lost_gpu_hours: lost,
+                reason,
+            });
+        }
+        Some(out)
+    }
+
+    /// Finds when and where job `i` could start as running jobs end (by their
+    /// declared max runtime), and holds those nodes for it.
+    fn reserve(&mut self, i: usize, flavor: &str) {
+        let mut ending: Vec<(u64, usize)> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !self.victims.contains(&r.work.job.id) || r.stopping_at.is_some())
+            .filter_map(|(k, r)| {
+                let end = r
+                    .stopping_at
+                    .or(r.work.max_runtime.map(|m| r.started + m))?;
+                Some((end.max(self.now), k))
+            })
+            .collect();
+        ending.sort();
+        let mut released = Vec::new();
+        let mut found = None;
+        for (end, k) in ending {
+            self.placer.release(&self.running[k].allocations);
+            released.push(k);
+            if let Ok(p) = self.place(i, flavor) {
+                self.placer.release(&p);
+                found = Some((end, p));
+                break;
+            }
+        }
+        for k in released.iter().rev() {
+            let _ = self.placer.apply(&self.running[*k].allocations);
+        }
+        if let Some((start_at, p)) = found {
+            let mut nodes: Vec<_> = p.iter().map(|a| a.node).collect();
+            nodes.sort();
+            nodes.dedup();
+            for &n in &nodes {
+                self.placer.set_reserved(n, true);
+            }
+            self.reservation = Some(Reservation {
+                job: self.pending[i].job.id,
+                start_at,
+                nodes,
+            });
+        }
+    }
+
+    fn check_quotas(&self) -> bool {
+        if !self.cfg.quotas {
+            return true;
+        }
+        // Every admitted job's queue path stays within caps and borrow limits.
+        self.admitted.iter().all(|(id, flavor, _)| {
+            let w = self
+                .pending
+                .iter()
+                .find(|w| w.job.id == *id)
+                .expect("admitted from pending");
+            flavor.is_empty()
+                || self.queues.path(w.queue).iter().all(|&q| {
+                    self.queues.usage(q, flavor) <= self.queues.get(q).quota(flavor).limit()
+                })
+        })
+    }
+
+    fn explain(mut self) -> Plan {
+        // Release the reservation's hold: the next cycle decides again.
+        if let Some(r) = &self.reservation {
+            for &n in &r.nodes {
+                self.placer.set_reserved(n, false);
+            }
+        }
+        let admitted: BTreeSet<JobId> = self.admitted.iter().map(|(id, _, _)| *id).collect();
+        // ETA: running jobs' declared ends against the demand ahead in order.
+        let mut ends: Vec<(u64, u64)> = self
+            .running
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.stopping_at
+                        .or(r.work.max_runtime.map(|m| r.started + m))?
+                        .max(self.now),
+                    r.work.gpu_milli(),
+                ))
+            })
+            .collect();
+        ends.sort();
+        let free_now: u64 = self
+            .queues
+            .flavors()
+            .map(|f| self.queues.capacity(f))
+            .sum::<u64>()
+            .saturating_sub(
+                self.running.iter().map(|r| r.work.gpu_milli()).sum::<u64>()
+                    + self.admitted_milli(),
+            );
+        let mut ahead: u64 = 0;
+        let order: Vec<usize> = if self.cfg.ordering == Ordering::FairShare {
+            let mut v: Vec<usize> = (0..self.pending.len()).collect();
+            v.sort_by_key(|&i| {
+                let w = &self.pending[i];
+                (
+                    std::cmp::Reverse(self.rank(w)),
+                    std::cmp::Reverse(self.effective_priority(w)),
+                    w.submitted,
+                    w.job.id,
+                )
+            });
+            v
+        } else {
+            self.global.clone()
+        };
+        // Demand ahead only grows along the order, so one pass over the ends suffices.
+        let mut eta: BTreeMap<usize, Option<u64>> = BTreeMap::new();
+        let (mut freed, mut next) = (free_now, 0usize);
+        for &i in &order {
+            if admitted.contains(&self.pending[i].job.id) {
+                continue;
+            }
+            ahead += self.pending[i].gpu_milli();
+            while freed < ahead && next < ends.len() {
+                freed += ends[next].1;
+                next += 1;
+            }
+            let mut t = match (freed >= ahead, next) {
+                (false, _) => None,
+                (true, 0) => Some(self.now),
+                (true, n) => Some(ends[n - 1].0),
+            };
+            // Blocked by quota or a user limit: also wait for the queue (or the
+            // user) to free as much as the job needs, from jobs with a known end.
+            let reasons = self.reasons.get(&i).map(Vec::as_slice).unwrap_or(&[]);
+            let w = &self.pending[i];
+            let by_user = reasons.iter().any(|x| {
+                matches!(
+                    x,
+                    PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. }
+                )
+            });
+            let by_quota = reasons.iter().any(|x| {
+                matches!(
+                    x,
+                    PendingReason::Quota { .. } | PendingReason::NotWithinGuarantee { .. }
+                )
+            });
+            if by_user || by_quota {
+                let mut mine: Vec<(u64, u64)> = self
+                    .running
+                    .iter()
+                    .map(|r| (&r.work, r.started, r.stopping_at))
+                    .chain(self.admitted_work().map(|w| (w, self.now, None)))
+                    .filter(|(o, _, _)| o.queue == w.queue && (!by_user || o.user == w.user))
+                    .filter_map(|(o, started, stop)| {
+                        Some((
+                            stop.or(o.max_runtime.map(|m| started + m))?.max(self.now),
+                            o.gpu_milli(),
+                        ))
+                    })
+                    .collect();
+                mine.sort();
+                let mut got = 0;
+                let mut when = None;
+                for (end, m) in mine {
+                    got += m.max(1);
+                    if got >= w.gpu_milli().max(1) {
+                        when = Some(end);
+                        break;
+                    }
+                }
+                t = match (t, when) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            if reasons.iter().any(|x| {
+                matches!(
+                    x,
+                    PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. }
+                )
+            }) {
+                t = None;
+            }
+            if let Some(r) = &self.reservation
+                && r.job == self.pending[i].job.id
+            {
+                t = Some(r.start_at);
+            }
+            eta.insert(i, t);
+        }
+        let mut pending = Vec::new();
+        for (q, list) in &self.per_queue {
+            let _ = q;
+            let mut position = 0;
+            for &i in list {
+                if admitted.contains(&self.pending[i].job.id) {
+                    continue;
+                }
+                position += 1;
+                pending.push(Pending {
+                    job: self.pending[i].job.id,
+                    reasons: self.reasons.remove(&i).unwrap_or_else(|| {
+                        vec![PendingReason::NotReached {
+                            ahead: position - 1,
+                        }]
+                    }),
+                    position,
+                    eta: eta.get(&i).copied().flatten(),
+                });
+            }
+        }
+        pending.sort_by_key(|p| p.job);
+        Plan {
+            admitted: self.admitted,
+            preempted: self.preempted,
+            reservations: self.reservation.into_iter().collect(),
+            pending,
+        }
+    }
+
+    fn admitted_work(&self) -> impl Iterator<Item = &Workload> {
+        self.admitted
+            .iter()
+            .filter_map(|(id, _, _)| self.pending.iter().find(|w| w.job.id == *id))
+    }
+
+    fn admitted_milli(&self) -> u64 {
+        self.admitted
+            .iter()
+            .map(|(_, _, p)| p.iter().map(|a| a.gpu.milli()).sum::<u64>())
+            .sum()
+    }
+}
+
+/// An f64 with a total order, for heap keys.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}

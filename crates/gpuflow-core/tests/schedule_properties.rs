@@ -1,0 +1,293 @@
+//! Invariants of the scheduling cycle over random queue trees, random
+//! workloads and many cycles with arrivals, completions and preemptions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuflow_core::queue::*;
+use gpuflow_core::schedule::*;
+use gpuflow_core::*;
+use proptest::prelude::*;
+
+/// (guaranteed H100, guaranteed A10, borrow limit, lend limit, cap), in GPUs.
+type TeamSpec = (u64, u64, Option<u64>, Option<u64>, Option<u64>);
+
+#[derive(Clone, Debug)]
+struct Spec {
+    nodes: Vec<(usize, &'static str)>,
+    teams: Vec<TeamSpec>,
+    /// (team, class, priority, GPUs, model choice, arrival cycle, duration cycles)
+    jobs: Vec<(usize, usize, i32, u8, u8, u32, u32)>,
+    seed: u64,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        prop::collection::vec((1usize..=8, prop_oneof![Just("H100"), Just("A10")]), 1..=4),
+        prop::collection::vec(
+            (
+                0u64..=8,
+                0u64..=4,
+                prop::option::of(0u64..=8),
+                prop::option::of(0u64..=4),
+                prop::option::of(2u64..=12),
+            ),
+            2..=4,
+        ),
+        prop::collection::vec(
+            (
+                0usize..4,
+                0usize..4,
+                -2i32..=2,
+                1u8..=4,
+                0u8..3,
+                0u32..12,
+                1u32..6,
+            ),
+            1..30,
+        ),
+        any::<u64>(),
+    )
+        .prop_map(|(nodes, teams, jobs, seed)| Spec {
+            nodes,
+            teams,
+            jobs,
+            seed,
+        })
+}
+
+struct World {
+    placer: Placer,
+    queues: Queues,
+    running: Vec<Running>,
+    pending: Vec<Workload>,
+    history: History,
+    log: Vec<String>,
+}
+
+fn build(s: &Spec) -> World {
+    let nodes: Vec<Node> = s
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (g, m))| {
+            Node::new(
+                i as u32,
+                &format!("n{i}"),
+                CpuMilli(64_000),
+                MemMib(1 << 20),
+                vec![Gpu::plain(m, MemMib(24_576)); *g],
+            )
+        })
+        .collect();
+    let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
+    for g in nodes.iter().flat_map(|n| &n.gpus) {
+        *capacity.entry(g.model.clone()).or_default() += 1000;
+    }
+    let mut list = vec![Queue::new("org", None)];
+    for (i, (h, a, b, l, c)) in s.teams.iter().enumerate() {
+        let mut q = Queue::new(&format!("team{i}"), Some(QueueId(0)));
+        for (flavor, g) in [("H100", *h), ("A10", *a)] {
+            q.quotas.insert(
+                flavor.to_string(),
+                FlavorQuota {
+                    guaranteed: g * 1000,
+                    borrow_limit: b.map(|x| x * 1000),
+                    lend_limit: l.map(|x| x * 1000),
+                    cap: c.map(|x| x * 1000),
+                },
+            );
+        }
+        list.push(q);
+    }
+    let queues = Queues::new(list, capacity).unwrap();
+    let placer = Placer::new(
+        Cluster::new(nodes).unwrap(),
+        Policy::gpuflow(),
+        WorkloadMix::default(),
+        s.seed,
+    );
+    World {
+        placer,
+        queues,
+        running: Vec::new(),
+        pending: Vec::new(),
+        history: History::default(),
+        log: Vec::new(),
+    }
+}
+
+fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
+    let cfg = Config {
+        min_runtime: 0,
+        aging_step: 0,
+        ..Config::default()
+    };
+    let mut w = build(s);
+    let teams = s.teams.len();
+    let mut ends: BTreeMap<JobId, u32> = BTreeMap::new();
+    let mut preempted_by: BTreeMap<JobId, BTreeSet<JobId>> = BTreeMap::new();
+    for cycle in 0..20u32 {
+        let now = cycle as u64 * 100;
+        for (k, j) in s.jobs.iter().enumerate() {
+            if j.5 == cycle {
+                let (team, class, prio, gpus, model, _, _) = *j;
+                let models = match model {
+                    0 => vec![],
+                    1 => vec!["H100".to_string()],
+                    _ => vec!["A10".to_string()],
+                };
+                let req = TaskRequest {
+                    cpu: CpuMilli(1000),
+                    mem: MemMib(1024),
+                    gpu: GpuRequest::Whole { count: gpus },
+                    models,
+                };
+                w.pending.push(Workload {
+                    job: Job::single(k as u64, req),
+                    queue: QueueId(1 + (team % teams) as u32),
+                    user: "u".into(),
+                    class,
+                    priority: prio,
+                    submitted: now,
+                    max_runtime: Some(j.6 as u64 * 100),
+                    grace: 0,
+                });
+            }
+        }
+        w.history
+            .account(now, cfg.usage_half_life, &w.running, &w.queues);
+        let plan = schedule(
+            now,
+            &mut w.placer,
+            &mut w.queues,
+            &w.running,
+            &w.pending,
+            &mut w.history,
+            &cfg,
+        );
+        // Preemption bounds.
+        for p in &plan.preempted {
+            let victim = w
+                .running
+                .iter()
+                .find(|r| r.work.job.id == p.victim)
+                .unwrap();
+            let by = w.pending.iter().find(|x| x.job.id == p.by).unwrap();
+            let vc = &cfg.classes[victim.work.class];
+            prop_assert!(vc.preemptible, "a non-preemptible job was preempted");
+            match p.reason {
+                PreemptReason::Priority => {
+                    prop_assert_eq!(victim.work.queue, by.queue);
+                    let rank = |x: &Workload| (cfg.classes[x.class].rank, x.priority);
+                    prop_assert!(
+                        rank(&victim.work) < rank(by),
+                        "only strictly lower priority is preempted"
+                    );
+                }
+                PreemptReason::Reclaim => {
+                    let q = victim.work.queue;
+                    let after = w.queues.usage(q, &victim.flavor) - victim.work.gpu_milli();
+                    prop_assert!(
+                        after >= w.queues.get(q).quota(&victim.flavor).guaranteed,
+                        "reclaim pushed a queue below its guarantee"
+                    );
+                }
+            }
+            // No cycles: the victim never preempted the preemptor before.
+            prop_assert!(
+                !preempted_by
+                    .get(&p.victim)
+                    .is_some_and(|s| s.contains(&p.by)),
+                "preemption cycle"
+            );
+            preempted_by.entry(p.by).or_default().insert(p.victim);
+        }
+        w.log.push(format!(
+            "{:?}",
+            (
+                &plan
+                    .admitted
+                    .iter()
+                    .map(|(id, f, p)| (
+                        id.0,
+                        f.clone(),
+                        p.iter().map(|a| (a.node, a.pick)).collect::<Vec<_>>()
+                    ))
+                    .collect::<Vec<_>>(),
+                plan.preempted
+                    .iter()
+                    .map(|p| (p.victim.0, p.by.0))
+                    .collect::<Vec<_>>()
+            )
+        ));
+        // Apply: admitted run, victims stop, finished jobs leave.
+        for (id, flavor, p) in plan.admitted {
+            let k = w.pending.iter().position(|x| x.job.id == id).unwrap();
+            let work = w.pending.remove(k);
+            ends.insert(id, cycle + (work.max_runtime.unwrap() / 100) as u32);
+            w.running.push(Running {
+                work,
+                flavor,
+                allocations: p,
+                started: now,
+                last_checkpoint: None,
+                stopping_at: None,
+            });
+        }
+        let victims: BTreeSet<JobId> = plan.preempted.iter().map(|p| p.victim).collect();
+        let mut keep = Vec::new();
+        for r in std::mem::take(&mut w.running) {
+            let done = ends.get(&r.work.job.id).is_some_and(|e| *e <= cycle);
+            if victims.contains(&r.work.job.id) || done {
+                w.placer.release(&r.allocations);
+                if !r.flavor.is_empty() {
+                    w.queues
+                        .charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+                }
+                if !done {
+                    w.pending.push(r.work);
+                }
+            } else {
+                keep.push(r);
+            }
+        }
+        w.running = keep;
+        // Quotas and caps hold for every queue and flavor.
+        for (k, q) in w.queues.list().iter().enumerate() {
+            for f in ["H100", "A10"] {
+                let used = w.queues.usage(QueueId(k as u32), f);
+                prop_assert!(
+                    used <= q.quota(f).limit(),
+                    "{} uses {used} of {f}, limit {}",
+                    q.name,
+                    q.quota(f).limit()
+                );
+                if let Some(c) = q.quota(f).cap {
+                    prop_assert!(used <= c);
+                }
+            }
+        }
+        // Usage equals the running jobs' demand.
+        for f in ["H100", "A10"] {
+            let sum: u64 = w
+                .running
+                .iter()
+                .filter(|r| r.flavor == f)
+                .map(|r| r.work.gpu_milli())
+                .sum();
+            prop_assert_eq!(w.queues.usage(QueueId(0), f), sum);
+        }
+    }
+    Ok(w.log)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cycles_keep_quotas_and_preemption_bounds_and_are_deterministic(s in spec()) {
+        let a = run(&s)?;
+        let b = run(&s)?;
+        prop_assert_eq!(a, b, "equal inputs gave different plans");
+    }
+}

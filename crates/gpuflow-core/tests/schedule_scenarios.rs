@@ -1,0 +1,267 @@
+//! Scheduling-cycle scenarios: fixture in, rendered plans out (see `support::sched`).
+
+mod support;
+
+use expect_test::expect;
+use support::sched::run;
+
+#[test]
+fn quota_admits_within_guarantee_and_borrows_idle_guarantee() {
+    let out = run("
+        node n1 gpus=8*H100
+        node n2 gpus=8*H100
+        queue org H100=16
+        queue team-a parent=org H100=8
+        queue team-b parent=org H100=8,borrow=4
+        job 1 queue=team-b gpu=whole:8 cpu=1
+        job 2 queue=team-b gpu=whole:4 cpu=1     # borrows 4 of team-a's idle 8
+        job 3 queue=team-b gpu=whole:4 cpu=1     # would pass the borrowing limit
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 1 on H100: n1[0,1,2,3,4,5,6,7]
+          start job 2 on H100: n2[0,1,2,3]
+          pending job 3 (#1 in queue, eta unknown): queue team-b would use 16 H100 GPUs, above its guarantee plus borrowing limit of 12
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn lending_limit_keeps_part_of_an_idle_guarantee_for_its_owner() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue team-a parent=org H100=4,lend=1     # keeps 3 for itself
+        queue team-b parent=org H100=4
+        job 1 queue=team-b gpu=whole:5 cpu=1      # 4 own + 1 lent
+        job 2 queue=team-b gpu=whole:1 cpu=1      # team-a lends no more
+        job 3 queue=team-a gpu=whole:3 cpu=1      # its reserved part is there
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 3 on H100: n1[0,1,2]
+          start job 1 on H100: n1[3,4,5,6,7]
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn caps_user_limits_held_and_draining_queues_block_with_reasons() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue capped parent=org H100=2,cap=2
+        queue limited parent=org H100=4 users=gpus:2,running:1
+        queue held parent=org H100=1 state=held
+        queue draining parent=org H100=1 state=draining
+        job 1 queue=capped gpu=whole:3 cpu=1
+        job 2 queue=limited user=ann gpu=whole:1 cpu=1
+        job 3 queue=limited user=ann gpu=whole:1 cpu=1        # ann may run one job
+        job 4 queue=limited user=bob gpu=whole:3 cpu=1        # bob may hold 2 GPUs
+        job 5 queue=held gpu=whole:1 cpu=1
+        job 6 queue=draining gpu=whole:1 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 2 on H100: n1[0]
+          pending job 1 (#1 in queue, eta unknown): queue capped would use 3 H100 GPUs, above its cap of 2
+          pending job 3 (#1 in queue, eta unknown): user ann runs 1 jobs of a 1 job limit in this queue
+          pending job 4 (#2 in queue, eta unknown): user bob holds 0 GPUs of a 2 GPU limit in this queue
+          pending job 5 (#1 in queue, eta unknown): queue held is held: it accepts work but starts none
+          pending job 6 (#1 in queue, eta unknown): queue draining is draining
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn budgets_taper_weight_then_stop_borrowing_or_admitting() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue spent parent=org H100=2 budget=100,used=120
+        queue frozen parent=org H100=2 budget=100,used=100,stop-admitting
+        queue other parent=org H100=4
+        job 1 queue=spent gpu=whole:2 cpu=1      # within its guarantee: starts
+        job 2 queue=spent gpu=whole:1 cpu=1      # would borrow: budget says no
+        job 3 queue=frozen gpu=whole:1 cpu=1     # starts nothing
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 1 on H100: n1[0,1]
+          pending job 2 (#1 in queue, eta unknown): queue spent's GPU-hour budget is used up: it may not borrow
+          pending job 3 (#1 in queue, eta unknown): queue frozen's GPU-hour budget is used up: it starts no new work
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn a_queue_below_its_guarantee_reclaims_borrowed_capacity_without_pushing_the_borrower_below_its_own()
+ {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue team-a parent=org H100=4
+        queue team-b parent=org H100=4
+        run 10 queue=team-b class=batch gpu=whole:4 cpu=1 started=0      # within team-b's guarantee
+        run 11 queue=team-b class=batch gpu=whole:2 cpu=1 started=0 checkpoint=900
+        run 12 queue=team-b class=batch gpu=whole:2 cpu=1 started=0 checkpoint=500
+        job 1 queue=team-a class=training gpu=whole:2 cpu=1
+        cycle 1000
+        cycle 1001
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 11 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.06 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        cycle t=1001
+          start job 1 on H100: n1[4,5]
+          pending job 11 (#1 in queue, eta unknown): needs 2 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never() {
+    let out = run("
+        node n1 gpus=4*H100
+        queue org H100=4
+        queue team parent=org H100=4
+        run 10 queue=team class=inference gpu=whole:1 cpu=1
+        run 11 queue=team class=training prio=5 gpu=whole:1 cpu=1
+        run 12 queue=team class=batch gpu=whole:1 cpu=1
+        run 13 queue=team class=training prio=0 gpu=whole:1 cpu=1
+        job 1 queue=team class=training prio=5 gpu=whole:2 cpu=1     # may take 12 (batch) and 13 (lower prio)
+        job 2 queue=team class=batch gpu=whole:1 cpu=1               # preempts nobody: nothing is lower
+        cycle 1000
+        cycle 1001
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 12 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          preempt job 13 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 2 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+        cycle t=1001
+          start job 1 on H100: n1[2,3]
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 13 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn preemption_respects_min_runtime_and_the_disruption_budget() {
+    let out = run("
+        config min_runtime=600 budget=1
+        node n1 gpus=2*H100
+        queue org H100=2
+        queue team parent=org H100=2
+        run 10 queue=team class=batch gpu=whole:1 cpu=1 started=900        # too young at t=1000
+        run 11 queue=team class=batch gpu=whole:1 cpu=1 started=0          # 1 GPU-h... 0.28 at t=1000
+        job 1 queue=team class=training gpu=whole:1 cpu=1
+        job 2 queue=team class=training gpu=whole:1 cpu=1
+        cycle 1000
+        cycle 5000
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+        cycle t=5000
+          start job 1 on H100: n1[1]
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn inference_must_fit_its_guarantee() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue svc parent=org H100=2
+        queue other parent=org H100=6
+        job 1 queue=svc class=inference gpu=whole:2 cpu=1
+        job 2 queue=svc class=inference gpu=whole:1 cpu=1    # would borrow: not for inference
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 1 on H100: n1[0,1]
+          pending job 2 (#1 in queue, eta unknown): inference jobs must fit the guaranteed H100 quota: it would use 3 of 2 GPUs
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn backfill_lets_short_jobs_run_before_a_reservation_but_never_delays_it() {
+    let out = run("
+        config preemption=off quotas=off
+        node n1 gpus=8*H100
+        node n2 gpus=8*H100
+        queue org H100=16
+        queue team parent=org H100=16
+        run 10 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=2000
+        run 11 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=5000
+        run 12 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=8000
+        job 1 queue=team class=training prio=9 gpu=whole:8 cpu=1 runtime=3600   # needs a whole node: reserved
+        job 2 queue=team class=batch gpu=whole:4 cpu=1 runtime=500              # ends before: backfills
+        job 3 queue=team class=batch gpu=whole:4 cpu=1 runtime=9000             # would delay job 1
+        job 4 queue=team class=batch gpu=whole:4 cpu=1                          # no max runtime: may not use it
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          start job 2 on H100: n2[4,5,6,7]
+          reserve n1 for job 1 from t=5000
+          pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 3 (#2 in queue, eta t=8000): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
+    let fifo = run("
+        config ordering=fifo backfill=off preemption=off quotas=off
+        node n1 gpus=4*H100
+        queue a H100=2
+        queue b H100=2
+        run 10 queue=a gpu=whole:2 cpu=1
+        job 1 queue=a submit=1 gpu=whole:4 cpu=1
+        job 2 queue=b submit=2 gpu=whole:1 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 1 (#1 in queue, eta unknown): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#1 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+    "#]]
+    .assert_eq(&fifo);
+    let fair = run("
+        node n1 gpus=4*H100
+        queue a H100=2,borrow=2
+        queue b H100=2,borrow=2
+        run 10 queue=a class=batch gpu=whole:2 cpu=1
+        job 1 queue=a submit=1 class=batch gpu=whole:1 cpu=1
+        job 2 queue=b submit=2 class=batch gpu=whole:1 cpu=1
+        job 3 queue=b submit=3 class=batch gpu=whole:1 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 2 on H100: n1[2]
+          start job 3 on H100: n1[3]
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+    "#]]
+    .assert_eq(&fair);
+}

@@ -1,0 +1,356 @@
+//! Scheduling-cycle fixtures: nodes, queues, running and pending jobs as text,
+//! one or more cycles, the plans rendered as text.
+//!
+//! ```text
+//! node n1 gpus=8*H100                       # as in placement fixtures
+//! queue org H100=8                          # guaranteed GPUs per flavor
+//! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
+//!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
+//! config ordering=fifo|priority|fair preemption=off backfill=off quotas=off min_runtime=0
+//!        budget=2 aging=3600 history=0.5
+//! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
+//! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
+//! cycle 1000                                # one cycle at t=1000 s
+//! ```
+//! After a cycle, admitted jobs run, preempted ones stop at once (as if their
+//! grace were over by the next cycle), and everyone keeps the order.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use gpuflow_core::queue::*;
+use gpuflow_core::schedule::*;
+use gpuflow_core::*;
+
+fn kv(tok: &str) -> (&str, &str) {
+    tok.split_once('=').unwrap_or((tok, ""))
+}
+
+fn milli(v: &str) -> u64 {
+    (v.parse::<f64>().unwrap() * 1000.0) as u64
+}
+
+fn parse_queue(toks: &[&str], known: &[Queue]) -> Queue {
+    let name = toks[0];
+    let mut q = Queue::new(name, None);
+    for t in &toks[1..] {
+        let (k, v) = kv(t);
+        match k {
+            "parent" => {
+                q.parent = Some(QueueId(
+                    known
+                        .iter()
+                        .position(|x| x.name == v)
+                        .expect("parent queue first") as u32,
+                ))
+            }
+            "weight" => q.weight = v.parse().unwrap(),
+            "state" => {
+                q.state = match v {
+                    "held" => QueueState::Held,
+                    "draining" => QueueState::Draining,
+                    _ => QueueState::Open,
+                }
+            }
+            "users" => {
+                for part in v.split(',') {
+                    let (a, b) = part.split_once(':').unwrap();
+                    match a {
+                        "gpus" => q.user_limits.max_gpu_milli = Some(milli(b)),
+                        "running" => q.user_limits.max_running = Some(b.parse().unwrap()),
+                        _ => panic!("unknown user limit {a}"),
+                    }
+                }
+            }
+            "budget" => {
+                let mut b = Budget {
+                    gpu_hours: 0.0,
+                    used_gpu_hours: 0.0,
+                    taper_from: 0.5,
+                    min_weight_factor: 0.25,
+                    when_exhausted: BudgetExhausted::StopBorrowing,
+                };
+                for (n, part) in v.split(',').enumerate() {
+                    let (a, val) = part.split_once('=').unwrap_or(("", part));
+                    match (n, a) {
+                        (0, _) => b.gpu_hours = val.parse().unwrap(),
+                        (_, "used") => b.used_gpu_hours = val.parse().unwrap(),
+                        (_, "taper") => b.taper_from = val.parse().unwrap(),
+                        (_, "min") => b.min_weight_factor = val.parse().unwrap(),
+                        (_, "") if val == "stop-admitting" => {
+                            b.when_exhausted = BudgetExhausted::StopAdmitting
+                        }
+                        _ => panic!("unknown budget part {part}"),
+                    }
+                }
+                q.budget = Some(b);
+            }
+            flavor => {
+                let mut parts = v.split(',');
+                let mut quota = FlavorQuota::guaranteed(milli(parts.next().unwrap()));
+                for p in parts {
+                    let (a, b) = p.split_once('=').unwrap();
+                    match a {
+                        "borrow" => quota.borrow_limit = Some(milli(b)),
+                        "lend" => quota.lend_limit = Some(milli(b)),
+                        "cap" => quota.cap = Some(milli(b)),
+                        _ => panic!("unknown quota part {a}"),
+                    }
+                }
+                q.quotas.insert(flavor.to_string(), quota);
+            }
+        }
+    }
+    q
+}
+
+struct Fixture {
+    running: Vec<Running>,
+    pending: Vec<Workload>,
+}
+
+fn parse_work(toks: &[&str], queues: &Queues, cfg: &Config) -> (Workload, BTreeMap<String, u64>) {
+    let mut job_toks = vec![toks[0]];
+    let mut extra = BTreeMap::new();
+    let (mut queue, mut user, mut class) = (None, "user".to_string(), 2usize);
+    let mut w_prio = 0;
+    let (mut runtime, mut grace) = (None, 30);
+    for t in &toks[1..] {
+        let (k, v) = kv(t);
+        match k {
+            "queue" => queue = Some(queues.by_name(v).expect("known queue")),
+            "user" => user = v.to_string(),
+            "class" => {
+                class = cfg
+                    .classes
+                    .iter()
+                    .position(|c| c.name == v)
+                    .expect("known class")
+            }
+            "prio" => w_prio = v.parse().unwrap(),
+            "runtime" => runtime = Some(v.parse().unwrap()),
+            "grace" => grace = v.parse().unwrap(),
+            "submit" | "started" | "checkpoint" => {
+                extra.insert(k.to_string(), v.parse().unwrap());
+            }
+            _ => job_toks.push(t),
+        }
+    }
+    let job = super::parse_job(&job_toks);
+    let w = Workload {
+        job,
+        queue: queue.expect("queue= is required"),
+        user,
+        class,
+        priority: w_prio,
+        submitted: extra.get("submit").copied().unwrap_or(0),
+        max_runtime: runtime,
+        grace,
+    };
+    (w, extra)
+}
+
+/// Runs a fixture and renders each cycle's plan.
+pub fn run(fixture: &str) -> String {
+    let mut nodes = Vec::new();
+    let mut queue_list: Vec<Queue> = Vec::new();
+    let mut cfg = Config {
+        min_runtime: 0,
+        aging_step: 0,
+        ..Config::default()
+    };
+    let mut lines: Vec<Vec<&str>> = Vec::new();
+    for line in fixture.lines() {
+        let line = line.split('#').next().unwrap().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let toks: Vec<&str> = line.split_whitespace().collect();
+        match toks[0] {
+            "node" => nodes.push(super::parse_node(nodes.len() as u32, &toks[1..])),
+            "queue" => {
+                let q = parse_queue(&toks[1..], &queue_list);
+                queue_list.push(q);
+            }
+            "config" => {
+                for t in &toks[1..] {
+                    let (k, v) = kv(t);
+                    match k {
+                        "ordering" => {
+                            cfg.ordering = match v {
+                                "fifo" => Ordering::Fifo,
+                                "priority" => Ordering::Priority,
+                                _ => Ordering::FairShare,
+                            }
+                        }
+                        "preemption" => cfg.preemption = v != "off",
+                        "backfill" => cfg.backfill = v != "off",
+                        "quotas" => cfg.quotas = v != "off",
+                        "min_runtime" => cfg.min_runtime = v.parse().unwrap(),
+                        "budget" => cfg.disruption_budget = Some(v.parse().unwrap()),
+                        "aging" => cfg.aging_step = v.parse().unwrap(),
+                        "history" => cfg.history_weight = v.parse().unwrap(),
+                        _ => panic!("unknown config {k}"),
+                    }
+                }
+            }
+            _ => lines.push(toks),
+        }
+    }
+    let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
+    for g in nodes.iter().flat_map(|n: &Node| &n.gpus) {
+        *capacity.entry(g.model.clone()).or_default() += 1000;
+    }
+    let mut queues = Queues::new(queue_list, capacity).unwrap();
+    let mut placer = Placer::new(
+        Cluster::new(nodes).unwrap(),
+        Policy {
+            tie_break: TieBreak::First,
+            ..Policy::gpuflow()
+        },
+        WorkloadMix::default(),
+        1,
+    );
+    let mut fx = Fixture {
+        running: Vec::new(),
+        pending: Vec::new(),
+    };
+    let mut history = History::default();
+    let mut out = String::new();
+    for toks in lines {
+        match toks[0] {
+            "run" => {
+                let (w, extra) = parse_work(&toks[1..], &queues, &cfg);
+                let p = placer.place_job(&w.job).expect("a running job fits");
+                let flavor = p
+                    .iter()
+                    .flat_map(|a| a.gpu_indices().into_iter().map(move |g| (a.node, g)))
+                    .next()
+                    .map(|(n, g)| placer.cluster().node(n).gpus[g as usize].model.clone())
+                    .unwrap_or_default();
+                if !flavor.is_empty() {
+                    queues.charge(w.queue, &flavor, w.gpu_milli() as i64);
+                }
+                fx.running.push(Running {
+                    work: w,
+                    flavor,
+                    allocations: p,
+                    started: extra.get("started").copied().unwrap_or(0),
+                    last_checkpoint: extra.get("checkpoint").copied(),
+                    stopping_at: None,
+                });
+            }
+            "job" => {
+                let (w, _) = parse_work(&toks[1..], &queues, &cfg);
+                fx.pending.push(w);
+            }
+            "cycle" => {
+                let now: u64 = toks[1].parse().unwrap();
+                history.account(now, cfg.usage_half_life, &fx.running, &queues);
+                let plan = schedule(
+                    now,
+                    &mut placer,
+                    &mut queues,
+                    &fx.running,
+                    &fx.pending,
+                    &mut history,
+                    &cfg,
+                );
+                let _ = writeln!(out, "cycle t={now}");
+                for (id, flavor, p) in &plan.admitted {
+                    let parts: Vec<String> = p
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{}{}",
+                                placer.cluster().node(a.node).name,
+                                super::render_pick(a)
+                            )
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "  start job {} on {}{}",
+                        id.0,
+                        if flavor.is_empty() { "-" } else { flavor },
+                        format_args!(": {}", parts.join(" "))
+                    );
+                }
+                for pr in &plan.preempted {
+                    let _ = writeln!(
+                        out,
+                        "  preempt job {} for job {} ({:?}): signal now, kill at t={}, loses {:.2} GPU-h",
+                        pr.victim.0, pr.by.0, pr.reason, pr.kill_at, pr.lost_gpu_hours
+                    );
+                }
+                for r in &plan.reservations {
+                    let names: Vec<String> = r
+                        .nodes
+                        .iter()
+                        .map(|n| placer.cluster().node(*n).name.clone())
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "  reserve {} for job {} from t={}",
+                        names.join(","),
+                        r.job.0,
+                        r.start_at
+                    );
+                }
+                for p in &plan.pending {
+                    let reasons: Vec<String> = p.reasons.iter().map(|r| r.to_string()).collect();
+                    let eta = p.eta.map_or("unknown".to_string(), |t| format!("t={t}"));
+                    let _ = writeln!(
+                        out,
+                        "  pending job {} (#{} in queue, eta {eta}): {}",
+                        p.job.0,
+                        p.position,
+                        reasons.join("; ")
+                    );
+                }
+                // Apply: admitted jobs run; victims stop (their grace is over by the next cycle).
+                for (id, flavor, p) in plan.admitted {
+                    let k = fx.pending.iter().position(|w| w.job.id == id).unwrap();
+                    let w = fx.pending.remove(k);
+                    fx.running.push(Running {
+                        work: w,
+                        flavor,
+                        allocations: p,
+                        started: now,
+                        last_checkpoint: None,
+                        stopping_at: None,
+                    });
+                }
+                for pr in plan.preempted {
+                    let k = fx
+                        .running
+                        .iter()
+                        .position(|r| r.work.job.id == pr.victim)
+                        .unwrap();
+                    let r = fx.running.remove(k);
+                    placer.release(&r.allocations);
+                    if !r.flavor.is_empty() {
+                        queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+                    }
+                    fx.pending.push(Workload { ..r.work });
+                }
+            }
+            "finish" => {
+                let id: u64 = toks[1].parse().unwrap();
+                let k = fx
+                    .running
+                    .iter()
+                    .position(|r| r.work.job.id.0 == id)
+                    .unwrap();
+                let r = fx.running.remove(k);
+                placer.release(&r.allocations);
+                if !r.flavor.is_empty() {
+                    queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+                }
+                let _ = writeln!(out, "finish job {id}");
+            }
+            other => panic!("unknown step {other}"),
+        }
+    }
+    out
+}
