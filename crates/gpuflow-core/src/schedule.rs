@@ -143,6 +143,9 @@ pub struct Config {
     pub disruption_window: u64,
     /// Jobs tried per leaf queue per cycle after which the queue waits for the next cycle.
     pub tries_per_queue: usize,
+    /// Whether priority classes order the queue (off: one tier, as a Slurm
+    /// partition with a single QoS, where priority is priority plus age).
+    pub class_tiers: bool,
 }
 
 impl Default for Config {
@@ -161,6 +164,7 @@ impl Default for Config {
             disruption_budget: None,
             disruption_window: 3600,
             tries_per_queue: 8,
+            class_tiers: true,
         }
     }
 }
@@ -321,7 +325,7 @@ impl fmt::Display for PendingReason {
                 guaranteed,
             } => write!(
                 f,
-                "{class} jobs must fit the guaranteed {flavor} quota: it would use {} of {} GPUs",
+                "{class} jobs must fit the guaranteed {flavor} quota: jobs that may not borrow would hold {} of {} GPUs",
                 gpus(*usage),
                 gpus(*guaranteed)
             ),
@@ -462,6 +466,10 @@ struct Cycle<'a> {
     reservation: Option<Reservation>,
     /// Per user and queue: (milli-GPU, running jobs).
     users: BTreeMap<(QueueId, String), (u64, u32)>,
+    /// Per queue and flavor: milli-GPU held by classes that may not borrow.
+    protected: BTreeMap<(QueueId, String), u64>,
+    /// Preemptors whose victims have stopped: tried before everyone else.
+    ready: BTreeSet<JobId>,
     tried: usize,
 }
 
@@ -476,12 +484,18 @@ impl<'a> Cycle<'a> {
         cfg: &'a Config,
     ) -> Cycle<'a> {
         let mut users: BTreeMap<(QueueId, String), (u64, u32)> = BTreeMap::new();
+        let mut protected: BTreeMap<(QueueId, String), u64> = BTreeMap::new();
         for r in running {
             let e = users
                 .entry((r.work.queue, r.work.user.clone()))
                 .or_default();
             e.0 += r.work.gpu_milli();
             e.1 += 1;
+            if cfg.classes.get(r.work.class).is_some_and(|c| !c.may_borrow) {
+                *protected
+                    .entry((r.work.queue, r.flavor.clone()))
+                    .or_default() += r.work.gpu_milli();
+            }
         }
         // Victims still stopping are not chosen again; preemptors whose victims
         // have all stopped no longer wait.
@@ -490,9 +504,14 @@ impl<'a> Cycle<'a> {
             .filter(|r| r.stopping_at.is_some())
             .map(|r| r.work.job.id)
             .collect();
-        history
+        // Preemptors whose victims have all stopped go first this cycle.
+        let ready: BTreeSet<JobId> = history
             .waiting_for
-            .retain(|_, v| v.iter().any(|j| stopping.contains(j)));
+            .iter()
+            .filter(|(_, v)| !v.iter().any(|j| stopping.contains(j)))
+            .map(|(k, _)| *k)
+            .collect();
+        history.waiting_for.retain(|k, _| !ready.contains(k));
         history
             .disruptions
             .values_mut()
@@ -513,6 +532,8 @@ impl<'a> Cycle<'a> {
             victims: stopping,
             reservation: None,
             users,
+            protected,
+            ready,
             tried: 0,
         }
     }
@@ -534,8 +555,9 @@ impl<'a> Cycle<'a> {
     fn order(&mut self) {
         let key = |c: &Cycle, i: usize| {
             let w = &c.pending[i];
+            let tier = if c.cfg.class_tiers { c.rank(w) } else { 0 };
             (
-                std::cmp::Reverse(c.rank(w)),
+                std::cmp::Reverse(tier),
                 std::cmp::Reverse(c.effective_priority(w)),
                 w.submitted,
                 w.job.id,
@@ -585,6 +607,20 @@ impl<'a> Cycle<'a> {
     }
 
     fn admit_all(&mut self) {
+        // Preemptors whose victims have stopped take the room made for them.
+        let ready: Vec<usize> = (0..self.pending.len())
+            .filter(|&i| self.ready.contains(&self.pending[i].job.id))
+            .collect();
+        let mut done = BTreeSet::new();
+        for i in ready {
+            if self.try_admit(i) {
+                done.insert(i);
+            }
+        }
+        for list in self.per_queue.values_mut() {
+            list.retain(|i| !done.contains(i));
+        }
+        self.global.retain(|i| !done.contains(i));
         match self.cfg.ordering {
             Ordering::Fifo | Ordering::Priority => {
                 let order = std::mem::take(&mut self.global);
@@ -796,18 +832,28 @@ impl<'a> Cycle<'a> {
         if !self.cfg.quotas || flavor.is_empty() {
             return Ok(());
         }
-        if !self.class_may_borrow(w) && !self.within_guarantee(w, flavor) {
-            let class = self
-                .cfg
-                .classes
-                .get(w.class)
-                .map_or(String::new(), |c| c.name.clone());
-            return Err(PendingReason::NotWithinGuarantee {
-                flavor: flavor.to_string(),
-                class,
-                usage: self.queues.usage(w.queue, flavor) + w.gpu_milli(),
-                guaranteed: self.queues.get(w.queue).quota(flavor).guaranteed,
-            });
+        // Classes that may not borrow share the guarantee among themselves:
+        // borrowing work in the same queue yields to them (by preemption).
+        if !self.class_may_borrow(w) {
+            let held = self
+                .protected
+                .get(&(w.queue, flavor.to_string()))
+                .copied()
+                .unwrap_or(0);
+            let guaranteed = self.queues.get(w.queue).quota(flavor).guaranteed;
+            if held + w.gpu_milli() > guaranteed {
+                let class = self
+                    .cfg
+                    .classes
+                    .get(w.class)
+                    .map_or(String::new(), |c| c.name.clone());
+                return Err(PendingReason::NotWithinGuarantee {
+                    flavor: flavor.to_string(),
+                    class,
+                    usage: held + w.gpu_milli(),
+                    guaranteed,
+                });
+            }
         }
         self.queues
             .fits(w.queue, flavor, w.gpu_milli())
@@ -871,6 +917,12 @@ impl<'a> Cycle<'a> {
         let e = self.users.entry((w.queue, w.user.clone())).or_default();
         e.0 += w.gpu_milli();
         e.1 += 1;
+        if !self.class_may_borrow(w) {
+            *self
+                .protected
+                .entry((w.queue, flavor.to_string()))
+                .or_default() += w.gpu_milli();
+        }
         self.admitted.push((w.job.id, flavor.to_string(), p));
     }
 
@@ -879,7 +931,9 @@ impl<'a> Cycle<'a> {
     /// Tried on the live state and undone.
     fn find_victims(&mut self, i: usize, flavor: &str) -> Option<Vec<Preemption>> {
         let w = &self.pending[i];
-        let my_rank = (self.rank(w), self.effective_priority(w));
+        // Aging orders the queue but never lets a job preempt its peers: rank
+        // and base priority decide who may preempt whom.
+        let my_rank = (self.rank(w), w.priority);
         let entitled = self.within_guarantee(w, flavor);
         let mut candidates: Vec<(usize, PreemptReason)> = Vec::new();
         for (k, r) in self.running.iter().enumerate() {
@@ -905,10 +959,15 @@ impl<'a> Cycle<'a> {
             };
             candidates.push((k, reason));
         }
+        // Lowest class first, then the least work lost, then the fewest GPUs.
         candidates.sort_by(|a, b| {
             let (ra, rb) = (&self.running[a.0], &self.running[b.0]);
-            ra.lost_gpu_seconds(self.now)
-                .total_cmp(&rb.lost_gpu_seconds(self.now))
+            self.rank(&ra.work)
+                .cmp(&self.rank(&rb.work))
+                .then(
+                    ra.lost_gpu_seconds(self.now)
+                        .total_cmp(&rb.lost_gpu_seconds(self.now)),
+                )
                 .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
                 .then(ra.work.job.id.cmp(&rb.work.job.id))
         });
@@ -953,6 +1012,33 @@ impl<'a> Cycle<'a> {
                 self.placer.release(&p);
                 found = true;
                 break;
+            }
+        }
+        // Keep only the victims that are needed: put each back, latest first,
+        // and keep it running if the job still fits without it.
+        if found {
+            let mut k = chosen.len();
+            while k > 0 {
+                k -= 1;
+                let r = &self.running[chosen[k].0];
+                if self.placer.apply(&r.allocations).is_err() {
+                    continue;
+                }
+                self.queues
+                    .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
+                let still = self.quota_ok(i, flavor).is_ok()
+                    && self
+                        .place(i, flavor)
+                        .map(|p| self.placer.release(&p))
+                        .is_ok();
+                if still {
+                    chosen.remove(k);
+                } else {
+                    let r = &self.running[chosen[k].0];
+                    self.placer.release(&r.allocations);
+                    self.queues
+                        .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
+                }
             }
         }
         // Undo: the victims keep running until they stop.

@@ -132,48 +132,7 @@ pub fn run(
                 }
             }
         }
-        let before = arrived;
         arrived += pod.gpu_milli();
-        if before < capacity && arrived >= capacity && std::env::var_os("GPUFLOW_DEBUG").is_some() {
-            let c = placer.cluster();
-            let (mut idle_gpu, mut partial, mut idle_lowcpu, mut models) = (
-                0u64,
-                0u64,
-                0u64,
-                std::collections::BTreeMap::<String, u64>::new(),
-            );
-            for n in c.nodes() {
-                let u = c.usage(n.id);
-                let cpu_free = n.cpu.0 - u.cpu;
-                for g in &u.gpus {
-                    let f = g.free_milli() as u64;
-                    if f == 1000 {
-                        if cpu_free < 4000 {
-                            idle_lowcpu += f
-                        } else {
-                            idle_gpu += f;
-                            *models.entry(n.gpus[0].model.clone()).or_default() += 1;
-                        }
-                    } else {
-                        partial += f;
-                        let b = if cpu_free < 2000 {
-                            "lowcpu".to_string()
-                        } else {
-                            format!("{}", f / 100 * 100)
-                        };
-                        *models.entry(b).or_default() += f;
-                    }
-                }
-            }
-            eprintln!(
-                "{} seed {seed}: idle GPUs with cpu {:.2}%, idle GPUs cpu<4 {:.2}%, partial {:.2}%, idle by model {:?}",
-                policy.name,
-                idle_gpu as f64 / capacity as f64 * 100.0,
-                idle_lowcpu as f64 / capacity as f64 * 100.0,
-                partial as f64 / capacity as f64 * 100.0,
-                models
-            );
-        }
         while unallocated.len() <= points && arrived * 100 >= unallocated.len() as u64 * capacity {
             unallocated.push(100.0 - allocated as f64 * 100.0 / capacity as f64);
         }

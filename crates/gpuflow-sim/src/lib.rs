@@ -5,9 +5,12 @@
 //! installs no logger and draws no progress bars (callers pass a `tick`).
 
 pub mod bench;
+pub mod dynamic;
+pub mod dynreport;
 mod error;
 pub mod fragmentation;
 pub mod openb;
 pub mod report;
+pub mod workload;
 
 pub use error::SimError;

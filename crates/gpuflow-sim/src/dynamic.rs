@@ -1,0 +1,443 @@
+//! The dynamic simulator: jobs arrive, run for their duration and leave;
+//! every `interval` seconds (when something happened) gpuflow-core's
+//! scheduling cycle runs on the current state, and its plan is applied:
+//! admitted jobs start, preempted jobs stop at their kill time and are
+//! requeued with the work since their last checkpoint lost.
+//!
+//! Policies are configurations of the same core: FIFO (submission order,
+//! head-of-line blocking, no quotas), Slurm-like (class priority with age,
+//! EASY backfill on declared max runtimes, no quotas, no preemption) and
+//! gpuflow (fair share over quotas, bounded preemption and backfill).
+
+use std::collections::BTreeMap;
+
+use gpuflow_core::queue::{QueueId, Queues};
+use gpuflow_core::schedule::{self, Config, History, Ordering, Running, Workload};
+use gpuflow_core::{Cluster, JobId, MixWeighting, Placer, Policy, WorkloadMix};
+
+use crate::error::SimError;
+use crate::workload::{ClusterSpec, KINDS, TraceJob};
+
+/// A scheduling policy to compare.
+#[derive(Clone, Debug)]
+pub struct SimPolicy {
+    pub name: String,
+    pub config: Config,
+}
+
+impl SimPolicy {
+    pub fn fifo() -> SimPolicy {
+        let config = Config {
+            ordering: Ordering::Fifo,
+            preemption: false,
+            backfill: false,
+            quotas: false,
+            ..Config::default()
+        };
+        SimPolicy {
+            name: "fifo".into(),
+            config,
+        }
+    }
+
+    /// One partition with a single QoS: priority plus age, EASY backfill on
+    /// declared max runtimes, no preemption, no quotas.
+    pub fn slurm() -> SimPolicy {
+        let config = Config {
+            ordering: Ordering::Priority,
+            preemption: false,
+            backfill: true,
+            quotas: false,
+            class_tiers: false,
+            ..Config::default()
+        };
+        SimPolicy {
+            name: "slurm-like".into(),
+            config,
+        }
+    }
+
+    /// Slurm-like with a QoS tier per kind of job (inference, notebook,
+    /// training, batch), still without preemption or quotas.
+    pub fn slurm_qos() -> SimPolicy {
+        SimPolicy {
+            name: "slurm-qos".into(),
+            config: Config {
+                class_tiers: true,
+                ..SimPolicy::slurm().config
+            },
+        }
+    }
+
+    pub fn gpuflow() -> SimPolicy {
+        SimPolicy {
+            name: "gpuflow".into(),
+            config: Config::default(),
+        }
+    }
+
+    pub fn named(name: &str) -> Option<SimPolicy> {
+        match name {
+            "fifo" => Some(SimPolicy::fifo()),
+            "slurm-like" | "slurm" => Some(SimPolicy::slurm()),
+            "slurm-qos" => Some(SimPolicy::slurm_qos()),
+            "gpuflow" => Some(SimPolicy::gpuflow()),
+            _ => None,
+        }
+    }
+
+    pub const NAMES: &'static [&'static str] = &["fifo", "slurm-like", "slurm-qos", "gpuflow"];
+}
+
+/// Simulator settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Seconds between scheduling cycles.
+    pub interval: u64,
+    /// Training jobs checkpoint this often, seconds; other kinds never do.
+    pub checkpoint_every: u64,
+    /// Grace period given to a preempted job, seconds.
+    pub grace: u64,
+    /// The simulation stops at this multiple of the last arrival, even with work left.
+    pub stop_after: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            interval: 60,
+            checkpoint_every: 1800,
+            grace: 60,
+            stop_after: 3.0,
+        }
+    }
+}
+
+/// What happened to one job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub id: u64,
+    pub team: String,
+    pub kind: usize,
+    pub gpu_milli: u64,
+    pub submit: u64,
+    pub first_start: Option<u64>,
+    pub finish: Option<u64>,
+    pub preemptions: u32,
+    pub lost_gpu_hours: f64,
+}
+
+/// A policy's run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimResult {
+    pub policy: String,
+    pub outcomes: Vec<Outcome>,
+    /// GPU-hours allocated per team inside the arrival horizon.
+    pub team_gpu_hours: BTreeMap<String, f64>,
+    pub team_weights: BTreeMap<String, f64>,
+    /// GPU-hours the cluster had inside the arrival horizon.
+    pub capacity_gpu_hours: f64,
+    pub preemptions: u32,
+    pub lost_gpu_hours: f64,
+    pub cycles: u64,
+    /// Jobs still waiting or running when the simulation stopped.
+    pub unfinished: usize,
+}
+
+struct Live {
+    trace: usize,
+    /// Seconds of work left when it (re)started.
+    remaining: u64,
+    end: u64,
+}
+
+/// Runs one policy over the trace.
+///
+/// # Errors
+/// When the cluster description is invalid.
+pub fn simulate(
+    spec: &ClusterSpec,
+    jobs: &[TraceJob],
+    policy: &SimPolicy,
+    sim: &SimConfig,
+    seed: u64,
+) -> Result<SimResult, SimError> {
+    let nodes = spec.build_nodes();
+    let capacity_milli: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+    let mut queues: Queues = spec.build_queues(&nodes)?;
+    let cluster = Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?;
+    let mix = WorkloadMix::from_tasks(
+        jobs.iter()
+            .map(|j| j.job())
+            .flat_map(|j| j.groups.into_iter().map(|g| g.request))
+            .collect::<Vec<_>>()
+            .iter(),
+        MixWeighting::Tasks,
+        1.0,
+    );
+    let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, seed);
+    let team_queue: BTreeMap<String, QueueId> = spec
+        .queues
+        .iter()
+        .map(|q| (q.name.clone(), queues.by_name(&q.name).expect("built")))
+        .collect();
+    for j in jobs {
+        if !team_queue.contains_key(&j.team) {
+            return Err(SimError::Invalid(format!(
+                "job {} names team {:?}, which has no queue in the cluster file",
+                j.id, j.team
+            )));
+        }
+    }
+    let horizon = jobs.iter().map(|j| j.submit).max().unwrap_or(0).max(1);
+    let stop = (horizon as f64 * sim.stop_after) as u64;
+    let mut outcomes: Vec<Outcome> = jobs
+        .iter()
+        .map(|j| Outcome {
+            id: j.id,
+            team: j.team.clone(),
+            kind: j.kind,
+            gpu_milli: j.gpu_milli(),
+            submit: j.submit,
+            first_start: None,
+            finish: None,
+            preemptions: 0,
+            lost_gpu_hours: 0.0,
+        })
+        .collect();
+    let by_id: BTreeMap<JobId, usize> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (JobId(j.id), i))
+        .collect();
+    let mut remaining: Vec<u64> = jobs.iter().map(|j| j.duration).collect();
+    let mut running: Vec<Running> = Vec::new();
+    let mut live: BTreeMap<JobId, Live> = BTreeMap::new();
+    let mut pending: Vec<Workload> = Vec::new();
+    let mut history = History::default();
+    let mut team_gpu_hours: BTreeMap<String, f64> =
+        spec.queues.iter().map(|q| (q.name.clone(), 0.0)).collect();
+    let (mut next_arrival, mut now, mut cycles, mut preemptions, mut lost_total) =
+        (0usize, 0u64, 0u64, 0u32, 0.0);
+    let class_of = |kind: usize| kind.min(3);
+    let workload = |j: &TraceJob| Workload {
+        job: j.job(),
+        queue: team_queue[&j.team],
+        user: format!("{}-user", j.team),
+        class: class_of(j.kind),
+        priority: j.priority,
+        submitted: j.submit,
+        max_runtime: j.max_runtime,
+        grace: sim.grace,
+    };
+    let mut account = |team: &str, milli: u64, from: u64, to: u64| {
+        let (a, b) = (from.min(horizon), to.min(horizon));
+        if b > a {
+            *team_gpu_hours.get_mut(team).expect("team") +=
+                milli as f64 / 1000.0 * (b - a) as f64 / 3600.0;
+        }
+    };
+    loop {
+        // 1. Jobs that finished or whose kill time came leave.
+        let mut keep = Vec::new();
+        for r in std::mem::take(&mut running) {
+            let l = &live[&r.work.job.id];
+            let i = l.trace;
+            let done_at = r.stopping_at.map_or(l.end, |k| k.min(l.end));
+            if done_at > now {
+                keep.push(r);
+                continue;
+            }
+            placer.release(&r.allocations);
+            if !r.flavor.is_empty() {
+                queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+            }
+            account(&jobs[i].team, r.work.gpu_milli(), r.started, done_at);
+            let l = live.remove(&r.work.job.id).expect("live");
+            if done_at >= l.end {
+                outcomes[i].finish = Some(l.end);
+            } else {
+                // Preempted: work since the last checkpoint is lost.
+                let kept = r.last_checkpoint.map_or(0, |c| c.saturating_sub(r.started));
+                remaining[i] = l.remaining.saturating_sub(kept);
+                let lost = (done_at - r.started - kept.min(done_at - r.started)) as f64
+                    * r.work.gpu_milli() as f64
+                    / 1000.0
+                    / 3600.0;
+                outcomes[i].lost_gpu_hours += lost;
+                lost_total += lost;
+                pending.push(r.work);
+            }
+        }
+        running = keep;
+        // 2. Arrivals.
+        while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
+            pending.push(workload(&jobs[next_arrival]));
+            next_arrival += 1;
+        }
+        // 3. Checkpoints, history, and the cycle.
+        for r in &mut running {
+            if jobs[live[&r.work.job.id].trace].kind == 2 && sim.checkpoint_every > 0 {
+                let k = (now - r.started) / sim.checkpoint_every;
+                r.last_checkpoint = (k > 0).then_some(r.started + k * sim.checkpoint_every);
+            }
+        }
+        history.account(now, policy.config.usage_half_life, &running, &queues);
+        if !pending.is_empty() {
+            cycles += 1;
+            let plan = schedule::schedule(
+                now,
+                &mut placer,
+                &mut queues,
+                &running,
+                &pending,
+                &mut history,
+                &policy.config,
+            );
+            for (id, flavor, allocations) in plan.admitted {
+                let k = pending
+                    .iter()
+                    .position(|w| w.job.id == id)
+                    .expect("admitted from pending");
+                let work = pending.swap_remove(k);
+                let i = by_id[&id];
+                outcomes[i].first_start.get_or_insert(now);
+                let run_for = remaining[i].min(work.max_runtime.unwrap_or(u64::MAX));
+                live.insert(
+                    id,
+                    Live {
+                        trace: i,
+                        remaining: remaining[i],
+                        end: now + run_for,
+                    },
+                );
+                running.push(Running {
+                    work,
+                    flavor,
+                    allocations,
+                    started: now,
+                    last_checkpoint: None,
+                    stopping_at: None,
+                });
+            }
+            for p in plan.preempted {
+                if let Some(r) = running.iter_mut().find(|r| r.work.job.id == p.victim) {
+                    r.stopping_at = Some(p.kill_at);
+                    outcomes[by_id[&p.victim]].preemptions += 1;
+                    preemptions += 1;
+                }
+            }
+        }
+        // 4. The next moment something can change.
+        let next_event = [
+            jobs.get(next_arrival).map(|j| j.submit),
+            running
+                .iter()
+                .map(|r| {
+                    r.stopping_at.map_or(live[&r.work.job.id].end, |k| {
+                        k.min(live[&r.work.job.id].end)
+                    })
+                })
+                .min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(next) = next_event else { break };
+        now = (now + sim.interval).max(next.div_ceil(sim.interval) * sim.interval);
+        if now > stop {
+            break;
+        }
+    }
+    for r in &running {
+        account(
+            &jobs[live[&r.work.job.id].trace].team,
+            r.work.gpu_milli(),
+            r.started,
+            now,
+        );
+    }
+    let unfinished = outcomes.iter().filter(|o| o.finish.is_none()).count();
+    Ok(SimResult {
+        policy: policy.name.clone(),
+        outcomes,
+        team_gpu_hours,
+        team_weights: spec
+            .queues
+            .iter()
+            .map(|q| (q.name.clone(), q.weight))
+            .collect(),
+        capacity_gpu_hours: capacity_milli as f64 / 1000.0 * horizon as f64 / 3600.0,
+        preemptions,
+        lost_gpu_hours: lost_total,
+        cycles,
+        unfinished,
+    })
+}
+
+/// Mean and 95th percentile (nearest rank) of a list; zeros for an empty one.
+pub fn mean_p95(values: &mut [f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    values.sort_by(f64::total_cmp);
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let rank = ((0.95 * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    (mean, values[rank - 1])
+}
+
+/// Statistics of a group of jobs: (jobs, mean wait, p95 wait, mean JCT, p95 JCT), hours.
+pub fn group_stats<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> (usize, f64, f64, f64, f64) {
+    let mut waits = Vec::new();
+    let mut jcts = Vec::new();
+    for o in outcomes {
+        if let Some(s) = o.first_start {
+            waits.push((s - o.submit) as f64 / 3600.0);
+        }
+        if let Some(f) = o.finish {
+            jcts.push((f - o.submit) as f64 / 3600.0);
+        }
+    }
+    let n = waits.len();
+    let (mw, pw) = mean_p95(&mut waits);
+    let (mj, pj) = mean_p95(&mut jcts);
+    (n, mw, pw, mj, pj)
+}
+
+/// Jain's fairness index of GPU-hours per unit of weight across teams.
+pub fn jain(result: &SimResult) -> f64 {
+    let xs: Vec<f64> = result
+        .team_gpu_hours
+        .iter()
+        .map(|(t, h)| h / result.team_weights[t].max(1e-9))
+        .collect();
+    let s: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if sq == 0.0 {
+        1.0
+    } else {
+        s * s / (xs.len() as f64 * sq)
+    }
+}
+
+/// Each team's share of allocated GPU-hours against its weighted share.
+pub fn team_shares(result: &SimResult) -> Vec<(String, f64, f64)> {
+    let total: f64 = result.team_gpu_hours.values().sum();
+    let wsum: f64 = result.team_weights.values().sum();
+    result
+        .team_gpu_hours
+        .iter()
+        .map(|(t, h)| {
+            (
+                t.clone(),
+                if total > 0.0 { h / total } else { 0.0 },
+                result.team_weights[t] / wsum,
+            )
+        })
+        .collect()
+}
+
+/// The name of a job kind.
+pub fn kind_name(k: usize) -> &'static str {
+    KINDS.get(k).copied().unwrap_or("?")
+}

@@ -1,0 +1,184 @@
+//! Reports of the dynamic simulator: a table, a CSV and an SVG chart.
+
+use std::fmt::Write as _;
+
+use crate::dynamic::{SimResult, group_stats, jain, kind_name, team_shares};
+use crate::workload::KINDS;
+
+/// The text report: per kind and per team, then cluster-wide figures.
+pub fn table(results: &[SimResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "wait and job completion time (JCT), hours, per kind");
+    let _ = writeln!(
+        out,
+        "{:<11} {:<10} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "policy", "kind", "jobs", "wait avg", "wait p95", "JCT avg", "JCT p95"
+    );
+    for r in results {
+        for k in 0..KINDS.len() {
+            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.kind == k));
+            let _ = writeln!(
+                out,
+                "{:<11} {:<10} {n:>6} {mw:>9.2} {pw:>9.2} {mj:>9.2} {pj:>9.2}",
+                r.policy,
+                kind_name(k)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nper team: wait (hours) and share of GPU-hours against the weighted share"
+    );
+    let _ = writeln!(
+        out,
+        "{:<11} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "policy", "team", "wait avg", "wait p95", "share", "target", "off by"
+    );
+    for r in results {
+        for (team, share, target) in team_shares(r) {
+            let (_, mw, pw, _, _) = group_stats(r.outcomes.iter().filter(|o| o.team == team));
+            let off = if target > 0.0 {
+                (share / target - 1.0) * 100.0
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "{:<11} {team:<8} {mw:>9.2} {pw:>9.2} {:>7.1}% {:>7.1}% {off:>+7.1}%",
+                r.policy,
+                share * 100.0,
+                target * 100.0
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<11} {:>11} {:>6} {:>12} {:>13} {:>11} {:>7}",
+        "policy", "GPU alloc %", "Jain", "preemptions", "GPU-h lost", "unfinished", "cycles"
+    );
+    for r in results {
+        let alloc: f64 = r.team_gpu_hours.values().sum::<f64>() / r.capacity_gpu_hours * 100.0;
+        let _ = writeln!(
+            out,
+            "{:<11} {alloc:>11.1} {:>6.3} {:>12} {:>13.1} {:>11} {:>7}",
+            r.policy,
+            jain(r),
+            r.preemptions,
+            r.lost_gpu_hours,
+            r.unfinished,
+            r.cycles
+        );
+    }
+    out
+}
+
+/// CSV: one row per policy and group (kind or team).
+pub fn csv(results: &[SimResult]) -> String {
+    let mut out = String::from(
+        "policy,group,name,jobs,wait_avg_h,wait_p95_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share\n",
+    );
+    for r in results {
+        for k in 0..KINDS.len() {
+            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.kind == k));
+            let _ = writeln!(
+                out,
+                "{},kind,{},{n},{mw:.4},{pw:.4},{mj:.4},{pj:.4},,,",
+                r.policy,
+                kind_name(k)
+            );
+        }
+        for (team, share, target) in team_shares(r) {
+            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.team == team));
+            let _ = writeln!(
+                out,
+                "{},team,{team},{n},{mw:.4},{pw:.4},{mj:.4},{pj:.4},{:.2},{share:.4},{target:.4}",
+                r.policy, r.team_gpu_hours[&team]
+            );
+        }
+    }
+    out
+}
+
+const COLORS: &[&str] = &["#888888", "#1f77b4", "#111111", "#d62728"];
+
+/// A grouped bar chart of p95 wait per kind, one bar per policy.
+pub fn svg(results: &[SimResult]) -> String {
+    let (w, h, left, top, bottom) = (720.0, 400.0, 60.0, 40.0, 60.0);
+    let ph = h - top - bottom;
+    let pw = w - left - 150.0;
+    let values: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| {
+            (0..KINDS.len())
+                .map(|k| group_stats(r.outcomes.iter().filter(|o| o.kind == k)).2)
+                .collect()
+        })
+        .collect();
+    let max = values
+        .iter()
+        .flatten()
+        .copied()
+        .fold(0.0_f64, f64::max)
+        .max(0.1);
+    let y = |v: f64| top + ph - v / max * ph;
+    let group = pw / KINDS.len() as f64;
+    let bar = group * 0.8 / results.len().max(1) as f64;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{left}" y="22" font-size="14">p95 wait by kind of job (hours)</text>"#
+    );
+    for k in 0..=4 {
+        let v = max * k as f64 / 4.0;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{v:.1}</text>"##,
+            left + pw,
+            y(v),
+            y(v),
+            left - 6.0,
+            y(v) + 4.0
+        );
+    }
+    for (k, kind) in KINDS.iter().enumerate() {
+        let gx = left + k as f64 * group + group * 0.1;
+        for (p, r) in values.iter().enumerate() {
+            let v = r[k];
+            let _ = writeln!(
+                out,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#,
+                gx + p as f64 * bar,
+                y(v),
+                bar * 0.9,
+                (top + ph - y(v)).max(0.0),
+                COLORS[p % COLORS.len()]
+            );
+        }
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{kind}</text>"#,
+            gx + group * 0.4,
+            top + ph + 18.0
+        );
+    }
+    for (p, r) in results.iter().enumerate() {
+        let ly = top + 14.0 + p as f64 * 18.0;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{}" y="{}" width="14" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+            left + pw + 14.0,
+            ly - 9.0,
+            COLORS[p % COLORS.len()],
+            left + pw + 34.0,
+            ly,
+            r.policy
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
