@@ -196,7 +196,7 @@ fn inference_must_fit_its_guarantee() {
     expect![[r#"
         cycle t=10
           start job 1 on H100: n1[0,1]
-          pending job 2 (#1 in queue, eta unknown): inference jobs must fit the guaranteed H100 quota: it would use 3 of 2 GPUs
+          pending job 2 (#1 in queue, eta unknown): inference jobs must fit the guaranteed H100 quota: jobs that may not borrow would hold 3 of 2 GPUs
     "#]]
     .assert_eq(&out);
 }
