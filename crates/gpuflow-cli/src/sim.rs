@@ -110,6 +110,25 @@ pub enum BenchCommand {
         #[arg(long, default_value = "gpuflow")]
         policy: String,
     },
+    /// Scheduling cycles on a large, busy cluster with a deep backlog: one cold
+    /// cycle, then cycles after a few arrivals and departures.
+    Cycle {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 40)]
+        teams: u32,
+        #[arg(long, default_value_t = 24)]
+        projects: u32,
+        #[arg(long, default_value_t = 100_000)]
+        pending: u32,
+        /// Arrivals and departures between incremental cycles.
+        #[arg(long, default_value_t = 5)]
+        churn: usize,
+        #[arg(long, default_value_t = 5)]
+        cycles: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
@@ -364,6 +383,41 @@ fn rayon_threads() -> usize {
 
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Cycle { nodes, teams, projects, pending, churn, cycles, seed } => {
+            if nodes == 0 || teams == 0 || projects == 0 {
+                bail!("--nodes, --teams and --projects must be above 0");
+            }
+            let b = bench::CycleBench { nodes, teams, projects_per_team: projects, pending, seed, ..Default::default() };
+            let start = Instant::now();
+            let mut world = bench::CycleWorld::build(&b)?;
+            println!(
+                "cycle benchmark: {nodes} nodes, {} queues, {} running, {} pending (setup {:.1}s)",
+                world.queues.list().len(),
+                world.running.len(),
+                world.pending.len(),
+                start.elapsed().as_secs_f64()
+            );
+            let t = Instant::now();
+            let f = world.cycle();
+            println!("  cold cycle: {:.1} ms, admitted {}, preempted {}", t.elapsed().as_secs_f64() * 1e3, f.admitted, f.preempted);
+            let mut times = Vec::new();
+            for _ in 0..cycles {
+                world.churn(churn, 1 + teams, teams * projects);
+                let t = Instant::now();
+                let f = world.cycle();
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                times.push(ms);
+                println!("  cycle after {churn} arrivals + {churn} departures: {ms:.1} ms, admitted {}, preempted {}, pending {}", f.admitted, f.preempted, f.pending);
+            }
+            times.sort_by(f64::total_cmp);
+            if let Some(m) = times.get(times.len() / 2) {
+                println!("  median incremental cycle {m:.1} ms");
+            }
+            if let Some(m) = bench::peak_rss_mib() {
+                println!("  peak memory (VmHWM) {m:.0} MiB");
+            }
+            Ok(())
+        }
         BenchCommand::Placement {
             nodes,
             tasks,

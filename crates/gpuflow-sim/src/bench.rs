@@ -222,3 +222,200 @@ pub fn peak_rss_mib() -> Option<f64> {
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
+
+/// The scheduling-cycle benchmark: a busy synthetic cluster, a queue tree
+/// (organisation → teams → projects) and a large backlog.
+#[derive(Clone, Debug)]
+pub struct CycleBench {
+    pub nodes: u32,
+    pub teams: u32,
+    pub projects_per_team: u32,
+    pub pending: u32,
+    /// Share of GPU capacity already running when the cycles start.
+    pub running_share: f64,
+    pub seed: u64,
+}
+
+impl Default for CycleBench {
+    fn default() -> CycleBench {
+        CycleBench { nodes: 10_000, teams: 40, projects_per_team: 24, pending: 100_000, running_share: 0.85, seed: 1 }
+    }
+}
+
+/// What a cycle did and how long it took (measured by the caller's clock).
+#[derive(Clone, Debug, Default)]
+pub struct CycleFigures {
+    pub queues: usize,
+    pub running: usize,
+    pub pending: usize,
+    pub admitted: usize,
+    pub preempted: usize,
+}
+
+/// The state the cycles run on.
+pub struct CycleWorld {
+    pub placer: Placer,
+    pub queues: gpuflow_core::queue::Queues,
+    pub running: Vec<gpuflow_core::schedule::Running>,
+    pub pending: Vec<gpuflow_core::schedule::Workload>,
+    pub history: gpuflow_core::schedule::History,
+    pub config: gpuflow_core::schedule::Config,
+    pub now: u64,
+    rng: SplitMix64,
+    next_id: u64,
+}
+
+impl CycleWorld {
+    /// Builds the cluster, fills it to `running_share` with running jobs and queues the backlog.
+    ///
+    /// # Errors
+    /// When the synthetic cluster is invalid.
+    pub fn build(b: &CycleBench) -> Result<CycleWorld, SimError> {
+        use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues};
+        let cfg = BenchConfig { nodes: b.nodes, seed: b.seed, ..BenchConfig::default() };
+        let nodes = cluster(&cfg);
+        let mut capacity: std::collections::BTreeMap<String, u64> = Default::default();
+        for g in nodes.iter().flat_map(|n| &n.gpus) {
+            *capacity.entry(g.model.clone()).or_default() += 1000;
+        }
+        let leaves = (b.teams * b.projects_per_team).max(1) as u64;
+        let mut list = vec![Queue::new("org", None)];
+        for (f, c) in &capacity {
+            list[0].quotas.insert(f.clone(), FlavorQuota::guaranteed(*c));
+        }
+        for t in 0..b.teams {
+            let mut team = Queue::new(&format!("team-{t:03}"), Some(QueueId(0)));
+            for (f, c) in &capacity {
+                team.quotas.insert(f.clone(), FlavorQuota::guaranteed(c / b.teams.max(1) as u64));
+            }
+            list.push(team);
+        }
+        for t in 0..b.teams {
+            for p in 0..b.projects_per_team {
+                let mut q = Queue::new(&format!("team-{t:03}/proj-{p:02}"), Some(QueueId(1 + t)));
+                for (f, c) in &capacity {
+                    q.quotas.insert(f.clone(), FlavorQuota::guaranteed(c / leaves));
+                }
+                list.push(q);
+            }
+        }
+        let queues = Queues::new(list, capacity.clone()).map_err(|e| SimError::Invalid(e.to_string()))?;
+        let total: u64 = capacity.values().sum();
+        let placer = Placer::new(Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?, Policy::gpuflow(), WorkloadMix::default(), b.seed);
+        let mut w = CycleWorld {
+            placer,
+            queues,
+            running: Vec::new(),
+            pending: Vec::new(),
+            history: Default::default(),
+            config: Default::default(),
+            now: 100_000,
+            rng: SplitMix64::new(b.seed ^ 0xC7C1E),
+            next_id: 0,
+        };
+        let first_leaf = 1 + b.teams;
+        // Fill the cluster with running jobs, charged to random leaves.
+        let mut used = 0u64;
+        let mut misses = 0;
+        while (used as f64) < b.running_share * total as f64 && misses < 1000 {
+            let work = w.work(first_leaf, leaves as u32);
+            match w.placer.place_job(&work.job) {
+                Ok(p) => {
+                    let model = p.iter().find_map(|a| a.gpu_indices().first().map(|&g| w.placer.cluster().node(a.node).gpus[g as usize].model.clone()));
+                    let flavor = model.unwrap_or_default();
+                    if !flavor.is_empty() {
+                        w.queues.charge(work.queue, &flavor, work.gpu_milli() as i64);
+                    }
+                    used += work.gpu_milli();
+                    let started = w.now - w.rng.below(50_000);
+                    w.running.push(gpuflow_core::schedule::Running { work, flavor, allocations: p, started, last_checkpoint: None, stopping_at: None });
+                }
+                Err(_) => misses += 1,
+            }
+        }
+        for _ in 0..b.pending {
+            let work = w.work(first_leaf, leaves as u32);
+            w.pending.push(work);
+        }
+        Ok(w)
+    }
+
+    fn work(&mut self, first_leaf: u32, leaves: u32) -> gpuflow_core::schedule::Workload {
+        let mut req = task(&mut self.rng);
+        req.models.clear();
+        let id = self.next_id;
+        self.next_id += 1;
+        let class = self.rng.below(4) as usize;
+        gpuflow_core::schedule::Workload {
+            job: Job::single(id, req),
+            queue: gpuflow_core::queue::QueueId(first_leaf + self.rng.below(leaves as u64) as u32),
+            user: format!("user-{}", self.rng.below(100)),
+            class,
+            priority: 0,
+            submitted: self.now - self.rng.below(10_000),
+            max_runtime: Some(3600 + self.rng.below(36_000)),
+            grace: 30,
+        }
+    }
+
+    /// One cycle: applies the plan (admitted jobs run; victims stop at once).
+    pub fn cycle(&mut self) -> CycleFigures {
+        let plan = gpuflow_core::schedule::schedule(self.now, &mut self.placer, &mut self.queues, &self.running, &self.pending, &mut self.history, &self.config);
+        let figures = CycleFigures {
+            queues: self.queues.list().len(),
+            running: self.running.len(),
+            pending: self.pending.len(),
+            admitted: plan.admitted.len(),
+            preempted: plan.preempted.len(),
+        };
+        let admitted: std::collections::BTreeMap<JobId, (String, Vec<Allocation>)> = plan.admitted.into_iter().map(|(id, f, p)| (id, (f, p))).collect();
+        let mut keep = Vec::with_capacity(self.pending.len());
+        for w in std::mem::take(&mut self.pending) {
+            match admitted.get(&w.job.id) {
+                Some((f, p)) => self.running.push(gpuflow_core::schedule::Running {
+                    work: w,
+                    flavor: f.clone(),
+                    allocations: p.clone(),
+                    started: self.now,
+                    last_checkpoint: None,
+                    stopping_at: None,
+                }),
+                None => keep.push(w),
+            }
+        }
+        self.pending = keep;
+        let victims: std::collections::BTreeSet<JobId> = plan.preempted.iter().map(|p| p.victim).collect();
+        let mut i = 0;
+        while i < self.running.len() {
+            if victims.contains(&self.running[i].work.job.id) {
+                let r = self.running.swap_remove(i);
+                self.release(&r);
+                self.pending.push(r.work);
+            } else {
+                i += 1;
+            }
+        }
+        figures
+    }
+
+    fn release(&mut self, r: &gpuflow_core::schedule::Running) {
+        self.placer.release(&r.allocations);
+        if !r.flavor.is_empty() {
+            self.queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+        }
+    }
+
+    /// A small change: `n` running jobs end and `n` new jobs arrive; time moves on a minute.
+    pub fn churn(&mut self, n: usize, first_leaf: u32, leaves: u32) {
+        for _ in 0..n.min(self.running.len()) {
+            let k = self.rng.below(self.running.len() as u64) as usize;
+            let r = self.running.swap_remove(k);
+            self.release(&r);
+        }
+        for _ in 0..n {
+            let w = self.work(first_leaf, leaves);
+            self.pending.push(w);
+        }
+        self.now += 60;
+    }
+}

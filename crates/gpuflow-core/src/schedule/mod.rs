@@ -18,6 +18,12 @@ use crate::placement::{Placement, Placer, Unplaced};
 use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
 use crate::request::{GpuRequest, Job};
 
+/// A job's shape as placement sees it: its groups, constraints and flavor.
+type PlaceKey = (Vec<(crate::request::TaskRequest, u32)>, crate::request::Constraints, String);
+
+/// Victim candidates considered for one preemptor, cheapest first.
+const MAX_CANDIDATES: usize = 256;
+
 /// A priority class: its rank orders work; preemptibility and borrowing are
 /// set independently.
 #[derive(Clone, Debug, PartialEq)]
@@ -272,6 +278,7 @@ pub enum PendingReason {
     Quota {
         flavor: String,
         block: QuotaBlock,
+        /// Names of the queues the block mentions.
         queue_names: Vec<(QueueId, String)>,
     },
     Placement {
@@ -470,6 +477,22 @@ struct Cycle<'a> {
     protected: BTreeMap<(QueueId, String), u64>,
     /// Preemptors whose victims have stopped: tried before everyone else.
     ready: BTreeSet<JobId>,
+    /// Indices into `running`, per queue.
+    running_by_queue: BTreeMap<QueueId, Vec<usize>>,
+    /// Per flavor, the queues with running jobs that use more than their
+    /// guarantee: where reclaim looks for victims. Kept in step with commits.
+    borrowers: BTreeMap<String, BTreeSet<QueueId>>,
+    /// Preemption searches that found nothing this cycle: (queue, flavor, rank,
+    /// priority) → the smallest demand that failed. A bigger demand of the same
+    /// standing cannot succeed either (the candidate set is the same).
+    no_victims: BTreeMap<(QueueId, String, u32, i32), u64>,
+    /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).
+    reclaim: BTreeMap<String, std::rc::Rc<Vec<usize>>>,
+    /// Job shapes that found no place this cycle. Admissions only take
+    /// capacity during a cycle, so the same shape fails again.
+    unplaceable: std::collections::HashMap<PlaceKey, PendingReason>,
+    /// Leaves that already searched for victims this cycle (their best job did).
+    preempt_tried: BTreeSet<QueueId>,
     tried: usize,
 }
 
@@ -534,8 +557,53 @@ impl<'a> Cycle<'a> {
             users,
             protected,
             ready,
+            running_by_queue: {
+                let mut m: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
+                for (k, r) in running.iter().enumerate() {
+                    m.entry(r.work.queue).or_default().push(k);
+                }
+                m
+            },
             tried: 0,
+            borrowers: BTreeMap::new(),
+            no_victims: BTreeMap::new(),
+            reclaim: BTreeMap::new(),
+            unplaceable: std::collections::HashMap::new(),
+            preempt_tried: BTreeSet::new(),
         }
+        .with_borrowers()
+    }
+
+    /// Orders two running jobs as victims: lowest class, least work lost, fewest GPUs.
+    fn victim_cost(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        let (ra, rb) = (&self.running[a], &self.running[b]);
+        self.rank(&ra.work)
+            .cmp(&self.rank(&rb.work))
+            .then(ra.lost_gpu_seconds(self.now).total_cmp(&rb.lost_gpu_seconds(self.now)))
+            .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
+            .then(ra.work.job.id.cmp(&rb.work.job.id))
+    }
+
+    /// Running jobs of a flavor in victim-cost order, built once per cycle.
+    fn reclaim_list(&mut self, flavor: &str) -> std::rc::Rc<Vec<usize>> {
+        if let Some(l) = self.reclaim.get(flavor) {
+            return l.clone();
+        }
+        let mut list: Vec<usize> = (0..self.running.len()).filter(|&k| self.running[k].flavor == flavor).collect();
+        list.sort_by(|&a, &b| self.victim_cost(a, b));
+        let list = std::rc::Rc::new(list);
+        self.reclaim.insert(flavor.to_string(), list.clone());
+        list
+    }
+
+    fn with_borrowers(mut self) -> Self {
+        let queues: BTreeSet<QueueId> = self.running_by_queue.keys().copied().collect();
+        let flavors: Vec<String> = self.queues.flavors().cloned().collect();
+        for f in flavors {
+            let set = queues.iter().copied().filter(|q| self.queues.borrowing(*q, &f)).collect();
+            self.borrowers.insert(f, set);
+        }
+        self
     }
 
     fn rank(&self, w: &Workload) -> u32 {
@@ -750,7 +818,7 @@ impl<'a> Cycle<'a> {
                 reasons.push(r);
                 continue;
             }
-            match self.place(i, flavor) {
+            match self.place_once(i, flavor) {
                 Ok(p) => {
                     self.commit(i, flavor, p);
                     return true;
@@ -759,9 +827,20 @@ impl<'a> Cycle<'a> {
             }
         }
         // Preemption, on the first flavor (in the queue's order) where it helps.
-        if self.cfg.preemption {
+        if self.cfg.preemption && self.preempt_tried.insert(self.pending[i].queue) {
             for flavor in &flavors {
-                if let Some(victims) = self.find_victims(i, flavor) {
+                let w = &self.pending[i];
+                let key = (w.queue, flavor.clone(), self.rank(w), w.priority);
+                if self.no_victims.get(&key).is_some_and(|&d| w.gpu_milli() >= d) {
+                    continue;
+                }
+                let found = self.find_victims(i, flavor);
+                if found.is_none() {
+                    let d = self.pending[i].gpu_milli();
+                    let e = self.no_victims.entry(key).or_insert(d);
+                    *e = (*e).min(d);
+                }
+                if let Some(victims) = found {
                     let id = self.pending[i].job.id;
                     self.history
                         .waiting_for
@@ -859,13 +938,13 @@ impl<'a> Cycle<'a> {
             .fits(w.queue, flavor, w.gpu_milli())
             .map_err(|block| PendingReason::Quota {
                 flavor: flavor.to_string(),
-                queue_names: self
-                    .queues
-                    .list()
-                    .iter()
-                    .enumerate()
-                    .map(|(k, q)| (QueueId(k as u32), q.name.clone()))
-                    .collect(),
+                queue_names: {
+                    let named = match &block {
+                        QuotaBlock::Cap { queue, .. } | QuotaBlock::BorrowLimit { queue, .. } | QuotaBlock::Budget { queue, .. } => Some(*queue),
+                        QuotaBlock::NoLendableCapacity { parent, .. } => *parent,
+                    };
+                    named.map(|q| (q, self.queues.get(q).name.clone())).into_iter().collect()
+                },
                 block,
             })
     }
@@ -886,6 +965,20 @@ impl<'a> Cycle<'a> {
             _ => false,
         };
         job
+    }
+
+    /// [`Cycle::place`] for the admission path, remembering shapes that fail.
+    fn place_once(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
+        let job = self.job_on(i, flavor);
+        let key: PlaceKey = (job.groups.iter().map(|g| (g.request.clone(), g.replicas)).collect(), job.constraints.clone(), flavor.to_string());
+        if let Some(r) = self.unplaceable.get(&key) {
+            return Err(r.clone());
+        }
+        let r = self.place(i, flavor);
+        if let Err(e) = &r {
+            self.unplaceable.insert(key, e.clone());
+        }
+        r
     }
 
     fn place(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
@@ -913,6 +1006,11 @@ impl<'a> Cycle<'a> {
         let w = &self.pending[i];
         if !flavor.is_empty() {
             self.queues.charge(w.queue, flavor, w.gpu_milli() as i64);
+            // Jobs admitted now are not victims this cycle, but their queue's
+            // existing jobs may now be borrowing.
+            if self.queues.borrowing(w.queue, flavor) && self.running_by_queue.contains_key(&w.queue) {
+                self.borrowers.entry(flavor.to_string()).or_default().insert(w.queue);
+            }
         }
         let e = self.users.entry((w.queue, w.user.clone())).or_default();
         e.0 += w.gpu_milli();
@@ -935,44 +1033,47 @@ impl<'a> Cycle<'a> {
         // and base priority decide who may preempt whom.
         let my_rank = (self.rank(w), w.priority);
         let entitled = self.within_guarantee(w, flavor);
-        let mut candidates: Vec<(usize, PreemptReason)> = Vec::new();
-        for (k, r) in self.running.iter().enumerate() {
-            if self.victims.contains(&r.work.job.id) || r.flavor != flavor {
-                continue;
+        // Victims may be the own queue's jobs of strictly lower priority and,
+        // when entitled to reclaim, the jobs of queues that borrow this flavor.
+        // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
+        let eligible = |c: &Cycle, k: usize| {
+            let r = &c.running[k];
+            !c.victims.contains(&r.work.job.id)
+                && c.cfg.classes.get(r.work.class).is_some_and(|cl| cl.preemptible)
+                && c.now.saturating_sub(r.started) >= c.cfg.min_runtime
+        };
+        let own: Vec<(usize, PreemptReason)> = self
+            .running_by_queue
+            .get(&w.queue)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&k| self.running[k].flavor == flavor && eligible(self, k))
+            .filter(|&k| (self.rank(&self.running[k].work), self.running[k].work.priority) < my_rank)
+            .map(|k| (k, PreemptReason::Priority))
+            .collect();
+        let mut candidates = own;
+        if entitled {
+            let list = self.reclaim_list(flavor);
+            let mut taken = 0;
+            for k in list.iter().copied() {
+                if taken >= MAX_CANDIDATES {
+                    break;
+                }
+                let r = &self.running[k];
+                if r.work.queue != w.queue && eligible(self, k) && self.queues.borrowing(r.work.queue, flavor) {
+                    candidates.push((k, PreemptReason::Reclaim));
+                    taken += 1;
+                }
             }
-            let class = self.cfg.classes.get(r.work.class);
-            if !class.is_some_and(|c| c.preemptible)
-                || self.now.saturating_sub(r.started) < self.cfg.min_runtime
-            {
-                continue;
-            }
-            let their_rank = (self.rank(&r.work), r.work.priority);
-            let reason = if r.work.queue == w.queue && their_rank < my_rank {
-                PreemptReason::Priority
-            } else if r.work.queue != w.queue
-                && entitled
-                && self.queues.borrowing(r.work.queue, flavor)
-            {
-                PreemptReason::Reclaim
-            } else {
-                continue;
-            };
-            candidates.push((k, reason));
         }
-        // Lowest class first, then the least work lost, then the fewest GPUs.
-        candidates.sort_by(|a, b| {
-            let (ra, rb) = (&self.running[a.0], &self.running[b.0]);
-            self.rank(&ra.work)
-                .cmp(&self.rank(&rb.work))
-                .then(
-                    ra.lost_gpu_seconds(self.now)
-                        .total_cmp(&rb.lost_gpu_seconds(self.now)),
-                )
-                .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
-                .then(ra.work.job.id.cmp(&rb.work.job.id))
-        });
+        candidates.sort_by(|a, b| self.victim_cost(a.0, b.0));
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut found = false;
+        let mut released = 0u64;
+        let demand = self.pending[i].gpu_milli();
+        // The cheapest candidates are enough; past these, give up.
+        candidates.truncate(MAX_CANDIDATES);
         for (k, reason) in candidates {
             let r = &self.running[k];
             let lost_h = r.lost_gpu_seconds(self.now) / 3600.0;
@@ -1006,7 +1107,12 @@ impl<'a> Cycle<'a> {
             self.queues
                 .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
             chosen.push((k, reason));
-            if self.quota_ok(i, flavor).is_ok()
+            released += r.work.gpu_milli();
+            // Placement is tried once enough is released, and otherwise only
+            // at doubling counts, so a long candidate list costs O(log n) tries.
+            let worth = released >= demand || chosen.len().is_power_of_two();
+            if worth
+                && self.quota_ok(i, flavor).is_ok()
                 && let Ok(p) = self.place(i, flavor)
             {
                 self.placer.release(&p);
@@ -1186,6 +1292,15 @@ impl<'a> Cycle<'a> {
         };
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         let mut eta: BTreeMap<usize, Option<u64>> = BTreeMap::new();
+        // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
+        let admitted_ids: BTreeMap<JobId, ()> = self.admitted.iter().map(|(id, _, _)| (*id, ())).collect();
+        let mut by_queue: BTreeMap<QueueId, Vec<(u64, u64, &str)>> = BTreeMap::new();
+        let just_admitted = self.pending.iter().filter(|w| admitted_ids.contains_key(&w.job.id)).map(|w| (w, self.now, None));
+        for (o, started, stop) in self.running.iter().map(|r| (&r.work, r.started, r.stopping_at)).chain(just_admitted) {
+            if let Some(end) = stop.or(o.max_runtime.map(|m| started + m)) {
+                by_queue.entry(o.queue).or_default().push((end.max(self.now), o.gpu_milli(), o.user.as_str()));
+            }
+        }
         let (mut freed, mut next) = (free_now, 0usize);
         for &i in &order {
             if admitted.contains(&self.pending[i].job.id) {
@@ -1218,18 +1333,12 @@ impl<'a> Cycle<'a> {
                 )
             });
             if by_user || by_quota {
-                let mut mine: Vec<(u64, u64)> = self
-                    .running
-                    .iter()
-                    .map(|r| (&r.work, r.started, r.stopping_at))
-                    .chain(self.admitted_work().map(|w| (w, self.now, None)))
-                    .filter(|(o, _, _)| o.queue == w.queue && (!by_user || o.user == w.user))
-                    .filter_map(|(o, started, stop)| {
-                        Some((
-                            stop.or(o.max_runtime.map(|m| started + m))?.max(self.now),
-                            o.gpu_milli(),
-                        ))
-                    })
+                let mut mine: Vec<(u64, u64)> = by_queue
+                    .get(&w.queue)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, _, user)| !by_user || *user == w.user.as_str())
+                    .map(|(end, milli, _)| (*end, *milli))
                     .collect();
                 mine.sort();
                 let mut got = 0;
@@ -1289,12 +1398,6 @@ impl<'a> Cycle<'a> {
             reservations: self.reservation.into_iter().collect(),
             pending,
         }
-    }
-
-    fn admitted_work(&self) -> impl Iterator<Item = &Workload> {
-        self.admitted
-            .iter()
-            .filter_map(|(id, _, _)| self.pending.iter().find(|w| w.job.id == *id))
     }
 
     fn admitted_milli(&self) -> u64 {
