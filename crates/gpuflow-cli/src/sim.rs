@@ -383,11 +383,26 @@ fn rayon_threads() -> usize {
 
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
-        BenchCommand::Cycle { nodes, teams, projects, pending, churn, cycles, seed } => {
+        BenchCommand::Cycle {
+            nodes,
+            teams,
+            projects,
+            pending,
+            churn,
+            cycles,
+            seed,
+        } => {
             if nodes == 0 || teams == 0 || projects == 0 {
                 bail!("--nodes, --teams and --projects must be above 0");
             }
-            let b = bench::CycleBench { nodes, teams, projects_per_team: projects, pending, seed, ..Default::default() };
+            let b = bench::CycleBench {
+                nodes,
+                teams,
+                projects_per_team: projects,
+                pending,
+                seed,
+                ..Default::default()
+            };
             let start = Instant::now();
             let mut world = bench::CycleWorld::build(&b)?;
             println!(
@@ -399,7 +414,12 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             );
             let t = Instant::now();
             let f = world.cycle();
-            println!("  cold cycle: {:.1} ms, admitted {}, preempted {}", t.elapsed().as_secs_f64() * 1e3, f.admitted, f.preempted);
+            println!(
+                "  cold cycle: {:.1} ms, admitted {}, preempted {}",
+                t.elapsed().as_secs_f64() * 1e3,
+                f.admitted,
+                f.preempted
+            );
             let mut times = Vec::new();
             for _ in 0..cycles {
                 world.churn(churn, 1 + teams, teams * projects);
@@ -407,7 +427,10 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 let f = world.cycle();
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 times.push(ms);
-                println!("  cycle after {churn} arrivals + {churn} departures: {ms:.1} ms, admitted {}, preempted {}, pending {}", f.admitted, f.preempted, f.pending);
+                println!(
+                    "  cycle after {churn} arrivals + {churn} departures: {ms:.1} ms, admitted {}, preempted {}, pending {}",
+                    f.admitted, f.preempted, f.pending
+                );
             }
             times.sort_by(f64::total_cmp);
             if let Some(m) = times.get(times.len() / 2) {

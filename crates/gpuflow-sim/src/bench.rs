@@ -238,7 +238,14 @@ pub struct CycleBench {
 
 impl Default for CycleBench {
     fn default() -> CycleBench {
-        CycleBench { nodes: 10_000, teams: 40, projects_per_team: 24, pending: 100_000, running_share: 0.85, seed: 1 }
+        CycleBench {
+            nodes: 10_000,
+            teams: 40,
+            projects_per_team: 24,
+            pending: 100_000,
+            running_share: 0.85,
+            seed: 1,
+        }
     }
 }
 
@@ -272,7 +279,11 @@ impl CycleWorld {
     /// When the synthetic cluster is invalid.
     pub fn build(b: &CycleBench) -> Result<CycleWorld, SimError> {
         use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues};
-        let cfg = BenchConfig { nodes: b.nodes, seed: b.seed, ..BenchConfig::default() };
+        let cfg = BenchConfig {
+            nodes: b.nodes,
+            seed: b.seed,
+            ..BenchConfig::default()
+        };
         let nodes = cluster(&cfg);
         let mut capacity: std::collections::BTreeMap<String, u64> = Default::default();
         for g in nodes.iter().flat_map(|n| &n.gpus) {
@@ -281,12 +292,17 @@ impl CycleWorld {
         let leaves = (b.teams * b.projects_per_team).max(1) as u64;
         let mut list = vec![Queue::new("org", None)];
         for (f, c) in &capacity {
-            list[0].quotas.insert(f.clone(), FlavorQuota::guaranteed(*c));
+            list[0]
+                .quotas
+                .insert(f.clone(), FlavorQuota::guaranteed(*c));
         }
         for t in 0..b.teams {
             let mut team = Queue::new(&format!("team-{t:03}"), Some(QueueId(0)));
             for (f, c) in &capacity {
-                team.quotas.insert(f.clone(), FlavorQuota::guaranteed(c / b.teams.max(1) as u64));
+                team.quotas.insert(
+                    f.clone(),
+                    FlavorQuota::guaranteed(c / b.teams.max(1) as u64),
+                );
             }
             list.push(team);
         }
@@ -294,14 +310,21 @@ impl CycleWorld {
             for p in 0..b.projects_per_team {
                 let mut q = Queue::new(&format!("team-{t:03}/proj-{p:02}"), Some(QueueId(1 + t)));
                 for (f, c) in &capacity {
-                    q.quotas.insert(f.clone(), FlavorQuota::guaranteed(c / leaves));
+                    q.quotas
+                        .insert(f.clone(), FlavorQuota::guaranteed(c / leaves));
                 }
                 list.push(q);
             }
         }
-        let queues = Queues::new(list, capacity.clone()).map_err(|e| SimError::Invalid(e.to_string()))?;
+        let queues =
+            Queues::new(list, capacity.clone()).map_err(|e| SimError::Invalid(e.to_string()))?;
         let total: u64 = capacity.values().sum();
-        let placer = Placer::new(Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?, Policy::gpuflow(), WorkloadMix::default(), b.seed);
+        let placer = Placer::new(
+            Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?,
+            Policy::gpuflow(),
+            WorkloadMix::default(),
+            b.seed,
+        );
         let mut w = CycleWorld {
             placer,
             queues,
@@ -321,14 +344,28 @@ impl CycleWorld {
             let work = w.work(first_leaf, leaves as u32);
             match w.placer.place_job(&work.job) {
                 Ok(p) => {
-                    let model = p.iter().find_map(|a| a.gpu_indices().first().map(|&g| w.placer.cluster().node(a.node).gpus[g as usize].model.clone()));
+                    let model = p.iter().find_map(|a| {
+                        a.gpu_indices().first().map(|&g| {
+                            w.placer.cluster().node(a.node).gpus[g as usize]
+                                .model
+                                .clone()
+                        })
+                    });
                     let flavor = model.unwrap_or_default();
                     if !flavor.is_empty() {
-                        w.queues.charge(work.queue, &flavor, work.gpu_milli() as i64);
+                        w.queues
+                            .charge(work.queue, &flavor, work.gpu_milli() as i64);
                     }
                     used += work.gpu_milli();
                     let started = w.now - w.rng.below(50_000);
-                    w.running.push(gpuflow_core::schedule::Running { work, flavor, allocations: p, started, last_checkpoint: None, stopping_at: None });
+                    w.running.push(gpuflow_core::schedule::Running {
+                        work,
+                        flavor,
+                        allocations: p,
+                        started,
+                        last_checkpoint: None,
+                        stopping_at: None,
+                    });
                 }
                 Err(_) => misses += 1,
             }
@@ -360,7 +397,15 @@ impl CycleWorld {
 
     /// One cycle: applies the plan (admitted jobs run; victims stop at once).
     pub fn cycle(&mut self) -> CycleFigures {
-        let plan = gpuflow_core::schedule::schedule(self.now, &mut self.placer, &mut self.queues, &self.running, &self.pending, &mut self.history, &self.config);
+        let plan = gpuflow_core::schedule::schedule(
+            self.now,
+            &mut self.placer,
+            &mut self.queues,
+            &self.running,
+            &self.pending,
+            &mut self.history,
+            &self.config,
+        );
         let figures = CycleFigures {
             queues: self.queues.list().len(),
             running: self.running.len(),
@@ -368,7 +413,11 @@ impl CycleWorld {
             admitted: plan.admitted.len(),
             preempted: plan.preempted.len(),
         };
-        let admitted: std::collections::BTreeMap<JobId, (String, Vec<Allocation>)> = plan.admitted.into_iter().map(|(id, f, p)| (id, (f, p))).collect();
+        let admitted: std::collections::BTreeMap<JobId, (String, Vec<Allocation>)> = plan
+            .admitted
+            .into_iter()
+            .map(|(id, f, p)| (id, (f, p)))
+            .collect();
         let mut keep = Vec::with_capacity(self.pending.len());
         for w in std::mem::take(&mut self.pending) {
             match admitted.get(&w.job.id) {
@@ -384,7 +433,8 @@ impl CycleWorld {
             }
         }
         self.pending = keep;
-        let victims: std::collections::BTreeSet<JobId> = plan.preempted.iter().map(|p| p.victim).collect();
+        let victims: std::collections::BTreeSet<JobId> =
+            plan.preempted.iter().map(|p| p.victim).collect();
         let mut i = 0;
         while i < self.running.len() {
             if victims.contains(&self.running[i].work.job.id) {
@@ -401,7 +451,8 @@ impl CycleWorld {
     fn release(&mut self, r: &gpuflow_core::schedule::Running) {
         self.placer.release(&r.allocations);
         if !r.flavor.is_empty() {
-            self.queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
+            self.queues
+                .charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
         }
     }
 

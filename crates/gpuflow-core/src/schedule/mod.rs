@@ -19,7 +19,11 @@ use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
 use crate::request::{GpuRequest, Job};
 
 /// A job's shape as placement sees it: its groups, constraints and flavor.
-type PlaceKey = (Vec<(crate::request::TaskRequest, u32)>, crate::request::Constraints, String);
+type PlaceKey = (
+    Vec<(crate::request::TaskRequest, u32)>,
+    crate::request::Constraints,
+    String,
+);
 
 /// Victim candidates considered for one preemptor, cheapest first.
 const MAX_CANDIDATES: usize = 256;
@@ -579,7 +583,10 @@ impl<'a> Cycle<'a> {
         let (ra, rb) = (&self.running[a], &self.running[b]);
         self.rank(&ra.work)
             .cmp(&self.rank(&rb.work))
-            .then(ra.lost_gpu_seconds(self.now).total_cmp(&rb.lost_gpu_seconds(self.now)))
+            .then(
+                ra.lost_gpu_seconds(self.now)
+                    .total_cmp(&rb.lost_gpu_seconds(self.now)),
+            )
             .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
             .then(ra.work.job.id.cmp(&rb.work.job.id))
     }
@@ -589,7 +596,9 @@ impl<'a> Cycle<'a> {
         if let Some(l) = self.reclaim.get(flavor) {
             return l.clone();
         }
-        let mut list: Vec<usize> = (0..self.running.len()).filter(|&k| self.running[k].flavor == flavor).collect();
+        let mut list: Vec<usize> = (0..self.running.len())
+            .filter(|&k| self.running[k].flavor == flavor)
+            .collect();
         list.sort_by(|&a, &b| self.victim_cost(a, b));
         let list = std::rc::Rc::new(list);
         self.reclaim.insert(flavor.to_string(), list.clone());
@@ -600,7 +609,11 @@ impl<'a> Cycle<'a> {
         let queues: BTreeSet<QueueId> = self.running_by_queue.keys().copied().collect();
         let flavors: Vec<String> = self.queues.flavors().cloned().collect();
         for f in flavors {
-            let set = queues.iter().copied().filter(|q| self.queues.borrowing(*q, &f)).collect();
+            let set = queues
+                .iter()
+                .copied()
+                .filter(|q| self.queues.borrowing(*q, &f))
+                .collect();
             self.borrowers.insert(f, set);
         }
         self
@@ -831,7 +844,11 @@ impl<'a> Cycle<'a> {
             for flavor in &flavors {
                 let w = &self.pending[i];
                 let key = (w.queue, flavor.clone(), self.rank(w), w.priority);
-                if self.no_victims.get(&key).is_some_and(|&d| w.gpu_milli() >= d) {
+                if self
+                    .no_victims
+                    .get(&key)
+                    .is_some_and(|&d| w.gpu_milli() >= d)
+                {
                     continue;
                 }
                 let found = self.find_victims(i, flavor);
@@ -940,10 +957,15 @@ impl<'a> Cycle<'a> {
                 flavor: flavor.to_string(),
                 queue_names: {
                     let named = match &block {
-                        QuotaBlock::Cap { queue, .. } | QuotaBlock::BorrowLimit { queue, .. } | QuotaBlock::Budget { queue, .. } => Some(*queue),
+                        QuotaBlock::Cap { queue, .. }
+                        | QuotaBlock::BorrowLimit { queue, .. }
+                        | QuotaBlock::Budget { queue, .. } => Some(*queue),
                         QuotaBlock::NoLendableCapacity { parent, .. } => *parent,
                     };
-                    named.map(|q| (q, self.queues.get(q).name.clone())).into_iter().collect()
+                    named
+                        .map(|q| (q, self.queues.get(q).name.clone()))
+                        .into_iter()
+                        .collect()
                 },
                 block,
             })
@@ -970,7 +992,14 @@ impl<'a> Cycle<'a> {
     /// [`Cycle::place`] for the admission path, remembering shapes that fail.
     fn place_once(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
         let job = self.job_on(i, flavor);
-        let key: PlaceKey = (job.groups.iter().map(|g| (g.request.clone(), g.replicas)).collect(), job.constraints.clone(), flavor.to_string());
+        let key: PlaceKey = (
+            job.groups
+                .iter()
+                .map(|g| (g.request.clone(), g.replicas))
+                .collect(),
+            job.constraints.clone(),
+            flavor.to_string(),
+        );
         if let Some(r) = self.unplaceable.get(&key) {
             return Err(r.clone());
         }
@@ -1008,8 +1037,13 @@ impl<'a> Cycle<'a> {
             self.queues.charge(w.queue, flavor, w.gpu_milli() as i64);
             // Jobs admitted now are not victims this cycle, but their queue's
             // existing jobs may now be borrowing.
-            if self.queues.borrowing(w.queue, flavor) && self.running_by_queue.contains_key(&w.queue) {
-                self.borrowers.entry(flavor.to_string()).or_default().insert(w.queue);
+            if self.queues.borrowing(w.queue, flavor)
+                && self.running_by_queue.contains_key(&w.queue)
+            {
+                self.borrowers
+                    .entry(flavor.to_string())
+                    .or_default()
+                    .insert(w.queue);
             }
         }
         let e = self.users.entry((w.queue, w.user.clone())).or_default();
@@ -1039,7 +1073,10 @@ impl<'a> Cycle<'a> {
         let eligible = |c: &Cycle, k: usize| {
             let r = &c.running[k];
             !c.victims.contains(&r.work.job.id)
-                && c.cfg.classes.get(r.work.class).is_some_and(|cl| cl.preemptible)
+                && c.cfg
+                    .classes
+                    .get(r.work.class)
+                    .is_some_and(|cl| cl.preemptible)
                 && c.now.saturating_sub(r.started) >= c.cfg.min_runtime
         };
         let own: Vec<(usize, PreemptReason)> = self
@@ -1049,7 +1086,12 @@ impl<'a> Cycle<'a> {
             .flatten()
             .copied()
             .filter(|&k| self.running[k].flavor == flavor && eligible(self, k))
-            .filter(|&k| (self.rank(&self.running[k].work), self.running[k].work.priority) < my_rank)
+            .filter(|&k| {
+                (
+                    self.rank(&self.running[k].work),
+                    self.running[k].work.priority,
+                ) < my_rank
+            })
             .map(|k| (k, PreemptReason::Priority))
             .collect();
         let mut candidates = own;
@@ -1061,7 +1103,10 @@ impl<'a> Cycle<'a> {
                     break;
                 }
                 let r = &self.running[k];
-                if r.work.queue != w.queue && eligible(self, k) && self.queues.borrowing(r.work.queue, flavor) {
+                if r.work.queue != w.queue
+                    && eligible(self, k)
+                    && self.queues.borrowing(r.work.queue, flavor)
+                {
                     candidates.push((k, PreemptReason::Reclaim));
                     taken += 1;
                 }
@@ -1293,12 +1338,26 @@ impl<'a> Cycle<'a> {
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         let mut eta: BTreeMap<usize, Option<u64>> = BTreeMap::new();
         // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
-        let admitted_ids: BTreeMap<JobId, ()> = self.admitted.iter().map(|(id, _, _)| (*id, ())).collect();
+        let admitted_ids: BTreeMap<JobId, ()> =
+            self.admitted.iter().map(|(id, _, _)| (*id, ())).collect();
         let mut by_queue: BTreeMap<QueueId, Vec<(u64, u64, &str)>> = BTreeMap::new();
-        let just_admitted = self.pending.iter().filter(|w| admitted_ids.contains_key(&w.job.id)).map(|w| (w, self.now, None));
-        for (o, started, stop) in self.running.iter().map(|r| (&r.work, r.started, r.stopping_at)).chain(just_admitted) {
+        let just_admitted = self
+            .pending
+            .iter()
+            .filter(|w| admitted_ids.contains_key(&w.job.id))
+            .map(|w| (w, self.now, None));
+        for (o, started, stop) in self
+            .running
+            .iter()
+            .map(|r| (&r.work, r.started, r.stopping_at))
+            .chain(just_admitted)
+        {
             if let Some(end) = stop.or(o.max_runtime.map(|m| started + m)) {
-                by_queue.entry(o.queue).or_default().push((end.max(self.now), o.gpu_milli(), o.user.as_str()));
+                by_queue.entry(o.queue).or_default().push((
+                    end.max(self.now),
+                    o.gpu_milli(),
+                    o.user.as_str(),
+                ));
             }
         }
         let (mut freed, mut next) = (free_now, 0usize);
