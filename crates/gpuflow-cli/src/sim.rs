@@ -126,6 +126,9 @@ pub enum BenchCommand {
         churn: usize,
         #[arg(long, default_value_t = 5)]
         cycles: usize,
+        /// Cycles run (without churn) before measuring, to reach a steady state.
+        #[arg(long, default_value_t = 0)]
+        warmup: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -390,6 +393,7 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             pending,
             churn,
             cycles,
+            warmup,
             seed,
         } => {
             if nodes == 0 || teams == 0 || projects == 0 {
@@ -420,6 +424,18 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 f.admitted,
                 f.preempted
             );
+            for k in 0..warmup {
+                let t = Instant::now();
+                let f = world.cycle();
+                world.churn(0, 1 + teams, teams * projects);
+                eprintln!(
+                    "  warm-up {}: {:.1} ms, admitted {}, preempted {}",
+                    k + 1,
+                    t.elapsed().as_secs_f64() * 1e3,
+                    f.admitted,
+                    f.preempted
+                );
+            }
             let mut times = Vec::new();
             for _ in 0..cycles {
                 world.churn(churn, 1 + teams, teams * projects);

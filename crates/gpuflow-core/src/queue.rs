@@ -212,10 +212,15 @@ pub struct Queues {
     list: Vec<Queue>,
     children: Vec<Vec<QueueId>>,
     top: Vec<QueueId>,
-    /// Usage per queue (subtree total) per flavor, milli-GPU.
-    usage: Vec<BTreeMap<String, u64>>,
+    /// Usage per queue (subtree total) per flavor index, milli-GPU.
+    usage: Vec<Vec<u64>>,
     /// GPUs of each flavor in the cluster, milli-GPU: the top level's limit.
     capacity: BTreeMap<String, u64>,
+    /// The flavors in name order; a flavor's index is its position here.
+    flavor_names: Vec<String>,
+    /// Each queue's quota per flavor index (a copy of `Queue::quotas`, kept in
+    /// step by [`Queues::update`]), so that quota checks index instead of search.
+    quotas: Vec<Vec<FlavorQuota>>,
 }
 
 /// What is wrong with a queue tree.
@@ -261,13 +266,20 @@ impl Queues {
                 None => top.push(QueueId(i as u32)),
             }
         }
-        let usage = vec![BTreeMap::new(); list.len()];
+        let flavor_names: Vec<String> = capacity.keys().cloned().collect();
+        let usage = vec![vec![0; flavor_names.len()]; list.len()];
+        let quotas = list
+            .iter()
+            .map(|q| flavor_names.iter().map(|f| q.quota(f)).collect())
+            .collect();
         Ok(Queues {
             list,
             children,
             top,
             usage,
             capacity,
+            flavor_names,
+            quotas,
         })
     }
 
@@ -279,8 +291,18 @@ impl Queues {
         &self.list[id.0 as usize]
     }
 
-    pub fn get_mut(&mut self, id: QueueId) -> &mut Queue {
-        &mut self.list[id.0 as usize]
+    /// Changes a queue (state, weight, quotas, limits, budget); its parent and
+    /// usage stay as they are.
+    pub fn update(&mut self, id: QueueId, change: impl FnOnce(&mut Queue)) {
+        let q = &mut self.list[id.0 as usize];
+        let parent = q.parent;
+        change(q);
+        q.parent = parent;
+        self.quotas[id.0 as usize] = self.flavor_names.iter().map(|f| q.quota(f)).collect();
+    }
+
+    fn fix(&self, flavor: &str) -> Option<usize> {
+        self.flavor_names.iter().position(|f| f == flavor)
     }
 
     pub fn by_name(&self, name: &str) -> Option<QueueId> {
@@ -313,7 +335,7 @@ impl Queues {
     }
 
     pub fn usage(&self, id: QueueId, flavor: &str) -> u64 {
-        self.usage[id.0 as usize].get(flavor).copied().unwrap_or(0)
+        self.fix(flavor).map_or(0, |f| self.usage[id.0 as usize][f])
     }
 
     pub fn capacity(&self, flavor: &str) -> u64 {
@@ -325,42 +347,53 @@ impl Queues {
     }
 
     /// Adds (or, negative, removes) usage along the queue's path.
+    /// Usage of a flavor the cluster does not have is not tracked.
     pub fn charge(&mut self, id: QueueId, flavor: &str, milli: i64) {
-        for q in self.path(id) {
-            let u = self.usage[q.0 as usize]
-                .entry(flavor.to_string())
-                .or_default();
+        let Some(f) = self.fix(flavor) else { return };
+        let mut cur = Some(id);
+        while let Some(q) = cur {
+            let u = &mut self.usage[q.0 as usize][f];
             *u = (*u as i64 + milli).max(0) as u64;
+            cur = self.list[q.0 as usize].parent;
         }
     }
 
     /// Whether the queue is using more than its guarantee of the flavor.
     pub fn borrowing(&self, id: QueueId, flavor: &str) -> bool {
-        self.usage(id, flavor) > self.get(id).quota(flavor).guaranteed
+        self.fix(flavor).is_some_and(|f| {
+            self.usage[id.0 as usize][f] > self.quotas[id.0 as usize][f].guaranteed
+        })
     }
 
     /// The limit a parent gives its children: its own limit, or the cluster's
     /// capacity of the flavor at the top.
-    fn room(&self, parent: Option<QueueId>, flavor: &str) -> u64 {
+    fn room(&self, parent: Option<QueueId>, f: usize) -> u64 {
         match parent {
-            Some(p) => self
-                .get(p)
-                .quota(flavor)
+            Some(p) => self.quotas[p.0 as usize][f]
                 .limit()
-                .min(self.room(self.get(p).parent, flavor)),
-            None => self.capacity(flavor),
+                .min(self.room(self.list[p.0 as usize].parent, f)),
+            None => self.capacity[&self.flavor_names[f]],
         }
     }
 
     /// Checks that `milli` more of `flavor` fits the quota of `leaf` and every
-    /// ancestor; `Ok` or the first block found, leaf first.
+    /// ancestor; `Ok` or the first block found, leaf first. A flavor the
+    /// cluster does not have never fits.
     pub fn fits(&self, leaf: QueueId, flavor: &str, milli: u64) -> Result<(), QuotaBlock> {
-        for q in self.path(leaf) {
-            let queue = self.get(q);
-            let quota = queue.quota(flavor);
-            let after = self.usage(q, flavor) + milli;
-            let borrowing = after > quota.guaranteed;
-            if let Some(exhausted) = queue.budget_blocks(borrowing) {
+        let Some(f) = self.fix(flavor) else {
+            return Err(QuotaBlock::NoLendableCapacity {
+                parent: None,
+                needed: milli,
+                available: 0,
+            });
+        };
+        let mut cur = Some(leaf);
+        while let Some(q) = cur {
+            let queue = &self.list[q.0 as usize];
+            let quota = self.quotas[q.0 as usize][f];
+            let used = self.usage[q.0 as usize][f];
+            let after = used + milli;
+            if let Some(exhausted) = queue.budget_blocks(after > quota.guaranteed) {
                 return Err(QuotaBlock::Budget {
                     queue: q,
                     exhausted,
@@ -384,25 +417,24 @@ impl Queues {
             }
             // The parent's room: every child takes max(usage, reserved).
             let parent = queue.parent;
-            let room = self.room(parent, flavor);
+            let room = self.room(parent, f);
             let taken: u64 = self
                 .children(parent)
                 .iter()
                 .map(|&c| {
-                    let u = self.usage(c, flavor) + if c == q { milli } else { 0 };
-                    u.max(self.get(c).quota(flavor).reserved())
+                    let u = self.usage[c.0 as usize][f] + if c == q { milli } else { 0 };
+                    u.max(self.quotas[c.0 as usize][f].reserved())
                 })
                 .sum();
             if taken > room {
-                let others = taken - (after.max(quota.reserved()));
+                let others = taken - after.max(quota.reserved());
                 return Err(QuotaBlock::NoLendableCapacity {
                     parent,
                     needed: milli,
-                    available: room
-                        .saturating_sub(others)
-                        .saturating_sub(self.usage(q, flavor)),
+                    available: room.saturating_sub(others).saturating_sub(used),
                 });
             }
+            cur = parent;
         }
         Ok(())
     }
@@ -411,10 +443,12 @@ impl Queues {
     /// the cluster's capacity, divided by its effective weight.
     pub fn dominant_share(&self, id: QueueId) -> f64 {
         let w = self.get(id).effective_weight().max(1e-9);
-        self.capacity
+        self.flavor_names
             .iter()
-            .filter(|(_, c)| **c > 0)
-            .map(|(f, c)| self.usage(id, f) as f64 / *c as f64)
+            .enumerate()
+            .map(|(f, name)| (self.usage[id.0 as usize][f], self.capacity[name]))
+            .filter(|(_, c)| *c > 0)
+            .map(|(u, c)| u as f64 / c as f64)
             .fold(0.0, f64::max)
             / w
     }
@@ -490,7 +524,9 @@ mod tests {
     #[test]
     fn caps_and_budgets_block_with_their_reason() {
         let mut q = tree();
-        q.get_mut(QueueId(2)).quotas.get_mut("H100").unwrap().cap = Some(3000);
+        q.update(QueueId(2), |t| {
+            t.quotas.get_mut("H100").unwrap().cap = Some(3000)
+        });
         assert_eq!(
             q.fits(QueueId(2), "H100", 4000),
             Err(QuotaBlock::Cap {
@@ -506,7 +542,7 @@ mod tests {
             min_weight_factor: 0.25,
             when_exhausted: BudgetExhausted::StopBorrowing,
         };
-        q.get_mut(QueueId(3)).budget = Some(budget);
+        q.update(QueueId(3), |t| t.budget = Some(budget));
         assert_eq!(
             q.fits(QueueId(3), "H100", 4000),
             Ok(()),
