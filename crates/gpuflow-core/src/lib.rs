@@ -25,6 +25,7 @@ pub mod queue;
 pub mod request;
 pub mod rng;
 pub mod schedule;
+mod total;
 
 pub use cluster::{Allocation, Cluster, GpuMode, GpuPick, GpuUsage, NodeUsage};
 pub use error::CoreError;

@@ -34,6 +34,7 @@ use crate::mix::{WorkloadMix, fragmentation, free_milli};
 use crate::policy::{PickChoice, Policy, TieBreak};
 use crate::request::{Constraints, GpuRequest, Job, TaskRequest, Topology, TopologyLevel};
 use crate::rng::SplitMix64;
+use crate::total::OrdF64;
 use filters::NodeView;
 use scorers::{GangContext, ScoreInput};
 
@@ -83,7 +84,7 @@ struct Ranked {
     synced: u64,
     /// When the request last scanned instead (`u64::MAX`: never).
     last_scan: u64,
-    order: std::collections::BTreeSet<(std::cmp::Reverse<OrdScore>, ClassId)>,
+    order: std::collections::BTreeSet<(std::cmp::Reverse<OrdF64>, ClassId)>,
     fit: FxHashMap<ClassId, (f64, GpuPick)>,
 }
 
@@ -95,24 +96,6 @@ impl Ranked {
             order: Default::default(),
             fit: FxHashMap::default(),
         }
-    }
-}
-
-/// A score with a total order.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdScore(f64);
-
-impl Eq for OrdScore {}
-
-impl PartialOrd for OrdScore {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdScore {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
     }
 }
 
@@ -477,8 +460,8 @@ impl Placer {
         }
         let ranked = &self.ranked[rid as usize];
         let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
-        if let Some((std::cmp::Reverse(OrdScore(best)), _)) = ranked.order.first() {
-            for (std::cmp::Reverse(OrdScore(score)), class) in &ranked.order {
+        if let Some((std::cmp::Reverse(OrdF64(best)), _)) = ranked.order.first() {
+            for (std::cmp::Reverse(OrdF64(score)), class) in &ranked.order {
                 if *score < best - TIE {
                     break;
                 }
@@ -757,13 +740,13 @@ impl Placer {
                     if let Eval::Fit { score, pick } = self.eval_class(class, rid, req, cons) {
                         let r = &mut self.ranked[rid as usize];
                         r.fit.insert(class, (score, pick));
-                        r.order.insert((std::cmp::Reverse(OrdScore(score)), class));
+                        r.order.insert((std::cmp::Reverse(OrdF64(score)), class));
                     }
                 }
                 (false, Some((score, _))) => {
                     let r = &mut self.ranked[rid as usize];
                     r.fit.remove(&class);
-                    r.order.remove(&(std::cmp::Reverse(OrdScore(score)), class));
+                    r.order.remove(&(std::cmp::Reverse(OrdF64(score)), class));
                 }
                 _ => {}
             }

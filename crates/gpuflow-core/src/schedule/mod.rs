@@ -17,6 +17,7 @@ use crate::ids::JobId;
 use crate::placement::{Placement, Placer, Unplaced};
 use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
 use crate::request::{GpuRequest, Job};
+use crate::total::OrdF64;
 
 /// A job's shape as placement sees it: its groups, constraints and flavor.
 type PlaceKey = (
@@ -1464,23 +1465,5 @@ impl<'a> Cycle<'a> {
             .iter()
             .map(|(_, _, p)| p.iter().map(|a| a.gpu.milli()).sum::<u64>())
             .sum()
-    }
-}
-
-/// An f64 with a total order, for heap keys.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct OrdF64(f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
     }
 }

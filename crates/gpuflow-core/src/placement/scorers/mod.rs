@@ -120,6 +120,31 @@ pub(crate) struct GangContext<'a> {
     pub nodes: &'a [Node],
 }
 
+/// How close `node` is to each of the placed tasks' nodes, averaged: `weight`
+/// gives the value for (same node, same rack, same block, elsewhere).
+fn closeness(ctx: &GangContext, node: &Node, weight: [f64; 4]) -> f64 {
+    if ctx.placed.is_empty() {
+        return 0.0;
+    }
+    let sum: f64 = ctx
+        .placed
+        .iter()
+        .map(|p| {
+            let other = &ctx.nodes[p.0 as usize];
+            if other.id == node.id {
+                weight[0]
+            } else if other.rack.is_some() && other.rack == node.rack {
+                weight[1]
+            } else if other.block.is_some() && other.block == node.block {
+                weight[2]
+            } else {
+                weight[3]
+            }
+        })
+        .sum();
+    sum / ctx.placed.len() as f64
+}
+
 pub(crate) fn gang_locality(ctx: &GangContext, node: &Node) -> f64 {
     gang_locality::score(ctx, node)
 }

@@ -1,23 +1,9 @@
 //! `spread` (context): replicas of a service apart: a node that already has a
 //! replica scores lowest, one in the same rack next, anything else best.
 
-use super::GangContext;
+use super::{GangContext, closeness};
 use crate::model::Node;
 
 pub(crate) fn score(ctx: &GangContext, node: &Node) -> f64 {
-    if ctx.placed.is_empty() {
-        return 0.0;
-    }
-    let mut s = 0.0;
-    for p in ctx.placed {
-        let other = &ctx.nodes[p.0 as usize];
-        s -= if other.id == node.id {
-            1.0
-        } else if other.rack.is_some() && other.rack == node.rack {
-            0.5
-        } else {
-            0.0
-        };
-    }
-    s / ctx.placed.len() as f64
+    closeness(ctx, node, [-1.0, -0.5, 0.0, 0.0])
 }
