@@ -221,6 +221,8 @@ pub struct Queues {
     /// Each queue's quota per flavor index (a copy of `Queue::quotas`, kept in
     /// step by [`Queues::update`]), so that quota checks index instead of search.
     quotas: Vec<Vec<FlavorQuota>>,
+    /// `capacity` by flavor index.
+    capacity_by_index: Vec<u64>,
 }
 
 /// What is wrong with a queue tree.
@@ -272,6 +274,7 @@ impl Queues {
             .iter()
             .map(|q| flavor_names.iter().map(|f| q.quota(f)).collect())
             .collect();
+        let capacity_by_index = flavor_names.iter().map(|f| capacity[f]).collect();
         Ok(Queues {
             list,
             children,
@@ -280,6 +283,7 @@ impl Queues {
             capacity,
             flavor_names,
             quotas,
+            capacity_by_index,
         })
     }
 
@@ -372,7 +376,7 @@ impl Queues {
             Some(p) => self.quotas[p.0 as usize][f]
                 .limit()
                 .min(self.room(self.list[p.0 as usize].parent, f)),
-            None => self.capacity[&self.flavor_names[f]],
+            None => self.capacity_by_index[f],
         }
     }
 
@@ -446,7 +450,7 @@ impl Queues {
         self.flavor_names
             .iter()
             .enumerate()
-            .map(|(f, name)| (self.usage[id.0 as usize][f], self.capacity[name]))
+            .map(|(f, _)| (self.usage[id.0 as usize][f], self.capacity_by_index[f]))
             .filter(|(_, c)| *c > 0)
             .map(|(u, c)| u as f64 / c as f64)
             .fold(0.0, f64::max)

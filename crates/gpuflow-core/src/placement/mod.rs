@@ -72,6 +72,8 @@ pub struct Placer {
     /// Fragmentation of node states already measured: (static shape, free CPU,
     /// free milli-GPU per GPU) → milli-GPU. Valid while the mix stays the same.
     frag_memo: FxHashMap<(u32, u64, [u16; 8]), f64>,
+    /// Whether a failed placement tallies rejections (off for trial placements).
+    explain: bool,
     /// Topology domains per level: name → nodes.
     domains: BTreeMap<TopologyLevel, std::rc::Rc<BTreeMap<String, Vec<NodeId>>>>,
     scratch: Scratch,
@@ -98,6 +100,12 @@ impl Ranked {
         }
     }
 }
+
+/// A kept ranking is brought in step while fewer classes changed than this
+/// many times the live classes; past that it is rebuilt or the request scans.
+/// Changes repeat classes (a node leaving and coming back), so syncing is cheaper
+/// than the raw count suggests.
+const KEEP_RANKING: usize = 8;
 
 /// Evaluations kept at most; past this the cache starts over.
 const MAX_CACHE: usize = 1 << 22;
@@ -152,6 +160,7 @@ impl Placer {
             cache: FxHashMap::default(),
             ranked: Vec::new(),
             frag_memo: FxHashMap::default(),
+            explain: true,
             domains: BTreeMap::new(),
             scratch: Scratch::default(),
         }
@@ -212,6 +221,15 @@ impl Placer {
 
     /// Places every task of `job` and commits the allocations to the working
     /// state, or places none and says why.
+    /// [`Placer::place_job`] without the explanation when it fails: cheaper,
+    /// for trial placements (does preemption help? when could a gang start?).
+    pub fn try_place_job(&mut self, job: &Job) -> Option<Placement> {
+        self.explain = false;
+        let p = self.place_job(job).ok();
+        self.explain = true;
+        p
+    }
+
     pub fn place_job(&mut self, job: &Job) -> Result<Placement, Unplaced> {
         // Biggest tasks first: they have the fewest places to go.
         let mut order: Vec<(usize, u32)> = Vec::with_capacity(job.task_count() as usize);
@@ -471,6 +489,10 @@ impl Placer {
         if let Some(choice) = self.choose_among_classes(&tied) {
             return Ok(choice);
         }
+        if !self.explain {
+            // Nothing fits, and the caller does not want to know why.
+            return Err(Vec::new());
+        }
         self.place_by_scan(rid, req, cons)
     }
 
@@ -659,7 +681,7 @@ impl Placer {
             && self
                 .cluster
                 .changes_since(r.synced)
-                .is_some_and(|c| c.len() <= live)
+                .is_some_and(|c| c.len() <= KEEP_RANKING * live)
         {
             return true;
         }
@@ -719,7 +741,10 @@ impl Placer {
             return;
         }
         let changed: Vec<ClassId> = match self.cluster.changes_since(synced) {
-            Some(c) if synced != u64::MAX && c.len() <= self.cluster.live_classes().len() => {
+            Some(c)
+                if synced != u64::MAX
+                    && c.len() <= KEEP_RANKING * self.cluster.live_classes().len() =>
+            {
                 let mut c = c.to_vec();
                 c.sort_unstable();
                 c.dedup();

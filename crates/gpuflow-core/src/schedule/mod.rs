@@ -498,6 +498,8 @@ struct Cycle<'a> {
     unplaceable: std::collections::HashMap<PlaceKey, PendingReason>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
+    /// Fair-share key per queue, cleared along a queue's path when its usage changes.
+    shares: std::cell::RefCell<Vec<Option<f64>>>,
     tried: usize,
 }
 
@@ -575,6 +577,7 @@ impl<'a> Cycle<'a> {
             reclaim: BTreeMap::new(),
             unplaceable: std::collections::HashMap::new(),
             preempt_tried: BTreeSet::new(),
+            shares: std::cell::RefCell::new(Vec::new()),
         }
         .with_borrowers()
     }
@@ -663,7 +666,21 @@ impl<'a> Cycle<'a> {
 
     /// The fair-share key of a queue: current dominant share blended with
     /// decayed historical usage, both over the effective weight.
+    /// [`Cycle::compute_share`], remembered until the queue's usage changes.
     fn share(&self, q: QueueId) -> f64 {
+        let cached = self.shares.borrow().get(q.0 as usize).copied().flatten();
+        cached.unwrap_or_else(|| {
+            let v = self.compute_share(q);
+            let mut c = self.shares.borrow_mut();
+            if c.len() <= q.0 as usize {
+                c.resize(q.0 as usize + 1, None);
+            }
+            c[q.0 as usize] = Some(v);
+            v
+        })
+    }
+
+    fn compute_share(&self, q: QueueId) -> f64 {
         let current = self.queues.dominant_share(q);
         let total_hist: f64 = self
             .queues
@@ -1011,6 +1028,12 @@ impl<'a> Cycle<'a> {
         r
     }
 
+    /// A trial placement: whether (and where) job `i` would fit now, without explanation.
+    fn fits_now(&mut self, i: usize, flavor: &str) -> Option<Placement> {
+        let job = self.job_on(i, flavor);
+        self.placer.try_place_job(&job)
+    }
+
     fn place(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
         let job = self.job_on(i, flavor);
         self.placer.place_job(&job).map_err(|unplaced| {
@@ -1036,6 +1059,15 @@ impl<'a> Cycle<'a> {
         let w = &self.pending[i];
         if !flavor.is_empty() {
             self.queues.charge(w.queue, flavor, w.gpu_milli() as i64);
+            // Shares of the queue, its ancestors and (through the history sum
+            // of siblings, which does not change here) nobody else.
+            let mut c = self.shares.borrow_mut();
+            for q in self.queues.path(w.queue) {
+                if let Some(x) = c.get_mut(q.0 as usize) {
+                    *x = None;
+                }
+            }
+            drop(c);
             // Jobs admitted now are not victims this cycle, but their queue's
             // existing jobs may now be borrowing.
             if self.queues.borrowing(w.queue, flavor)
@@ -1159,7 +1191,7 @@ impl<'a> Cycle<'a> {
             let worth = released >= demand || chosen.len().is_power_of_two();
             if worth
                 && self.quota_ok(i, flavor).is_ok()
-                && let Ok(p) = self.place(i, flavor)
+                && let Some(p) = self.fits_now(i, flavor)
             {
                 self.placer.release(&p);
                 found = true;
@@ -1180,9 +1212,9 @@ impl<'a> Cycle<'a> {
                     .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
                 let still = self.quota_ok(i, flavor).is_ok()
                     && self
-                        .place(i, flavor)
+                        .fits_now(i, flavor)
                         .map(|p| self.placer.release(&p))
-                        .is_ok();
+                        .is_some();
                 if still {
                     chosen.remove(k);
                 } else {
@@ -1247,7 +1279,7 @@ impl<'a> Cycle<'a> {
         for (end, k) in ending {
             self.placer.release(&self.running[k].allocations);
             released.push(k);
-            if let Ok(p) = self.place(i, flavor) {
+            if let Some(p) = self.fits_now(i, flavor) {
                 self.placer.release(&p);
                 found = Some((end, p));
                 break;
@@ -1337,7 +1369,7 @@ impl<'a> Cycle<'a> {
             self.global.clone()
         };
         // Demand ahead only grows along the order, so one pass over the ends suffices.
-        let mut eta: BTreeMap<usize, Option<u64>> = BTreeMap::new();
+        let mut eta: Vec<Option<u64>> = vec![None; self.pending.len()];
         // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
         let admitted_ids: BTreeMap<JobId, ()> =
             self.admitted.iter().map(|(id, _, _)| (*id, ())).collect();
@@ -1428,7 +1460,7 @@ impl<'a> Cycle<'a> {
             {
                 t = Some(r.start_at);
             }
-            eta.insert(i, t);
+            eta[i] = t;
         }
         let mut pending = Vec::new();
         for (q, list) in &self.per_queue {
@@ -1447,7 +1479,7 @@ impl<'a> Cycle<'a> {
                         }]
                     }),
                     position,
-                    eta: eta.get(&i).copied().flatten(),
+                    eta: eta[i],
                 });
             }
         }
