@@ -82,6 +82,10 @@ pub struct RunArgs {
     /// Offered GPU load of the synthetic workload (share of capacity).
     #[arg(long, default_value_t = 0.9)]
     load: f64,
+    /// Relative GPU demand of the synthetic teams, comma separated (default:
+    /// their weights 1,1,2,1); e.g. 3,1,2,1 makes team-a over-submit.
+    #[arg(long)]
+    demand: Option<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.
     #[arg(long, default_value = "fifo,slurm-like,slurm-qos,gpuflow")]
     policy: String,
@@ -301,11 +305,30 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
     if !(0.05..=2.0).contains(&a.load) || a.hours == 0 {
         bail!("--load must be between 0.05 and 2 and --hours above 0");
     }
-    let synthetic = Synthetic {
+    let mut synthetic = Synthetic {
         hours: a.hours,
         load: a.load,
         ..Synthetic::four_teams(a.seed)
     };
+    if let Some(d) = &a.demand {
+        let v: Vec<f64> = d
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v >= 0.0)
+            })
+            .collect::<Option<_>>()
+            .with_context(|| format!("--demand {d:?}: give one non-negative number per team"))?;
+        if v.len() != synthetic.teams.len() || v.iter().sum::<f64>() <= 0.0 {
+            bail!(
+                "--demand {d:?}: give {} numbers, not all zero",
+                synthetic.teams.len()
+            );
+        }
+        synthetic.demand = v;
+    }
     let spec = match &a.cluster {
         Some(p) => ClusterSpec::load(p)?,
         None => synthetic.cluster(),

@@ -135,6 +135,8 @@ pub struct SimResult {
     /// GPU-hours allocated per team inside the arrival horizon.
     pub team_gpu_hours: BTreeMap<String, f64>,
     pub team_weights: BTreeMap<String, f64>,
+    /// GPU-hours each team submitted (tasks × GPUs × duration).
+    pub team_demand_gpu_hours: BTreeMap<String, f64>,
     /// GPU-hours the cluster had inside the arrival horizon.
     pub capacity_gpu_hours: f64,
     pub preemptions: u32,
@@ -362,6 +364,15 @@ pub fn simulate(
         policy: policy.name.clone(),
         outcomes,
         team_gpu_hours,
+        team_demand_gpu_hours: {
+            let mut d: BTreeMap<String, f64> =
+                spec.queues.iter().map(|q| (q.name.clone(), 0.0)).collect();
+            for j in jobs {
+                *d.entry(j.team.clone()).or_default() +=
+                    j.gpu_milli() as f64 / 1000.0 * j.duration as f64 / 3600.0;
+            }
+            d
+        },
         team_weights: spec
             .queues
             .iter()

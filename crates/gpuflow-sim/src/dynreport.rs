@@ -27,12 +27,12 @@ pub fn table(results: &[SimResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nper team: wait (hours) and share of GPU-hours against the weighted share"
+        "\nper team: wait (hours), share of GPU-hours against the weighted share, share of the demand"
     );
     let _ = writeln!(
         out,
-        "{:<11} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8}",
-        "policy", "team", "wait avg", "wait p95", "share", "target", "off by"
+        "{:<11} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "policy", "team", "wait avg", "wait p95", "share", "target", "off by", "demand"
     );
     for r in results {
         for (team, share, target) in team_shares(r) {
@@ -44,10 +44,11 @@ pub fn table(results: &[SimResult]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<11} {team:<8} {mw:>9.2} {pw:>9.2} {:>7.1}% {:>7.1}% {off:>+7.1}%",
+                "{:<11} {team:<8} {mw:>9.2} {pw:>9.2} {:>7.1}% {:>7.1}% {off:>+7.1}% {:>7.1}%",
                 r.policy,
                 share * 100.0,
-                target * 100.0
+                target * 100.0,
+                demand_share(r, &team) * 100.0
             );
         }
     }
@@ -97,6 +98,16 @@ pub fn csv(results: &[SimResult]) -> String {
         }
     }
     out
+}
+
+/// A team's share of all submitted GPU-hours.
+fn demand_share(r: &SimResult, team: &str) -> f64 {
+    let total: f64 = r.team_demand_gpu_hours.values().sum();
+    if total > 0.0 {
+        r.team_demand_gpu_hours.get(team).copied().unwrap_or(0.0) / total
+    } else {
+        0.0
+    }
 }
 
 const COLORS: &[&str] = &["#888888", "#1f77b4", "#111111", "#d62728"];

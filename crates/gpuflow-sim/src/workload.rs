@@ -334,6 +334,8 @@ pub fn trace_csv(jobs: &[TraceJob]) -> String {
 #[derive(Clone, Debug)]
 pub struct Synthetic {
     pub teams: Vec<(String, f64)>,
+    /// Relative GPU demand per team; empty: demand follows the weights.
+    pub demand: Vec<f64>,
     pub gpus: u64,
     pub load: f64,
     pub hours: u64,
@@ -350,6 +352,7 @@ impl Synthetic {
                 ("team-c".into(), 2.0),
                 ("team-d".into(), 1.0),
             ],
+            demand: Vec::new(),
             gpus: 512,
             load: 0.9,
             hours: 72,
@@ -393,11 +396,16 @@ impl Synthetic {
     pub fn jobs(&self) -> Vec<TraceJob> {
         let mut rng = SplitMix64::new(self.seed);
         let horizon = self.hours * 3600;
-        let total_w: f64 = self.teams.iter().map(|(_, w)| w).sum();
+        let shares: Vec<f64> = if self.demand.len() == self.teams.len() {
+            self.demand.clone()
+        } else {
+            self.teams.iter().map(|(_, w)| *w).collect()
+        };
+        let total_w: f64 = shares.iter().sum();
         let mut jobs = Vec::new();
         // (kind, share of demand, tasks, GPUs per task or milli, mean duration s, max runtime factor)
         let kinds: [(usize, f64); 4] = [(0, 0.15), (1, 0.10), (2, 0.50), (3, 0.25)];
-        for (team, w) in &self.teams {
+        for ((team, _), w) in self.teams.iter().zip(&shares) {
             for &(kind, share) in &kinds {
                 let demand = self.gpus as f64 * self.load * horizon as f64 * share * w / total_w; // GPU-seconds
                 let mut made = 0.0;

@@ -101,3 +101,36 @@ fn traces_round_trip_and_bad_rows_say_where() {
     assert!(e.contains("nobody"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn when_one_team_over_submits_fair_share_keeps_the_others_waiting_less_than_qos_tiers_do() {
+    // team-a submits 3/7 of the demand against a 1/5 weight.
+    let synth = Synthetic {
+        demand: vec![3.0, 1.0, 2.0, 1.0],
+        ..Synthetic::four_teams(7)
+    };
+    let (spec, jobs) = (synth.cluster(), synth.jobs());
+    let run = |p: SimPolicy| dynamic::simulate(&spec, &jobs, &p, &SimConfig::default(), 7).unwrap();
+    let (qos, ours) = (run(SimPolicy::slurm_qos()), run(SimPolicy::gpuflow()));
+    let p95 = |r: &dynamic::SimResult, team: &str| {
+        group_stats(r.outcomes.iter().filter(|o| o.team == team)).2
+    };
+    for team in ["team-b", "team-c", "team-d"] {
+        let (q, g) = (p95(&qos, team), p95(&ours, team));
+        eprintln!("{team} p95 wait (h): slurm-qos {q:.2}, gpuflow {g:.2}");
+        assert!(
+            g < q,
+            "{team}: gpuflow {g:.2} h is not below slurm-qos {q:.2} h"
+        );
+    }
+    // The over-submitting team gets less than under QoS tiers, and waits for it.
+    let share = |r: &dynamic::SimResult| {
+        team_shares(r)
+            .into_iter()
+            .find(|(t, _, _)| t == "team-a")
+            .unwrap()
+            .1
+    };
+    assert!(share(&ours) < share(&qos));
+    assert!(dynamic::jain(&ours) > dynamic::jain(&qos));
+}
