@@ -265,3 +265,89 @@ fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
     "#]]
     .assert_eq(&fair);
 }
+
+#[test]
+fn aging_lets_old_work_overtake_higher_priority_newcomers() {
+    let aged = run("
+        config aging=600 preemption=off
+        node n1 gpus=1*H100
+        queue q H100=1
+        job 1 queue=q class=batch prio=0 submit=0 gpu=whole:1 cpu=1
+        job 2 queue=q class=batch prio=2 submit=5400 gpu=whole:1 cpu=1
+        cycle 6000                                   # job 1: 0 + 10 steps; job 2: 2 + 1
+    ");
+    expect![[r#"
+        cycle t=6000
+          start job 1 on H100: n1[0]
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+    "#]]
+    .assert_eq(&aged);
+    let unaged = run("
+        config aging=0 preemption=off
+        node n1 gpus=1*H100
+        queue q H100=1
+        job 1 queue=q class=batch prio=0 submit=0 gpu=whole:1 cpu=1
+        job 2 queue=q class=batch prio=2 submit=5400 gpu=whole:1 cpu=1
+        cycle 6000
+    ");
+    expect![[r#"
+        cycle t=6000
+          start job 2 on H100: n1[0]
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+    "#]]
+    .assert_eq(&unaged);
+}
+
+#[test]
+fn decayed_history_favours_the_queue_that_used_less_lately() {
+    let out = run("
+        config preemption=off history=0.5
+        node n1 gpus=4*H100
+        queue a H100=2,borrow=2
+        queue b H100=2,borrow=2
+        run 10 queue=a class=batch gpu=whole:4 cpu=1 started=0
+        cycle 0
+        cycle 3600                                   # team a ran 4 GPUs for an hour
+        finish 10
+        job 1 queue=a submit=3600 class=batch gpu=whole:4 cpu=1
+        job 2 queue=b submit=3601 class=batch gpu=whole:4 cpu=1
+        cycle 3660
+    ");
+    expect![[r#"
+        cycle t=0
+        cycle t=3600
+        finish job 10
+        cycle t=3660
+          start job 2 on H100: n1[0,1,2,3]
+          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; the cluster has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn fair_share_applies_at_every_level_of_the_tree() {
+    let out = run("
+        config preemption=off
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue dept-x parent=org H100=4,borrow=4
+        queue dept-y parent=org H100=4,borrow=4
+        queue x1 parent=dept-x H100=2,borrow=6
+        queue x2 parent=dept-x H100=2,borrow=6
+        queue y1 parent=dept-y H100=4,borrow=4
+        run 10 queue=x1 class=batch gpu=whole:4 cpu=1
+        job 1 queue=x2 submit=1 class=batch gpu=whole:1 cpu=1    # x2 is idle, but dept-x is not
+        job 2 queue=y1 submit=2 class=batch gpu=whole:1 cpu=1
+        job 3 queue=y1 submit=3 class=batch gpu=whole:1 cpu=1
+        job 4 queue=y1 submit=4 class=batch gpu=whole:1 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 2 on H100: n1[4]
+          start job 3 on H100: n1[5]
+          start job 4 on H100: n1[6]
+          start job 1 on H100: n1[7]
+    "#]]
+    .assert_eq(&out);
+}
