@@ -47,6 +47,9 @@ pub enum SimCommand {
         /// (most common shapes first), between 0 and 1.
         #[arg(long, default_value_t = 1.0)]
         mix_coverage: f64,
+        /// Also print, per policy, the GPU request dropped before 100 % arrived, by request kind.
+        #[arg(long)]
+        show_drops: bool,
         /// How tasks count in the mix: `tasks` (popularity) or `gpus` (GPU demand).
         #[arg(long, value_enum, default_value = "tasks")]
         mix_weighting: Weighting,
@@ -197,6 +200,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
             out,
             mix_coverage,
             mix_weighting,
+            show_drops,
             output,
         } => {
             if !(mix_coverage > 0.0 && mix_coverage <= 1.0) {
@@ -236,7 +240,7 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
                 let secs = start.elapsed().as_secs_f64();
                 bar.finish_and_clear();
                 let summaries = fragmentation::summarize(&runs, &cfg);
-                if std::env::var_os("GPUFLOW_SIM_DROPS").is_some() {
+                if show_drops {
                     for p in &cfg.policies {
                         let mut by: std::collections::BTreeMap<&str, u64> = Default::default();
                         let mine: Vec<_> = runs.iter().filter(|r| r.policy == p.name).collect();

@@ -500,7 +500,6 @@ struct Cycle<'a> {
     preempt_tried: BTreeSet<QueueId>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
     shares: std::cell::RefCell<Vec<Option<f64>>>,
-    tried: usize,
 }
 
 impl<'a> Cycle<'a> {
@@ -571,7 +570,6 @@ impl<'a> Cycle<'a> {
                 }
                 m
             },
-            tried: 0,
             borrowers: BTreeMap::new(),
             no_victims: BTreeMap::new(),
             reclaim: BTreeMap::new(),
@@ -784,7 +782,6 @@ impl<'a> Cycle<'a> {
 
     /// Tries to start pending job `i`; records why not. Returns whether it started.
     fn try_admit(&mut self, i: usize) -> bool {
-        self.tried += 1;
         let w = &self.pending[i];
         let q = self.queues.get(w.queue);
         // Queue state.
