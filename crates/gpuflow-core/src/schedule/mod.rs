@@ -493,9 +493,10 @@ struct Cycle<'a> {
     no_victims: BTreeMap<(QueueId, String, u32, i32), u64>,
     /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).
     reclaim: BTreeMap<String, std::rc::Rc<Vec<usize>>>,
-    /// Job shapes that found no place this cycle. Admissions only take
+    /// Job shapes that found no place this cycle (a seedless hasher: the core
+    /// reads no global randomness). Admissions only take
     /// capacity during a cycle, so the same shape fails again.
-    unplaceable: std::collections::HashMap<PlaceKey, PendingReason>,
+    unplaceable: rustc_hash::FxHashMap<PlaceKey, PendingReason>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
@@ -573,7 +574,7 @@ impl<'a> Cycle<'a> {
             borrowers: BTreeMap::new(),
             no_victims: BTreeMap::new(),
             reclaim: BTreeMap::new(),
-            unplaceable: std::collections::HashMap::new(),
+            unplaceable: rustc_hash::FxHashMap::default(),
             preempt_tried: BTreeSet::new(),
             shares: std::cell::RefCell::new(Vec::new()),
         }
