@@ -163,6 +163,10 @@ fn replay(
                     .iter()
                     .map(|n| placer.cluster().usage(n.id).clone())
                     .collect();
+                // A trial placement (no explanation) decides exactly as a real one.
+                let trial = placer.clone().try_place_job(job);
+                let real = placer.clone().place_job(job).ok();
+                prop_assert_eq!(trial, real, "try_place_job and place_job disagree");
                 match placer.place_job(job) {
                     Ok(p) => {
                         // Gangs whole: one allocation per task, each task once.
