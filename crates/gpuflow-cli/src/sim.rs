@@ -133,6 +133,9 @@ pub enum BenchCommand {
         churn: usize,
         #[arg(long, default_value_t = 5)]
         cycles: usize,
+        /// Priority classes of the jobs, comma separated (inference, notebook, training, batch).
+        #[arg(long, default_value = "inference,notebook,training,batch")]
+        classes: String,
         /// Cycles run (without churn) before measuring, to reach a steady state.
         #[arg(long, default_value_t = 0)]
         warmup: usize,
@@ -421,12 +424,26 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             churn,
             cycles,
             warmup,
+            classes,
             seed,
         } => {
             if nodes == 0 || teams == 0 || projects == 0 {
                 bail!("--nodes, --teams and --projects must be above 0");
             }
+            let names = ["inference", "notebook", "training", "batch"];
+            let classes: Vec<usize> = classes
+                .split(',')
+                .map(|c| {
+                    names.iter().position(|n| *n == c.trim()).with_context(|| {
+                        format!(
+                            "--classes: unknown class {c:?}; expected {}",
+                            names.join(", ")
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?;
             let b = bench::CycleBench {
+                classes,
                 nodes,
                 teams,
                 projects_per_team: projects,

@@ -233,6 +233,8 @@ pub struct CycleBench {
     pub pending: u32,
     /// Share of GPU capacity already running when the cycles start.
     pub running_share: f64,
+    /// Priority classes (indices into the default classes) jobs are drawn from.
+    pub classes: Vec<usize>,
     pub seed: u64,
 }
 
@@ -244,6 +246,7 @@ impl Default for CycleBench {
             projects_per_team: 24,
             pending: 100_000,
             running_share: 0.85,
+            classes: vec![0, 1, 2, 3],
             seed: 1,
         }
     }
@@ -270,6 +273,7 @@ pub struct CycleWorld {
     pub now: u64,
     rng: SplitMix64,
     next_id: u64,
+    classes: Vec<usize>,
 }
 
 impl CycleWorld {
@@ -335,6 +339,11 @@ impl CycleWorld {
             now: 100_000,
             rng: SplitMix64::new(b.seed ^ 0xC7C1E),
             next_id: 0,
+            classes: if b.classes.is_empty() {
+                vec![0, 1, 2, 3]
+            } else {
+                b.classes.clone()
+            },
         };
         let first_leaf = 1 + b.teams;
         // Fill the cluster with running jobs, charged to random leaves.
@@ -382,7 +391,8 @@ impl CycleWorld {
         req.models.clear();
         let id = self.next_id;
         self.next_id += 1;
-        let class = self.rng.below(4) as usize;
+        let class = self.classes
+            [self.rng.below(self.classes.len().max(1) as u64) as usize % self.classes.len().max(1)];
         gpuflow_core::schedule::Workload {
             job: Job::single(id, req),
             queue: gpuflow_core::queue::QueueId(first_leaf + self.rng.below(leaves as u64) as u32),
