@@ -351,3 +351,28 @@ fn fair_share_applies_at_every_level_of_the_tree() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn two_reclaimers_in_one_cycle_never_take_a_borrower_below_its_guarantee_together() {
+    let out = run("
+        node n1 gpus=6*H100
+        queue org H100=6
+        queue a parent=org H100=2
+        queue b parent=org H100=2
+        queue c parent=org H100=2
+        run 10 queue=b class=batch gpu=whole:2 cpu=1       # b borrows 2
+        run 11 queue=b class=batch gpu=whole:2 cpu=1
+        run 12 queue=a class=training gpu=whole:1 cpu=1
+        run 13 queue=c class=training gpu=whole:1 cpu=1
+        job 1 queue=a class=training gpu=whole:1 cpu=1     # within a's guarantee: reclaims one of b's jobs
+        job 2 queue=c class=training gpu=whole:1 cpu=1     # so would c, but b must keep its 2
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.56 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}

@@ -497,6 +497,9 @@ struct Cycle<'a> {
     /// reads no global randomness). Admissions only take
     /// capacity during a cycle, so the same shape fails again.
     unplaceable: rustc_hash::FxHashMap<PlaceKey, PendingReason>,
+    /// Per queue and flavor: milli-GPU of jobs told to stop (this cycle or
+    /// earlier) that still run, so still count in the queue's usage.
+    leaving: BTreeMap<(QueueId, String), u64>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
@@ -576,6 +579,13 @@ impl<'a> Cycle<'a> {
             reclaim: BTreeMap::new(),
             unplaceable: rustc_hash::FxHashMap::default(),
             preempt_tried: BTreeSet::new(),
+            leaving: {
+                let mut m: BTreeMap<(QueueId, String), u64> = BTreeMap::new();
+                for r in running.iter().filter(|r| r.stopping_at.is_some()) {
+                    *m.entry((r.work.queue, r.flavor.clone())).or_default() += r.work.gpu_milli();
+                }
+                m
+            },
             shares: std::cell::RefCell::new(Vec::new()),
         }
         .with_borrowers()
@@ -1155,10 +1165,16 @@ impl<'a> Cycle<'a> {
             let lost_h = r.lost_gpu_seconds(self.now) / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
             if reason == PreemptReason::Reclaim {
+                // Victims chosen earlier (this cycle or still stopping) leave too.
+                let leaving = self
+                    .leaving
+                    .get(&(r.work.queue, flavor.to_string()))
+                    .copied()
+                    .unwrap_or(0);
                 let after = self
                     .queues
                     .usage(r.work.queue, flavor)
-                    .saturating_sub(r.work.gpu_milli());
+                    .saturating_sub(leaving + r.work.gpu_milli());
                 if after < self.queues.get(r.work.queue).quota(flavor).guaranteed {
                     continue;
                 }
@@ -1239,6 +1255,14 @@ impl<'a> Cycle<'a> {
             let r = &self.running[k];
             let lost = r.lost_gpu_seconds(self.now) / 3600.0;
             self.victims.insert(r.work.job.id);
+            // A queue's own priority preemptions make room for its own job;
+            // only reclaim takes usage away from it.
+            if reason == PreemptReason::Reclaim {
+                *self
+                    .leaving
+                    .entry((r.work.queue, r.flavor.clone()))
+                    .or_default() += r.work.gpu_milli();
+            }
             self.history
                 .disruptions
                 .entry(r.work.queue)
