@@ -1415,6 +1415,9 @@ impl<'a> Cycle<'a> {
                 ));
             }
         }
+        for list in by_queue.values_mut() {
+            list.sort_unstable();
+        }
         let (mut freed, mut next) = (free_now, 0usize);
         for &i in &order {
             if admitted.contains(&self.pending[i].job.id) {
@@ -1447,14 +1450,13 @@ impl<'a> Cycle<'a> {
                 )
             });
             if by_user || by_quota {
-                let mut mine: Vec<(u64, u64)> = by_queue
+                // `by_queue` lists are sorted by end time once, below.
+                let mine = by_queue
                     .get(&w.queue)
                     .into_iter()
                     .flatten()
                     .filter(|(_, _, user)| !by_user || *user == w.user.as_str())
-                    .map(|(end, milli, _)| (*end, *milli))
-                    .collect();
-                mine.sort();
+                    .map(|(end, milli, _)| (*end, *milli));
                 let mut got = 0;
                 let mut when = None;
                 for (end, m) in mine {
