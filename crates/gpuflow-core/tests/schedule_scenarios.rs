@@ -176,7 +176,7 @@ fn preemption_respects_min_runtime_and_the_disruption_budget() {
           pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
         cycle t=5000
           start job 1 on H100: n1[1]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; preempting would pass queue team's disruption budget: -0.00 of 1.00 GPU-hours already lost in the window
           pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
     "#]]
     .assert_eq(&out);
@@ -373,6 +373,58 @@ fn two_reclaimers_in_one_cycle_never_take_a_borrower_below_its_guarantee_togethe
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.56 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
           pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn a_spent_budget_tapers_the_queue_weight_in_fair_share() {
+    let out = run("
+        config preemption=off
+        node n1 gpus=3*H100
+        queue a H100=1,borrow=2 budget=100,used=90     # 90 % used: weight × 0.4
+        queue b H100=1,borrow=2
+        run 10 queue=a class=batch gpu=whole:1 cpu=1
+        run 11 queue=b class=batch gpu=whole:1 cpu=1
+        job 1 queue=a submit=1 class=batch gpu=whole:1 cpu=1
+        job 2 queue=b submit=2 class=batch gpu=whole:1 cpu=1
+        cycle 10                                       # one GPU free: b goes first
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 2 on H100: n1[1]
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn the_disruption_budget_caps_work_lost_per_window() {
+    let out = run("
+        config min_runtime=0 budget=0.5 window=600
+        node n1 gpus=2*H100
+        queue q H100=2
+        run 10 queue=q class=batch gpu=whole:1 cpu=1 started=0
+        run 11 queue=q class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=q class=training gpu=whole:1 cpu=1
+        job 2 queue=q class=training gpu=whole:1 cpu=1
+        cycle 1000      # 10 preempted: 0.28 of the 0.5 GPU-h budget
+        cycle 1001      # 11 would lose 0.28 more within the window: over budget
+        cycle 1700      # the first loss left the window; 11 loses 0.47 alone
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+        cycle t=1001
+          start job 1 on H100: n1[0]
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; preempting would pass queue q's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
+          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+        cycle t=1700
+          preempt job 11 for job 2 (Priority): signal now, kill at t=1730, loses 0.47 GPU-h
+          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
     "#]]
     .assert_eq(&out);
 }

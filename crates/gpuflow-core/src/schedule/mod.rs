@@ -298,6 +298,12 @@ pub enum PendingReason {
     WaitingForPreemption {
         victims: usize,
     },
+    /// Preemption would help, but would pass a queue's disruption budget.
+    DisruptionBudget {
+        queue: String,
+        used: f64,
+        budget: f64,
+    },
     /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
     NotReached {
         ahead: usize,
@@ -409,6 +415,14 @@ impl fmt::Display for PendingReason {
             PendingReason::WaitingForPreemption { victims } => {
                 write!(f, "waiting for {victims} preempted job(s) to stop")
             }
+            PendingReason::DisruptionBudget {
+                queue,
+                used,
+                budget,
+            } => write!(
+                f,
+                "preempting would pass queue {queue}'s disruption budget: {used:.2} of {budget:.2} GPU-hours already lost in the window"
+            ),
             PendingReason::NotReached { ahead } => write!(
                 f,
                 "not reached this cycle: {ahead} job(s) ahead were tried first"
@@ -500,6 +514,9 @@ struct Cycle<'a> {
     /// Per queue and flavor: milli-GPU of jobs told to stop (this cycle or
     /// earlier) that still run, so still count in the queue's usage.
     leaving: BTreeMap<(QueueId, String), u64>,
+    /// Set by a victim search that skipped a candidate for a disruption budget:
+    /// (the victim's queue, GPU-hours already lost in the window).
+    budget_block: Option<(QueueId, f64)>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
@@ -579,6 +596,7 @@ impl<'a> Cycle<'a> {
             reclaim: BTreeMap::new(),
             unplaceable: rustc_hash::FxHashMap::default(),
             preempt_tried: BTreeSet::new(),
+            budget_block: None,
             leaving: {
                 let mut m: BTreeMap<(QueueId, String), u64> = BTreeMap::new();
                 for r in running.iter().filter(|r| r.stopping_at.is_some()) {
@@ -877,7 +895,19 @@ impl<'a> Cycle<'a> {
                 {
                     continue;
                 }
+                self.budget_block = None;
                 let found = self.find_victims(i, flavor);
+                if found.is_none()
+                    && let Some((q, used)) = self.budget_block
+                {
+                    let budget = self.cfg.disruption_budget.unwrap_or(0.0);
+                    let queue = self.queues.get(q).name.clone();
+                    reasons.push(PendingReason::DisruptionBudget {
+                        queue,
+                        used,
+                        budget,
+                    });
+                }
                 if found.is_none() {
                     let d = self.pending[i].gpu_milli();
                     let e = self.no_victims.entry(key).or_insert(d);
@@ -1185,13 +1215,11 @@ impl<'a> Cycle<'a> {
                     .filter(|(c, _)| self.running[*c].work.queue == r.work.queue)
                     .map(|(c, _)| self.running[*c].lost_gpu_seconds(self.now) / 3600.0)
                     .sum();
-                if self
-                    .history
-                    .disrupted(r.work.queue, self.now, self.cfg.disruption_window)
-                    + planned
-                    + lost_h
-                    > budget
-                {
+                let used =
+                    self.history
+                        .disrupted(r.work.queue, self.now, self.cfg.disruption_window);
+                if used + planned + lost_h > budget {
+                    self.budget_block.get_or_insert((r.work.queue, used));
                     continue;
                 }
             }
