@@ -346,7 +346,7 @@ impl CycleWorld {
             },
         };
         let first_leaf = 1 + b.teams;
-        // Fill the cluster with running jobs, charged to random leaves.
+        // Fill the cluster with running jobs, each charged to a leaf within its guarantee.
         let mut used = 0u64;
         let mut misses = 0;
         while (used as f64) < b.running_share * total as f64 && misses < 1000 {
@@ -361,7 +361,27 @@ impl CycleWorld {
                         })
                     });
                     let flavor = model.unwrap_or_default();
+                    let mut work = work;
                     if !flavor.is_empty() {
+                        // Charge it to a queue with room in its guarantee, so the
+                        // start state is one a quota-respecting scheduler could reach.
+                        let need = work.gpu_milli();
+                        let fits = |w: &CycleWorld, q: gpuflow_core::queue::QueueId| {
+                            w.queues.usage(q, &flavor) + need
+                                <= w.queues.get(q).quota(&flavor).guaranteed
+                        };
+                        let mut tries = 0;
+                        while !fits(&w, work.queue) && tries < 64 {
+                            work.queue = gpuflow_core::queue::QueueId(
+                                first_leaf + w.rng.below(leaves) as u32,
+                            );
+                            tries += 1;
+                        }
+                        if !fits(&w, work.queue) {
+                            w.placer.release(&p);
+                            misses += 1;
+                            continue;
+                        }
                         w.queues
                             .charge(work.queue, &flavor, work.gpu_milli() as i64);
                     }
