@@ -134,16 +134,7 @@ pub fn svg(results: &[SimResult]) -> String {
     let y = |v: f64| top + ph - v / max * ph;
     let group = pw / KINDS.len() as f64;
     let bar = group * 0.8 / results.len().max(1) as f64;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        out,
-        r#"<text x="{left}" y="22" font-size="14">p95 wait by kind of job (hours)</text>"#
-    );
+    let mut out = crate::report::svg_open(w, h, left, "p95 wait by kind of job (hours)");
     for k in 0..=4 {
         let v = max * k as f64 / 4.0;
         let _ = writeln!(

@@ -82,16 +82,11 @@ pub fn svg(trace: &str, summaries: &[Summary]) -> String {
         .ceil();
     let x = |v: f64| left + (v - min_x) / (max_x - min_x) * pw;
     let y = |v: f64| top + ph - v / max_y * ph;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        out,
-        r#"<text x="{left}" y="22" font-size="14">Unallocated GPU % vs arrived workload — {}</text>"#,
-        escape(trace)
+    let mut out = svg_open(
+        w,
+        h,
+        left,
+        &format!("Unallocated GPU % vs arrived workload — {trace}"),
     );
     // Axes, grid and ticks.
     let _ = writeln!(out, r##"<g stroke="#ccc">"##);
@@ -183,7 +178,23 @@ pub fn svg(trace: &str, summaries: &[Summary]) -> String {
     out
 }
 
-fn escape(s: &str) -> String {
+/// The start of an SVG chart: the root element, a white background and a title.
+pub(crate) fn svg_open(w: f64, h: f64, left: f64, title: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{left}" y="22" font-size="14">{}</text>"#,
+        escape(title)
+    );
+    out
+}
+
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
