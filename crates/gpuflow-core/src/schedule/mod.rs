@@ -1403,21 +1403,8 @@ impl<'a> Cycle<'a> {
                     + self.admitted_milli(),
             );
         let mut ahead: u64 = 0;
-        let order: Vec<usize> = if self.cfg.ordering == Ordering::FairShare {
-            let mut v: Vec<usize> = (0..self.pending.len()).collect();
-            v.sort_by_key(|&i| {
-                let w = &self.pending[i];
-                (
-                    std::cmp::Reverse(self.rank(w)),
-                    std::cmp::Reverse(self.effective_priority(w)),
-                    w.submitted,
-                    w.job.id,
-                )
-            });
-            v
-        } else {
-            self.global.clone()
-        };
+        // The order of phase 1 (the same key for every ordering but FIFO).
+        let order = std::mem::take(&mut self.global);
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         let mut eta: Vec<Option<u64>> = vec![None; self.pending.len()];
         // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
