@@ -622,13 +622,24 @@ impl<'a> Cycle<'a> {
             .then(ra.work.job.id.cmp(&rb.work.job.id))
     }
 
-    /// Running jobs of a flavor in victim-cost order, built once per cycle.
+    /// Reclaim candidates of a flavor in victim-cost order, built once per cycle.
     fn reclaim_list(&mut self, flavor: &str) -> std::rc::Rc<Vec<usize>> {
         if let Some(l) = self.reclaim.get(flavor) {
             return l.clone();
         }
-        let mut list: Vec<usize> = (0..self.running.len())
-            .filter(|&k| self.running[k].flavor == flavor)
+        // Only jobs of queues borrowing at the start of the search can be
+        // reclaimed; of those, only preemptible ones past their minimum runtime.
+        let borrowers = self.borrowers.get(flavor).cloned().unwrap_or_default();
+        let mut list: Vec<usize> = borrowers
+            .iter()
+            .flat_map(|q| self.running_by_queue.get(q).into_iter().flatten().copied())
+            .filter(|&k| {
+                let r = &self.running[k];
+                r.flavor == flavor
+                    && r.stopping_at.is_none()
+                    && self.cfg.classes.get(r.work.class).is_some_and(|c| c.preemptible)
+                    && self.now.saturating_sub(r.started) >= self.cfg.min_runtime
+            })
             .collect();
         list.sort_by(|&a, &b| self.victim_cost(a, b));
         let list = std::rc::Rc::new(list);
