@@ -637,7 +637,11 @@ impl<'a> Cycle<'a> {
                 let r = &self.running[k];
                 r.flavor == flavor
                     && r.stopping_at.is_none()
-                    && self.cfg.classes.get(r.work.class).is_some_and(|c| c.preemptible)
+                    && self
+                        .cfg
+                        .classes
+                        .get(r.work.class)
+                        .is_some_and(|c| c.preemptible)
                     && self.now.saturating_sub(r.started) >= self.cfg.min_runtime
             })
             .collect();
@@ -691,7 +695,7 @@ impl<'a> Cycle<'a> {
             Ordering::Fifo => {
                 all.sort_by_key(|&i| (self.pending[i].submitted, self.pending[i].job.id))
             }
-            _ => all.sort_by_key(|&i| key(self, i)),
+            _ => all.sort_by_cached_key(|&i| key(self, i)),
         }
         for &i in &all {
             self.per_queue
