@@ -1074,7 +1074,7 @@ impl<'a> Cycle<'a> {
         if let Some(r) = self.unplaceable.get(&key) {
             return Err(r.clone());
         }
-        let r = self.place(i, flavor);
+        let r = self.place(&job, flavor);
         if let Err(e) = &r {
             self.unplaceable.insert(key, e.clone());
         }
@@ -1087,9 +1087,9 @@ impl<'a> Cycle<'a> {
         self.placer.try_place_job(&job)
     }
 
-    fn place(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
-        let job = self.job_on(i, flavor);
-        self.placer.place_job(&job).map_err(|unplaced| {
+    /// Places a job already restricted by [`Cycle::job_on`], explaining a failure.
+    fn place(&mut self, job: &Job, flavor: &str) -> Result<Placement, PendingReason> {
+        self.placer.place_job(job).map_err(|unplaced| {
             if unplaced
                 .rejections
                 .iter()

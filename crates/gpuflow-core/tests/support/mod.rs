@@ -20,7 +20,18 @@ use std::fmt::Write as _;
 
 use gpuflow_core::*;
 
-fn kv(tok: &str) -> (&str, &str) {
+/// The fixture's lines as tokens, comments and blank lines dropped.
+pub fn token_lines(fixture: &str) -> Vec<Vec<&str>> {
+    fixture
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+/// A `key=value` token split in two (the value empty when there is no `=`).
+pub fn kv(tok: &str) -> (&str, &str) {
     tok.split_once('=').unwrap_or((tok, ""))
 }
 
@@ -258,12 +269,7 @@ pub fn run(fixture: &str) -> String {
     let mut nodes = Vec::new();
     let mut steps: Vec<Vec<&str>> = Vec::new();
     let mut policy = Policy::gpuflow();
-    for line in fixture.lines() {
-        let line = line.split('#').next().unwrap().trim();
-        if line.is_empty() {
-            continue;
-        }
-        let toks: Vec<&str> = line.split_whitespace().collect();
+    for toks in token_lines(fixture) {
         match toks[0] {
             "node" => nodes.push(parse_node(nodes.len() as u32, &toks[1..])),
             "policy" => policy = Policy::parse(toks[1]).unwrap(),

@@ -22,9 +22,7 @@ use gpuflow_core::queue::*;
 use gpuflow_core::schedule::*;
 use gpuflow_core::*;
 
-fn kv(tok: &str) -> (&str, &str) {
-    tok.split_once('=').unwrap_or((tok, ""))
-}
+use super::{kv, token_lines};
 
 fn milli(v: &str) -> u64 {
     (v.parse::<f64>().unwrap() * 1000.0) as u64
@@ -160,12 +158,7 @@ pub fn run(fixture: &str) -> String {
         ..Config::default()
     };
     let mut lines: Vec<Vec<&str>> = Vec::new();
-    for line in fixture.lines() {
-        let line = line.split('#').next().unwrap().trim();
-        if line.is_empty() {
-            continue;
-        }
-        let toks: Vec<&str> = line.split_whitespace().collect();
+    for toks in token_lines(fixture) {
         match toks[0] {
             "node" => nodes.push(super::parse_node(nodes.len() as u32, &toks[1..])),
             "queue" => {
