@@ -1,0 +1,509 @@
+//! The job spec users write (YAML or JSON) and its validation. Parsing rejects
+//! unknown fields and wrong types with the path of the field; [`JobSpec::validate`]
+//! then checks values and names every field that is wrong and what is allowed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, FieldError};
+
+/// What kind of work a job is; it picks the default priority class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    Inference,
+    Notebook,
+    #[default]
+    Training,
+    Batch,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Inference => "inference",
+            Kind::Notebook => "notebook",
+            Kind::Training => "training",
+            Kind::Batch => "batch",
+        }
+    }
+}
+
+/// A job: one or more task groups placed together as a gang.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    pub queue: String,
+    #[serde(default)]
+    pub kind: Kind,
+    /// `inference`, `notebook`, `training` or `batch`; defaults to the kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    /// Priority inside the class, -1000..=1000.
+    #[serde(default)]
+    pub priority: i32,
+    pub tasks: Vec<TaskGroupSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologySpec>,
+    /// Seconds; the job is stopped when it runs longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_s: Option<u64>,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleSpec>,
+}
+
+/// Replicas of one task with the same command and resources.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskGroupSpec {
+    pub name: String,
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// The program and its fixed arguments.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// CPU cores (fractions allowed).
+    #[serde(default = "default_cpu")]
+    pub cpu: f64,
+    #[serde(default = "default_mem")]
+    pub memory_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSpec>,
+}
+
+fn default_cpu() -> f64 {
+    1.0
+}
+fn default_mem() -> u64 {
+    1024
+}
+
+impl Default for Resources {
+    fn default() -> Resources {
+        Resources {
+            cpu: default_cpu(),
+            memory_mib: default_mem(),
+            gpu: None,
+        }
+    }
+}
+
+/// How a task uses GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuMode {
+    #[default]
+    Whole,
+    Mig,
+    Fraction,
+    TimeSlice,
+}
+
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    #[serde(default)]
+    pub mode: GpuMode,
+    /// Whole GPUs per task (mode `whole`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// MIG profile such as `1g.10gb` (mode `mig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Share of one GPU's compute, 0 < f < 1 (mode `fraction`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// GPU memory claimed (modes `fraction` and `time-slice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// GPU models the task accepts; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyLevel {
+    Node,
+    Nvlink,
+    Rack,
+    Block,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySpec {
+    pub level: TopologyLevel,
+    #[serde(default)]
+    pub required: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Retries after a failure (0: none).
+    #[serde(default)]
+    pub limit: u32,
+    /// First backoff in seconds; it doubles per retry, capped at one hour.
+    #[serde(default = "default_backoff")]
+    pub backoff_s: u64,
+}
+
+fn default_backoff() -> u64 {
+    10
+}
+
+impl Default for RetrySpec {
+    fn default() -> RetrySpec {
+        RetrySpec {
+            limit: 0,
+            backoff_s: default_backoff(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Seconds between the stop signal and the kill.
+    #[serde(default = "default_grace")]
+    pub grace_s: u64,
+    #[serde(default = "default_signal")]
+    pub signal: String,
+}
+
+fn default_grace() -> u64 {
+    30
+}
+fn default_signal() -> String {
+    "SIGTERM".into()
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> CheckpointSpec {
+        CheckpointSpec {
+            grace_s: default_grace(),
+            signal: default_signal(),
+        }
+    }
+}
+
+/// What to do with a job whose GPUs sit idle (enforced by a later agent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleSpec {
+    pub after_s: u64,
+    pub action: IdleAction,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IdleAction {
+    Notify,
+    Suspend,
+    Cancel,
+}
+
+/// Signals a job may ask to be stopped with.
+pub const SIGNALS: &[&str] = &["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"];
+pub const CLASSES: &[&str] = &["inference", "notebook", "training", "batch"];
+
+const MAX_CPU: f64 = 4096.0;
+const MAX_MEM_MIB: u64 = 64 * 1024 * 1024;
+const MAX_REPLICAS: u32 = 4096;
+const MAX_GPUS_PER_TASK: u32 = 64;
+const MAX_RUNTIME_S: u64 = 366 * 24 * 3600;
+
+impl JobSpec {
+    /// Parses a body as JSON (`json`) or YAML, then validates it.
+    ///
+    /// # Errors
+    /// A 400 naming the field and what is allowed.
+    pub fn parse(body: &[u8], json: bool) -> Result<JobSpec, ApiError> {
+        let spec: JobSpec = if json {
+            let de = &mut serde_json::Deserializer::from_slice(body);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                ApiError::bad_request("invalid_spec", format!("{}: {}", e.path(), e.inner()))
+            })?
+        } else {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::bad_request("invalid_spec", "the body is not UTF-8 text"))?;
+            let de = serde_norway::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                ApiError::bad_request("invalid_spec", format!("{}: {}", e.path(), e.inner()))
+            })?
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The priority class, from the spec or the kind.
+    pub fn class(&self) -> &str {
+        self.priority_class.as_deref().unwrap_or(self.kind.as_str())
+    }
+
+    /// GPUs the whole job asks for, in milli-GPU (MIG and time slices count 0).
+    pub fn gpu_milli(&self) -> u64 {
+        self.tasks
+            .iter()
+            .map(|g| g.replicas as u64 * g.resources.gpu.as_ref().map_or(0, GpuSpec::milli))
+            .sum()
+    }
+
+    /// Checks every value.
+    ///
+    /// # Errors
+    /// A 400 listing each wrong field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut errs = Vec::new();
+        let mut bad = |field: String, msg: String| errs.push(FieldError { field, message: msg });
+        check_name("name", &self.name, &mut bad);
+        if self.queue.trim().is_empty() {
+            bad("queue".into(), "must name a queue".into());
+        }
+        if !CLASSES.contains(&self.class()) {
+            bad(
+                "priority_class".into(),
+                format!("unknown class {:?}; allowed: {}", self.class(), CLASSES.join(", ")),
+            );
+        }
+        if !(-1000..=1000).contains(&self.priority) {
+            bad("priority".into(), "must be between -1000 and 1000".into());
+        }
+        if self.tasks.is_empty() {
+            bad("tasks".into(), "must list at least one task group".into());
+        }
+        if self.tasks.len() > 64 {
+            bad("tasks".into(), "at most 64 task groups".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut total: u64 = 0;
+        for (i, g) in self.tasks.iter().enumerate() {
+            let at = |f: &str| format!("tasks[{i}].{f}");
+            check_name(&at("name"), &g.name, &mut bad);
+            if !names.insert(&g.name) {
+                bad(at("name"), format!("{:?} is used by another task group", g.name));
+            }
+            if g.replicas == 0 || g.replicas > MAX_REPLICAS {
+                bad(at("replicas"), format!("must be 1 to {MAX_REPLICAS}"));
+            }
+            total += g.replicas as u64;
+            if g.command.is_empty() || g.command[0].trim().is_empty() {
+                bad(at("command"), "must name a program to run".into());
+            }
+            for k in g.env.keys() {
+                if k.is_empty()
+                    || k.starts_with(|c: char| c.is_ascii_digit())
+                    || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                {
+                    bad(at("env"), format!("{k:?} is not a valid variable name (letters, digits, _)"));
+                }
+            }
+            let r = &g.resources;
+            if !(r.cpu.is_finite() && r.cpu > 0.0 && r.cpu <= MAX_CPU) {
+                bad(at("resources.cpu"), format!("must be more than 0 and at most {MAX_CPU} cores"));
+            }
+            if r.memory_mib == 0 || r.memory_mib > MAX_MEM_MIB {
+                bad(at("resources.memory_mib"), format!("must be 1 to {MAX_MEM_MIB} MiB"));
+            }
+            if let Some(gpu) = &r.gpu {
+                check_gpu(&at("resources.gpu"), gpu, &mut bad);
+            }
+        }
+        if total > MAX_REPLICAS as u64 {
+            bad("tasks".into(), format!("at most {MAX_REPLICAS} tasks in all"));
+        }
+        if let Some(t) = self.max_runtime_s
+            && (t == 0 || t > MAX_RUNTIME_S)
+        {
+            bad("max_runtime_s".into(), format!("must be 1 to {MAX_RUNTIME_S} seconds"));
+        }
+        if self.retry.limit > 100 {
+            bad("retry.limit".into(), "at most 100 retries".into());
+        }
+        if self.retry.backoff_s > 3600 {
+            bad("retry.backoff_s".into(), "at most 3600 seconds".into());
+        }
+        if self.checkpoint.grace_s > 24 * 3600 {
+            bad("checkpoint.grace_s".into(), "at most 86400 seconds".into());
+        }
+        if !SIGNALS.contains(&self.checkpoint.signal.as_str()) {
+            bad(
+                "checkpoint.signal".into(),
+                format!("unknown signal {:?}; allowed: {}", self.checkpoint.signal, SIGNALS.join(", ")),
+            );
+        }
+        if let Some(idle) = &self.idle
+            && (idle.after_s < 60 || idle.after_s > MAX_RUNTIME_S)
+        {
+            bad("idle.after_s".into(), "must be 60 seconds to a year".into());
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(errs))
+        }
+    }
+}
+
+impl GpuSpec {
+    /// Compute asked for per task, in milli-GPU.
+    pub fn milli(&self) -> u64 {
+        match self.mode {
+            GpuMode::Whole => self.count.unwrap_or(1) as u64 * 1000,
+            GpuMode::Fraction => (self.fraction.unwrap_or(0.0) * 1000.0).round() as u64,
+            GpuMode::Mig | GpuMode::TimeSlice => 0,
+        }
+    }
+}
+
+fn check_name(field: &str, name: &str, bad: &mut impl FnMut(String, String)) {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if !ok {
+        bad(
+            field.into(),
+            format!("{name:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"),
+        );
+    }
+}
+
+fn check_gpu(at: &str, g: &GpuSpec, bad: &mut impl FnMut(String, String)) {
+    let f = |x: &str| format!("{at}.{x}");
+    let only = |bad: &mut dyn FnMut(String, String), name: &str, set: bool| {
+        if set {
+            bad(f(name), format!("not allowed with mode {:?}", mode_name(g.mode)));
+        }
+    };
+    match g.mode {
+        GpuMode::Whole => {
+            let c = g.count.unwrap_or(1);
+            if c == 0 || c > MAX_GPUS_PER_TASK {
+                bad(f("count"), format!("must be 1 to {MAX_GPUS_PER_TASK} whole GPUs per task"));
+            }
+            only(bad, "profile", g.profile.is_some());
+            only(bad, "fraction", g.fraction.is_some());
+            only(bad, "memory_mib", g.memory_mib.is_some());
+        }
+        GpuMode::Mig => {
+            match &g.profile {
+                None => bad(f("profile"), "mode mig needs a profile such as \"1g.10gb\"".into()),
+                Some(p) if !p.contains('g') || p.len() > 32 => {
+                    bad(f("profile"), format!("{p:?} is not a MIG profile such as \"1g.10gb\""))
+                }
+                _ => {}
+            }
+            only(bad, "count", g.count.is_some());
+            only(bad, "fraction", g.fraction.is_some());
+            only(bad, "memory_mib", g.memory_mib.is_some());
+        }
+        GpuMode::Fraction => {
+            match g.fraction {
+                Some(x) if x.is_finite() && x > 0.0 && x < 1.0 => {}
+                _ => bad(f("fraction"), "mode fraction needs a fraction between 0 and 1 (exclusive)".into()),
+            }
+            only(bad, "count", g.count.is_some());
+            only(bad, "profile", g.profile.is_some());
+        }
+        GpuMode::TimeSlice => {
+            only(bad, "count", g.count.is_some());
+            only(bad, "profile", g.profile.is_some());
+            only(bad, "fraction", g.fraction.is_some());
+        }
+    }
+    if g.memory_mib.is_some_and(|m| m > 1024 * 1024) {
+        bad(f("memory_mib"), "at most 1048576 MiB".into());
+    }
+    for m in &g.models {
+        if m.trim().is_empty() || m.len() > 64 {
+            bad(f("models"), format!("{m:?} is not a GPU model name"));
+        }
+    }
+}
+
+fn mode_name(m: GpuMode) -> &'static str {
+    match m {
+        GpuMode::Whole => "whole",
+        GpuMode::Mig => "mig",
+        GpuMode::Fraction => "fraction",
+        GpuMode::TimeSlice => "time-slice",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "
+name: train-1
+queue: research
+kind: training
+tasks:
+  - name: worker
+    replicas: 2
+    command: [python, train.py]
+    resources: {cpu: 4, memory_mib: 8192, gpu: {count: 2}}
+";
+
+    #[test]
+    fn parses_yaml_and_json() {
+        let y = JobSpec::parse(GOOD.as_bytes(), false).unwrap();
+        assert_eq!(y.tasks[0].replicas, 2);
+        assert_eq!(y.gpu_milli(), 4000);
+        let j = serde_json::to_vec(&y).unwrap();
+        assert_eq!(JobSpec::parse(&j, true).unwrap(), y);
+    }
+
+    #[test]
+    fn unknown_field_is_named_with_its_path() {
+        let e = JobSpec::parse(GOOD.replace("replicas", "replica").as_bytes(), false).unwrap_err();
+        assert!(e.message.contains("tasks[0]") && e.message.contains("replica"), "{}", e.message);
+    }
+
+    #[test]
+    fn bad_values_name_each_field() {
+        let y = GOOD
+            .replace("cpu: 4", "cpu: -1")
+            .replace("count: 2", "count: 1000")
+            .replace("train-1", "Train 1");
+        let e = JobSpec::parse(y.as_bytes(), false).unwrap_err();
+        let fields: Vec<&str> = e.fields.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["name", "tasks[0].resources.cpu", "tasks[0].resources.gpu.count"]
+        );
+    }
+
+    #[test]
+    fn gpu_modes_reject_foreign_fields() {
+        let y = GOOD.replace("{count: 2}", "{mode: fraction, fraction: 0.5, count: 1}");
+        let e = JobSpec::parse(y.as_bytes(), false).unwrap_err();
+        assert!(e.message.contains("gpu.count: not allowed with mode \"fraction\""), "{}", e.message);
+        let y = GOOD.replace("{count: 2}", "{mode: fraction, fraction: 1.5}");
+        assert!(JobSpec::parse(y.as_bytes(), false).is_err());
+    }
+}

@@ -1,0 +1,12 @@
+//! Wire types of gpuflow's `/v1` HTTP API and their validation: the one
+//! stability boundary between the server, the agent and the CLI. This crate
+//! knows nothing of the scheduling core or the store; it only says what may be
+//! sent and what comes back.
+
+pub mod error;
+pub mod job;
+pub mod wire;
+
+pub use error::{ApiError, FieldError};
+pub use job::{GpuMode, GpuSpec, JobSpec, Kind, TaskGroupSpec};
+pub use wire::*;

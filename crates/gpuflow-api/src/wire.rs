@@ -1,0 +1,513 @@
+//! Everything else on the wire: job, node and queue views, admin requests,
+//! events, and the agent protocol (register, heartbeat, desired tasks).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, FieldError};
+use crate::job::JobSpec;
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobState {
+    /// Waiting for quota or capacity (also after a preemption or a retry).
+    Pending,
+    /// Held by an admin: never scheduled until released.
+    Held,
+    /// Suspended by its owner: GPUs released until resumed.
+    Suspended,
+    /// GPUs allocated; the agent has not started it yet.
+    Admitted,
+    /// Some of its tasks have started.
+    Starting,
+    /// All of its tasks run.
+    Running,
+    /// Told to stop (preempted, cancelled, suspended, over its max runtime);
+    /// its GPUs are still in use until its tasks exit or the kill time.
+    Stopping,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Held => "held",
+            JobState::Suspended => "suspended",
+            JobState::Admitted => "admitted",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Stopping => "stopping",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        ALL_STATES.iter().copied().find(|x| x.as_str() == s)
+    }
+
+    /// Holds GPUs.
+    pub fn allocated(self) -> bool {
+        matches!(
+            self,
+            JobState::Admitted | JobState::Starting | JobState::Running | JobState::Stopping
+        )
+    }
+
+    pub fn finished(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+}
+
+pub const ALL_STATES: &[JobState] = &[
+    JobState::Pending,
+    JobState::Held,
+    JobState::Suspended,
+    JobState::Admitted,
+    JobState::Starting,
+    JobState::Running,
+    JobState::Stopping,
+    JobState::Succeeded,
+    JobState::Failed,
+    JobState::Cancelled,
+];
+
+/// One task's placement and state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    pub group: String,
+    pub index: u32,
+    pub node: String,
+    /// GPU indices on the node.
+    pub gpus: Vec<u32>,
+    /// GPU share in milli-GPU when the GPU is shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli: Option<u32>,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+/// A job as the API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: u64,
+    pub name: String,
+    pub team: String,
+    pub queue: String,
+    pub user: String,
+    pub state: JobState,
+    /// Why it is in this state (the last transition's reason).
+    pub reason: String,
+    pub submitted_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// Runs started so far (retries and requeues after preemption included).
+    pub attempts: u32,
+    pub preemptions: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_at: Option<u64>,
+    pub tasks: Vec<TaskView>,
+    pub spec: JobSpec,
+}
+
+/// The answer to "why is my job not running".
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Why {
+    pub id: u64,
+    pub state: JobState,
+    pub summary: String,
+    /// Every reason the last cycle found, in words.
+    pub reasons: Vec<String>,
+    /// 1-based position among its queue's pending jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    /// Estimated start, Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Submitted {
+    pub id: u64,
+    pub state: JobState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: i64,
+    pub at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u64>,
+    pub team: String,
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub seq: i64,
+    pub at: u64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+}
+
+// ---- tenants ----
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Admin,
+    TeamLead,
+    Member,
+    Viewer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::TeamLead => "team-lead",
+            Role::Member => "member",
+            Role::Viewer => "viewer",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Team {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub name: String,
+    /// Empty for admins, who belong to no team.
+    #[serde(default)]
+    pub team: String,
+    pub role: Role,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub user: String,
+}
+
+/// A new API token: shown once, stored only as a hash.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenCreated {
+    pub user: String,
+    pub token: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WhoAmI {
+    pub user: String,
+    pub team: String,
+    pub role: Role,
+}
+
+// ---- queues ----
+
+/// One flavor's quota in GPUs (fractions allowed). `None`: no limit.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSpec {
+    #[serde(default)]
+    pub guaranteed: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueState {
+    #[default]
+    Open,
+    Held,
+    Draining,
+}
+
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimitsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+}
+
+/// A queue: a node of the tree, owned by a team.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSpec {
+    pub name: String,
+    pub team: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default)]
+    pub state: QueueState,
+    /// Quota per flavor (GPU model); `*` applies to flavors not listed.
+    #[serde(default)]
+    pub quotas: BTreeMap<String, QuotaSpec>,
+    #[serde(default)]
+    pub user_limits: UserLimitsSpec,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl QueueSpec {
+    /// # Errors
+    /// A 400 naming each wrong field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut errs = Vec::new();
+        let mut bad = |f: &str, m: String| {
+            errs.push(FieldError {
+                field: f.into(),
+                message: m,
+            })
+        };
+        if !valid_name(&self.name) {
+            bad("name", format!("{:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.'", self.name));
+        }
+        if self.team.is_empty() {
+            bad("team", "must name the owning team".into());
+        }
+        if !(self.weight.is_finite() && self.weight > 0.0 && self.weight <= 1e6) {
+            bad("weight", "must be a positive number up to 1000000".into());
+        }
+        let gpus = |x: f64| x.is_finite() && (0.0..=1e7).contains(&x);
+        for (flavor, q) in &self.quotas {
+            let at = |f: &str| format!("quotas.{flavor}.{f}");
+            if !gpus(q.guaranteed) {
+                bad(&at("guaranteed"), "must be 0 to 10000000 GPUs".into());
+            }
+            for (name, v) in [("borrow_limit", q.borrow_limit), ("lend_limit", q.lend_limit), ("cap", q.cap)] {
+                if v.is_some_and(|v| !gpus(v)) {
+                    bad(&at(name), "must be 0 to 10000000 GPUs".into());
+                }
+            }
+        }
+        if self.user_limits.max_gpus.is_some_and(|v| !gpus(v)) {
+            bad("user_limits.max_gpus", "must be 0 to 10000000 GPUs".into());
+        }
+        if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid(errs)) }
+    }
+}
+
+/// A queue with its usage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    #[serde(flatten)]
+    pub spec: QueueSpec,
+    /// GPUs in use per flavor.
+    pub used: BTreeMap<String, f64>,
+    pub pending: usize,
+    pub running: usize,
+}
+
+/// Changes a team lead may make to a queue of their team.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueuePatch {
+    #[serde(default)]
+    pub weight: Option<f64>,
+    #[serde(default)]
+    pub state: Option<QueueState>,
+    #[serde(default)]
+    pub user_limits: Option<UserLimitsSpec>,
+    /// Admin only.
+    #[serde(default)]
+    pub quotas: Option<BTreeMap<String, QuotaSpec>>,
+}
+
+// ---- nodes ----
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    #[default]
+    Ready,
+    Cordoned,
+    Draining,
+    Lost,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Ready => "ready",
+            NodeState::Cordoned => "cordoned",
+            NodeState::Draining => "draining",
+            NodeState::Lost => "lost",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: u64,
+    /// Current utilisation in percent, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<u32>,
+}
+
+/// What a node has, as its agent reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpus: Vec<GpuInfo>,
+    /// True when the GPUs are emulated (no NVML on the node).
+    pub emulated: bool,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    pub state: NodeState,
+    pub inventory: Inventory,
+    /// GPU indices in use (whole or shared).
+    pub gpus_in_use: Vec<u32>,
+    pub last_heartbeat: u64,
+}
+
+// ---- the agent protocol ----
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Register {
+    pub node: String,
+    pub inventory: Inventory,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Registered {
+    /// The node's own credential for heartbeats.
+    pub node_token: String,
+    pub heartbeat_s: u64,
+}
+
+/// Where a task is on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskPhase {
+    Running,
+    /// Exited by itself; `exit_code` says how.
+    Exited,
+    /// Stopped by the agent on the server's order.
+    Stopped,
+    /// Could not be started (no such program, bad working dir).
+    FailedToStart,
+}
+
+/// A task as its agent sees it; `(job, attempt, group, index)` names it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskReport {
+    pub job: u64,
+    pub attempt: u32,
+    pub group: u16,
+    pub index: u32,
+    pub phase: TaskPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The last checkpoint the task reported (Unix seconds), via the file
+    /// named by `GPUFLOW_CHECKPOINT_FILE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_at: Option<u64>,
+    /// The end of its output (at most 16 KiB).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub log_tail: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub node: String,
+    pub inventory: Inventory,
+    pub tasks: Vec<TaskReport>,
+}
+
+/// Stop a task: send `signal` now, kill its process tree at `kill_at`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StopOrder {
+    pub signal: String,
+    pub kill_at: u64,
+}
+
+/// A task the server wants on the node (level-triggered: the full list each time).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DesiredTask {
+    pub job: u64,
+    pub attempt: u32,
+    pub group: u16,
+    pub index: u32,
+    pub name: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    pub gpus: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopOrder>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Desired {
+    pub tasks: Vec<DesiredTask>,
+    pub heartbeat_s: u64,
+}
+
+/// Job lists are filtered by these.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFilter {
+    #[serde(default)]
+    pub team: Option<String>,
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// A valid name for teams, users, queues and nodes.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
+}

@@ -1,0 +1,346 @@
+//! gpuflow's durable state: the [`Store`] trait and its SQL implementation for
+//! SQLite (embedded, the default, in WAL mode) and PostgreSQL (production).
+//!
+//! The store knows tables of records, an append-only event log and an audit
+//! log; it does not know what a job or a queue means. The server keeps its
+//! working state in memory and writes every change through a [`Batch`], which
+//! commits in one transaction before the change is acknowledged: a batch is
+//! all there or not there at all.
+//!
+//! Records are JSON documents with a few indexed columns (`team`, `state`).
+//! Both databases run the same statements; only the migrations differ in
+//! their column types.
+
+mod migrate;
+pub mod pgtest;
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, Executor, Row};
+
+/// What can fail in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database url {0:?}: use sqlite://PATH or postgres://…")]
+    BadUrl(String),
+    #[error("database error")]
+    Db(#[from] sqlx::Error),
+    #[error("migration {version} failed")]
+    Migration {
+        version: i64,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// The tables of records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Table {
+    Teams,
+    Users,
+    Tokens,
+    Queues,
+    Nodes,
+    Jobs,
+    Meta,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Teams => "teams",
+            Table::Users => "users",
+            Table::Tokens => "tokens",
+            Table::Queues => "queues",
+            Table::Nodes => "nodes",
+            Table::Jobs => "jobs",
+            Table::Meta => "meta",
+        }
+    }
+}
+
+/// One record: a key, two indexed columns and a JSON document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub table: Table,
+    pub key: String,
+    pub team: String,
+    pub state: String,
+    pub doc: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEvent {
+    pub at: u64,
+    pub job: Option<u64>,
+    pub team: String,
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub event: NewEvent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewAudit {
+    pub at: u64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredAudit {
+    pub seq: i64,
+    pub entry: NewAudit,
+}
+
+/// Changes committed together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub put: Vec<Record>,
+    pub delete: Vec<(Table, String)>,
+    pub events: Vec<NewEvent>,
+    pub audit: Vec<NewAudit>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.put.is_empty() && self.delete.is_empty() && self.events.is_empty() && self.audit.is_empty()
+    }
+}
+
+/// Which events to read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventQuery {
+    pub job: Option<u64>,
+    pub team: Option<String>,
+    /// Only events with a larger sequence number.
+    pub after: i64,
+    pub limit: i64,
+}
+
+/// Durable state. Implementations commit a [`Batch`] atomically.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// `sqlite` or `postgres`.
+    fn backend(&self) -> &'static str;
+
+    /// Every record of a table, in key order.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError>;
+
+    /// Applies a batch in one transaction.
+    ///
+    /// # Errors
+    /// On a database error; then nothing of the batch is stored.
+    async fn commit(&self, batch: &Batch) -> Result<(), StoreError>;
+
+    /// Events in sequence order.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// The audit log in sequence order.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn audit(&self, after: i64, limit: i64) -> Result<Vec<StoredAudit>, StoreError>;
+}
+
+/// The SQL store, over SQLite or PostgreSQL.
+pub struct SqlStore {
+    pool: AnyPool,
+    backend: &'static str,
+}
+
+/// Opens (creating a SQLite file when needed) and migrates a store.
+/// `sqlite://PATH` or `postgres://USER@HOST:PORT/DB`.
+///
+/// # Errors
+/// On a URL of another database, a connection failure or a failed migration.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(SqlStore::open(url).await?))
+}
+
+impl SqlStore {
+    /// See [`open`].
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub async fn open(url: &str) -> Result<SqlStore, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (backend, url, max) = if let Some(path) = url.strip_prefix("sqlite://") {
+            // Create the file if it does not exist.
+            let sep = if path.contains('?') { '&' } else { '?' };
+            ("sqlite", format!("sqlite://{path}{sep}mode=rwc"), 4)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            ("postgres", url.to_string(), 8)
+        } else {
+            return Err(StoreError::BadUrl(url.to_string()));
+        };
+        let opts = AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == "sqlite" {
+                        // WAL for concurrent readers; FULL so an acknowledged
+                        // commit survives a crash of the machine, not only of
+                        // the process; wait for locks instead of failing.
+                        conn.execute("PRAGMA journal_mode=WAL").await?;
+                        conn.execute("PRAGMA synchronous=FULL").await?;
+                        conn.execute("PRAGMA busy_timeout=10000").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        migrate::run(&pool, backend).await?;
+        Ok(SqlStore { pool, backend })
+    }
+}
+
+#[async_trait]
+impl Store for SqlStore {
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError> {
+        let sql = format!("SELECT key, team, state, doc FROM {} ORDER BY key", table.name());
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Record {
+                    table,
+                    key: r.try_get(0)?,
+                    team: r.try_get(1)?,
+                    state: r.try_get(2)?,
+                    doc: r.try_get(3)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    async fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for r in &batch.put {
+            let sql = format!(
+                "INSERT INTO {} (key, team, state, doc) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
+                r.table.name()
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(&r.key)
+                .bind(&r.team)
+                .bind(&r.state)
+                .bind(&r.doc)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for (t, key) in &batch.delete {
+            let sql = format!("DELETE FROM {} WHERE key = $1", t.name());
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(key).execute(&mut *tx).await?;
+        }
+        for e in &batch.events {
+            sqlx::query("INSERT INTO events (at, job, team, kind, message) VALUES ($1, $2, $3, $4, $5)")
+                .bind(e.at as i64)
+                .bind(e.job.map(|j| j as i64))
+                .bind(&e.team)
+                .bind(&e.kind)
+                .bind(&e.message)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for a in &batch.audit {
+            sqlx::query("INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)")
+                .bind(a.at as i64)
+                .bind(&a.actor)
+                .bind(&a.action)
+                .bind(&a.target)
+                .bind(&a.detail)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut sql = String::from("SELECT seq, at, job, team, kind, message FROM events WHERE seq > $1");
+        let mut n = 1;
+        if q.job.is_some() {
+            n += 1;
+            sql.push_str(&format!(" AND job = ${n}"));
+        }
+        if q.team.is_some() {
+            n += 1;
+            sql.push_str(&format!(" AND team = ${n}"));
+        }
+        sql.push_str(&format!(" ORDER BY seq LIMIT ${}", n + 1));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(q.after);
+        if let Some(j) = q.job {
+            query = query.bind(j as i64);
+        }
+        if let Some(t) = &q.team {
+            query = query.bind(t.clone());
+        }
+        let rows = query.bind(q.limit.clamp(1, 10_000)).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredEvent {
+                    seq: r.try_get(0)?,
+                    event: NewEvent {
+                        at: r.try_get::<i64, _>(1)? as u64,
+                        job: r.try_get::<Option<i64>, _>(2)?.map(|j| j as u64),
+                        team: r.try_get(3)?,
+                        kind: r.try_get(4)?,
+                        message: r.try_get(5)?,
+                    },
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    async fn audit(&self, after: i64, limit: i64) -> Result<Vec<StoredAudit>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, at, actor, action, target, detail FROM audit WHERE seq > $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit.clamp(1, 10_000))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredAudit {
+                    seq: r.try_get(0)?,
+                    entry: NewAudit {
+                        at: r.try_get::<i64, _>(1)? as u64,
+                        actor: r.try_get(2)?,
+                        action: r.try_get(3)?,
+                        target: r.try_get(4)?,
+                        detail: r.try_get(5)?,
+                    },
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+}

@@ -1,0 +1,140 @@
+//! One suite, two databases: every test runs against SQLite and against a
+//! throwaway PostgreSQL server (skipped with a printed reason when PostgreSQL
+//! is not installed).
+
+use gpuflow_store::pgtest::TempPostgres;
+use gpuflow_store::{Batch, EventQuery, NewAudit, NewEvent, Record, SqlStore, Store, Table};
+
+fn rec(table: Table, key: &str, team: &str, doc: &str) -> Record {
+    Record {
+        table,
+        key: key.into(),
+        team: team.into(),
+        state: "pending".into(),
+        doc: doc.into(),
+    }
+}
+
+fn event(job: u64, team: &str, kind: &str) -> NewEvent {
+    NewEvent {
+        at: 100 + job,
+        job: Some(job),
+        team: team.into(),
+        kind: kind.into(),
+        message: format!("{kind} {job}"),
+    }
+}
+
+async fn suite(store: &dyn Store) {
+    // Put, overwrite, delete.
+    let mut b = Batch::default();
+    b.put.push(rec(Table::Jobs, "00000001", "a", "{\"v\":1}"));
+    b.put.push(rec(Table::Jobs, "00000002", "b", "{\"v\":2}"));
+    b.events.push(event(1, "a", "submitted"));
+    b.events.push(event(2, "b", "submitted"));
+    b.audit.push(NewAudit {
+        at: 1,
+        actor: "root".into(),
+        action: "job.submit".into(),
+        target: "job/1".into(),
+        detail: String::new(),
+    });
+    store.commit(&b).await.unwrap();
+    let mut b = Batch::default();
+    b.put.push(rec(Table::Jobs, "00000001", "a", "{\"v\":3}"));
+    b.delete.push((Table::Jobs, "00000002".into()));
+    b.events.push(event(1, "a", "admitted"));
+    store.commit(&b).await.unwrap();
+    let jobs = store.load(Table::Jobs).await.unwrap();
+    assert_eq!(jobs, vec![rec(Table::Jobs, "00000001", "a", "{\"v\":3}")]);
+
+    // Events filter by job and team, in order, after a sequence number.
+    let all = store
+        .events(&EventQuery { limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+    let of_a = store
+        .events(&EventQuery { team: Some("a".into()), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(
+        of_a.iter().map(|e| e.event.kind.as_str()).collect::<Vec<_>>(),
+        ["submitted", "admitted"]
+    );
+    let of_2 = store
+        .events(&EventQuery { job: Some(2), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(of_2.len(), 1);
+    let later = store
+        .events(&EventQuery { after: all[0].seq, limit: 1, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].seq, all[1].seq);
+    assert_eq!(store.audit(0, 10).await.unwrap().len(), 1);
+
+    // A failing batch leaves nothing behind: an empty key breaks a CHECK
+    // constraint on both databases, after the event and a record were written.
+    let before = store
+        .events(&EventQuery { limit: 100, ..Default::default() })
+        .await
+        .unwrap()
+        .len();
+    let mut bad = Batch::default();
+    bad.events.push(event(9, "a", "ghost"));
+    bad.put.push(rec(Table::Jobs, "00000009", "a", "{}"));
+    bad.put.push(rec(Table::Jobs, "", "a", "{}"));
+    assert!(store.commit(&bad).await.is_err(), "an empty key was accepted");
+    {
+        let after = store
+            .events(&EventQuery { limit: 100, ..Default::default() })
+            .await
+            .unwrap()
+            .len();
+        assert_eq!(before, after, "a failed batch stored its event");
+        assert!(
+            !store.load(Table::Jobs).await.unwrap().iter().any(|r| r.key == "00000009"),
+            "a failed batch stored a record"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("gpuflow.db").display());
+    let store = SqlStore::open(&url).await.unwrap();
+    assert_eq!(store.backend(), "sqlite");
+    suite(&store).await;
+    drop(store);
+    // Reopening runs no migration twice and keeps the data.
+    let again = SqlStore::open(&url).await.unwrap();
+    assert_eq!(again.load(Table::Jobs).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store() {
+    let pg = match TempPostgres::start() {
+        Ok(Some(pg)) => pg,
+        Ok(None) => {
+            eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let store = SqlStore::open(&pg.url).await.unwrap();
+    assert_eq!(store.backend(), "postgres");
+    suite(&store).await;
+    drop(store);
+    let again = SqlStore::open(&pg.url).await.unwrap();
+    assert_eq!(again.load(Table::Jobs).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn unknown_url_is_refused() {
+    let e = SqlStore::open("mysql://x").await.err().unwrap();
+    assert!(e.to_string().contains("sqlite://"), "{e}");
+}
