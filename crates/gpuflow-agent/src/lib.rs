@@ -1,1 +1,234 @@
-//! placeholder
+//! gpuflow's node agent: finds the node's GPUs (NVML, or emulated ones),
+//! registers with the server using a join token, then heartbeats: it reports
+//! its inventory and every task it knows, and makes the node match the
+//! server's desired list. Level-triggered and idempotent: a task in the list
+//! and not running is started; a task running and not in the list is stopped;
+//! a stop order is honoured once with its signal and grace period.
+//!
+//! When the server is unreachable the agent keeps its tasks running and
+//! tries again; when the server has forgotten it (a new database, a revoked
+//! token) it registers again. Deeper node work (cgroup limits, GPU-memory
+//! enforcement, idle reclamation) will live beside `task.rs`.
+
+pub mod gpu;
+pub mod task;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use gpuflow_api::{Desired, Heartbeat, Inventory, Register, Registered};
+
+use crate::gpu::{Emulated, Gpus};
+use crate::task::{Key, Task};
+
+/// Agent settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `http://host:port` of the server.
+    pub server: String,
+    pub join_token: String,
+    /// The node's name; default: the host name.
+    pub node: String,
+    /// Task directories and logs live here.
+    pub work_dir: PathBuf,
+    /// Use these instead of NVML.
+    pub emulate: Option<Emulated>,
+    /// NVML library to load instead of the system's `libnvidia-ml.so.1`.
+    pub nvml_lib: Option<PathBuf>,
+    pub pool: String,
+    pub labels: BTreeMap<String, String>,
+    /// The address other nodes reach this one at.
+    pub address: String,
+}
+
+/// The host name, or `node` when it cannot be read.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .ok()
+        .filter(|s| gpuflow_api::valid_name(s))
+        .unwrap_or_else(|| "node".into())
+}
+
+fn cpu_and_memory() -> (u64, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(1024 * 1024);
+    (cpus * 1000, mem_kib / 1024)
+}
+
+struct Client {
+    http: ureq::Agent,
+    base: String,
+}
+
+impl Client {
+    fn post<B: serde::Serialize, R: for<'de> serde::Deserialize<'de>>(
+        &self,
+        path: &str,
+        token: &str,
+        body: &B,
+    ) -> anyhow::Result<Result<R, (u16, String)>> {
+        let mut resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {token}"))
+            .send_json(body)
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if status >= 300 {
+            return Ok(Err((status, text)));
+        }
+        Ok(Ok(serde_json::from_str(&text).with_context(|| format!("bad reply from {path}"))?))
+    }
+}
+
+/// Runs until `stop` is set; then kills the tasks it runs and returns.
+///
+/// # Errors
+/// When the join token is refused (the agent cannot do anything useful).
+pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let gpus = Gpus::open(cfg.nvml_lib.as_deref(), cfg.emulate.clone());
+    match &gpus.nvml_error {
+        None => tracing::info!(gpus = gpus.list().len(), "GPUs found through NVML"),
+        Some(e) if cfg.emulate.is_some() => tracing::info!(reason = %e, "using emulated GPUs"),
+        Some(e) => tracing::info!(reason = %e, "NVML not available: no GPUs on this node"),
+    }
+    std::fs::create_dir_all(&cfg.work_dir)
+        .with_context(|| format!("cannot create {}", cfg.work_dir.display()))?;
+    let client = Client {
+        http: ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(10)))
+            .http_status_as_error(false)
+            .build()
+            .into(),
+        base: cfg.server.trim_end_matches('/').to_string(),
+    };
+    let (cpu_milli, memory_mib) = cpu_and_memory();
+    let inventory = || Inventory {
+        cpu_milli,
+        memory_mib,
+        gpus: gpus.list(),
+        emulated: gpus.is_emulated(),
+        address: cfg.address.clone(),
+        labels: cfg.labels.clone(),
+        pool: cfg.pool.clone(),
+    };
+    let mut tasks: BTreeMap<Key, Task> = BTreeMap::new();
+    let mut node_token: Option<String> = None;
+    let mut interval = Duration::from_secs(2);
+    let mut last_error = Instant::now() - Duration::from_secs(60);
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        for t in tasks.values_mut() {
+            t.poll();
+        }
+        let result = (|| -> anyhow::Result<()> {
+            let token = match &node_token {
+                Some(t) => t.clone(),
+                None => {
+                    let reg = Register {
+                        node: cfg.node.clone(),
+                        inventory: inventory(),
+                    };
+                    match client.post::<_, Registered>("/v1/agent/register", &cfg.join_token, &reg)? {
+                        Ok(r) => {
+                            tracing::info!(node = %cfg.node, server = %client.base, "registered");
+                            interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));
+                            node_token = Some(r.node_token.clone());
+                            r.node_token
+                        }
+                        Err((401, _)) => bail!("the server refused the join token"),
+                        Err((s, m)) => bail!("registration failed ({s}): {m}"),
+                    }
+                }
+            };
+            let hb = Heartbeat {
+                node: cfg.node.clone(),
+                inventory: inventory(),
+                tasks: tasks.values().map(Task::report).collect(),
+            };
+            match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
+                Ok(d) => {
+                    interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
+                    reconcile(&mut tasks, &d, &cfg.work_dir);
+                }
+                Err((401 | 404, _)) => {
+                    // The server forgot us: register again next tick.
+                    node_token = None;
+                }
+                Err((s, m)) => bail!("heartbeat refused ({s}): {m}"),
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            if e.to_string().contains("join token") {
+                for t in tasks.values_mut() {
+                    t.kill();
+                }
+                return Err(e);
+            }
+            if last_error.elapsed() > Duration::from_secs(30) {
+                tracing::warn!(error = %format!("{e:#}"), "heartbeat failed; tasks keep running, retrying");
+                last_error = Instant::now();
+            }
+        }
+        // Sleep in short steps so task exits are reaped and stop is noticed.
+        while tick.elapsed() < interval && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            for t in tasks.values_mut() {
+                t.poll();
+            }
+        }
+    }
+    for t in tasks.values_mut() {
+        t.kill();
+    }
+    Ok(())
+}
+
+/// Makes the node match the desired list.
+fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path::Path) {
+    let wanted: BTreeMap<Key, &gpuflow_api::DesiredTask> =
+        desired.tasks.iter().map(|t| (task::key(t), t)).collect();
+    for (k, d) in &wanted {
+        match tasks.get_mut(k) {
+            None if d.stop.is_none() => {
+                if d.command.is_empty() {
+                    continue;
+                }
+                tasks.insert(*k, Task::start(d, dir));
+            }
+            None => {}
+            Some(t) => {
+                if let Some(s) = &d.stop {
+                    t.stop(&s.signal, Duration::from_secs(s.grace_s));
+                }
+            }
+        }
+    }
+    // Tasks the server no longer wants: stop them (short grace), forget them once gone.
+    tasks.retain(|k, t| {
+        if wanted.contains_key(k) {
+            return true;
+        }
+        if t.running() {
+            t.stop("SIGTERM", Duration::from_secs(10));
+            true
+        } else {
+            false
+        }
+    });
+}

@@ -385,6 +385,9 @@ pub struct Inventory {
     pub gpus: Vec<GpuInfo>,
     /// True when the GPUs are emulated (no NVML on the node).
     pub emulated: bool,
+    /// The address other nodes reach this one at (gang rendezvous).
+    #[serde(default)]
+    pub address: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
@@ -457,11 +460,12 @@ pub struct Heartbeat {
     pub tasks: Vec<TaskReport>,
 }
 
-/// Stop a task: send `signal` now, kill its process tree at `kill_at`.
+/// Stop a task: send `signal` now, kill its process tree `grace_s` seconds
+/// after the agent first sees the order (relative, so clocks need not agree).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StopOrder {
     pub signal: String,
-    pub kill_at: u64,
+    pub grace_s: u64,
 }
 
 /// A task the server wants on the node (level-triggered: the full list each time).

@@ -1,6 +1,8 @@
 //! The `gpuflow` command: argument parsing and wiring only. Data goes to
 //! stdout, diagnostics and progress to stderr; exit 0 on success, 2 on error.
 
+mod client;
+mod platform;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -28,8 +30,62 @@ enum Command {
         #[command(subcommand)]
         command: sim::BenchCommand,
     },
-    /// Run the platform on this machine (control plane, agent, dashboard).
-    Up,
+    /// Run the platform on this machine: the server with embedded SQLite and a
+    /// local agent (NVML GPUs, or four emulated ones where there are none).
+    Up(platform::UpArgs),
+    /// Run the control plane (HTTP API, store, scheduling loop).
+    Server(platform::ServerArgs),
+    /// Run a node agent that joins a server.
+    Agent(platform::AgentArgs),
+    /// Jobs: submit, ls, get, why, logs, cancel, suspend, resume, hold, release.
+    Job {
+        #[command(subcommand)]
+        command: client::JobCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Queues: ls, create, set, delete.
+    Queue {
+        #[command(subcommand)]
+        command: client::QueueCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Nodes: ls, drain, cordon, uncordon.
+    Node {
+        #[command(subcommand)]
+        command: client::NodeCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Teams: ls, create.
+    Team {
+        #[command(subcommand)]
+        command: client::TeamCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Users: ls, create.
+    User {
+        #[command(subcommand)]
+        command: client::UserCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// API tokens.
+    Token {
+        #[command(subcommand)]
+        command: client::TokenCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// The event log.
+    Event {
+        #[command(subcommand)]
+        command: client::EventCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
 }
 
 fn main() {
@@ -37,10 +93,16 @@ fn main() {
     let result = match cli.command {
         Command::Sim { command } => sim::run(command),
         Command::Bench { command } => sim::bench(command),
-        Command::Up => Err(anyhow::anyhow!(
-            "the control plane is not built yet (issue #4): `gpuflow up` will start it; \
-             today the scheduling core can be tried with `gpuflow sim openb`"
-        )),
+        Command::Up(a) => platform::up(a),
+        Command::Server(a) => platform::server(a),
+        Command::Agent(a) => platform::agent(a),
+        Command::Job { command, conn } => client::job(&conn, command),
+        Command::Queue { command, conn } => client::queue(&conn, command),
+        Command::Node { command, conn } => client::node(&conn, command),
+        Command::Team { command, conn } => client::team(&conn, command),
+        Command::User { command, conn } => client::user(&conn, command),
+        Command::Token { command, conn } => client::token(&conn, command),
+        Command::Event { command, conn } => client::event(&conn, command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

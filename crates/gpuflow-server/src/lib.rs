@@ -1,1 +1,219 @@
-//! placeholder
+//! gpuflow's control plane: the `/v1` HTTP API, authentication and roles,
+//! the scheduling loop (snapshot → core `schedule` → commit) and the server
+//! side of the agent protocol.
+//!
+//! The working state lives in memory ([`state::World`]) behind one lock and is
+//! written through to the [`Store`]: every change is built as a [`Change`],
+//! committed in one transaction, and only then applied in memory and
+//! acknowledged. After a crash, [`state::World::load`] rebuilds exactly what
+//! was acknowledged. The server does no placement or ordering of its own: it
+//! asks `gpuflow-core`.
+
+pub mod agent;
+pub mod auth;
+pub mod cycle;
+pub mod http;
+pub mod openapi;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gpuflow_store::{Batch, NewAudit, NewEvent, Store};
+use tokio::sync::{Mutex, Notify};
+
+use crate::state::{JobRec, NodeRec, World};
+
+/// What can fail in the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("store")]
+    Store(#[from] gpuflow_store::StoreError),
+    #[error("stored {what} does not parse: {message}")]
+    Corrupt { what: String, message: String },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Holds the SQLite database (unless `store_url` says otherwise), the
+    /// admin token of a new installation and the agents' join token.
+    pub data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://…`; default: SQLite in `data_dir`.
+    pub store_url: Option<String>,
+    /// The agents' join token; default: generated once and kept in `data_dir`.
+    pub join_token: Option<String>,
+    /// Agents heartbeat this often.
+    pub heartbeat_s: u64,
+    /// A node whose heartbeats stop for this long is lost.
+    pub node_timeout_s: u64,
+    /// The scheduling loop runs at least this often (and on every change).
+    pub cycle_interval: Duration,
+    /// A job runs at least this long before it may be preempted.
+    pub min_runtime_s: u64,
+    /// Request bodies larger than this are refused.
+    pub max_body_bytes: usize,
+}
+
+impl Config {
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Config {
+        Config {
+            listen,
+            data_dir,
+            store_url: None,
+            join_token: None,
+            heartbeat_s: 2,
+            node_timeout_s: 30,
+            cycle_interval: Duration::from_secs(1),
+            min_runtime_s: 300,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// What every request handler and the scheduling loop share.
+pub struct Shared {
+    pub world: Mutex<World>,
+    pub store: Arc<dyn Store>,
+    pub cfg: Config,
+    /// Wakes the scheduling loop.
+    pub wake: Notify,
+}
+
+/// Seconds since the Unix epoch: the server's clock, read only at the edge.
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Changes to commit together: records that changed (whole), plus events and
+/// audit lines.
+#[derive(Default)]
+pub struct Change {
+    pub jobs: BTreeMap<u64, JobRec>,
+    pub nodes: BTreeMap<String, NodeRec>,
+    pub batch: Batch,
+}
+
+impl Change {
+    pub fn job(&mut self, j: JobRec) {
+        self.jobs.insert(j.id, j);
+    }
+
+    pub fn event(&mut self, at: u64, job: Option<u64>, team: &str, kind: &str, message: impl Into<String>) {
+        let message = message.into();
+        tracing::debug!(job, team, kind, %message, "event");
+        self.batch.events.push(NewEvent {
+            at,
+            job,
+            team: team.into(),
+            kind: kind.into(),
+            message,
+        });
+    }
+
+    pub fn audit(&mut self, at: u64, actor: &str, action: &str, target: &str, detail: impl Into<String>) {
+        self.batch.audit.push(NewAudit {
+            at,
+            actor: actor.into(),
+            action: action.into(),
+            target: target.into(),
+            detail: detail.into(),
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.nodes.is_empty() && self.batch.is_empty()
+    }
+}
+
+/// Commits a change, then applies it to the working state. On a store error
+/// nothing changes in memory either.
+///
+/// # Errors
+/// On a store error.
+pub async fn commit(store: &dyn Store, world: &mut World, change: Change) -> Result<(), ServerError> {
+    if change.is_empty() {
+        return Ok(());
+    }
+    let Change { jobs, nodes, mut batch } = change;
+    batch.put.extend(jobs.values().map(JobRec::record));
+    batch.put.extend(nodes.values().map(NodeRec::record));
+    store.commit(&batch).await?;
+    for (id, j) in jobs {
+        world.why.remove(&id);
+        world.jobs.insert(id, j);
+    }
+    world.nodes.extend(nodes);
+    Ok(())
+}
+
+/// A started server.
+pub struct Running {
+    pub addr: SocketAddr,
+    /// The admin token, when this start created the installation.
+    pub new_admin_token: Option<String>,
+    /// The agents' join token, when it is known (generated or configured).
+    pub join_token: Option<String>,
+    pub shared: Arc<Shared>,
+}
+
+/// Opens the store, loads the state, binds the listener and starts the HTTP
+/// server and the scheduling loop on the current tokio runtime.
+///
+/// # Errors
+/// On a store that does not open, a data directory that cannot be written or
+/// an address that cannot be bound.
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+    use anyhow::Context;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create the data directory {}", cfg.data_dir.display()))?;
+    let url = cfg
+        .store_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", cfg.data_dir.join("gpuflow.db").display()));
+    let store = gpuflow_store::open(&url)
+        .await
+        .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+    let mut world = World::load(store.as_ref()).await.context("cannot load the state")?;
+    let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(Shared {
+        world: Mutex::new(world),
+        store,
+        cfg,
+        wake: Notify::new(),
+    });
+    let app = http::router(shared.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "http server stopped");
+        }
+    });
+    tokio::spawn(cycle::run_loop(shared.clone()));
+    tracing::info!(%addr, store = shared.store.backend(), "gpuflow server listening");
+    Ok(Running {
+        addr,
+        new_admin_token,
+        join_token,
+        shared,
+    })
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…{}", &url[..s], &url[at..]),
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,115 @@
+/*
+ * A small stand-in for NVIDIA's libnvidia-ml.so.1, for tests on machines
+ * without a GPU. It implements the few NVML calls gpuflow's agent makes,
+ * with the C signatures of nvml.h, and reports GPUs described by the
+ * environment:
+ *   FAKE_NVML_GPUS   number of GPUs (default 2)
+ *   FAKE_NVML_MODEL  product name (default "NVIDIA H100 80GB HBM3")
+ *   FAKE_NVML_MEM_MIB memory per GPU in MiB (default 81559)
+ *   FAKE_NVML_FAIL_INIT  when set, nvmlInit_v2 fails (driver not loaded)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+
+typedef struct fake_device { unsigned int index; } *nvmlDevice_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+static struct fake_device devices[64];
+static int initialised = 0;
+
+static unsigned int count(void) {
+    const char *s = getenv("FAKE_NVML_GPUS");
+    int n = s ? atoi(s) : 2;
+    if (n < 0) n = 0;
+    if (n > 64) n = 64;
+    return (unsigned int)n;
+}
+
+nvmlReturn_t nvmlInit_v2(void) {
+    if (getenv("FAKE_NVML_FAIL_INIT")) return NVML_ERROR_DRIVER_NOT_LOADED;
+    for (unsigned int i = 0; i < 64; i++) devices[i].index = i;
+    initialised = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    initialised = 0;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) { return r == 0 ? "Success" : "Fake NVML error"; }
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (length < 12) return NVML_ERROR_INSUFFICIENT_SIZE;
+    snprintf(version, length, "550.54.15");
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = count();
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || i >= count()) return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &devices[i];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !name) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *m = getenv("FAKE_NVML_MODEL");
+    if (!m) m = "NVIDIA H100 80GB HBM3";
+    if (strlen(m) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(name, m);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    if (length < 41) return NVML_ERROR_INSUFFICIENT_SIZE;
+    snprintf(uuid, length, "GPU-fa4e0000-0000-0000-0000-%012u", d->index);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !m) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *s = getenv("FAKE_NVML_MEM_MIB");
+    unsigned long long mib = s ? strtoull(s, 0, 10) : 81559ULL;
+    m->total = mib * 1024ULL * 1024ULL;
+    m->reserved = 0;
+    m->used = 512ULL * 1024ULL * 1024ULL;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !u) return NVML_ERROR_INVALID_ARGUMENT;
+    u->gpu = 10 + d->index;
+    u->memory = 5;
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,153 @@
+//! GPU discovery: NVML through `nvml-wrapper` where the library loads, and
+//! emulated GPUs from the configuration where it does not. A library that
+//! does not load means "no GPUs here", never a crash.
+
+use gpuflow_api::GpuInfo;
+use nvml_wrapper::Nvml;
+
+/// Emulated GPUs: `count` of `model` with `memory_mib` each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emulated {
+    pub count: u32,
+    pub model: String,
+    pub memory_mib: u64,
+}
+
+impl Emulated {
+    /// Parses `N`, `NxMODEL` or `NxMODEL:MEM_MIB` (e.g. `4`, `8xH100`, `2xA10:24576`).
+    ///
+    /// # Errors
+    /// A message saying what form is expected.
+    pub fn parse(s: &str) -> Result<Emulated, String> {
+        let bad = || format!("{s:?} is not an emulated GPU list: use N, NxMODEL or NxMODEL:MEM_MIB (e.g. 4xH100:81920)");
+        let (n, rest) = s.split_once('x').map_or((s, None), |(n, r)| (n, Some(r)));
+        let count: u32 = n.trim().parse().map_err(|_| bad())?;
+        if count > 64 {
+            return Err(format!("{count} emulated GPUs: at most 64 per node"));
+        }
+        let (model, mem) = match rest {
+            None => ("emulated".to_string(), 81920),
+            Some(r) => match r.split_once(':') {
+                Some((m, mem)) => (m.to_string(), mem.parse().map_err(|_| bad())?),
+                None => (r.to_string(), 81920),
+            },
+        };
+        if model.is_empty() {
+            return Err(bad());
+        }
+        Ok(Emulated {
+            count,
+            model,
+            memory_mib: mem,
+        })
+    }
+
+    pub fn gpus(&self) -> Vec<GpuInfo> {
+        (0..self.count)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("EMU-{i}"),
+                model: self.model.clone(),
+                memory_mib: self.memory_mib,
+                utilization: None,
+            })
+            .collect()
+    }
+}
+
+/// NVML when it loads and initialises.
+pub struct Gpus {
+    nvml: Option<Nvml>,
+    emulated: Option<Emulated>,
+    /// Why NVML is not used, for the log.
+    pub nvml_error: Option<String>,
+}
+
+impl Gpus {
+    /// Tries NVML (from `lib`, or the system's `libnvidia-ml.so.1`), unless
+    /// emulation is asked for.
+    pub fn open(lib: Option<&std::path::Path>, emulated: Option<Emulated>) -> Gpus {
+        if emulated.is_some() {
+            return Gpus {
+                nvml: None,
+                emulated,
+                nvml_error: Some("emulated GPUs were asked for".into()),
+            };
+        }
+        let init = match lib {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        };
+        match init {
+            Ok(nvml) => Gpus {
+                nvml: Some(nvml),
+                emulated: None,
+                nvml_error: None,
+            },
+            Err(e) => Gpus {
+                nvml: None,
+                emulated: None,
+                nvml_error: Some(e.to_string()),
+            },
+        }
+    }
+
+    pub fn is_emulated(&self) -> bool {
+        self.nvml.is_none()
+    }
+
+    /// The GPUs now, with utilisation where NVML gives it. A GPU NVML cannot
+    /// read is left out (it is reported as gone, not as healthy).
+    pub fn list(&self) -> Vec<GpuInfo> {
+        let Some(nvml) = &self.nvml else {
+            return self.emulated.as_ref().map(Emulated::gpus).unwrap_or_default();
+        };
+        let n = nvml.device_count().unwrap_or(0);
+        (0..n)
+            .filter_map(|i| {
+                let d = nvml.device_by_index(i).ok()?;
+                Some(GpuInfo {
+                    index: i,
+                    uuid: d.uuid().ok()?,
+                    model: normalise_model(&d.name().ok()?),
+                    memory_mib: d.memory_info().ok()?.total / (1024 * 1024),
+                    utilization: d.utilization_rates().ok().map(|u| u.gpu),
+                })
+            })
+            .collect()
+    }
+}
+
+/// "NVIDIA H100 80GB HBM3" → "H100-80GB-HBM3": the flavor name quotas use.
+pub fn normalise_model(name: &str) -> String {
+    let s = name.trim().strip_prefix("NVIDIA ").unwrap_or(name.trim());
+    s.split_whitespace().collect::<Vec<_>>().join("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_emulated_lists() {
+        assert_eq!(Emulated::parse("4").unwrap().model, "emulated");
+        let e = Emulated::parse("2xA10:24576").unwrap();
+        assert_eq!((e.count, e.model.as_str(), e.memory_mib), (2, "A10", 24576));
+        assert!(Emulated::parse("x").is_err());
+        assert!(Emulated::parse("100").is_err());
+    }
+
+    #[test]
+    fn model_names_become_flavors() {
+        assert_eq!(normalise_model("NVIDIA H100 80GB HBM3"), "H100-80GB-HBM3");
+        assert_eq!(normalise_model("Tesla T4"), "Tesla-T4");
+    }
+
+    #[test]
+    fn missing_nvml_means_no_gpus() {
+        let g = Gpus::open(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")), None);
+        assert!(g.is_emulated());
+        assert!(g.list().is_empty());
+        assert!(g.nvml_error.is_some());
+    }
+}

@@ -1,0 +1,527 @@
+//! The client commands: `gpuflow job|queue|node|team|user|token|event …`.
+//! They talk to the server's `/v1` API with a token from `--token`,
+//! `GPUFLOW_TOKEN` or the admin token `gpuflow up` left in its data directory.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use gpuflow_api as api;
+use serde_json::Value;
+
+#[derive(Clone, Copy, Default, ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// The server.
+    #[arg(long, global = true, env = "GPUFLOW_SERVER", default_value = "http://127.0.0.1:7070")]
+    pub server: String,
+    /// API token; default: the admin token in the data directory of `gpuflow up`.
+    #[arg(long, global = true, env = "GPUFLOW_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    pub output: Format,
+}
+
+#[derive(Subcommand)]
+pub enum JobCmd {
+    /// Submit a job from a YAML or JSON file (`-` for stdin).
+    Submit {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// List jobs.
+    Ls {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        team: Option<String>,
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// One job with its tasks.
+    Get { id: u64 },
+    /// Why a job waits (or what it is doing).
+    Why { id: u64 },
+    /// The end of each task's output.
+    Logs { id: u64 },
+    Cancel { id: u64 },
+    /// Stop a job and release its GPUs until it is resumed.
+    Suspend { id: u64 },
+    Resume { id: u64 },
+    /// Keep a pending job from starting (admin).
+    Hold { id: u64 },
+    Release { id: u64 },
+}
+
+#[derive(Subcommand)]
+pub enum QueueCmd {
+    Ls,
+    /// Create a queue from a YAML or JSON file.
+    Create {
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// Change a queue.
+    Set {
+        name: String,
+        #[arg(long)]
+        weight: Option<f64>,
+        #[arg(long, value_parser = ["open", "held", "draining"])]
+        state: Option<String>,
+        /// Quotas as FLAVOR=GUARANTEED[,...] in GPUs (admin), e.g. H100=8,*=2.
+        #[arg(long)]
+        quota: Option<String>,
+    },
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    Ls,
+    /// Let running work finish, start nothing new.
+    Drain { name: String },
+    Cordon { name: String },
+    Uncordon { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum TeamCmd {
+    Ls,
+    Create { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum UserCmd {
+    Ls,
+    Create {
+        name: String,
+        #[arg(long, default_value = "")]
+        team: String,
+        #[arg(long, value_parser = ["admin", "team-lead", "member", "viewer"])]
+        role: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCmd {
+    /// Create a token for a user; it is printed once.
+    Create { user: String },
+}
+
+#[derive(Subcommand)]
+pub enum EventCmd {
+    Ls {
+        #[arg(long)]
+        job: Option<u64>,
+        #[arg(long)]
+        after: Option<i64>,
+    },
+}
+
+struct Client {
+    http: ureq::Agent,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    fn new(c: &Conn) -> anyhow::Result<Client> {
+        let token = match &c.token {
+            Some(t) => t.clone(),
+            None => {
+                let path = crate::platform::default_data_dir().join("admin.token");
+                std::fs::read_to_string(&path)
+                    .map(|s| s.trim().to_string())
+                    .map_err(|_| anyhow!("no token: pass --token or set GPUFLOW_TOKEN (an admin creates one with `gpuflow token create USER`)"))?
+            }
+        };
+        Ok(Client {
+            http: ureq::Agent::config_builder()
+                .timeout_global(Some(std::time::Duration::from_secs(30)))
+                .http_status_as_error(false)
+                .build()
+                .into(),
+            base: c.server.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let auth = format!("Bearer {}", self.token);
+        let resp = match (method, body) {
+            ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
+            ("DELETE", _) => self.http.delete(&url).header("Authorization", &auth).call(),
+            (m, b) => {
+                let req = match m {
+                    "PATCH" => self.http.patch(&url),
+                    _ => self.http.post(&url),
+                }
+                .header("Authorization", &auth);
+                match b {
+                    Some((ct, bytes)) => req.header("Content-Type", ct).send(&bytes[..]),
+                    None => req.send_empty(),
+                }
+            }
+        };
+        let mut resp = resp.with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if status >= 400 {
+            let msg = serde_json::from_str::<api::ApiError>(&text).map_or(text, |e| e.message);
+            bail!("{msg} (HTTP {status})");
+        }
+        if text.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).context("the server sent something that is not JSON")
+    }
+}
+
+fn read_file(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+        return Ok(v);
+    }
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// YAML or JSON file → JSON bytes.
+fn as_json(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
+    let raw = read_file(path)?;
+    let v: Value = serde_norway::from_slice(&raw).with_context(|| format!("{} is not YAML or JSON", path.display()))?;
+    Ok(serde_json::to_vec(&v)?)
+}
+
+fn print(format: Format, v: &Value, table: impl FnOnce(&Value) -> String) {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
+        Format::Table => print!("{}", table(v)),
+    }
+}
+
+/// Aligned columns.
+fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+            .collect::<Vec<_>>()
+            .join("  ");
+        s.truncate(s.trim_end().len());
+        s + "\n"
+    };
+    let mut out = line(head.iter().map(|s| s.to_uppercase()).collect());
+    for r in rows {
+        out += &line(r);
+    }
+    out
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(x) => x.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn job_rows(v: &Value) -> String {
+    let rows = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|j| {
+            let nodes: Vec<String> = j["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| s(&t["node"]))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            vec![
+                s(&j["id"]),
+                s(&j["name"]),
+                s(&j["team"]),
+                s(&j["queue"]),
+                s(&j["spec"]["kind"]),
+                s(&j["state"]),
+                if nodes.is_empty() { "-".into() } else { nodes.join(",") },
+                s(&j["reason"]),
+            ]
+        })
+        .collect();
+    columns(&["id", "name", "team", "queue", "kind", "state", "nodes", "reason"], rows)
+}
+
+pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        JobCmd::Submit { file } => {
+            let body = read_file(&file)?;
+            let ct = if file.extension().is_some_and(|e| e == "json") {
+                "application/json"
+            } else {
+                "application/yaml"
+            };
+            let v = c.call("POST", "/v1/jobs", Some((ct, body)))?;
+            print(conn.output, &v, |v| format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"])));
+        }
+        JobCmd::Ls { state, queue, team, user, limit } => {
+            let mut q = Vec::new();
+            for (k, v) in [("state", state), ("queue", queue), ("team", team), ("user", user), ("limit", limit.map(|l| l.to_string()))] {
+                if let Some(v) = v {
+                    q.push(format!("{k}={v}"));
+                }
+            }
+            let path = if q.is_empty() { "/v1/jobs".to_string() } else { format!("/v1/jobs?{}", q.join("&")) };
+            let v = c.call("GET", &path, None)?;
+            print(conn.output, &v, job_rows);
+        }
+        JobCmd::Get { id } => {
+            let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
+            print(conn.output, &v, |j| {
+                let mut out = format!(
+                    "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nattempts: {}, preemptions: {}\n",
+                    s(&j["id"]), s(&j["name"]), s(&j["spec"]["kind"]), s(&j["queue"]), s(&j["team"]), s(&j["user"]),
+                    s(&j["state"]), s(&j["reason"]), s(&j["attempts"]), s(&j["preemptions"])
+                );
+                let rows = j["tasks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| vec![format!("{}/{}", s(&t["group"]), s(&t["index"])), s(&t["node"]), s(&t["gpus"]), s(&t["state"]), s(&t.get("exit_code").cloned().unwrap_or(Value::Null))])
+                    .collect();
+                out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
+                out
+            });
+        }
+        JobCmd::Why { id } => {
+            let v = c.call("GET", &format!("/v1/jobs/{id}/why"), None)?;
+            print(conn.output, &v, |w| {
+                let mut out = format!("job {} is {}: {}\n", s(&w["id"]), s(&w["state"]), s(&w["summary"]));
+                for r in w["reasons"].as_array().into_iter().flatten().skip(1) {
+                    out += &format!("  also: {}\n", s(r));
+                }
+                if let Some(p) = w.get("position") {
+                    out += &format!("  position in its queue: {}\n", s(p));
+                }
+                if let Some(e) = w.get("eta") {
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    let secs = e.as_u64().unwrap_or(now).saturating_sub(now);
+                    out += &format!("  estimated start: in {}\n", human(secs));
+                }
+                out
+            });
+        }
+        JobCmd::Logs { id } => {
+            let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
+            print(conn.output, &v, |v| {
+                let mut out = String::new();
+                if let Some(m) = v["tasks"].as_object() {
+                    for (task, text) in m {
+                        out += &format!("==> {task} <==\n{}", s(text));
+                        if !out.ends_with('\n') {
+                            out.push('\n');
+                        }
+                    }
+                }
+                out
+            });
+        }
+        JobCmd::Cancel { id } => return job_action(&c, conn.output, "cancel", id),
+        JobCmd::Suspend { id } => return job_action(&c, conn.output, "suspend", id),
+        JobCmd::Resume { id } => return job_action(&c, conn.output, "resume", id),
+        JobCmd::Hold { id } => return job_action(&c, conn.output, "hold", id),
+        JobCmd::Release { id } => return job_action(&c, conn.output, "release", id),
+    }
+    Ok(())
+}
+
+fn job_action(c: &Client, output: Format, action: &str, id: u64) -> anyhow::Result<()> {
+    let v = c.call("POST", &format!("/v1/jobs/{id}/{action}"), None)?;
+    print(output, &v, |j| format!("job {}: {} — {}\n", s(&j["id"]), s(&j["state"]), s(&j["reason"])));
+    Ok(())
+}
+
+fn human(secs: u64) -> String {
+    match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7199 => format!("{} min", secs / 60),
+        _ => format!("{:.1} h", secs as f64 / 3600.0),
+    }
+}
+
+pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        QueueCmd::Ls => {
+            let v = c.call("GET", "/v1/queues", None)?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|q| {
+                        let quotas = q["quotas"]
+                            .as_object()
+                            .map(|m| m.iter().map(|(f, x)| format!("{f}:{}", s(&x["guaranteed"]))).collect::<Vec<_>>().join(","))
+                            .unwrap_or_default();
+                        let used = q["used"]
+                            .as_object()
+                            .map(|m| m.iter().map(|(f, x)| format!("{f}:{}", s(x))).collect::<Vec<_>>().join(","))
+                            .unwrap_or_default();
+                        vec![s(&q["name"]), s(&q["team"]), s(&q.get("parent").cloned().unwrap_or(Value::Null)), s(&q["weight"]), s(&q["state"]), quotas, used, s(&q["running"]), s(&q["pending"])]
+                    })
+                    .collect();
+                columns(&["name", "team", "parent", "weight", "state", "guaranteed", "used", "running", "pending"], rows)
+            });
+        }
+        QueueCmd::Create { file } => {
+            let v = c.call("POST", "/v1/queues", Some(("application/json", as_json(&file)?)))?;
+            print(conn.output, &v, |q| format!("queue {} created\n", s(&q["name"])));
+        }
+        QueueCmd::Set { name, weight, state, quota } => {
+            let mut patch = serde_json::Map::new();
+            if let Some(w) = weight {
+                patch.insert("weight".into(), w.into());
+            }
+            if let Some(st) = state {
+                patch.insert("state".into(), st.into());
+            }
+            if let Some(q) = quota {
+                let mut m = serde_json::Map::new();
+                for part in q.split(',') {
+                    let (f, g) = part.split_once('=').ok_or_else(|| anyhow!("--quota: {part:?} is not FLAVOR=GPUS"))?;
+                    let g: f64 = g.parse().map_err(|_| anyhow!("--quota: {g:?} is not a number of GPUs"))?;
+                    m.insert(f.into(), serde_json::json!({"guaranteed": g}));
+                }
+                patch.insert("quotas".into(), Value::Object(m));
+            }
+            let v = c.call("PATCH", &format!("/v1/queues/{name}"), Some(("application/json", serde_json::to_vec(&patch)?)))?;
+            print(conn.output, &v, |q| format!("queue {} updated\n", s(&q["name"])));
+        }
+        QueueCmd::Delete { name } => {
+            c.call("DELETE", &format!("/v1/queues/{name}"), None)?;
+            if matches!(conn.output, Format::Table) {
+                println!("queue {name} deleted");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let (action, name) = match cmd {
+        NodeCmd::Ls => {
+            let v = c.call("GET", "/v1/nodes", None)?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|n| {
+                        let gpus = n["inventory"]["gpus"].as_array().map_or(0, Vec::len);
+                        let model = n["inventory"]["gpus"].get(0).map_or("-".into(), |g| s(&g["model"]));
+                        let emu = if n["inventory"]["emulated"].as_bool() == Some(true) { " (emulated)" } else { "" };
+                        let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
+                        vec![s(&n["name"]), s(&n["state"]), format!("{gpus} × {model}{emu}"), format!("{used}/{gpus}")]
+                    })
+                    .collect();
+                columns(&["name", "state", "gpus", "in use"], rows)
+            });
+            return Ok(());
+        }
+        NodeCmd::Drain { name } => ("drain", name),
+        NodeCmd::Cordon { name } => ("cordon", name),
+        NodeCmd::Uncordon { name } => ("uncordon", name),
+    };
+    let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
+    print(conn.output, &v, |n| format!("node {} is {}\n", s(&n["name"]), s(&n["state"])));
+    Ok(())
+}
+
+pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        TeamCmd::Ls => {
+            let v = c.call("GET", "/v1/teams", None)?;
+            print(conn.output, &v, |v| columns(&["name"], v.as_array().into_iter().flatten().map(|t| vec![s(&t["name"])]).collect()));
+        }
+        TeamCmd::Create { name } => {
+            let v = c.call("POST", "/v1/teams", Some(("application/json", serde_json::to_vec(&serde_json::json!({"name": name}))?)))?;
+            print(conn.output, &v, |t| format!("team {} created\n", s(&t["name"])));
+        }
+    }
+    Ok(())
+}
+
+pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        UserCmd::Ls => {
+            let v = c.call("GET", "/v1/users", None)?;
+            print(conn.output, &v, |v| {
+                columns(&["name", "team", "role"], v.as_array().into_iter().flatten().map(|u| vec![s(&u["name"]), s(&u["team"]), s(&u["role"])]).collect())
+            });
+        }
+        UserCmd::Create { name, team, role } => {
+            let body = serde_json::json!({"name": name, "team": team, "role": role});
+            let v = c.call("POST", "/v1/users", Some(("application/json", serde_json::to_vec(&body)?)))?;
+            print(conn.output, &v, |u| format!("user {} ({}) created\n", s(&u["name"]), s(&u["role"])));
+        }
+    }
+    Ok(())
+}
+
+pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let TokenCmd::Create { user } = cmd;
+    let body = serde_json::json!({ "user": user });
+    let v = c.call("POST", "/v1/tokens", Some(("application/json", serde_json::to_vec(&body)?)))?;
+    print(conn.output, &v, |t| format!("{}\n", s(&t["token"])));
+    Ok(())
+}
+
+pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let EventCmd::Ls { job, after } = cmd;
+    let mut q = vec![];
+    if let Some(j) = job {
+        q.push(format!("job={j}"));
+    }
+    if let Some(a) = after {
+        q.push(format!("after={a}"));
+    }
+    let v = c.call("GET", &format!("/v1/events?{}", q.join("&")), None)?;
+    print(conn.output, &v, |v| {
+        let rows = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| vec![s(&e["seq"]), s(&e["at"]), s(&e.get("job").cloned().unwrap_or(Value::Null)), s(&e["kind"]), s(&e["message"])])
+            .collect();
+        columns(&["seq", "at", "job", "kind", "message"], rows)
+    });
+    Ok(())
+}

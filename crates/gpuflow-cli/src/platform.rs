@@ -1,0 +1,218 @@
+//! `gpuflow up`, `gpuflow server` and `gpuflow agent`: wiring of the server
+//! and agent crates to flags, logging and signals.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use gpuflow_agent::gpu::Emulated;
+
+#[derive(Args, Clone)]
+pub struct ServerArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Holds the embedded database, the admin token and the join token.
+    #[arg(long, env = "GPUFLOW_DATA", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
+    /// `postgres://USER@HOST:PORT/DB` for PostgreSQL; default: SQLite in the data directory.
+    #[arg(long, env = "GPUFLOW_STORE")]
+    pub store: Option<String>,
+    /// The token agents join with; default: generated once, kept in the data directory.
+    #[arg(long, env = "GPUFLOW_JOIN_TOKEN")]
+    pub join_token: Option<String>,
+    /// Seconds without a heartbeat before a node is lost and its work requeued.
+    #[arg(long, default_value_t = 30)]
+    pub node_timeout: u64,
+    /// Seconds between agent heartbeats.
+    #[arg(long, default_value_t = 2)]
+    pub heartbeat: u64,
+    /// Seconds a job runs before it may be preempted.
+    #[arg(long, default_value_t = 300)]
+    pub min_runtime: u64,
+    /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
+    #[arg(long, default_value_t = 1000)]
+    pub cycle_ms: u64,
+}
+
+#[derive(Args, Clone)]
+pub struct AgentArgs {
+    /// The server, e.g. http://10.0.0.1:7070.
+    #[arg(long, env = "GPUFLOW_SERVER")]
+    pub server: String,
+    #[arg(long, env = "GPUFLOW_JOIN_TOKEN")]
+    pub join_token: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// This node's name; default: the host name.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Where task directories and logs go; default: DATA/agent.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Emulate GPUs instead of using NVML: N, NxMODEL or NxMODEL:MEM_MIB.
+    #[arg(long)]
+    pub emulate: Option<String>,
+    /// Load this NVML library instead of the system's libnvidia-ml.so.1.
+    #[arg(long)]
+    pub nvml_lib: Option<PathBuf>,
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    /// The address other nodes reach this one at.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: String,
+}
+
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("HOME").map_or_else(|| PathBuf::from(".gpuflow"), |h| PathBuf::from(h).join(".gpuflow"))
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn server_config(a: &ServerArgs) -> gpuflow_server::Config {
+    let mut c = gpuflow_server::Config::new(a.listen, a.data_dir.clone());
+    c.store_url = a.store.clone();
+    c.join_token = a.join_token.clone();
+    c.node_timeout_s = a.node_timeout.max(1);
+    c.heartbeat_s = a.heartbeat.clamp(1, 60);
+    c.min_runtime_s = a.min_runtime;
+    c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
+    c
+}
+
+fn agent_config(server: String, join_token: String, n: &NodeArgs, data_dir: &std::path::Path) -> anyhow::Result<gpuflow_agent::Config> {
+    let node = n.node.clone().unwrap_or_else(gpuflow_agent::host_name);
+    if !gpuflow_api::valid_name(&node) {
+        return Err(anyhow!("--node {node:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')"));
+    }
+    Ok(gpuflow_agent::Config {
+        server,
+        join_token,
+        node,
+        work_dir: n.work_dir.clone().unwrap_or_else(|| data_dir.join("agent")),
+        emulate: n.emulate.as_deref().map(Emulated::parse).transpose().map_err(|e| anyhow!("--emulate: {e}"))?,
+        nvml_lib: n.nvml_lib.clone(),
+        pool: n.pool.clone(),
+        labels: Default::default(),
+        address: n.address.clone(),
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `gpuflow server`: runs until interrupted.
+pub fn server(a: ServerArgs) -> anyhow::Result<()> {
+    init_logging();
+    let rt = runtime()?;
+    rt.block_on(async {
+        let running = gpuflow_server::start(server_config(&a)).await?;
+        println!("gpuflow server listening on http://{}", running.addr);
+        if let Some(t) = &running.new_admin_token {
+            println!("admin token (also in {}): {t}", a.data_dir.join("admin.token").display());
+        }
+        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        Ok(())
+    })
+}
+
+/// `gpuflow agent`: runs until interrupted; its tasks are stopped on exit.
+pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
+    init_logging();
+    let data = default_data_dir();
+    let cfg = agent_config(a.server, a.join_token, &a.node, &data)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    ctrlc_flag(s)?;
+    gpuflow_agent::run(cfg, stop)
+}
+
+/// Sets `flag` on SIGINT or SIGTERM.
+fn ctrlc_flag(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut term = signal(SignalKind::terminate()).expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        });
+        flag.store(true, Ordering::Relaxed);
+    });
+    Ok(())
+}
+
+#[derive(Args, Clone)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// `gpuflow up`: the server, embedded SQLite and a local agent (NVML, or four
+/// emulated GPUs where there is none) in one process.
+pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
+    init_logging();
+    let rt = runtime()?;
+    let running = rt.block_on(gpuflow_server::start(server_config(&a.server)))?;
+    let join = running
+        .join_token
+        .clone()
+        .ok_or_else(|| anyhow!("no join token is known for the local agent"))?;
+    if a.node.emulate.is_none() && a.node.nvml_lib.is_none() {
+        let probe = gpuflow_agent::gpu::Gpus::open(None, None);
+        if probe.is_emulated() {
+            a.node.emulate = Some("4".into());
+        }
+    }
+    let url = format!("http://{}", running.addr);
+    let cfg = agent_config(url.clone(), join, &a.node, &a.server.data_dir)?;
+    let gpus = match &cfg.emulate {
+        Some(e) => format!("{} emulated GPUs", e.count),
+        None => "GPUs from NVML".into(),
+    };
+    let admin_token = std::fs::read_to_string(a.server.data_dir.join("admin.token"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "(see the admin.token file of the data directory)".into());
+    println!("gpuflow is up at {url}");
+    println!("  data:   {}", a.server.data_dir.display());
+    println!("  agent:  node {} with {gpus}", cfg.node);
+    println!("  admin token: {admin_token}");
+    println!("  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let agent = std::thread::spawn(move || gpuflow_agent::run(cfg, s));
+    rt.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("signal handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    stop.store(true, Ordering::Relaxed);
+    agent.join().map_err(|_| anyhow!("the agent thread panicked"))??;
+    Ok(())
+}

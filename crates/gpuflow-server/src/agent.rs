@@ -1,0 +1,353 @@
+//! The server side of the agent protocol. An agent registers with the join
+//! token and gets a node token; then it heartbeats its inventory and the
+//! state of its tasks, and gets back the full list of tasks the server wants
+//! on the node (level-triggered: a lost reply is repaired by the next one).
+//!
+//! Reports are matched to the job's current attempt; reports of an older
+//! attempt (a run that was requeued meanwhile) are ignored, and the agent
+//! stops such tasks because they are no longer in its desired list.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use gpuflow_api::{
+    self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register, Registered, StopOrder,
+    TaskPhase, TaskReport,
+};
+
+use crate::auth::{hash, new_token};
+use crate::cycle::{finish_stop, stop};
+use crate::http::{Error, parse_json};
+use crate::state::{AfterStop, JobRec, NodeRec, TaskState, World};
+use crate::{Change, Shared, commit, now};
+
+fn token(headers: &HeaderMap) -> Result<String, Error> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string())
+        .ok_or_else(|| ApiError::new(401, "unauthenticated", "missing token: agents send `Authorization: Bearer <token>`").into())
+}
+
+fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
+    if inv.gpus.len() > 64 {
+        return Err(ApiError::bad_request("invalid_inventory", "inventory.gpus: at most 64 GPUs per node"));
+    }
+    if inv.cpu_milli == 0 || inv.memory_mib == 0 {
+        return Err(ApiError::bad_request("invalid_inventory", "inventory: cpu_milli and memory_mib must be positive"));
+    }
+    Ok(())
+}
+
+/// `POST /v1/agent/register`: the join token in, a node token out.
+pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Json<Registered>, Error> {
+    let t = token(&headers)?;
+    let req: Register = parse_json(&body)?;
+    if !api::valid_name(&req.node) {
+        return Err(ApiError::bad_request("invalid_name", format!("node: {:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')", req.node)).into());
+    }
+    check_inventory(&req.inventory)?;
+    let mut world = shared.world.lock().await;
+    if world.join_hash.is_empty() || hash(&t) != world.join_hash {
+        return Err(ApiError::new(401, "unauthenticated", "the join token is not valid").into());
+    }
+    let at = now();
+    let node_token = new_token("gfn");
+    let mut change = Change::default();
+    let node = match world.nodes.get(&req.node) {
+        Some(n) => {
+            let mut n = n.clone();
+            n.state = n.admin_state;
+            n.inventory = req.inventory.clone();
+            n.token_hash = hash(&node_token);
+            n.last_heartbeat = at;
+            change.event(at, None, "", "node-registered", format!("node {} registered again", n.name));
+            n
+        }
+        None => {
+            change.event(
+                at,
+                None,
+                "",
+                "node-registered",
+                format!("node {} joined with {} GPUs{}", req.node, req.inventory.gpus.len(), if req.inventory.emulated { " (emulated)" } else { "" }),
+            );
+            NodeRec {
+                name: req.node.clone(),
+                state: NodeState::Ready,
+                admin_state: NodeState::Ready,
+                address: req.inventory.address.clone(),
+                inventory: req.inventory.clone(),
+                token_hash: hash(&node_token),
+                last_heartbeat: at,
+            }
+        }
+    };
+    change.audit(at, &format!("node:{}", node.name), "node.register", &format!("node/{}", node.name), "");
+    change.nodes.insert(node.name.clone(), node);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    shared.wake.notify_one();
+    Ok(Json(Registered {
+        node_token,
+        heartbeat_s: shared.cfg.heartbeat_s,
+    }))
+}
+
+/// `POST /v1/agent/heartbeat`: reports in, the desired tasks out.
+pub async fn heartbeat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Json<Desired>, Error> {
+    let t = token(&headers)?;
+    let hb: Heartbeat = parse_json(&body)?;
+    check_inventory(&hb.inventory)?;
+    let mut world = shared.world.lock().await;
+    let Some(node) = world.nodes.get(&hb.node).cloned() else {
+        return Err(ApiError::new(404, "unknown_node", format!("node {:?} is not registered: register first", hb.node)).into());
+    };
+    if hash(&t) != node.token_hash {
+        return Err(ApiError::new(401, "unauthenticated", "the node token is not valid: register again").into());
+    }
+    let at = now();
+    let mut change = Change::default();
+    let mut n = node;
+    if n.state == NodeState::Lost {
+        n.state = n.admin_state;
+        change.event(at, None, "", "node-back", format!("node {} is back", n.name));
+    }
+    let inventory_changed = n.inventory != hb.inventory;
+    n.inventory = hb.inventory.clone();
+    n.address = hb.inventory.address.clone();
+    n.last_heartbeat = at;
+    let name = n.name.clone();
+    // Heartbeat times are not events; store the node only when something else
+    // changed or every tenth of the timeout, to keep write load low.
+    let stale = at >= world.nodes[&name].last_heartbeat + shared.cfg.node_timeout_s / 4;
+    if inventory_changed || !change.batch.events.is_empty() || stale {
+        change.nodes.insert(name.clone(), n);
+    } else if let Some(live) = world.nodes.get_mut(&name) {
+        live.last_heartbeat = at;
+    }
+    let changed_jobs = apply_reports(&world, &name, &hb.tasks, at, &mut change);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    if changed_jobs {
+        shared.wake.notify_one();
+    }
+    Ok(Json(Desired {
+        tasks: desired(&world, &name, at),
+        heartbeat_s: shared.cfg.heartbeat_s,
+    }))
+}
+
+/// Folds a node's task reports into its jobs. Returns whether a job changed state.
+fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, change: &mut Change) -> bool {
+    let mut by_job: BTreeMap<u64, Vec<&TaskReport>> = BTreeMap::new();
+    for r in reports {
+        by_job.entry(r.job).or_default().push(r);
+    }
+    let mut any = false;
+    // Jobs with work on this node, and jobs the node reports.
+    let mut ids: Vec<u64> = world
+        .jobs
+        .values()
+        .filter(|j| j.state.allocated() && j.allocs.iter().any(|a| a.node == node))
+        .map(|j| j.id)
+        .collect();
+    ids.extend(by_job.keys().copied());
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        let Some(j) = world.jobs.get(&id) else { continue };
+        if !j.state.allocated() {
+            continue;
+        }
+        let mine: Vec<&TaskReport> = by_job
+            .get(&id)
+            .map(|v| v.iter().copied().filter(|r| r.attempt == j.attempts).collect())
+            .unwrap_or_default();
+        let mut next = j.clone();
+        let before = (next.state, next.tasks.clone(), next.last_checkpoint, next.logs.clone());
+        for r in &mine {
+            if !next.allocs.iter().any(|a| a.node == node && a.group == r.group && a.index == r.index) {
+                continue;
+            }
+            let st = TaskState {
+                group: r.group,
+                index: r.index,
+                phase: r.phase,
+                exit_code: r.exit_code,
+            };
+            match next.tasks.iter_mut().find(|t| t.group == r.group && t.index == r.index) {
+                Some(t) => *t = st,
+                None => next.tasks.push(st),
+            }
+            if let Some(c) = r.checkpoint_at {
+                next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
+            }
+            if !r.log_tail.is_empty() {
+                next.logs.insert(format!("{}/{}", r.group, r.index), r.log_tail.clone());
+            }
+        }
+        if next.state == JobState::Stopping {
+            // Tasks of this node the agent no longer runs are gone.
+            for a in next.allocs.clone().iter().filter(|a| a.node == node) {
+                let running = mine
+                    .iter()
+                    .any(|r| r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running);
+                if !running {
+                    match next.tasks.iter_mut().find(|t| t.group == a.group && t.index == a.index) {
+                        Some(t) if t.phase == TaskPhase::Running => t.phase = TaskPhase::Stopped,
+                        Some(_) => {}
+                        None => next.tasks.push(TaskState {
+                            group: a.group,
+                            index: a.index,
+                            phase: TaskPhase::Stopped,
+                            exit_code: None,
+                        }),
+                    }
+                }
+            }
+        }
+        let kind = transition(&mut next, at);
+        if (next.state, &next.tasks, next.last_checkpoint, &next.logs) != (before.0, &before.1, before.2, &before.3) {
+            if let Some(kind) = kind {
+                change.event(at, Some(next.id), &next.team, kind, next.reason.clone());
+                any = true;
+            }
+            change.job(next);
+        }
+    }
+    any
+}
+
+/// A job's next state from its tasks' states; the event kind when it moved.
+fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
+    let total = j.allocs.len();
+    let done = |p: TaskPhase| p != TaskPhase::Running;
+    if j.state == JobState::Stopping {
+        let gone = j.tasks.iter().filter(|t| done(t.phase)).count();
+        if gone >= total {
+            let why = j.reason.clone();
+            finish_stop(j, at, &why);
+            return Some(match j.state {
+                JobState::Cancelled => "cancelled",
+                JobState::Failed => "failed",
+                JobState::Suspended => "suspended",
+                _ => "requeued",
+            });
+        }
+        return None;
+    }
+    let failed = j.tasks.iter().find(|t| {
+        t.phase == TaskPhase::FailedToStart || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
+    });
+    if let Some(f) = failed {
+        let what = match f.phase {
+            TaskPhase::FailedToStart => format!("task {}/{} could not start", f.group, f.index),
+            _ => format!("task {}/{} exited with {}", f.group, f.index, f.exit_code.map_or("a signal".into(), |c| format!("code {c}"))),
+        };
+        j.failures += 1;
+        let retry = j.failures <= j.spec.retry.limit;
+        stop(j, at, if retry { AfterStop::Retry } else { AfterStop::Fail }, what);
+        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
+            let why = j.reason.clone();
+            finish_stop(j, at, &why);
+            return Some(if retry { "retry" } else { "failed" });
+        }
+        return Some("stopping");
+    }
+    let exited = j.tasks.iter().filter(|t| t.phase == TaskPhase::Exited).count();
+    if exited == total {
+        j.state = JobState::Succeeded;
+        j.finished_at = Some(at);
+        j.reason = "all tasks exited with code 0".into();
+        j.allocs.clear();
+        return Some("succeeded");
+    }
+    let running = j.tasks.iter().filter(|t| t.phase == TaskPhase::Running).count();
+    if running + exited == total && j.state != JobState::Running {
+        j.state = JobState::Running;
+        j.started_at.get_or_insert(at);
+        j.reason = format!("{total} task{} running", if total == 1 { "" } else { "s" });
+        return Some("running");
+    }
+    if running > 0 && j.state == JobState::Admitted {
+        j.state = JobState::Starting;
+        j.started_at.get_or_insert(at);
+        j.reason = format!("{running} of {total} tasks started");
+        return Some("starting");
+    }
+    None
+}
+
+/// The tasks the server wants on a node, with their environment.
+pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
+    let mut out = Vec::new();
+    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+        if !j.allocs.iter().any(|a| a.node == node) {
+            continue;
+        }
+        let world_size = j.allocs.len();
+        // Rank 0's node is the rendezvous for gangs (PyTorch's env:// init).
+        let master = j
+            .allocs
+            .first()
+            .and_then(|a| world.nodes.get(&a.node))
+            .map_or_else(|| "127.0.0.1".to_string(), |n| if n.address.is_empty() { "127.0.0.1".into() } else { n.address.clone() });
+        let port = 20000 + (j.id % 20000);
+        let mut local_rank = 0;
+        for (rank, a) in j.allocs.iter().enumerate() {
+            if a.node != node {
+                continue;
+            }
+            let g = &j.spec.tasks[a.group as usize];
+            let gpus = a.pick.gpus();
+            let list = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let mut env = g.env.clone();
+            let mut set = |k: &str, v: String| {
+                env.insert(k.to_string(), v);
+            };
+            set("CUDA_VISIBLE_DEVICES", list.clone());
+            set("NVIDIA_VISIBLE_DEVICES", if list.is_empty() { "void".into() } else { list });
+            set("GPUFLOW_JOB_ID", j.id.to_string());
+            set("GPUFLOW_JOB_NAME", j.spec.name.clone());
+            set("GPUFLOW_TASK_GROUP", g.name.clone());
+            set("GPUFLOW_TASK_INDEX", a.index.to_string());
+            set("GPUFLOW_ATTEMPT", j.attempts.to_string());
+            set("RANK", rank.to_string());
+            set("WORLD_SIZE", world_size.to_string());
+            set("LOCAL_RANK", local_rank.to_string());
+            set("MASTER_ADDR", master.clone());
+            set("MASTER_PORT", port.to_string());
+            if let Some(gs) = &g.resources.gpu
+                && matches!(gs.mode, api::GpuMode::Fraction | api::GpuMode::TimeSlice)
+            {
+                set("GPUFLOW_GPU_MILLI", gs.milli().to_string());
+                if let Some(m) = gs.memory_mib {
+                    set("GPUFLOW_GPU_MEMORY_MIB", m.to_string());
+                }
+            }
+            local_rank += 1;
+            let mut command = g.command.clone();
+            command.extend(g.args.iter().cloned());
+            out.push(DesiredTask {
+                job: j.id,
+                attempt: j.attempts,
+                group: a.group,
+                index: a.index,
+                name: format!("{}-{}-{}", j.spec.name, g.name, a.index),
+                command,
+                env,
+                working_dir: g.working_dir.clone(),
+                gpus,
+                stop: (j.state == JobState::Stopping).then(|| StopOrder {
+                    signal: j.spec.checkpoint.signal.clone(),
+                    grace_s: j.kill_at.unwrap_or(at).saturating_sub(at),
+                }),
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,557 @@
+//! The scheduling loop. Each cycle:
+//! 1. timers: lost nodes, jobs over their max runtime, stops whose nodes are gone;
+//! 2. snapshot: the committed state as the core's nodes, queues, running and
+//!    pending jobs;
+//! 3. `gpuflow_core::schedule::schedule`;
+//! 4. commit the plan (admissions with their allocations, preemption orders,
+//!    explanations) in one transaction; agents learn it on their next heartbeat.
+//!
+//! The loop runs every `cycle_interval` and whenever something changes, and
+//! logs one line per cycle that did something.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpuflow_api::{self as api, JobState, NodeState};
+use gpuflow_core::cluster::{Allocation, Cluster, GpuPick};
+use gpuflow_core::ids::{CpuMilli, GpuMilli, JobId, MemMib, NodeId, TaskId};
+use gpuflow_core::mix::{MixWeighting, WorkloadMix};
+use gpuflow_core::model::{self, Gpu, Node};
+use gpuflow_core::placement::Placer;
+use gpuflow_core::policy::Policy;
+use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
+use gpuflow_core::request::{self, Constraints, GpuRequest, Job, TaskGroup, TaskRequest};
+use gpuflow_core::schedule::{self, Config, History, Running, Workload};
+
+use crate::state::{AfterStop, Alloc, JobRec, Pick, World};
+use crate::{Change, Shared, commit, now};
+
+/// Runs cycles until the process ends.
+pub async fn run_loop(shared: Arc<Shared>) {
+    loop {
+        let _ = tokio::time::timeout(shared.cfg.cycle_interval, shared.wake.notified()).await;
+        if let Err(e) = run_once(&shared).await {
+            tracing::error!(error = %e, "scheduling cycle failed; retrying next cycle");
+        }
+    }
+}
+
+/// One cycle (timers, schedule, commit).
+///
+/// # Errors
+/// On a store error; nothing of the cycle is applied then.
+pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
+    let mut world = shared.world.lock().await;
+    let t = now();
+    let started = Instant::now();
+    let change = timers(&world, &shared.cfg, t);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    let Some(out) = plan(&mut world, t, shared.cfg.min_runtime_s) else {
+        return Ok(());
+    };
+    commit(shared.store.as_ref(), &mut world, out.change).await?;
+    // Explanations are recomputed every cycle: kept in memory, not stored.
+    for (id, why) in out.whys {
+        if let Some(state) = world.jobs.get(&id).map(|j| j.state) {
+            world.why.insert(id, api::Why { state, ..why });
+        }
+    }
+    if out.admitted + out.preempted > 0 {
+        tracing::info!(
+            pending = out.pending,
+            admitted = out.admitted,
+            preempted = out.preempted,
+            running = out.running,
+            ms = started.elapsed().as_millis() as u64,
+            "cycle"
+        );
+    }
+    if out.admitted > 0 {
+        shared.wake.notify_one();
+    }
+    Ok(())
+}
+
+/// What a cycle decided, ready to commit.
+struct Planned {
+    change: Change,
+    whys: Vec<(u64, api::Why)>,
+    pending: usize,
+    admitted: usize,
+    preempted: usize,
+    running: usize,
+}
+
+/// Snapshot, schedule, and the plan as a change. `None` when nothing waits.
+fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
+    let pending_count = world.jobs.values().filter(|j| j.state == JobState::Pending).count();
+    if pending_count == 0 {
+        return None;
+    }
+    let mut change = Change::default();
+    let mut snap = snapshot(world, t);
+    let cfg = Config {
+        min_runtime,
+        ..Config::default()
+    };
+    let mut history = std::mem::take(&mut world.history);
+    history.account(t, cfg.usage_half_life, &snap.running, &snap.queues);
+    let plan = schedule::schedule(
+        t,
+        &mut snap.placer,
+        &mut snap.queues,
+        &snap.running,
+        &snap.pending,
+        &mut history,
+        &cfg,
+    );
+    world.history = history;
+    for (id, flavor, placement) in &plan.admitted {
+        let Some(mut j) = world.jobs.get(&id.0).cloned() else { continue };
+        j.state = JobState::Admitted;
+        j.flavor = flavor.clone();
+        j.attempts += 1;
+        j.allocs = placement
+            .iter()
+            .map(|a| Alloc {
+                group: a.task.group,
+                index: a.task.index,
+                node: snap.node_names[a.node.0 as usize].clone(),
+                cpu_milli: a.cpu.0,
+                mem_mib: a.mem.0,
+                pick: match a.pick {
+                    GpuPick::None => Pick::None,
+                    GpuPick::Whole(m) => Pick::Whole(m),
+                    GpuPick::Shared(g) => Pick::Shared(g),
+                    GpuPick::Mig { gpu, instance } => Pick::Mig { gpu, instance },
+                },
+            })
+            .collect();
+        j.tasks.clear();
+        let mut nodes: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).collect();
+        nodes.dedup();
+        j.reason = format!("admitted to {} (attempt {})", nodes.join(", "), j.attempts);
+        change.event(t, Some(j.id), &j.team, "admitted", j.reason.clone());
+        change.job(j);
+    }
+    for p in &plan.preempted {
+        let Some(mut j) = world.jobs.get(&p.victim.0).cloned() else { continue };
+        j.state = JobState::Stopping;
+        j.kill_at = Some(p.kill_at);
+        j.after_stop = Some(AfterStop::Requeue);
+        j.preemptions += 1;
+        let why = match p.reason {
+            schedule::PreemptReason::Reclaim => "its queue's guarantee is reclaimed",
+            schedule::PreemptReason::Priority => "a higher-priority job of its queue needs the GPUs",
+        };
+        j.reason = format!(
+            "preempted by job {}: {why}; signalled now, killed at {} ({:.2} GPU-hours since the last checkpoint)",
+            p.by.0, p.kill_at, p.lost_gpu_hours
+        );
+        change.event(t, Some(j.id), &j.team, "preempted", j.reason.clone());
+        change.job(j);
+    }
+    let whys = plan
+        .pending
+        .iter()
+        .map(|p| {
+            let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+            let summary = reasons.first().cloned().unwrap_or_else(|| "waiting for the next cycle".into());
+            (
+                p.job.0,
+                api::Why {
+                    id: p.job.0,
+                    state: JobState::Pending,
+                    summary,
+                    reasons,
+                    position: Some(p.position),
+                    eta: p.eta,
+                },
+            )
+        })
+        .chain(snap.blocked)
+        .collect();
+    Some(Planned {
+        change,
+        whys,
+        pending: pending_count,
+        admitted: plan.admitted.len(),
+        preempted: plan.preempted.len(),
+        running: snap.running.len(),
+    })
+}
+
+/// Node and job timers.
+fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
+    let mut change = Change::default();
+    for n in world.nodes.values() {
+        if n.state != NodeState::Lost && n.last_heartbeat + cfg.node_timeout_s < t {
+            let mut n = n.clone();
+            n.state = NodeState::Lost;
+            change.event(
+                t,
+                None,
+                "",
+                "node-lost",
+                format!("node {} lost: no heartbeat for {} s", n.name, t - n.last_heartbeat),
+            );
+            change.nodes.insert(n.name.clone(), n);
+        }
+    }
+    let lost = |name: &str| {
+        change
+            .nodes
+            .get(name)
+            .or_else(|| world.nodes.get(name))
+            .is_none_or(|n| n.state == NodeState::Lost)
+    };
+    let mut jobs = Vec::new();
+    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+        let on_lost: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).filter(|n| lost(n)).collect();
+        if !on_lost.is_empty() {
+            let mut j = j.clone();
+            let msg = format!("node {} lost", on_lost[0]);
+            if j.state == JobState::Stopping {
+                finish_stop(&mut j, t, &msg);
+            } else {
+                release(&mut j);
+                j.state = JobState::Pending;
+                j.reason = format!("{msg}; requeued");
+            }
+            jobs.push((j, "requeued"));
+            continue;
+        }
+        if let (Some(max), Some(start), true) = (
+            j.spec.max_runtime_s,
+            j.started_at,
+            matches!(j.state, JobState::Running | JobState::Starting),
+        ) && start + max <= t
+        {
+            let mut j = j.clone();
+            stop(&mut j, t, AfterStop::Fail, format!("exceeded its max runtime of {max} s"));
+            jobs.push((j, "stopping"));
+        }
+    }
+    for (j, kind) in jobs {
+        change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+        change.job(j);
+    }
+    change
+}
+
+/// Tells a job to stop; it keeps its GPUs until its tasks are gone.
+pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
+    j.state = JobState::Stopping;
+    j.kill_at = Some(t + j.spec.checkpoint.grace_s);
+    j.after_stop = Some(after);
+    j.reason = reason;
+}
+
+fn release(j: &mut JobRec) {
+    j.allocs.clear();
+    j.tasks.clear();
+    j.kill_at = None;
+    j.after_stop = None;
+    j.flavor.clear();
+}
+
+/// A stopping job whose tasks are gone: release its GPUs and move on.
+pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
+    let after = j.after_stop.unwrap_or(AfterStop::Requeue);
+    release(j);
+    let (state, reason) = match after {
+        AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
+        AfterStop::Suspend => (JobState::Suspended, "suspended by its owner; GPUs released".into()),
+        AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
+        AfterStop::Fail => (JobState::Failed, j.reason.clone()),
+        AfterStop::Retry => {
+            let backoff = j
+                .spec
+                .retry
+                .backoff_s
+                .saturating_mul(1 << (j.failures.saturating_sub(1)).min(12))
+                .min(3600);
+            j.not_before = Some(t + backoff);
+            (
+                JobState::Pending,
+                format!("{}; retry {} of {} in {backoff} s", j.reason, j.failures, j.spec.retry.limit),
+            )
+        }
+    };
+    if state.finished() {
+        j.finished_at = Some(t);
+    }
+    j.state = state;
+    j.reason = reason;
+}
+
+/// The committed state as the core sees it.
+pub struct Snapshot {
+    pub placer: Placer,
+    pub queues: Queues,
+    pub running: Vec<Running>,
+    pub pending: Vec<Workload>,
+    pub node_names: Vec<String>,
+    /// Pending jobs the core is not asked about, with the reason.
+    pub blocked: Vec<(u64, api::Why)>,
+}
+
+/// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single
+/// server runs, and never out of step with the committed state.
+pub fn snapshot(world: &mut World, t: u64) -> Snapshot {
+    // Nodes, in name order; the core's node id is the index.
+    let node_names: Vec<String> = world.nodes.keys().cloned().collect();
+    let node_id: BTreeMap<&str, NodeId> = node_names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), NodeId(i as u32)))
+        .collect();
+    let mut nodes = Vec::new();
+    let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, n) in world.nodes.values().enumerate() {
+        let inv = &n.inventory;
+        let gpus: Vec<Gpu> = inv
+            .gpus
+            .iter()
+            .map(|g| Gpu::plain(&g.model, MemMib(g.memory_mib)))
+            .collect();
+        let mut node = Node::new(i as u32, &n.name, CpuMilli(inv.cpu_milli), MemMib(inv.memory_mib), gpus);
+        node.pool = if inv.pool.is_empty() { "default".into() } else { inv.pool.clone() };
+        node.labels = inv.labels.clone();
+        node.state = match n.state {
+            NodeState::Ready => model::NodeState::Ready,
+            NodeState::Cordoned => model::NodeState::Cordoned,
+            NodeState::Draining => model::NodeState::Draining,
+            NodeState::Lost => model::NodeState::Lost,
+        };
+        if n.state != NodeState::Lost {
+            for g in &inv.gpus {
+                *capacity.entry(g.model.clone()).or_default() += 1000;
+            }
+        }
+        nodes.push(node);
+    }
+    let queues = build_queues(world, &capacity);
+    let queue_names: Vec<String> = queues.list().iter().map(|q| q.name.clone()).collect();
+    if queue_names != world.history_queues {
+        // Queue ids changed: the decayed usage no longer lines up.
+        world.history = History::default();
+        world.history_queues = queue_names;
+    }
+    let cluster = Cluster::new(nodes).expect("node ids are their indices");
+    let requests: Vec<TaskRequest> = world
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending || j.state.allocated())
+        .flat_map(|j| j.spec.tasks.iter().map(task_request))
+        .collect();
+    let mix = WorkloadMix::from_tasks(requests.iter(), MixWeighting::Tasks, 1.0);
+    let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
+    let mut queues = queues;
+    let classes = schedule::default_classes();
+    let mut running = Vec::new();
+    let mut pending = Vec::new();
+    let mut blocked = Vec::new();
+    for j in world.jobs.values() {
+        let Some(work) = workload(j, &queues, &classes) else {
+            if j.state == JobState::Pending {
+                blocked.push((j.id, why(j, format!("queue {:?} does not exist (any more)", j.spec.queue))));
+            }
+            continue;
+        };
+        if j.state.allocated() {
+            let allocations: Vec<Allocation> = j
+                .allocs
+                .iter()
+                .filter_map(|a| {
+                    Some(Allocation {
+                        task: TaskId {
+                            job: JobId(j.id),
+                            group: a.group,
+                            index: a.index,
+                        },
+                        node: *node_id.get(a.node.as_str())?,
+                        cpu: CpuMilli(a.cpu_milli),
+                        mem: MemMib(a.mem_mib),
+                        gpu: task_request(&j.spec.tasks[a.group as usize]).gpu,
+                        pick: match a.pick {
+                            Pick::None => GpuPick::None,
+                            Pick::Whole(m) => GpuPick::Whole(m),
+                            Pick::Shared(g) => GpuPick::Shared(g),
+                            Pick::Mig { gpu, instance } => GpuPick::Mig { gpu, instance },
+                        },
+                    })
+                })
+                .collect();
+            if let Err(a) = placer.apply(&allocations) {
+                tracing::error!(job = j.id, task = %a.task, "committed allocation does not fit its node; left out of this cycle");
+                continue;
+            }
+            if !j.flavor.is_empty() {
+                queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
+            }
+            running.push(Running {
+                work,
+                flavor: j.flavor.clone(),
+                allocations,
+                started: j.started_at.unwrap_or(t),
+                last_checkpoint: j.last_checkpoint,
+                stopping_at: (j.state == JobState::Stopping).then(|| j.kill_at.unwrap_or(t)),
+            });
+        } else if j.state == JobState::Pending {
+            if let Some(nb) = j.not_before.filter(|&nb| nb > t) {
+                blocked.push((j.id, why(j, format!("retrying after a failure; not before {nb}"))));
+                continue;
+            }
+            pending.push(work);
+        }
+    }
+    Snapshot {
+        placer,
+        queues,
+        running,
+        pending,
+        node_names,
+        blocked,
+    }
+}
+
+fn why(j: &JobRec, reason: String) -> api::Why {
+    api::Why {
+        id: j.id,
+        state: j.state,
+        summary: reason.clone(),
+        reasons: vec![reason],
+        position: None,
+        eta: None,
+    }
+}
+
+fn milli(gpus: f64) -> u64 {
+    (gpus * 1000.0).round() as u64
+}
+
+/// The queue tree, parents before children, with quotas in milli-GPU.
+fn build_queues(world: &World, capacity: &BTreeMap<String, u64>) -> Queues {
+    let depth = |name: &str| {
+        let mut name = name.to_string();
+        let mut d = 0;
+        while let Some(p) = world.queues.get(&name).and_then(|q| q.parent.clone()) {
+            d += 1;
+            name = p;
+            if d > 16 {
+                break;
+            }
+        }
+        d
+    };
+    let mut specs: Vec<&api::QueueSpec> = world.queues.values().collect();
+    specs.sort_by_key(|q| (depth(&q.name), q.name.clone()));
+    let index: BTreeMap<&str, QueueId> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.name.as_str(), QueueId(i as u32)))
+        .collect();
+    let list = specs
+        .iter()
+        .map(|s| {
+            let mut q = Queue::new(&s.name, s.parent.as_deref().and_then(|p| index.get(p).copied()));
+            q.weight = s.weight;
+            q.state = match s.state {
+                api::QueueState::Open => gpuflow_core::queue::QueueState::Open,
+                api::QueueState::Held => gpuflow_core::queue::QueueState::Held,
+                api::QueueState::Draining => gpuflow_core::queue::QueueState::Draining,
+            };
+            for flavor in capacity.keys() {
+                if let Some(qs) = s.quotas.get(flavor).or_else(|| s.quotas.get("*")) {
+                    q.quotas.insert(
+                        flavor.clone(),
+                        FlavorQuota {
+                            guaranteed: milli(qs.guaranteed),
+                            borrow_limit: qs.borrow_limit.map(milli),
+                            lend_limit: qs.lend_limit.map(milli),
+                            cap: qs.cap.map(milli),
+                        },
+                    );
+                }
+            }
+            q.user_limits = UserLimits {
+                max_gpu_milli: s.user_limits.max_gpus.map(milli),
+                max_running: s.user_limits.max_running,
+            };
+            q
+        })
+        .collect();
+    Queues::new(list, capacity.clone()).expect("queue specs are validated and ordered")
+}
+
+/// A task group's request as the core sees it.
+pub fn task_request(g: &gpuflow_api::TaskGroupSpec) -> TaskRequest {
+    let r = &g.resources;
+    let gpu = match &r.gpu {
+        None => GpuRequest::None,
+        Some(s) => match s.mode {
+            api::GpuMode::Whole => GpuRequest::Whole {
+                count: s.count.unwrap_or(1).min(u8::MAX as u32) as u8,
+            },
+            api::GpuMode::Mig => GpuRequest::Mig {
+                profile: s.profile.clone().unwrap_or_default(),
+            },
+            api::GpuMode::Fraction => GpuRequest::Fraction {
+                milli: GpuMilli(s.milli() as u32),
+                mem: MemMib(s.memory_mib.unwrap_or(0)),
+            },
+            api::GpuMode::TimeSlice => GpuRequest::TimeSlice {
+                mem: MemMib(s.memory_mib.unwrap_or(0)),
+            },
+        },
+    };
+    TaskRequest {
+        cpu: CpuMilli((r.cpu * 1000.0).round() as u64),
+        mem: MemMib(r.memory_mib),
+        gpu,
+        models: r.gpu.as_ref().map(|g| g.models.clone()).unwrap_or_default(),
+    }
+}
+
+fn workload(j: &JobRec, queues: &Queues, classes: &[schedule::PriorityClass]) -> Option<Workload> {
+    let queue = queues.by_name(&j.spec.queue)?;
+    let class = classes.iter().position(|c| c.name == j.spec.class()).unwrap_or(2);
+    let constraints = Constraints {
+        topology: j.spec.topology.as_ref().map(|t| request::Topology {
+            level: match t.level {
+                gpuflow_api::job::TopologyLevel::Node => request::TopologyLevel::Node,
+                gpuflow_api::job::TopologyLevel::Nvlink => request::TopologyLevel::NvLink,
+                gpuflow_api::job::TopologyLevel::Rack => request::TopologyLevel::Rack,
+                gpuflow_api::job::TopologyLevel::Block => request::TopologyLevel::Block,
+            },
+            required: t.required,
+        }),
+        spread: j.spec.kind == api::Kind::Inference,
+        ..Constraints::default()
+    };
+    Some(Workload {
+        job: Job {
+            id: JobId(j.id),
+            groups: j
+                .spec
+                .tasks
+                .iter()
+                .map(|g| TaskGroup {
+                    name: g.name.clone(),
+                    replicas: g.replicas,
+                    request: task_request(g),
+                })
+                .collect(),
+            constraints,
+        },
+        queue,
+        user: j.user.clone(),
+        class,
+        priority: j.spec.priority,
+        submitted: j.submitted_at,
+        max_runtime: j.spec.max_runtime_s,
+        grace: j.spec.checkpoint.grace_s,
+    })
+}

@@ -1,0 +1,822 @@
+//! The `/v1` HTTP API. Every handler checks the caller's role and team before
+//! it reads or changes anything; every change is committed (with an event or
+//! an audit line) before the reply. Bad input gets a 4xx with `{code,
+//! message}` naming the problem; a store failure gets a bare 500 and one log
+//! line.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use gpuflow_api::{
+    self as api, ApiError, JobSpec, JobState, NodeState, QueuePatch, QueueSpec, Role, Team, TokenCreated, TokenRequest,
+    User,
+};
+use serde::Serialize;
+
+use crate::auth::{Caller, hash, new_token};
+use crate::cycle::stop;
+use crate::state::{AfterStop, JobRec, TokenRec, World, queue_rec, team_rec, token_rec, user_rec};
+use crate::{Change, Shared, commit, now};
+
+/// An error reply.
+#[derive(Debug)]
+pub struct Error(pub ApiError);
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Error {
+        Error(e)
+    }
+}
+
+impl From<crate::ServerError> for Error {
+    fn from(e: crate::ServerError) -> Error {
+        tracing::error!(error = ?e, "request failed inside the server");
+        Error(ApiError::new(500, "internal", "internal error; the server log has the details"))
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.0)).into_response()
+    }
+}
+
+type Reply<T> = Result<Json<T>, Error>;
+
+/// Parses a JSON body strictly, naming the field at fault.
+///
+/// # Errors
+/// A 400 with the field's path.
+pub fn parse_json<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<T, Error> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." { String::new() } else { format!("{path}: ") };
+        ApiError::bad_request("invalid_body", format!("{at}{}", e.inner())).into()
+    })
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    let limit = shared.cfg.max_body_bytes;
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/why", get(why))
+        .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/jobs/{id}/{action}", post(job_action))
+        .route("/v1/events", get(events))
+        .route("/v1/audit", get(audit))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}/{action}", post(node_action))
+        .route("/v1/pools", get(pools))
+        .route("/v1/queues", get(list_queues).post(create_queue))
+        .route("/v1/queues/{name}", patch(patch_queue).delete(delete_queue))
+        .route("/v1/teams", get(list_teams).post(create_team))
+        .route("/v1/users", get(list_users).post(create_user))
+        .route("/v1/tokens", post(create_token))
+        .route("/v1/agent/register", post(crate::agent::register))
+        .route("/v1/agent/heartbeat", post(crate::agent::heartbeat))
+        .fallback(|| async {
+            Error(ApiError::not_found("no such endpoint; the API is described at /v1/openapi.json"))
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(shared)
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
+}
+
+async fn whoami(caller: Caller) -> Json<api::WhoAmI> {
+    Json(api::WhoAmI {
+        user: caller.user.name,
+        team: caller.user.team,
+        role: caller.user.role,
+    })
+}
+
+fn body_or_413(body: Result<Bytes, axum::extract::rejection::BytesRejection>, limit: usize) -> Result<Bytes, Error> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(413, "too_large", format!("the body is larger than {limit} bytes")).into()
+        } else {
+            ApiError::bad_request("bad_body", e.body_text()).into()
+        }
+    })
+}
+
+fn job_id(s: &str) -> Result<u64, Error> {
+    s.parse()
+        .map_err(|_| ApiError::bad_request("bad_id", format!("{s:?} is not a job id (a positive number)")).into())
+}
+
+/// A job the caller may see, or 404 (also for other teams' jobs: their ids are not disclosed).
+fn visible<'w>(world: &'w World, caller: &Caller, id: u64) -> Result<&'w JobRec, Error> {
+    match world.jobs.get(&id) {
+        Some(j) if caller.sees(&j.team) => Ok(j),
+        _ => Err(ApiError::not_found(format!("job {id} not found")).into()),
+    }
+}
+
+async fn submit(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<api::Submitted>), Error> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let spec = JobSpec::parse(&body, json)?;
+    let mut world = shared.world.lock().await;
+    let Some(queue) = world.queues.get(&spec.queue) else {
+        let mine: Vec<&str> = world
+            .queues
+            .values()
+            .filter(|q| caller.sees(&q.team))
+            .map(|q| q.name.as_str())
+            .collect();
+        return Err(ApiError::bad_request(
+            "unknown_queue",
+            format!("queue: {:?} does not exist; queues you may use: {}", spec.queue, mine.join(", ")),
+        )
+        .into());
+    };
+    if !caller.acts_on_jobs(&queue.team) {
+        return Err(ApiError::forbidden(format!(
+            "you may not submit to queue {:?}: it belongs to team {:?} and your role is {} of team {:?}",
+            spec.queue,
+            queue.team,
+            caller.user.role.as_str(),
+            caller.user.team
+        ))
+        .into());
+    }
+    if world.queues.values().any(|q| q.parent.as_deref() == Some(spec.queue.as_str())) {
+        return Err(ApiError::bad_request(
+            "not_a_leaf",
+            format!("queue: {:?} has child queues; submit to one of them", spec.queue),
+        )
+        .into());
+    }
+    let team = queue.team.clone();
+    let at = now();
+    let id = world.next_job + 1;
+    let j = JobRec {
+        id,
+        spec,
+        team: team.clone(),
+        user: caller.user.name.clone(),
+        state: JobState::Pending,
+        reason: "submitted; waiting for the next scheduling cycle".into(),
+        submitted_at: at,
+        started_at: None,
+        finished_at: None,
+        attempts: 0,
+        preemptions: 0,
+        failures: 0,
+        not_before: None,
+        last_checkpoint: None,
+        kill_at: None,
+        after_stop: None,
+        flavor: String::new(),
+        allocs: vec![],
+        tasks: vec![],
+        logs: BTreeMap::new(),
+    };
+    let mut change = Change::default();
+    change.event(at, Some(id), &team, "submitted", format!("submitted by {} to queue {}", j.user, j.spec.queue));
+    change.audit(at, &caller.user.name, "job.submit", &format!("job/{id}"), j.spec.name.clone());
+    change.job(j);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.next_job = id;
+    drop(world);
+    shared.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(api::Submitted {
+            id,
+            state: JobState::Pending,
+        }),
+    ))
+}
+
+async fn list_jobs(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::Job>> {
+    for k in q.keys() {
+        if !["team", "queue", "state", "user", "limit"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown filter {k:?}; allowed: team, queue, state, user, limit"),
+            )
+            .into());
+        }
+    }
+    let state = match q.get("state") {
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            let all: Vec<&str> = api::ALL_STATES.iter().map(|s| s.as_str()).collect();
+            Error(ApiError::bad_request("bad_query", format!("state: unknown state {s:?}; allowed: {}", all.join(", "))))
+        })?),
+        None => None,
+    };
+    let limit = match q.get("limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .map_err(|_| Error(ApiError::bad_request("bad_query", "limit: must be a positive number")))?,
+        None => 1000,
+    };
+    let world = shared.world.lock().await;
+    let jobs = world
+        .jobs
+        .values()
+        .rev()
+        .filter(|j| caller.sees(&j.team))
+        .filter(|j| q.get("team").is_none_or(|t| &j.team == t))
+        .filter(|j| q.get("queue").is_none_or(|t| &j.spec.queue == t))
+        .filter(|j| q.get("user").is_none_or(|t| &j.user == t))
+        .filter(|j| state.is_none_or(|s| j.state == s))
+        .take(limit)
+        .map(JobRec::view)
+        .collect();
+    Ok(Json(jobs))
+}
+
+async fn get_job(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<api::Job> {
+    let id = job_id(&id)?;
+    let world = shared.world.lock().await;
+    Ok(Json(visible(&world, &caller, id)?.view()))
+}
+
+async fn why(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<api::Why> {
+    let id = job_id(&id)?;
+    let world = shared.world.lock().await;
+    let j = visible(&world, &caller, id)?;
+    if j.state == JobState::Pending
+        && let Some(w) = world.why.get(&id)
+    {
+        return Ok(Json(w.clone()));
+    }
+    let summary = match j.state {
+        JobState::Pending => "waiting for the next scheduling cycle".to_string(),
+        JobState::Held => format!("held by an admin: {}", j.reason),
+        JobState::Suspended => "suspended by its owner: resume it to queue it again".into(),
+        _ => j.reason.clone(),
+    };
+    Ok(Json(api::Why {
+        id,
+        state: j.state,
+        summary: summary.clone(),
+        reasons: vec![summary],
+        position: None,
+        eta: None,
+    }))
+}
+
+#[derive(Serialize)]
+struct Logs {
+    id: u64,
+    /// `group/index` → the end of that task's output.
+    tasks: BTreeMap<String, String>,
+}
+
+async fn logs(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<Logs> {
+    let id = job_id(&id)?;
+    let world = shared.world.lock().await;
+    let j = visible(&world, &caller, id)?;
+    let tasks = j
+        .logs
+        .iter()
+        .map(|(k, v)| {
+            let (g, i) = k.split_once('/').unwrap_or((k, "0"));
+            let name = g
+                .parse::<usize>()
+                .ok()
+                .and_then(|g| j.spec.tasks.get(g))
+                .map_or(g.to_string(), |t| t.name.clone());
+            (format!("{name}/{i}"), v.clone())
+        })
+        .collect();
+    Ok(Json(Logs { id, tasks }))
+}
+
+async fn job_action(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path((id, action)): Path<(String, String)>,
+) -> Reply<api::Job> {
+    let id = job_id(&id)?;
+    let mut world = shared.world.lock().await;
+    let j = visible(&world, &caller, id)?.clone();
+    let at = now();
+    let mut next = j.clone();
+    let who = &caller.user.name;
+    let conflict = |what: &str| -> Error {
+        ApiError::conflict(format!("job {id} is {}: {what}", j.state.as_str())).into()
+    };
+    let kind = match action.as_str() {
+        "cancel" | "suspend" | "resume" => {
+            if !caller.acts_on_jobs(&j.team) {
+                return Err(ApiError::forbidden(format!(
+                    "your role ({}) may not {action} jobs of team {:?}",
+                    caller.user.role.as_str(),
+                    j.team
+                ))
+                .into());
+            }
+            match (action.as_str(), j.state) {
+                (_, s) if s.finished() => return Err(conflict("it has finished")),
+                ("cancel", JobState::Pending | JobState::Held | JobState::Suspended) => {
+                    next.state = JobState::Cancelled;
+                    next.finished_at = Some(at);
+                    next.reason = format!("cancelled by {who}");
+                    "cancelled"
+                }
+                ("cancel", JobState::Stopping) => {
+                    next.after_stop = Some(AfterStop::Cancel);
+                    next.reason = format!("cancelled by {who}; stopping");
+                    "stopping"
+                }
+                ("cancel", _) => {
+                    stop(&mut next, at, AfterStop::Cancel, format!("cancelled by {who}"));
+                    "stopping"
+                }
+                ("suspend", JobState::Pending) => {
+                    next.state = JobState::Suspended;
+                    next.reason = format!("suspended by {who}");
+                    "suspended"
+                }
+                ("suspend", s) if s.allocated() && s != JobState::Stopping => {
+                    stop(&mut next, at, AfterStop::Suspend, format!("suspended by {who}"));
+                    "stopping"
+                }
+                ("suspend", _) => return Err(conflict("only pending or running jobs can be suspended")),
+                ("resume", JobState::Suspended) => {
+                    next.state = JobState::Pending;
+                    next.reason = format!("resumed by {who}");
+                    "resumed"
+                }
+                ("resume", _) => return Err(conflict("only suspended jobs can be resumed")),
+                _ => unreachable!("matched above"),
+            }
+        }
+        "hold" | "release" => {
+            caller.need_admin(&format!("{action} of a job"))?;
+            match (action.as_str(), j.state) {
+                ("hold", JobState::Pending) => {
+                    next.state = JobState::Held;
+                    next.reason = format!("held by {who}");
+                    "held"
+                }
+                ("hold", _) => return Err(conflict("only pending jobs can be held")),
+                ("release", JobState::Held) => {
+                    next.state = JobState::Pending;
+                    next.reason = format!("released by {who}");
+                    "released"
+                }
+                _ => return Err(conflict("only held jobs can be released")),
+            }
+        }
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no job action {other:?}; actions: cancel, suspend, resume, hold, release"
+            ))
+            .into());
+        }
+    };
+    let mut change = Change::default();
+    change.event(at, Some(id), &next.team, kind, next.reason.clone());
+    change.audit(at, who, &format!("job.{action}"), &format!("job/{id}"), "");
+    let view = next.view();
+    change.job(next);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    drop(world);
+    shared.wake.notify_one();
+    Ok(Json(view))
+}
+
+async fn events(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::Event>> {
+    let num = |k: &str| -> Result<Option<i64>, Error> {
+        q.get(k)
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| Error(ApiError::bad_request("bad_query", format!("{k}: must be a number"))))
+            })
+            .transpose()
+    };
+    for k in q.keys() {
+        if !["job", "after", "limit"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request("bad_query", format!("unknown filter {k:?}; allowed: job, after, limit")).into());
+        }
+    }
+    let job = num("job")?.map(|j| j as u64);
+    if let Some(j) = job {
+        let world = shared.world.lock().await;
+        visible(&world, &caller, j)?;
+    }
+    let query = gpuflow_store::EventQuery {
+        job,
+        team: (!caller.admin()).then(|| caller.user.team.clone()),
+        after: num("after")?.unwrap_or(0),
+        limit: num("limit")?.unwrap_or(1000),
+    };
+    let rows = shared.store.events(&query).await.map_err(crate::ServerError::from)?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|e| api::Event {
+                seq: e.seq,
+                at: e.event.at,
+                job: e.event.job,
+                team: e.event.team,
+                kind: e.event.kind,
+                message: e.event.message,
+            })
+            .collect(),
+    ))
+}
+
+async fn audit(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::AuditEntry>> {
+    caller.need_admin("reading the audit log")?;
+    let after = q.get("after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let rows = shared.store.audit(after, 10_000).await.map_err(crate::ServerError::from)?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|a| api::AuditEntry {
+                seq: a.seq,
+                at: a.entry.at,
+                actor: a.entry.actor,
+                action: a.entry.action,
+                target: a.entry.target,
+            })
+            .collect(),
+    ))
+}
+
+async fn list_nodes(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<api::NodeView>> {
+    let world = shared.world.lock().await;
+    let used = world.gpus_in_use();
+    Ok(Json(
+        world
+            .nodes
+            .values()
+            .map(|n| api::NodeView {
+                name: n.name.clone(),
+                state: n.state,
+                inventory: n.inventory.clone(),
+                gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
+                last_heartbeat: n.last_heartbeat,
+            })
+            .collect(),
+    ))
+}
+
+async fn node_action(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path((name, action)): Path<(String, String)>,
+) -> Reply<api::NodeView> {
+    caller.need_admin("changing a node")?;
+    let mut world = shared.world.lock().await;
+    let Some(n) = world.nodes.get(&name) else {
+        return Err(ApiError::not_found(format!("node {name:?} not found")).into());
+    };
+    let state = match action.as_str() {
+        "drain" => NodeState::Draining,
+        "cordon" => NodeState::Cordoned,
+        "uncordon" => NodeState::Ready,
+        other => {
+            return Err(ApiError::not_found(format!("no node action {other:?}; actions: drain, cordon, uncordon")).into());
+        }
+    };
+    let mut n = n.clone();
+    n.admin_state = state;
+    if n.state != NodeState::Lost {
+        n.state = state;
+    }
+    let at = now();
+    let mut change = Change::default();
+    change.event(at, None, "", &format!("node-{action}"), format!("node {name} {action}ed by {}", caller.user.name));
+    change.audit(at, &caller.user.name, &format!("node.{action}"), &format!("node/{name}"), "");
+    change.nodes.insert(name.clone(), n);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    let used = world.gpus_in_use();
+    let n = &world.nodes[&name];
+    Ok(Json(api::NodeView {
+        name: n.name.clone(),
+        state: n.state,
+        inventory: n.inventory.clone(),
+        gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
+        last_heartbeat: n.last_heartbeat,
+    }))
+}
+
+#[derive(Serialize)]
+struct Pool {
+    name: String,
+    nodes: usize,
+    gpus: usize,
+}
+
+async fn pools(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<Pool>> {
+    let world = shared.world.lock().await;
+    let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
+    for n in world.nodes.values() {
+        let name = if n.inventory.pool.is_empty() { "default".to_string() } else { n.inventory.pool.clone() };
+        let p = pools.entry(name.clone()).or_insert(Pool { name, nodes: 0, gpus: 0 });
+        p.nodes += 1;
+        p.gpus += n.inventory.gpus.len();
+    }
+    Ok(Json(pools.into_values().collect()))
+}
+
+async fn list_queues(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::QueueView>> {
+    let world = shared.world.lock().await;
+    let mut out = Vec::new();
+    for q in world.queues.values().filter(|q| caller.sees(&q.team)) {
+        let mut used: BTreeMap<String, f64> = BTreeMap::new();
+        let (mut pending, mut running) = (0, 0);
+        for j in world.jobs.values().filter(|j| j.spec.queue == q.name) {
+            if j.state == JobState::Pending {
+                pending += 1;
+            }
+            if j.state.allocated() {
+                running += 1;
+                *used.entry(j.flavor.clone()).or_default() += j.spec.gpu_milli() as f64 / 1000.0;
+            }
+        }
+        out.push(api::QueueView {
+            spec: q.clone(),
+            used,
+            pending,
+            running,
+        });
+    }
+    Ok(Json(out))
+}
+
+/// Team leads may shape their team's queues below an admin-made top queue:
+/// children's guarantees must fit in their parent's.
+fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
+    let Some(parent) = q.parent.as_deref().and_then(|p| world.queues.get(p)) else {
+        return Err(ApiError::forbidden("only an admin sets the quotas of a top-level queue").into());
+    };
+    for (flavor, quota) in &q.quotas {
+        let limit = parent
+            .quotas
+            .get(flavor)
+            .or_else(|| parent.quotas.get("*"))
+            .map_or(0.0, |p| p.guaranteed);
+        let siblings: f64 = world
+            .queues
+            .values()
+            .filter(|s| s.parent == q.parent && s.name != q.name)
+            .filter_map(|s| s.quotas.get(flavor))
+            .map(|s| s.guaranteed)
+            .sum();
+        if quota.guaranteed + siblings > limit + 1e-9 {
+            return Err(ApiError::forbidden(format!(
+                "quotas.{flavor}.guaranteed: {} plus the siblings' {siblings} exceeds the parent's {limit}; ask an admin",
+                quota.guaranteed
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+async fn create_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<QueueSpec>), Error> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let q: QueueSpec = parse_json(&body)?;
+    q.validate()?;
+    let mut world = shared.world.lock().await;
+    if !caller.leads(&q.team) {
+        return Err(ApiError::forbidden(format!("creating a queue of team {:?} needs the admin role or that team's lead", q.team)).into());
+    }
+    if !world.teams.contains_key(&q.team) {
+        return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", q.team)).into());
+    }
+    if world.queues.contains_key(&q.name) {
+        return Err(ApiError::conflict(format!("queue {:?} already exists", q.name)).into());
+    }
+    if let Some(p) = &q.parent {
+        match world.queues.get(p) {
+            None => return Err(ApiError::bad_request("unknown_queue", format!("parent: queue {p:?} does not exist")).into()),
+            Some(pq) if pq.team != q.team => {
+                return Err(ApiError::bad_request("wrong_team", format!("parent: queue {p:?} belongs to team {:?}", pq.team)).into());
+            }
+            Some(_) => {}
+        }
+        if world.jobs.values().any(|j| &j.spec.queue == p && !j.state.finished()) {
+            return Err(ApiError::conflict(format!("parent: queue {p:?} has unfinished jobs; a queue with jobs cannot get children")).into());
+        }
+    }
+    if !caller.admin() {
+        check_lead_quotas(&world, &q)?;
+    }
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(queue_rec(&q));
+    change.audit(at, &caller.user.name, "queue.create", &format!("queue/{}", q.name), serde_json::to_string(&q).unwrap_or_default());
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.insert(q.name.clone(), q.clone());
+    drop(world);
+    shared.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(q)))
+}
+
+async fn patch_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<QueueSpec> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let p: QueuePatch = parse_json(&body)?;
+    let mut world = shared.world.lock().await;
+    let Some(q) = world.queues.get(&name).filter(|q| caller.sees(&q.team)) else {
+        return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
+    };
+    if !caller.leads(&q.team) {
+        return Err(ApiError::forbidden(format!("changing queue {name:?} needs the admin role or its team's lead")).into());
+    }
+    let mut q = q.clone();
+    if let Some(w) = p.weight {
+        q.weight = w;
+    }
+    if let Some(s) = p.state {
+        q.state = s;
+    }
+    if let Some(l) = p.user_limits {
+        q.user_limits = l;
+    }
+    if let Some(quotas) = p.quotas {
+        q.quotas = quotas;
+        if !caller.admin() {
+            check_lead_quotas(&world, &q)?;
+        }
+    }
+    q.validate()?;
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(queue_rec(&q));
+    change.audit(at, &caller.user.name, "queue.update", &format!("queue/{name}"), String::from_utf8_lossy(&body));
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.insert(name, q.clone());
+    drop(world);
+    shared.wake.notify_one();
+    Ok(Json(q))
+}
+
+async fn delete_queue(State(shared): State<Arc<Shared>>, caller: Caller, Path(name): Path<String>) -> Result<StatusCode, Error> {
+    caller.need_admin("deleting a queue")?;
+    let mut world = shared.world.lock().await;
+    if !world.queues.contains_key(&name) {
+        return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
+    }
+    if world.queues.values().any(|q| q.parent.as_deref() == Some(name.as_str())) {
+        return Err(ApiError::conflict(format!("queue {name:?} has child queues; delete them first")).into());
+    }
+    if world.jobs.values().any(|j| j.spec.queue == name && !j.state.finished()) {
+        return Err(ApiError::conflict(format!("queue {name:?} has unfinished jobs; cancel them or let them finish first")).into());
+    }
+    let mut change = Change::default();
+    change.batch.delete.push((gpuflow_store::Table::Queues, name.clone()));
+    change.audit(now(), &caller.user.name, "queue.delete", &format!("queue/{name}"), "");
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.remove(&name);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_teams(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<Team>> {
+    let world = shared.world.lock().await;
+    Ok(Json(world.teams.values().filter(|t| caller.sees(&t.name)).cloned().collect()))
+}
+
+async fn create_team(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<Team>), Error> {
+    caller.need_admin("creating a team")?;
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let t: Team = parse_json(&body)?;
+    if !api::valid_name(&t.name) {
+        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", t.name)).into());
+    }
+    let mut world = shared.world.lock().await;
+    if world.teams.contains_key(&t.name) {
+        return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
+    }
+    let mut change = Change::default();
+    change.batch.put.push(team_rec(&t));
+    change.audit(now(), &caller.user.name, "team.create", &format!("team/{}", t.name), "");
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.teams.insert(t.name.clone(), t.clone());
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+async fn list_users(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<User>> {
+    let world = shared.world.lock().await;
+    Ok(Json(
+        world
+            .users
+            .values()
+            .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
+            .cloned()
+            .collect(),
+    ))
+}
+
+async fn create_user(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<User>), Error> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let u: User = parse_json(&body)?;
+    if !api::valid_name(&u.name) {
+        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", u.name)).into());
+    }
+    let mut world = shared.world.lock().await;
+    let allowed = caller.admin()
+        || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer | Role::TeamLead));
+    if !allowed {
+        return Err(ApiError::forbidden("creating this user needs the admin role (team leads add members, viewers and leads of their own team)").into());
+    }
+    match u.role {
+        Role::Admin if !u.team.is_empty() => {
+            return Err(ApiError::bad_request("invalid_user", "team: admins belong to no team; leave it empty").into());
+        }
+        Role::Admin => {}
+        _ if !world.teams.contains_key(&u.team) => {
+            return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", u.team)).into());
+        }
+        _ => {}
+    }
+    if world.users.contains_key(&u.name) {
+        return Err(ApiError::conflict(format!("user {:?} already exists", u.name)).into());
+    }
+    let mut change = Change::default();
+    change.batch.put.push(user_rec(&u));
+    change.audit(now(), &caller.user.name, "user.create", &format!("user/{}", u.name), u.role.as_str());
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.users.insert(u.name.clone(), u.clone());
+    Ok((StatusCode::CREATED, Json(u)))
+}
+
+async fn create_token(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let r: TokenRequest = parse_json(&body)?;
+    let mut world = shared.world.lock().await;
+    let Some(u) = world.users.get(&r.user).cloned() else {
+        return Err(ApiError::bad_request("unknown_user", format!("user: {:?} does not exist", r.user)).into());
+    };
+    let allowed = caller.admin()
+        || r.user == caller.user.name
+        || (caller.leads(&u.team) && u.role != Role::Admin && !u.team.is_empty());
+    if !allowed {
+        return Err(ApiError::forbidden(format!("you may not create tokens for {:?}", r.user)).into());
+    }
+    let token = new_token("gft");
+    let rec = TokenRec {
+        hash: hash(&token),
+        user: r.user.clone(),
+        created_at: now(),
+    };
+    let mut change = Change::default();
+    change.batch.put.push(token_rec(&rec));
+    change.audit(now(), &caller.user.name, "token.create", &format!("user/{}", r.user), "");
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.tokens.insert(rec.hash.clone(), rec);
+    Ok((StatusCode::CREATED, Json(TokenCreated { user: r.user, token })))
+}

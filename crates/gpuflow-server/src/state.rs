@@ -1,0 +1,321 @@
+//! The server's working state: every team, user, token, queue, node and job,
+//! held in memory and written through to the store. Records serialise to the
+//! store's JSON documents; [`World::load`] rebuilds the state after a restart.
+
+use std::collections::BTreeMap;
+
+use gpuflow_api::{self as api, Inventory, JobSpec, JobState, NodeState, QueueSpec, Role};
+use gpuflow_store::{Record, Store, Table};
+use serde::{Deserialize, Serialize};
+
+use crate::ServerError;
+
+/// Where a task's GPUs are: a mirror of the core's `GpuPick`, by node name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pick {
+    None,
+    /// Whole GPUs: bit i set means GPU i.
+    Whole(u64),
+    Shared(u8),
+    Mig { gpu: u8, instance: u8 },
+}
+
+impl Pick {
+    pub fn gpus(&self) -> Vec<u32> {
+        match *self {
+            Pick::None => vec![],
+            Pick::Whole(mask) => (0..64).filter(|i| mask & (1 << i) != 0).collect(),
+            Pick::Shared(g) | Pick::Mig { gpu: g, .. } => vec![g as u32],
+        }
+    }
+}
+
+/// One task's allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alloc {
+    pub group: u16,
+    pub index: u32,
+    pub node: String,
+    pub cpu_milli: u64,
+    pub mem_mib: u64,
+    pub pick: Pick,
+}
+
+/// What happens to a stopping job once its tasks are gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterStop {
+    /// Back to pending (preempted, or its node was lost).
+    Requeue,
+    Suspend,
+    Cancel,
+    /// Failed: over its max runtime, or a task failed with no retry left.
+    Fail,
+    /// A task failed and a retry is left: pending again after a backoff.
+    Retry,
+}
+
+/// A task as its agent last reported it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub group: u16,
+    pub index: u32,
+    pub phase: api::TaskPhase,
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRec {
+    pub id: u64,
+    pub spec: JobSpec,
+    pub team: String,
+    pub user: String,
+    pub state: JobState,
+    pub reason: String,
+    pub submitted_at: u64,
+    pub started_at: Option<u64>,
+    pub finished_at: Option<u64>,
+    /// Runs started so far; the current run's tasks carry this number.
+    pub attempts: u32,
+    pub preemptions: u32,
+    pub failures: u32,
+    /// Pending but not to be started before this (retry backoff).
+    pub not_before: Option<u64>,
+    pub last_checkpoint: Option<u64>,
+    pub kill_at: Option<u64>,
+    pub after_stop: Option<AfterStop>,
+    /// The flavor (GPU model) its quota is charged to.
+    pub flavor: String,
+    pub allocs: Vec<Alloc>,
+    pub tasks: Vec<TaskState>,
+    /// The end of each task's output, `group/index` → text.
+    pub logs: BTreeMap<String, String>,
+}
+
+impl JobRec {
+    pub fn record(&self) -> Record {
+        Record {
+            table: Table::Jobs,
+            key: job_key(self.id),
+            team: self.team.clone(),
+            state: self.state.as_str().into(),
+            doc: serde_json::to_string(self).expect("a job serialises"),
+        }
+    }
+
+    pub fn view(&self) -> api::Job {
+        let tasks = self
+            .allocs
+            .iter()
+            .map(|a| {
+                let t = self.tasks.iter().find(|t| t.group == a.group && t.index == a.index);
+                api::TaskView {
+                    group: self
+                        .spec
+                        .tasks
+                        .get(a.group as usize)
+                        .map_or_else(String::new, |g| g.name.clone()),
+                    index: a.index,
+                    node: a.node.clone(),
+                    gpus: a.pick.gpus(),
+                    milli: match a.pick {
+                        Pick::Shared(_) => Some(
+                            self.spec.tasks[a.group as usize]
+                                .resources
+                                .gpu
+                                .as_ref()
+                                .map_or(0, |g| g.milli() as u32),
+                        ),
+                        _ => None,
+                    },
+                    state: t.map_or("assigned", |t| phase_name(t.phase)).into(),
+                    exit_code: t.and_then(|t| t.exit_code),
+                }
+            })
+            .collect();
+        api::Job {
+            id: self.id,
+            name: self.spec.name.clone(),
+            team: self.team.clone(),
+            queue: self.spec.queue.clone(),
+            user: self.user.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            submitted_at: self.submitted_at,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            attempts: self.attempts,
+            preemptions: self.preemptions,
+            last_checkpoint: self.last_checkpoint,
+            kill_at: self.kill_at,
+            tasks,
+            spec: self.spec.clone(),
+        }
+    }
+
+    pub fn task_count(&self) -> u32 {
+        self.spec.tasks.iter().map(|g| g.replicas).sum()
+    }
+}
+
+pub fn phase_name(p: api::TaskPhase) -> &'static str {
+    match p {
+        api::TaskPhase::Running => "running",
+        api::TaskPhase::Exited => "exited",
+        api::TaskPhase::Stopped => "stopped",
+        api::TaskPhase::FailedToStart => "failed-to-start",
+    }
+}
+
+/// Job keys sort numerically as text.
+pub fn job_key(id: u64) -> String {
+    format!("{id:020}")
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRec {
+    pub name: String,
+    pub state: NodeState,
+    /// Set by an admin (cordon, drain); `Lost` comes from missed heartbeats and
+    /// clears when they resume, the admin's state stays.
+    pub admin_state: NodeState,
+    pub inventory: Inventory,
+    pub address: String,
+    pub token_hash: String,
+    pub last_heartbeat: u64,
+}
+
+impl NodeRec {
+    pub fn record(&self) -> Record {
+        Record {
+            table: Table::Nodes,
+            key: self.name.clone(),
+            team: String::new(),
+            state: self.state.as_str().into(),
+            doc: serde_json::to_string(self).expect("a node serialises"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenRec {
+    pub hash: String,
+    pub user: String,
+    pub created_at: u64,
+}
+
+/// Everything the server knows.
+#[derive(Default)]
+pub struct World {
+    pub teams: BTreeMap<String, api::Team>,
+    pub users: BTreeMap<String, api::User>,
+    /// By token hash.
+    pub tokens: BTreeMap<String, TokenRec>,
+    pub queues: BTreeMap<String, QueueSpec>,
+    pub nodes: BTreeMap<String, NodeRec>,
+    pub jobs: BTreeMap<u64, JobRec>,
+    pub next_job: u64,
+    /// The hash of the agents' join token.
+    pub join_hash: String,
+    /// The last cycle's explanation of each pending job.
+    pub why: BTreeMap<u64, api::Why>,
+    /// Scheduler memory between cycles (decayed usage), keyed to the queue set.
+    pub history: gpuflow_core::schedule::History,
+    pub history_queues: Vec<String>,
+}
+
+pub fn put<T: Serialize>(table: Table, key: &str, team: &str, state: &str, v: &T) -> Record {
+    Record {
+        table,
+        key: key.into(),
+        team: team.into(),
+        state: state.into(),
+        doc: serde_json::to_string(v).expect("serialises"),
+    }
+}
+
+pub fn team_rec(t: &api::Team) -> Record {
+    put(Table::Teams, &t.name, &t.name, "", t)
+}
+pub fn user_rec(u: &api::User) -> Record {
+    put(Table::Users, &u.name, &u.team, u.role.as_str(), u)
+}
+pub fn token_rec(t: &TokenRec) -> Record {
+    put(Table::Tokens, &t.hash, "", "", t)
+}
+pub fn queue_rec(q: &QueueSpec) -> Record {
+    put(Table::Queues, &q.name, &q.team, "", q)
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(r: &Record) -> Result<T, ServerError> {
+    serde_json::from_str(&r.doc).map_err(|e| ServerError::Corrupt {
+        what: format!("{:?} {}", r.table, r.key),
+        message: e.to_string(),
+    })
+}
+
+impl World {
+    /// Reads everything from the store.
+    ///
+    /// # Errors
+    /// On a store error or a record that does not parse.
+    pub async fn load(store: &dyn Store) -> Result<World, ServerError> {
+        let mut w = World::default();
+        for r in store.load(Table::Teams).await? {
+            let t: api::Team = parse(&r)?;
+            w.teams.insert(t.name.clone(), t);
+        }
+        for r in store.load(Table::Users).await? {
+            let u: api::User = parse(&r)?;
+            w.users.insert(u.name.clone(), u);
+        }
+        for r in store.load(Table::Tokens).await? {
+            let t: TokenRec = parse(&r)?;
+            w.tokens.insert(t.hash.clone(), t);
+        }
+        for r in store.load(Table::Queues).await? {
+            let q: QueueSpec = parse(&r)?;
+            w.queues.insert(q.name.clone(), q);
+        }
+        for r in store.load(Table::Nodes).await? {
+            let n: NodeRec = parse(&r)?;
+            w.nodes.insert(n.name.clone(), n);
+        }
+        for r in store.load(Table::Jobs).await? {
+            let j: JobRec = parse(&r)?;
+            w.next_job = w.next_job.max(j.id);
+            w.jobs.insert(j.id, j);
+        }
+        for r in store.load(Table::Meta).await? {
+            if r.key == "join_hash" {
+                w.join_hash = r.doc.clone();
+            }
+        }
+        Ok(w)
+    }
+
+    /// The caller's user record for a token hash.
+    pub fn principal(&self, hash: &str) -> Option<&api::User> {
+        self.tokens.get(hash).and_then(|t| self.users.get(&t.user))
+    }
+
+    /// GPU indices in use per node, from the allocations of jobs that hold GPUs.
+    pub fn gpus_in_use(&self) -> BTreeMap<String, Vec<u32>> {
+        let mut used: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for j in self.jobs.values().filter(|j| j.state.allocated()) {
+            for a in &j.allocs {
+                used.entry(a.node.clone()).or_default().extend(a.pick.gpus());
+            }
+        }
+        for v in used.values_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+        used
+    }
+
+    pub fn is_admin(u: &api::User) -> bool {
+        u.role == Role::Admin
+    }
+}
