@@ -132,6 +132,9 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut last_error = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
+        // After starting or stopping tasks, report back soon rather than a full
+        // interval later.
+        let mut soon = false;
         for t in tasks.values_mut() {
             t.poll();
         }
@@ -163,7 +166,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
                 Ok(d) => {
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
-                    reconcile(&mut tasks, &d, &cfg.work_dir);
+                    soon = reconcile(&mut tasks, &d, &cfg.work_dir);
                 }
                 Err((401 | 404, _)) => {
                     // The server forgot us: register again next tick.
@@ -186,10 +189,18 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             }
         }
         // Sleep in short steps so task exits are reaped and stop is noticed.
-        while tick.elapsed() < interval && !stop.load(Ordering::Relaxed) {
+        let wait = if soon { Duration::from_millis(300) } else { interval };
+        while tick.elapsed() < wait && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
+            let mut ended = false;
             for t in tasks.values_mut() {
+                let was = t.running();
                 t.poll();
+                ended |= was && !t.running();
+            }
+            if ended {
+                // A task ended: tell the server now.
+                break;
             }
         }
     }
@@ -199,8 +210,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes the node match the desired list.
-fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path::Path) {
+/// Makes the node match the desired list. Returns whether it started or
+/// stopped anything.
+fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path::Path) -> bool {
+    let mut changed = false;
     let wanted: BTreeMap<Key, &gpuflow_api::DesiredTask> =
         desired.tasks.iter().map(|t| (task::key(t), t)).collect();
     for (k, d) in &wanted {
@@ -210,11 +223,12 @@ fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path
                     continue;
                 }
                 tasks.insert(*k, Task::start(d, dir));
+                changed = true;
             }
             None => {}
             Some(t) => {
                 if let Some(s) = &d.stop {
-                    t.stop(&s.signal, Duration::from_secs(s.grace_s));
+                    changed |= t.stop(&s.signal, Duration::from_secs(s.grace_s));
                 }
             }
         }
@@ -225,10 +239,11 @@ fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path
             return true;
         }
         if t.running() {
-            t.stop("SIGTERM", Duration::from_secs(10));
+            changed |= t.stop("SIGTERM", Duration::from_secs(10));
             true
         } else {
             false
         }
     });
+    changed
 }

@@ -102,13 +102,15 @@ impl Task {
         self.phase == TaskPhase::Running
     }
 
-    /// Sends the stop signal to the group once and arms the kill.
-    pub fn stop(&mut self, signal: &str, grace: Duration) {
+    /// Sends the stop signal to the group once and arms the kill. Returns
+    /// whether it did (false when already stopping or ended).
+    pub fn stop(&mut self, signal: &str, grace: Duration) -> bool {
         if !self.running() || self.kill_at.is_some() {
-            return;
+            return false;
         }
         self.kill_at = Some(Instant::now() + grace);
         self.signal(signal_number(signal));
+        true
     }
 
     fn signal(&self, sig: i32) {

@@ -165,13 +165,21 @@ pub struct Running {
     pub shared: Arc<Shared>,
 }
 
-/// Opens the store, loads the state, binds the listener and starts the HTTP
-/// server and the scheduling loop on the current tokio runtime.
+/// The state a server runs on, before it listens.
+pub struct Opened {
+    pub shared: Arc<Shared>,
+    /// The admin token, when this start created the installation.
+    pub new_admin_token: Option<String>,
+    /// The agents' join token, when it is known (generated or configured).
+    pub join_token: Option<String>,
+}
+
+/// Opens the store, loads the state and bootstraps a new installation; binds
+/// nothing and starts nothing (tests drive the router and cycles themselves).
 ///
 /// # Errors
-/// On a store that does not open, a data directory that cannot be written or
-/// an address that cannot be bound.
-pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+/// On a store that does not open or a data directory that cannot be written.
+pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     use anyhow::Context;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create the data directory {}", cfg.data_dir.display()))?;
@@ -184,16 +192,32 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
     let mut world = World::load(store.as_ref()).await.context("cannot load the state")?;
     let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    Ok(Opened {
+        shared: Arc::new(Shared {
+            world: Mutex::new(world),
+            store,
+            cfg,
+            wake: Notify::new(),
+        }),
+        new_admin_token,
+        join_token,
+    })
+}
+
+/// Opens the state, binds the listener and starts the HTTP server and the
+/// scheduling loop on the current tokio runtime.
+///
+/// # Errors
+/// As [`open`], and on an address that cannot be bound.
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+    use anyhow::Context;
+    let listen = cfg.listen;
+    let opened = open(cfg).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared {
-        world: Mutex::new(world),
-        store,
-        cfg,
-        wake: Notify::new(),
-    });
+    let shared = opened.shared;
     let app = http::router(shared.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -204,8 +228,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     tracing::info!(%addr, store = shared.store.backend(), "gpuflow server listening");
     Ok(Running {
         addr,
-        new_admin_token,
-        join_token,
+        new_admin_token: opened.new_admin_token,
+        join_token: opened.join_token,
         shared,
     })
 }

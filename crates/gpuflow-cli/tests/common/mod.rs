@@ -1,0 +1,219 @@
+//! Helpers for end-to-end tests: the real `gpuflow` binary as server and
+//! agent on loopback ports, an HTTP client, and polling with a deadline.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpuflow");
+pub const JOIN: &str = "gfj_test_join_token";
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A child process stopped when dropped: SIGTERM (an agent then stops its
+/// tasks), SIGKILL after five seconds.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([sig, &self.0.id().to_string()]).status();
+    }
+
+    /// SIGKILL now, as a crash.
+    pub fn crash(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        self.signal("-TERM");
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .unwrap_or(false)
+}
+
+pub struct Server {
+    pub proc: Proc,
+    pub url: String,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+/// Starts `gpuflow server` on `port` with fast timers; waits until it answers.
+pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    let child = Command::new(BIN)
+        .args(["server", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--join-token", JOIN, "--min-runtime", "0", "--cycle-ms", "200", "--heartbeat", "1", "--node-timeout", "6"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let s = Server {
+        proc: Proc(child),
+        url: url.clone(),
+        port,
+        dir: dir.to_path_buf(),
+    };
+    poll("the server answers", Duration::from_secs(30), || {
+        ureq::get(format!("{url}/v1/openapi.json")).call().ok().map(|_| ())
+    });
+    s
+}
+
+pub fn admin_token(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("data/admin.token")).unwrap().trim().to_string()
+}
+
+/// Starts `gpuflow agent` with emulated GPUs.
+pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("agent-{node}.log")))
+        .unwrap();
+    Proc(
+        Command::new(BIN)
+            .args(["agent", "--server", url, "--join-token", JOIN, "--node", node, "--emulate", gpus, "--work-dir"])
+            .arg(dir.join(format!("work-{node}")))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Calls `f` until it returns `Some`, failing the test after `limit`.
+pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub struct Api {
+    pub url: String,
+    http: ureq::Agent,
+}
+
+impl Api {
+    pub fn new(url: &str) -> Api {
+        Api {
+            url: url.to_string(),
+            http: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(20)))
+                .build()
+                .into(),
+        }
+    }
+
+    /// `(status, body)`; an unreachable server is status 0.
+    pub fn call(&self, method: &str, path: &str, token: &str, body: Option<(&str, &[u8])>) -> (u16, Value) {
+        let url = format!("{}{path}", self.url);
+        let auth = format!("Bearer {token}");
+        let r = match method {
+            "GET" => self.http.get(&url).header("Authorization", &auth).call(),
+            "DELETE" => self.http.delete(&url).header("Authorization", &auth).call(),
+            m => {
+                let req = if m == "PATCH" { self.http.patch(&url) } else { self.http.post(&url) }.header("Authorization", &auth);
+                match body {
+                    Some((ct, b)) => req.header("Content-Type", ct).send(b),
+                    None => req.send_empty(),
+                }
+            }
+        };
+        match r {
+            Ok(mut resp) => {
+                let status = resp.status().as_u16();
+                let text = resp.body_mut().read_to_string().unwrap_or_default();
+                (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            }
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    pub fn get(&self, path: &str, token: &str) -> Value {
+        let (s, v) = self.call("GET", path, token, None);
+        assert_eq!(s, 200, "GET {path}: {v}");
+        v
+    }
+
+    pub fn post_json(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+        self.call("POST", path, token, Some(("application/json", body.to_string().as_bytes())))
+    }
+
+    pub fn submit_yaml(&self, token: &str, yaml: &str) -> (u16, Value) {
+        self.call("POST", "/v1/jobs", token, Some(("application/yaml", yaml.as_bytes())))
+    }
+
+    pub fn job(&self, id: u64, token: &str) -> Value {
+        self.get(&format!("/v1/jobs/{id}"), token)
+    }
+
+    /// Polls until the job is in `state`.
+    pub fn wait_state(&self, id: u64, token: &str, state: &str, limit: Duration) -> Value {
+        poll(&format!("job {id} to be {state}"), limit, || {
+            let j = self.job(id, token);
+            (j["state"] == state).then_some(j)
+        })
+    }
+
+    /// Creates a team with a member and returns the member's token.
+    pub fn team_with_member(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
+        let (s, v) = self.post_json("/v1/teams", admin, &serde_json::json!({"name": team}));
+        assert!(s == 201 || s == 409, "{v}");
+        self.user_token(admin, team, user, role)
+    }
+
+    pub fn user_token(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
+        let (s, v) = self.post_json("/v1/users", admin, &serde_json::json!({"name": user, "team": team, "role": role}));
+        assert_eq!(s, 201, "{v}");
+        let (s, v) = self.post_json("/v1/tokens", admin, &serde_json::json!({"user": user}));
+        assert_eq!(s, 201, "{v}");
+        v["token"].as_str().unwrap().to_string()
+    }
+}
+
+/// A job spec in YAML.
+pub fn job_yaml(name: &str, queue: &str, kind: &str, gpus: u32, script: &str, grace: u64) -> String {
+    format!(
+        "name: {name}\nqueue: {queue}\nkind: {kind}\ncheckpoint: {{grace_s: {grace}}}\ntasks:\n  - name: main\n    command: [sh, -c, {script:?}]\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: {gpus}}}}}\n"
+    )
+}
