@@ -192,6 +192,12 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
     let mut world = World::load(store.as_ref()).await.context("cannot load the state")?;
     let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
+    // Heartbeats missed while the server was down say nothing about the
+    // nodes: every node gets a full timeout to report in again.
+    let t = now();
+    for n in world.nodes.values_mut() {
+        n.last_heartbeat = n.last_heartbeat.max(t);
+    }
     Ok(Opened {
         shared: Arc::new(Shared {
             world: Mutex::new(world),

@@ -1,0 +1,131 @@
+//! Crash safety: `kill -9` the server while hundreds of jobs are being
+//! submitted and scheduled, restart it on the same data directory, and check
+//! that no acknowledged job is lost or duplicated, no GPU is allocated twice
+//! and running work keeps running.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const JOBS: usize = 300;
+
+fn spec(i: usize) -> String {
+    let gpu = match i % 3 {
+        0 => "{mode: fraction, fraction: 0.25}",
+        1 => "{count: 1}",
+        _ => "{count: 2}",
+    };
+    format!(
+        "name: job-{i}\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sh, -c, 'sleep 0.{}']\n    resources: {{cpu: 0.01, memory_mib: 16, gpu: {gpu}}}\n",
+        i % 5
+    )
+}
+
+/// Checks that no GPU is held twice: whole GPUs by one task, shares within one GPU.
+fn check_no_double_allocation(jobs: &Value) {
+    let mut whole: BTreeSet<(String, u64)> = BTreeSet::new();
+    let mut shared: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for j in jobs.as_array().unwrap() {
+        for t in j["tasks"].as_array().unwrap() {
+            let node = t["node"].as_str().unwrap().to_string();
+            for g in t["gpus"].as_array().unwrap() {
+                let key = (node.clone(), g.as_u64().unwrap());
+                match t.get("milli").and_then(Value::as_u64) {
+                    Some(m) => *shared.entry(key).or_default() += m,
+                    None => assert!(whole.insert(key.clone()), "GPU {key:?} allocated twice"),
+                }
+            }
+        }
+    }
+    for (k, m) in &shared {
+        assert!(!whole.contains(k), "GPU {k:?} both whole and shared");
+        assert!(*m <= 1000, "GPU {k:?} shared beyond its capacity: {m}");
+    }
+}
+
+#[test]
+fn kill_9_while_submitting_loses_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let srv = server(dir.path(), port, &[]);
+    let url = srv.url.clone();
+    let _agent = agent(dir.path(), &url, "n1", "8");
+    let api = Api::new(&url);
+    let admin = admin_token(dir.path());
+
+    // A long job that must survive the crash untouched.
+    let (_, v) = api.submit_yaml(&admin, &job_yaml("survivor", "default", "training", 1, "echo $$ > pid; sleep 600", 1));
+    let survivor = v["id"].as_u64().unwrap();
+    api.wait_state(survivor, &admin, "running", Duration::from_secs(60));
+    let pid_file = dir.path().join(format!("work-n1/job-{survivor}/a1-g0-i0/pid"));
+    let pid: u32 = poll("the survivor writes its pid", Duration::from_secs(30), || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+
+    // Submit from another thread, through the crash.
+    let acked: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let submitter = {
+        let (acked, failed, url, admin) = (acked.clone(), failed.clone(), url.clone(), admin.clone());
+        std::thread::spawn(move || {
+            let api = Api::new(&url);
+            for i in 0..JOBS {
+                let (s, v) = api.submit_yaml(&admin, &spec(i));
+                if s == 201 {
+                    acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    poll("a hundred acknowledged submissions", Duration::from_secs(120), || {
+        (acked.lock().unwrap().len() >= 100).then_some(())
+    });
+    srv.proc.crash();
+    std::thread::sleep(Duration::from_millis(500));
+    let srv = server(dir.path(), port, &[]);
+    submitter.join().unwrap();
+    let acked = acked.lock().unwrap().clone();
+    assert!(failed.load(Ordering::Relaxed) > 0, "the crash happened while submitting");
+    assert!(acked.len() > 100);
+
+    // Every acknowledged job is there once, under its id; nothing is duplicated.
+    let all = api.get("/v1/jobs?limit=100000", &admin);
+    let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for j in all.as_array().unwrap() {
+        by_name.entry(j["name"].as_str().unwrap().to_string()).or_default().push(j["id"].as_u64().unwrap());
+    }
+    for (name, ids) in &by_name {
+        assert_eq!(ids.len(), 1, "{name} stored {} times", ids.len());
+    }
+    for (i, id) in &acked {
+        assert_eq!(by_name.get(&format!("job-{i}")), Some(&vec![*id]), "acknowledged job-{i} (id {id}) lost");
+    }
+
+    // No GPU allocated twice, now and while the backlog drains.
+    let done = |jobs: &Value| {
+        jobs.as_array().unwrap().iter().all(|j| {
+            j["id"].as_u64() == Some(survivor) || matches!(j["state"].as_str(), Some("succeeded"))
+        })
+    };
+    poll("every job finishes", Duration::from_secs(240), || {
+        let jobs = api.get("/v1/jobs?limit=100000", &admin);
+        check_no_double_allocation(&jobs);
+        done(&jobs).then_some(())
+    });
+
+    // The survivor kept running through it all: same attempt, same process.
+    let j = api.job(survivor, &admin);
+    assert_eq!(j["state"], "running", "{j}");
+    assert_eq!(j["attempts"], 1, "{j}");
+    assert!(alive(pid), "the survivor's process died");
+    drop(srv);
+}
