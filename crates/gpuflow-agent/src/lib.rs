@@ -10,6 +10,7 @@
 //! token) it registers again. Deeper node work (cgroup limits, GPU-memory
 //! enforcement, idle reclamation) will live beside `task.rs`.
 
+pub mod fake_nvml;
 pub mod gpu;
 pub mod task;
 

@@ -1,0 +1,97 @@
+//! `gpuflow up`, the README's first command: server, embedded SQLite and a
+//! local agent in one process, with NVML GPUs (the fake library) or emulated
+//! ones, running a real job.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Starts `gpuflow up`; returns the process, its URL and the admin token it printed.
+fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, String, String) {
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--heartbeat", "1", "--cycle-ms", "200"])
+        .args(extra)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let proc = Proc(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let mut url = None;
+    let mut token = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("gpuflow is up at ") {
+            url = Some(u.trim().to_string());
+        }
+        if let Some(t) = line.trim().strip_prefix("admin token: ") {
+            token = Some(t.trim().to_string());
+            break;
+        }
+    }
+    (proc, url.expect("up prints its address"), token.expect("up prints the admin token"))
+}
+
+#[test]
+fn up_runs_a_job_on_nvml_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = gpuflow_agent::fake_nvml::build(dir.path()).unwrap() else {
+        eprintln!("skipped: no C compiler to build the fake NVML library");
+        return;
+    };
+    let lib = lib.to_str().unwrap().to_string();
+    let (_proc, url, token) = up(dir.path(), &["--nvml-lib", &lib], &[("FAKE_NVML_GPUS", "2")]);
+    let api = Api::new(&url);
+    let node = poll("the local agent registers", Duration::from_secs(30), || {
+        let n = api.get("/v1/nodes", &token);
+        n.as_array().unwrap().first().cloned()
+    });
+    assert_eq!(node["inventory"]["emulated"], false);
+    assert_eq!(node["inventory"]["gpus"].as_array().unwrap().len(), 2);
+    let spec = "name: on-nvml\nqueue: default\ntasks:\n  - name: main\n    command: [sh, -c, 'echo visible=$CUDA_VISIBLE_DEVICES']\n    resources: {gpu: {count: 2, models: [H100-80GB-HBM3]}}\n";
+    let (s, v) = api.submit_yaml(&token, spec);
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    api.wait_state(id, &token, "succeeded", Duration::from_secs(60));
+    let logs = api.get(&format!("/v1/jobs/{id}/logs"), &token);
+    assert_eq!(logs["tasks"]["main/0"], "visible=0,1\n");
+}
+
+#[test]
+fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    // A library path that does not exist: NVML does not load, as on a machine without GPUs.
+    let (proc, url, token) = up(dir.path(), &[], &[("LD_LIBRARY_PATH", "/nonexistent")]);
+    let api = Api::new(&url);
+    let node = poll("the local agent registers", Duration::from_secs(30), || {
+        api.get("/v1/nodes", &token).as_array().unwrap().first().cloned()
+    });
+    if node["inventory"]["emulated"] == false {
+        eprintln!("note: this machine has NVML; the emulated default is not exercised");
+    } else {
+        assert_eq!(node["inventory"]["gpus"].as_array().unwrap().len(), 4);
+    }
+    // A second `up` on the same address fails with a message and status 2.
+    let port = url.rsplit(':').next().unwrap();
+    let out = Command::new(BIN)
+        .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.path().join("other"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"), "{}", String::from_utf8_lossy(&out.stderr));
+    // SIGTERM stops it with status 0.
+    let mut proc = proc;
+    proc.signal("-TERM");
+    let status = poll("up exits", Duration::from_secs(20), || proc.0.try_wait().unwrap());
+    assert!(status.success(), "{status}");
+}
