@@ -1,6 +1,7 @@
 //! The `gpuflow` command: argument parsing and wiring only. Data goes to
 //! stdout, diagnostics and progress to stderr; exit 0 on success, 2 on error.
 
+mod bench_api;
 mod client;
 mod platform;
 mod sim;

@@ -99,6 +99,18 @@ pub struct RunArgs {
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Job submissions per second and their latency through the HTTP API, on
+    /// an in-process server with SQLite (default) or a throwaway PostgreSQL.
+    Submit {
+        #[arg(long, default_value_t = 2000)]
+        jobs: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// `sqlite` or `postgres` (started from the installed binaries).
+        #[arg(long, default_value = "sqlite")]
+        store: String,
+    },
     /// Placement decisions per second on a synthetic cluster (one thread), with
     /// departures that hold the cluster near --target allocation.
     Placement {
@@ -416,6 +428,7 @@ fn rayon_threads() -> usize {
 
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Submit { jobs, clients, store } => crate::bench_api::submit(jobs, clients, &store),
         BenchCommand::Cycle {
             nodes,
             teams,
