@@ -96,6 +96,21 @@ fn two_teams_run_preempt_cancel_and_explain() {
     assert!(why.contains("GPUs"), "{why}");
     assert!(why.contains("position in its queue: 1"), "{why}");
 
+    // Bob suspends his running job: it stops and releases its GPUs, which
+    // alice's waiting job takes; resumed, bob's job queues again.
+    let (s, v) = api.call("POST", &format!("/v1/jobs/{b1}/suspend"), &bob, None);
+    assert_eq!(s, 200, "{v}");
+    let j = api.wait_state(b1, &bob, "suspended", LONG);
+    assert!(j["tasks"].as_array().unwrap().is_empty(), "{j}");
+    api.wait_state(a1, &alice, "running", LONG);
+    let (s, v) = api.call("POST", &format!("/v1/jobs/{b1}/resume"), &bob, None);
+    assert_eq!((s, v["state"].as_str()), (200, Some("pending")), "{v}");
+    let (s, _) = api.call("POST", &format!("/v1/jobs/{b1}/resume"), &bob, None);
+    assert_eq!(s, 409, "resuming a pending job is a conflict");
+    // Bob's job is within beta's guarantee again: alice's borrower yields once more.
+    api.wait_state(b1, &bob, "running", LONG);
+    api.wait_state(a1, &alice, "pending", LONG);
+
     // Bob may not cancel alice's jobs, and learns nothing about them.
     let (s, _) = api.call("POST", &format!("/v1/jobs/{a0}/cancel"), &bob, None);
     assert_eq!(s, 404);

@@ -57,7 +57,7 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
             world.why.insert(id, api::Why { state, ..why });
         }
     }
-    if out.admitted + out.preempted > 0 {
+    {
         tracing::info!(
             pending = out.pending,
             admitted = out.admitted,

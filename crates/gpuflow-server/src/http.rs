@@ -474,22 +474,20 @@ async fn audit(
     ))
 }
 
+fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> api::NodeView {
+    api::NodeView {
+        name: n.name.clone(),
+        state: n.state,
+        inventory: n.inventory.clone(),
+        gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
+        last_heartbeat: n.last_heartbeat,
+    }
+}
+
 async fn list_nodes(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<api::NodeView>> {
     let world = shared.world.lock().await;
     let used = world.gpus_in_use();
-    Ok(Json(
-        world
-            .nodes
-            .values()
-            .map(|n| api::NodeView {
-                name: n.name.clone(),
-                state: n.state,
-                inventory: n.inventory.clone(),
-                gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
-                last_heartbeat: n.last_heartbeat,
-            })
-            .collect(),
-    ))
+    Ok(Json(world.nodes.values().map(|n| node_view(n, &used)).collect()))
 }
 
 async fn node_action(
@@ -522,14 +520,7 @@ async fn node_action(
     change.nodes.insert(name.clone(), n);
     commit(shared.store.as_ref(), &mut world, change).await?;
     let used = world.gpus_in_use();
-    let n = &world.nodes[&name];
-    Ok(Json(api::NodeView {
-        name: n.name.clone(),
-        state: n.state,
-        inventory: n.inventory.clone(),
-        gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
-        last_heartbeat: n.last_heartbeat,
-    }))
+    Ok(Json(node_view(&world.nodes[&name], &used)))
 }
 
 #[derive(Serialize)]
