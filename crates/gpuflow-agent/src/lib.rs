@@ -44,6 +44,37 @@ pub struct Config {
     pub labels: BTreeMap<String, String>,
     /// The address other nodes reach this one at.
     pub address: String,
+    /// PEM certificate(s) to trust for an `https` server (e.g. a self-signed
+    /// one); default: the web's public roots.
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// An HTTP client trusting `ca_cert` (PEM) when given.
+///
+/// # Errors
+/// When the file cannot be read or holds no certificate.
+pub fn http_client(ca_cert: Option<&std::path::Path>, timeout: Duration) -> anyhow::Result<ureq::Agent> {
+    let mut b = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false);
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            bail!("{} holds no PEM certificate", path.display());
+        }
+        b = b.tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+                .build(),
+        );
+    }
+    Ok(b.build().into())
 }
 
 /// The host name, or `node` when it cannot be read.
@@ -110,11 +141,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.work_dir)
         .with_context(|| format!("cannot create {}", cfg.work_dir.display()))?;
     let client = Client {
-        http: ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(10)))
-            .http_status_as_error(false)
-            .build()
-            .into(),
+        http: http_client(cfg.ca_cert.as_deref(), Duration::from_secs(10))?,
         base: cfg.server.trim_end_matches('/').to_string(),
     };
     let (cpu_milli, memory_mib) = cpu_and_memory();

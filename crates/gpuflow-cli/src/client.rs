@@ -26,6 +26,9 @@ pub struct Conn {
     pub token: Option<String>,
     #[arg(long, global = true, value_enum, default_value = "table")]
     pub output: Format,
+    /// PEM certificate to trust for an https server (e.g. its self-signed one).
+    #[arg(long, global = true, env = "GPUFLOW_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -146,11 +149,7 @@ impl Client {
             }
         };
         Ok(Client {
-            http: ureq::Agent::config_builder()
-                .timeout_global(Some(std::time::Duration::from_secs(30)))
-                .http_status_as_error(false)
-                .build()
-                .into(),
+            http: gpuflow_agent::http_client(c.ca_cert.as_deref(), std::time::Duration::from_secs(30))?,
             base: c.server.trim_end_matches('/').to_string(),
             token,
         })

@@ -37,6 +37,12 @@ pub struct ServerArgs {
     /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
     #[arg(long, default_value_t = 1000)]
     pub cycle_ms: u64,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -46,6 +52,9 @@ pub struct AgentArgs {
     pub server: String,
     #[arg(long, env = "GPUFLOW_JOIN_TOKEN")]
     pub join_token: String,
+    /// PEM certificate to trust for an https server (e.g. its self-signed one).
+    #[arg(long, env = "GPUFLOW_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -89,10 +98,17 @@ fn server_config(a: &ServerArgs) -> gpuflow_server::Config {
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
+    c.tls = a.tls_cert.clone().zip(a.tls_key.clone());
     c
 }
 
-fn agent_config(server: String, join_token: String, n: &NodeArgs, data_dir: &std::path::Path) -> anyhow::Result<gpuflow_agent::Config> {
+fn agent_config(
+    server: String,
+    join_token: String,
+    n: &NodeArgs,
+    data_dir: &std::path::Path,
+    ca_cert: Option<PathBuf>,
+) -> anyhow::Result<gpuflow_agent::Config> {
     let node = n.node.clone().unwrap_or_else(gpuflow_agent::host_name);
     if !gpuflow_api::valid_name(&node) {
         return Err(anyhow!("--node {node:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')"));
@@ -107,6 +123,7 @@ fn agent_config(server: String, join_token: String, n: &NodeArgs, data_dir: &std
         pool: n.pool.clone(),
         labels: Default::default(),
         address: n.address.clone(),
+        ca_cert,
     })
 }
 
@@ -123,7 +140,7 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let running = gpuflow_server::start(server_config(&a)).await?;
-        println!("gpuflow server listening on http://{}", running.addr);
+        println!("gpuflow server listening on {}://{}", running.scheme, running.addr);
         if let Some(t) = &running.new_admin_token {
             println!("admin token (also in {}): {t}", a.data_dir.join("admin.token").display());
         }
@@ -136,7 +153,7 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     init_logging();
     let data = default_data_dir();
-    let cfg = agent_config(a.server, a.join_token, &a.node, &data)?;
+    let cfg = agent_config(a.server, a.join_token, &a.node, &data, a.ca_cert)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     ctrlc_flag(s)?;
@@ -184,8 +201,8 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
             a.node.emulate = Some("4".into());
         }
     }
-    let url = format!("http://{}", running.addr);
-    let cfg = agent_config(url.clone(), join, &a.node, &a.server.data_dir)?;
+    let url = format!("{}://{}", running.scheme, running.addr);
+    let cfg = agent_config(url.clone(), join, &a.node, &a.server.data_dir, a.server.tls_cert.clone())?;
     let gpus = match &cfg.emulate {
         Some(e) => format!("{} emulated GPUs", e.count),
         None => "GPUs from NVML".into(),

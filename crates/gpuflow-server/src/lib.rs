@@ -59,6 +59,8 @@ pub struct Config {
     pub min_runtime_s: u64,
     /// Request bodies larger than this are refused.
     pub max_body_bytes: usize,
+    /// Serve HTTPS with this PEM certificate chain and private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Config {
@@ -73,6 +75,7 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_body_bytes: 1 << 20,
+            tls: None,
         }
     }
 }
@@ -158,6 +161,8 @@ pub async fn commit(store: &dyn Store, world: &mut World, change: Change) -> Res
 /// A started server.
 pub struct Running {
     pub addr: SocketAddr,
+    /// `http` or `https`.
+    pub scheme: &'static str,
     /// The admin token, when this start created the installation.
     pub new_admin_token: Option<String>,
     /// The agents' join token, when it is known (generated or configured).
@@ -218,22 +223,43 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     use anyhow::Context;
     let listen = cfg.listen;
+    let tls = cfg.tls.clone();
     let opened = open(cfg).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let shared = opened.shared;
     let app = http::router(shared.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "http server stopped");
+    let scheme = match tls {
+        None => {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "http server stopped");
+                }
+            });
+            "http"
         }
-    });
+        Some((cert, key)) => {
+            // One crypto provider for the whole process (ring, as kube and sqlx use).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
+                .await
+                .with_context(|| format!("cannot load the TLS certificate {} or key {}", cert.display(), key.display()))?;
+            let server = axum_server::from_tcp_rustls(listener, config)?;
+            tokio::spawn(async move {
+                if let Err(e) = server.serve(app.into_make_service()).await {
+                    tracing::error!(error = %e, "https server stopped");
+                }
+            });
+            "https"
+        }
+    };
     tokio::spawn(cycle::run_loop(shared.clone()));
-    tracing::info!(%addr, store = shared.store.backend(), "gpuflow server listening");
+    tracing::info!(%addr, scheme, store = shared.store.backend(), "gpuflow server listening");
     Ok(Running {
         addr,
+        scheme,
         new_admin_token: opened.new_admin_token,
         join_token: opened.join_token,
         shared,
