@@ -1,9 +1,10 @@
 //! The error body every 4xx and 5xx carries: `{code, message}`, plus the
 //! fields at fault when a spec fails validation.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -11,7 +12,7 @@ pub struct FieldError {
 
 /// An API error: the HTTP status, a stable machine code and a sentence that
 /// says what was wrong and how to fix it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error, JsonSchema)]
 #[error("{message}")]
 pub struct ApiError {
     #[serde(skip, default = "internal")]

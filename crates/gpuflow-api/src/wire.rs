@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, FieldError};
 use crate::job::JobSpec;
 
 /// Where a job is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum JobState {
     /// Waiting for quota or capacity (also after a preemption or a retry).
@@ -79,7 +80,7 @@ pub const ALL_STATES: &[JobState] = &[
 ];
 
 /// One task's placement and state.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskView {
     pub group: String,
     pub index: u32,
@@ -95,7 +96,7 @@ pub struct TaskView {
 }
 
 /// A job as the API shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Job {
     pub id: u64,
     pub name: String,
@@ -122,7 +123,7 @@ pub struct Job {
 }
 
 /// The answer to "why is my job not running".
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Why {
     pub id: u64,
     pub state: JobState,
@@ -137,13 +138,13 @@ pub struct Why {
     pub eta: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Submitted {
     pub id: u64,
     pub state: JobState,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Event {
     pub seq: i64,
     pub at: u64,
@@ -154,7 +155,7 @@ pub struct Event {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AuditEntry {
     pub seq: i64,
     pub at: u64,
@@ -165,7 +166,7 @@ pub struct AuditEntry {
 
 // ---- tenants ----
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Role {
     Admin,
@@ -185,13 +186,13 @@ impl Role {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Team {
     pub name: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct User {
     pub name: String,
@@ -201,20 +202,20 @@ pub struct User {
     pub role: Role,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     pub user: String,
 }
 
 /// A new API token: shown once, stored only as a hash.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TokenCreated {
     pub user: String,
     pub token: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WhoAmI {
     pub user: String,
     pub team: String,
@@ -224,7 +225,7 @@ pub struct WhoAmI {
 // ---- queues ----
 
 /// One flavor's quota in GPUs (fractions allowed). `None`: no limit.
-#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaSpec {
     #[serde(default)]
@@ -237,7 +238,7 @@ pub struct QuotaSpec {
     pub cap: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueueState {
     #[default]
@@ -246,7 +247,7 @@ pub enum QueueState {
     Draining,
 }
 
-#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserLimitsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,7 +257,7 @@ pub struct UserLimitsSpec {
 }
 
 /// A queue: a node of the tree, owned by a team.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSpec {
     pub name: String,
@@ -318,7 +319,7 @@ impl QueueSpec {
 }
 
 /// A queue with its usage.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueView {
     #[serde(flatten)]
     pub spec: QueueSpec,
@@ -329,7 +330,7 @@ pub struct QueueView {
 }
 
 /// Changes a team lead may make to a queue of their team.
-#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueuePatch {
     #[serde(default)]
@@ -345,7 +346,7 @@ pub struct QueuePatch {
 
 // ---- nodes ----
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeState {
     #[default]
@@ -366,7 +367,7 @@ impl NodeState {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
@@ -378,7 +379,7 @@ pub struct GpuInfo {
 }
 
 /// What a node has, as its agent reports it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Inventory {
     pub cpu_milli: u64,
     pub memory_mib: u64,
@@ -394,7 +395,7 @@ pub struct Inventory {
     pub pool: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeView {
     pub name: String,
     pub state: NodeState,
@@ -406,13 +407,13 @@ pub struct NodeView {
 
 // ---- the agent protocol ----
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Register {
     pub node: String,
     pub inventory: Inventory,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Registered {
     /// The node's own credential for heartbeats.
     pub node_token: String,
@@ -420,7 +421,7 @@ pub struct Registered {
 }
 
 /// Where a task is on the node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TaskPhase {
     Running,
@@ -433,7 +434,7 @@ pub enum TaskPhase {
 }
 
 /// A task as its agent sees it; `(job, attempt, group, index)` names it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskReport {
     pub job: u64,
     pub attempt: u32,
@@ -453,7 +454,7 @@ pub struct TaskReport {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Heartbeat {
     pub node: String,
     pub inventory: Inventory,
@@ -462,14 +463,14 @@ pub struct Heartbeat {
 
 /// Stop a task: send `signal` now, kill its process tree `grace_s` seconds
 /// after the agent first sees the order (relative, so clocks need not agree).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StopOrder {
     pub signal: String,
     pub grace_s: u64,
 }
 
 /// A task the server wants on the node (level-triggered: the full list each time).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DesiredTask {
     pub job: u64,
     pub attempt: u32,
@@ -485,14 +486,14 @@ pub struct DesiredTask {
     pub stop: Option<StopOrder>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Desired {
     pub tasks: Vec<DesiredTask>,
     pub heartbeat_s: u64,
 }
 
 /// Job lists are filtered by these.
-#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobFilter {
     #[serde(default)]

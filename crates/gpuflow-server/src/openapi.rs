@@ -4,53 +4,113 @@
 
 use serde_json::{Value, json};
 
-/// `(method, path, who may call it, summary)`.
-pub const ROUTES: &[(&str, &str, &str, &str)] = &[
-    ("get", "/v1/openapi.json", "anyone", "This document"),
-    ("get", "/v1/whoami", "any token", "The caller's user, team and role"),
-    ("post", "/v1/jobs", "member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json)"),
-    ("get", "/v1/jobs", "any token (own team)", "List jobs; filters: team, queue, state, user, limit"),
-    ("get", "/v1/jobs/{id}", "any token (own team)", "One job with its tasks and their placement"),
-    ("get", "/v1/jobs/{id}/why", "any token (own team)", "Why a job waits: every reason, its position, an estimated start"),
-    ("get", "/v1/jobs/{id}/logs", "any token (own team)", "The end of each task's output"),
-    ("post", "/v1/jobs/{id}/{action}", "cancel/suspend/resume: member, team lead, admin; hold/release: admin", "Act on a job"),
-    ("get", "/v1/events", "any token (own team; admins all)", "Job and node events; filters: job, after, limit"),
-    ("get", "/v1/audit", "admin", "Every change: who, what, when"),
-    ("get", "/v1/nodes", "any token", "Nodes, their GPUs and what is in use"),
-    ("post", "/v1/nodes/{name}/{action}", "admin", "drain, cordon or uncordon a node"),
-    ("get", "/v1/pools", "any token", "Node pools and their GPUs"),
-    ("get", "/v1/queues", "any token (own team)", "Queues with quotas and usage"),
-    ("post", "/v1/queues", "admin; team lead for child queues of their team", "Create a queue"),
-    ("patch", "/v1/queues/{name}", "admin; team lead of its team (not top-level quotas)", "Change weight, state, user limits or quotas"),
-    ("delete", "/v1/queues/{name}", "admin", "Delete an empty queue"),
-    ("get", "/v1/teams", "any token (own team)", "Teams"),
-    ("post", "/v1/teams", "admin", "Create a team"),
-    ("get", "/v1/users", "any token (own team)", "Users"),
-    ("post", "/v1/users", "admin; team lead for their team", "Create a user"),
-    ("post", "/v1/tokens", "admin; team lead for their team; anyone for themselves", "Create an API token (shown once)"),
-    ("post", "/v1/agent/register", "join token", "A node agent joins and gets its node token"),
-    ("post", "/v1/agent/heartbeat", "node token", "Inventory and task reports in, desired tasks out"),
+/// One route: method, path, who may call it, summary, and the schema names of
+/// its request body and its success reply (see [`schemas`]).
+pub struct Route {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub who: &'static str,
+    pub summary: &'static str,
+    pub request: Option<&'static str>,
+    pub response: Option<&'static str>,
+}
+
+const fn r(
+    method: &'static str,
+    path: &'static str,
+    who: &'static str,
+    summary: &'static str,
+    request: Option<&'static str>,
+    response: Option<&'static str>,
+) -> Route {
+    Route { method, path, who, summary, request, response }
+}
+
+pub const ROUTES: &[Route] = &[
+    r("get", "/v1/openapi.json", "anyone", "This document", None, None),
+    r("get", "/v1/whoami", "any token", "The caller's user, team and role", None, Some("WhoAmI")),
+    r("post", "/v1/jobs", "member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json)", Some("JobSpec"), Some("Submitted")),
+    r("get", "/v1/jobs", "any token (own team)", "List jobs; filters: team, queue, state, user, limit", None, Some("Job[]")),
+    r("get", "/v1/jobs/{id}", "any token (own team)", "One job with its tasks and their placement", None, Some("Job")),
+    r("get", "/v1/jobs/{id}/why", "any token (own team)", "Why a job waits: every reason, its position, an estimated start", None, Some("Why")),
+    r("get", "/v1/jobs/{id}/logs", "any token (own team)", "The end of each task's output, by group/index", None, None),
+    r("post", "/v1/jobs/{id}/{action}", "cancel/suspend/resume: member, team lead, admin; hold/release: admin", "Act on a job: cancel, suspend, resume, hold or release", None, Some("Job")),
+    r("get", "/v1/events", "any token (own team; admins all)", "Job and node events; filters: job, after, limit", None, Some("Event[]")),
+    r("get", "/v1/audit", "admin", "Every change: who, what, when", None, Some("AuditEntry[]")),
+    r("get", "/v1/nodes", "any token", "Nodes, their GPUs and what is in use", None, Some("NodeView[]")),
+    r("post", "/v1/nodes/{name}/{action}", "admin", "drain, cordon or uncordon a node", None, Some("NodeView")),
+    r("get", "/v1/pools", "any token", "Node pools and their GPUs", None, None),
+    r("get", "/v1/queues", "any token (own team)", "Queues with quotas and usage", None, Some("QueueView[]")),
+    r("post", "/v1/queues", "admin; team lead for child queues of their team", "Create a queue", Some("QueueSpec"), Some("QueueSpec")),
+    r("patch", "/v1/queues/{name}", "admin; team lead of its team (not top-level quotas)", "Change weight, state, user limits or quotas", Some("QueuePatch"), Some("QueueSpec")),
+    r("delete", "/v1/queues/{name}", "admin", "Delete an empty queue", None, None),
+    r("get", "/v1/teams", "any token (own team)", "Teams", None, Some("Team[]")),
+    r("post", "/v1/teams", "admin", "Create a team", Some("Team"), Some("Team")),
+    r("get", "/v1/users", "any token (own team)", "Users", None, Some("User[]")),
+    r("post", "/v1/users", "admin; team lead for their team", "Create a user", Some("User"), Some("User")),
+    r("post", "/v1/tokens", "admin; team lead for their team; anyone for themselves", "Create an API token (shown once)", Some("TokenRequest"), Some("TokenCreated")),
+    r("post", "/v1/agent/register", "join token", "A node agent joins and gets its node token", Some("Register"), Some("Registered")),
+    r("post", "/v1/agent/heartbeat", "node token", "Inventory and task reports in, desired tasks out", Some("Heartbeat"), Some("Desired")),
 ];
+
+/// JSON Schemas (2020-12, as OpenAPI 3.1 uses) of every body, by name.
+pub fn schemas() -> serde_json::Map<String, Value> {
+    use gpuflow_api as api;
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    settings.meta_schema = None;
+    let mut g = settings.into_generator();
+    macro_rules! add {
+        ($($t:ty),*) => { $( g.subschema_for::<$t>(); )* };
+    }
+    add!(
+        api::JobSpec, api::Submitted, api::Job, api::Why, api::Event, api::AuditEntry, api::NodeView,
+        api::QueueView, api::QueueSpec, api::QueuePatch, api::Team, api::User, api::TokenRequest,
+        api::TokenCreated, api::WhoAmI, api::Register, api::Registered, api::Heartbeat, api::Desired,
+        api::ApiError
+    );
+    g.take_definitions(true)
+}
+
+fn schema_ref(name: &str) -> Value {
+    match name.strip_suffix("[]") {
+        Some(n) => json!({"type": "array", "items": {"$ref": format!("#/components/schemas/{n}")}}),
+        None => json!({"$ref": format!("#/components/schemas/{name}")}),
+    }
+}
 
 pub fn document() -> Value {
     let mut paths = serde_json::Map::new();
-    for (method, path, who, summary) in ROUTES {
-        let params: Vec<Value> = path
+    for route in ROUTES {
+        let params: Vec<Value> = route
+            .path
             .split('/')
             .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
-        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
-        entry[*method] = json!({
-            "summary": summary,
-            "description": format!("Allowed: {who}."),
+        let ok = match route.response {
+            Some(t) => json!({"description": "success", "content": {"application/json": {"schema": schema_ref(t)}}}),
+            None => json!({"description": "success"}),
+        };
+        let mut op = json!({
+            "summary": route.summary,
+            "description": format!("Allowed: {}.", route.who),
             "parameters": params,
-            "security": if who.contains("anyone") { json!([]) } else { json!([{"bearer": []}]) },
+            "security": if route.who == "anyone" { json!([]) } else { json!([{"bearer": []}]) },
             "responses": {
-                "200": {"description": "success"},
-                "4XX": {"description": "bad input or not allowed", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                "200": ok,
+                "4XX": {"description": "bad input or not allowed", "content": {"application/json": {"schema": schema_ref("ApiError")}}},
             }
         });
+        if let Some(t) = route.request {
+            let mut content = json!({"application/json": {"schema": schema_ref(t)}});
+            if t == "JobSpec" {
+                content["application/yaml"] = json!({"schema": schema_ref(t)});
+            }
+            op["requestBody"] = json!({"required": true, "content": content});
+        }
+        let entry = paths.entry(route.path.to_string()).or_insert_with(|| json!({}));
+        entry[route.method] = op;
     }
     json!({
         "openapi": "3.1.0",
@@ -58,10 +118,7 @@ pub fn document() -> Value {
         "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {"Error": {"type": "object", "required": ["code", "message"], "properties": {
-                "code": {"type": "string"}, "message": {"type": "string"},
-                "fields": {"type": "array", "items": {"type": "object", "properties": {"field": {"type": "string"}, "message": {"type": "string"}}}}
-            }}}
+            "schemas": schemas(),
         }
     })
 }
