@@ -37,6 +37,9 @@ impl Kind {
 pub struct JobSpec {
     pub name: String,
     pub queue: String,
+    /// The project of the queue's team the job is accounted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     #[serde(default)]
     pub kind: Kind,
     /// `inference`, `notebook`, `training` or `batch`; defaults to the kind.

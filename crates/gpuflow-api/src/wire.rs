@@ -192,6 +192,17 @@ pub struct Team {
     pub name: String,
 }
 
+/// A project of a team: what jobs are accounted to (GPU-hours, cost).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Project {
+    pub name: String,
+    pub team: String,
+    /// The finance cost centre its usage is reported under.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cost_centre: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct User {

@@ -104,6 +104,18 @@ pub enum TeamCmd {
 }
 
 #[derive(Subcommand)]
+pub enum ProjectCmd {
+    Ls,
+    Create {
+        name: String,
+        #[arg(long)]
+        team: String,
+        #[arg(long, default_value = "")]
+        cost_centre: String,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum UserCmd {
     Ls,
     Create {
@@ -470,6 +482,27 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
         TeamCmd::Create { name } => {
             let v = c.call("POST", "/v1/teams", Some(("application/json", serde_json::to_vec(&serde_json::json!({"name": name}))?)))?;
             print(conn.output, &v, |t| format!("team {} created\n", s(&t["name"])));
+        }
+    }
+    Ok(())
+}
+
+pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        ProjectCmd::Ls => {
+            let v = c.call("GET", "/v1/projects", None)?;
+            print(conn.output, &v, |v| {
+                columns(
+                    &["name", "team", "cost centre"],
+                    v.as_array().into_iter().flatten().map(|p| vec![s(&p["name"]), s(&p["team"]), s(p.get("cost_centre").unwrap_or(&Value::Null))]).collect(),
+                )
+            });
+        }
+        ProjectCmd::Create { name, team, cost_centre } => {
+            let body = serde_json::json!({"name": name, "team": team, "cost_centre": cost_centre});
+            let v = c.call("POST", "/v1/projects", Some(("application/json", serde_json::to_vec(&body)?)))?;
+            print(conn.output, &v, |p| format!("project {} of team {} created\n", s(&p["name"]), s(&p["team"])));
         }
     }
     Ok(())

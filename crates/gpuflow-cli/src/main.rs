@@ -66,6 +66,13 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Projects (what jobs are accounted to): ls, create.
+    Project {
+        #[command(subcommand)]
+        command: client::ProjectCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
     /// Users: ls, create.
     User {
         #[command(subcommand)]
@@ -101,6 +108,7 @@ fn main() {
         Command::Queue { command, conn } => client::queue(&conn, command),
         Command::Node { command, conn } => client::node(&conn, command),
         Command::Team { command, conn } => client::team(&conn, command),
+        Command::Project { command, conn } => client::project(&conn, command),
         Command::User { command, conn } => client::user(&conn, command),
         Command::Token { command, conn } => client::token(&conn, command),
         Command::Event { command, conn } => client::event(&conn, command),

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::auth::{Caller, hash, new_token};
 use crate::cycle::stop;
-use crate::state::{AfterStop, JobRec, TokenRec, World, queue_rec, team_rec, token_rec, user_rec};
+use crate::state::{AfterStop, JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec};
 use crate::{Change, Shared, commit, now};
 
 /// An error reply.
@@ -82,6 +82,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/queues", get(list_queues).post(create_queue))
         .route("/v1/queues/{name}", patch(patch_queue).delete(delete_queue))
         .route("/v1/teams", get(list_teams).post(create_team))
+        .route("/v1/projects", get(list_projects).post(create_project))
         .route("/v1/users", get(list_users).post(create_user))
         .route("/v1/tokens", post(create_token))
         .route("/v1/agent/register", post(crate::agent::register))
@@ -172,6 +173,19 @@ async fn submit(
         .into());
     }
     let team = queue.team.clone();
+    if let Some(p) = &spec.project {
+        match world.projects.get(p) {
+            Some(pr) if pr.team == team => {}
+            _ => {
+                let mine: Vec<&str> = world.projects.values().filter(|p| p.team == team).map(|p| p.name.as_str()).collect();
+                return Err(ApiError::bad_request(
+                    "unknown_project",
+                    format!("project: {p:?} is not a project of team {team:?}; its projects: {}", if mine.is_empty() { "none".into() } else { mine.join(", ") }),
+                )
+                .into());
+            }
+        }
+    }
     let at = now();
     let id = world.next_job + 1;
     let j = JobRec {
@@ -219,10 +233,10 @@ async fn list_jobs(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::Job>> {
     for k in q.keys() {
-        if !["team", "queue", "state", "user", "limit"].contains(&k.as_str()) {
+        if !["team", "queue", "state", "user", "project", "limit"].contains(&k.as_str()) {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("unknown filter {k:?}; allowed: team, queue, state, user, limit"),
+                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, limit"),
             )
             .into());
         }
@@ -249,6 +263,7 @@ async fn list_jobs(
         .filter(|j| q.get("team").is_none_or(|t| &j.team == t))
         .filter(|j| q.get("queue").is_none_or(|t| &j.spec.queue == t))
         .filter(|j| q.get("user").is_none_or(|t| &j.user == t))
+        .filter(|j| q.get("project").is_none_or(|t| j.spec.project.as_ref() == Some(t)))
         .filter(|j| state.is_none_or(|s| j.state == s))
         .take(limit)
         .map(JobRec::view)
@@ -730,6 +745,42 @@ async fn create_team(
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.teams.insert(t.name.clone(), t.clone());
     Ok((StatusCode::CREATED, Json(t)))
+}
+
+async fn list_projects(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::Project>> {
+    let world = shared.world.lock().await;
+    Ok(Json(world.projects.values().filter(|p| caller.sees(&p.team)).cloned().collect()))
+}
+
+async fn create_project(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<api::Project>), Error> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let p: api::Project = parse_json(&body)?;
+    if !api::valid_name(&p.name) {
+        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", p.name)).into());
+    }
+    if p.cost_centre.len() > 64 {
+        return Err(ApiError::bad_request("invalid_project", "cost_centre: at most 64 characters").into());
+    }
+    let mut world = shared.world.lock().await;
+    if !caller.leads(&p.team) {
+        return Err(ApiError::forbidden(format!("creating a project of team {:?} needs the admin role or that team's lead", p.team)).into());
+    }
+    if !world.teams.contains_key(&p.team) {
+        return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", p.team)).into());
+    }
+    if world.projects.contains_key(&p.name) {
+        return Err(ApiError::conflict(format!("project {:?} already exists", p.name)).into());
+    }
+    let mut change = Change::default();
+    change.batch.put.push(project_rec(&p));
+    change.audit(now(), &caller.user.name, "project.create", &format!("project/{}", p.name), p.cost_centre.clone());
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.projects.insert(p.name.clone(), p.clone());
+    Ok((StatusCode::CREATED, Json(p)))
 }
 
 async fn list_users(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<User>> {

@@ -30,7 +30,7 @@ pub const ROUTES: &[Route] = &[
     r("get", "/v1/openapi.json", "anyone", "This document", None, None),
     r("get", "/v1/whoami", "any token", "The caller's user, team and role", None, Some("WhoAmI")),
     r("post", "/v1/jobs", "member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json)", Some("JobSpec"), Some("Submitted")),
-    r("get", "/v1/jobs", "any token (own team)", "List jobs; filters: team, queue, state, user, limit", None, Some("Job[]")),
+    r("get", "/v1/jobs", "any token (own team)", "List jobs; filters: team, queue, state, user, project, limit", None, Some("Job[]")),
     r("get", "/v1/jobs/{id}", "any token (own team)", "One job with its tasks and their placement", None, Some("Job")),
     r("get", "/v1/jobs/{id}/why", "any token (own team)", "Why a job waits: every reason, its position, an estimated start", None, Some("Why")),
     r("get", "/v1/jobs/{id}/logs", "any token (own team)", "The end of each task's output, by group/index", None, None),
@@ -46,6 +46,8 @@ pub const ROUTES: &[Route] = &[
     r("delete", "/v1/queues/{name}", "admin", "Delete an empty queue", None, None),
     r("get", "/v1/teams", "any token (own team)", "Teams", None, Some("Team[]")),
     r("post", "/v1/teams", "admin", "Create a team", Some("Team"), Some("Team")),
+    r("get", "/v1/projects", "any token (own team)", "Projects (what jobs are accounted to)", None, Some("Project[]")),
+    r("post", "/v1/projects", "admin; team lead for their team", "Create a project", Some("Project"), Some("Project")),
     r("get", "/v1/users", "any token (own team)", "Users", None, Some("User[]")),
     r("post", "/v1/users", "admin; team lead for their team", "Create a user", Some("User"), Some("User")),
     r("post", "/v1/tokens", "admin; team lead for their team; anyone for themselves", "Create an API token (shown once)", Some("TokenRequest"), Some("TokenCreated")),
@@ -65,7 +67,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
     }
     add!(
         api::JobSpec, api::Submitted, api::Job, api::Why, api::Event, api::AuditEntry, api::NodeView,
-        api::QueueView, api::QueueSpec, api::QueuePatch, api::Team, api::User, api::TokenRequest,
+        api::QueueView, api::QueueSpec, api::QueuePatch, api::Team, api::Project, api::User, api::TokenRequest,
         api::TokenCreated, api::WhoAmI, api::Register, api::Registered, api::Heartbeat, api::Desired,
         api::ApiError
     );

@@ -209,6 +209,7 @@ pub struct TokenRec {
 #[derive(Default)]
 pub struct World {
     pub teams: BTreeMap<String, api::Team>,
+    pub projects: BTreeMap<String, api::Project>,
     pub users: BTreeMap<String, api::User>,
     /// By token hash.
     pub tokens: BTreeMap<String, TokenRec>,
@@ -238,6 +239,9 @@ pub fn put<T: Serialize>(table: Table, key: &str, team: &str, state: &str, v: &T
 pub fn team_rec(t: &api::Team) -> Record {
     put(Table::Teams, &t.name, &t.name, "", t)
 }
+pub fn project_rec(p: &api::Project) -> Record {
+    put(Table::Projects, &p.name, &p.team, "", p)
+}
 pub fn user_rec(u: &api::User) -> Record {
     put(Table::Users, &u.name, &u.team, u.role.as_str(), u)
 }
@@ -265,6 +269,10 @@ impl World {
         for r in store.load(Table::Teams).await? {
             let t: api::Team = parse(&r)?;
             w.teams.insert(t.name.clone(), t);
+        }
+        for r in store.load(Table::Projects).await? {
+            let p: api::Project = parse(&r)?;
+            w.projects.insert(p.name.clone(), p);
         }
         for r in store.load(Table::Users).await? {
             let u: api::User = parse(&r)?;

@@ -110,6 +110,7 @@ async fn bad_input(store: Option<String>) {
         ("no command", good.replace("command: [sleep, '1']", "command: []"), "application/yaml", 400, "tasks[0].command"),
         ("bad name", good.replace("name: ok", "name: 'Robert; DROP TABLE jobs'"), "application/yaml", 400, "name"),
         ("unknown queue", good.replace("queue: default", "queue: nope"), "application/yaml", 400, "does not exist"),
+        ("unknown project", good.replace("queue: default", "queue: default\nproject: moonshot"), "application/yaml", 400, "project"),
         ("unknown class", good.replace("queue: default", "queue: default\npriority_class: urgent"), "application/yaml", 400, "priority_class"),
         ("oversize body", format!("name: ok\n# {}\n", "x".repeat(2 << 20)), "application/yaml", 413, "larger than"),
     ];
@@ -181,6 +182,8 @@ async fn setup_tenants(h: &H) -> BTreeMap<&'static str, String> {
             let (s, v) = h.json("POST", "/v1/queues", a, json!({"name": q, "team": team, "quotas": {"*": {"guaranteed": 1}}})).await;
             assert_eq!(s, 201, "{v}");
         }
+        let (s, v) = h.json("POST", "/v1/projects", a, json!({"name": format!("{team}-p"), "team": team, "cost_centre": "cc-1"})).await;
+        assert_eq!(s, 201, "{v}");
         for role in &ROLES[1..] {
             let user = format!("{team}-{role}");
             assert_eq!(h.json("POST", "/v1/users", a, json!({"name": user, "team": team, "role": role})).await.0, 201);
@@ -202,6 +205,14 @@ async fn setup_tenants(h: &H) -> BTreeMap<&'static str, String> {
 async fn isolation(store: Option<String>) {
     let h = harness(store).await;
     let tokens = setup_tenants(&h).await;
+    // A job accounted to a project of its team; a project of another team is refused.
+    let spec = |p: &str| format!("name: pj\nqueue: alpha-q\nproject: {p}\ntasks:\n  - name: main\n    command: [sleep, '1']\n");
+    let (s, v) = h.call("POST", "/v1/jobs", Some(&h.admin), "application/yaml", spec("alpha-p").into_bytes()).await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h.call("POST", "/v1/jobs", Some(&h.admin), "application/yaml", spec("beta-p").into_bytes()).await;
+    assert!(s == 400 && v["message"].as_str().unwrap().contains("alpha-p"), "{v}");
+    let (_, listed) = h.get("/v1/jobs?project=alpha-p", &h.admin).await;
+    assert_eq!(listed.as_array().unwrap().len(), 1);
     let mut checked = 0;
     for role in ROLES {
         let tok = tokens[role].as_str();
@@ -253,6 +264,9 @@ async fn isolation(store: Option<String>) {
             assert_eq!(h.json("POST", "/v1/queues", &h.admin, json!({"name": scratch, "team": team})).await.0, 201);
             let (s, _) = h.call("DELETE", &format!("/v1/queues/{scratch}"), Some(tok), "", vec![]).await;
             assert_eq!(s, if admin { 204 } else { 403 }, "{ctx} queue delete");
+            // Projects of the team.
+            let (s, _) = h.json("POST", "/v1/projects", tok, json!({"name": format!("{team}-proj-{role}"), "team": team})).await;
+            assert_eq!(s, if admin || (own && lead) { 201 } else { 403 }, "{ctx} project create");
             // Users and tokens of the team.
             let user = format!("{team}-new-{role}");
             let (s, _) = h.json("POST", "/v1/users", tok, json!({"name": user, "team": team, "role": "member"})).await;
@@ -268,7 +282,7 @@ async fn isolation(store: Option<String>) {
         let (s, _) = h.json("POST", "/v1/teams", tok, json!({"name": format!("t-{role}")})).await;
         assert_eq!(s, admin_want(201), "{role} team create");
         // Lists show the own team only.
-        for path in ["/v1/jobs", "/v1/queues", "/v1/users", "/v1/teams", "/v1/events"] {
+        for path in ["/v1/jobs", "/v1/queues", "/v1/projects", "/v1/users", "/v1/teams", "/v1/events"] {
             let (s, v) = h.get(path, tok).await;
             assert_eq!(s, 200, "{role} {path}");
             let teams: std::collections::BTreeSet<String> = v

@@ -46,6 +46,7 @@ pub enum Table {
     Nodes,
     Jobs,
     Meta,
+    Projects,
 }
 
 impl Table {
@@ -58,6 +59,7 @@ impl Table {
             Table::Nodes => "nodes",
             Table::Jobs => "jobs",
             Table::Meta => "meta",
+            Table::Projects => "projects",
         }
     }
 }

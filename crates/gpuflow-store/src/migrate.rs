@@ -7,8 +7,9 @@ use sqlx::AnyPool;
 use crate::StoreError;
 
 /// `(version, statements)`; `{ID}` becomes the dialect's auto-increment key.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
     "CREATE TABLE teams (key TEXT PRIMARY KEY CHECK (length(key) > 0), team TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL);
      CREATE TABLE users (key TEXT PRIMARY KEY CHECK (length(key) > 0), team TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL);
      CREATE TABLE tokens (key TEXT PRIMARY KEY CHECK (length(key) > 0), team TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL);
@@ -20,7 +21,12 @@ const MIGRATIONS: &[(i64, &str)] = &[(
      CREATE TABLE events (seq {ID}, at BIGINT NOT NULL, job BIGINT, team TEXT NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
      CREATE INDEX events_job ON events (job, seq);
      CREATE TABLE audit (seq {ID}, at BIGINT NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, detail TEXT NOT NULL)",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE projects (key TEXT PRIMARY KEY CHECK (length(key) > 0), team TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL)",
+    ),
+];
 
 pub(crate) async fn run(pool: &AnyPool, backend: &str) -> Result<(), StoreError> {
     sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
