@@ -28,12 +28,20 @@ use crate::state::{AfterStop, Alloc, JobRec, Pick, World};
 use crate::{Change, Shared, commit, now};
 
 /// Runs cycles until the process ends.
+///
+/// Changes wake it, but cycles are spaced: after a cycle that took `d`, the
+/// next starts no sooner than `max(d, 100 ms)` later, so a burst of
+/// submissions is scheduled in batches and the state lock is free at least
+/// half the time.
 pub async fn run_loop(shared: Arc<Shared>) {
+    let min_gap = shared.cfg.cycle_interval.min(std::time::Duration::from_millis(100));
     loop {
         let _ = tokio::time::timeout(shared.cfg.cycle_interval, shared.wake.notified()).await;
+        let started = Instant::now();
         if let Err(e) = run_once(&shared).await {
             tracing::error!(error = %e, "scheduling cycle failed; retrying next cycle");
         }
+        tokio::time::sleep(started.elapsed().max(min_gap)).await;
     }
 }
 
