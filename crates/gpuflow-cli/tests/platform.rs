@@ -41,7 +41,7 @@ fn two_teams_run_preempt_cancel_and_explain() {
     assert_eq!(s, 201, "{v}");
     let a0 = v["id"].as_u64().unwrap();
     api.wait_state(a0, &alice, "running", LONG);
-    let script = "echo pid $$ rank $RANK world $WORLD_SIZE gpus $CUDA_VISIBLE_DEVICES; \
+    let script = "echo pid $$ rank $RANK world $WORLD_SIZE gpus $CUDA_VISIBLE_DEVICES ckpt=${GPUFLOW_LAST_CHECKPOINT:-none}; \
                   date +%s > $GPUFLOW_CHECKPOINT_FILE; \
                   trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.2; done";
     let (s, v) = api.submit_yaml(&alice, &job_yaml("borrower", "alpha-q", "batch", 2, script, 20));
@@ -103,6 +103,11 @@ fn two_teams_run_preempt_cancel_and_explain() {
     let j = api.wait_state(b1, &bob, "suspended", LONG);
     assert!(j["tasks"].as_array().unwrap().is_empty(), "{j}");
     api.wait_state(a1, &alice, "running", LONG);
+    // Its second run is told where its last checkpoint was.
+    poll("the requeued job sees its last checkpoint", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{a1}/logs"), &alice);
+        l["tasks"]["main/0"].as_str().unwrap_or("").contains("ckpt=1").then_some(())
+    });
     let (s, v) = api.call("POST", &format!("/v1/jobs/{b1}/resume"), &bob, None);
     assert_eq!((s, v["state"].as_str()), (200, Some("pending")), "{v}");
     let (s, _) = api.call("POST", &format!("/v1/jobs/{b1}/resume"), &bob, None);
