@@ -186,6 +186,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     }
                 }
             };
+            let sizes: Vec<(Key, u64)> = tasks.iter().map(|(k, t)| (*k, t.log_len())).collect();
             let hb = Heartbeat {
                 node: cfg.node.clone(),
                 inventory: inventory(),
@@ -193,6 +194,11 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             };
             match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
                 Ok(d) => {
+                    for (k, len) in sizes {
+                        if let Some(t) = tasks.get_mut(&k) {
+                            t.acked_log_len = len;
+                        }
+                    }
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
                     soon = reconcile(&mut tasks, &d, &cfg.work_dir);
                 }

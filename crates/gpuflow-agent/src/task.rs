@@ -35,6 +35,9 @@ pub struct Task {
     pub log: PathBuf,
     checkpoint: PathBuf,
     pub message: String,
+    /// Log size the server has acknowledged; the tail is sent only when the
+    /// log has grown since, to keep heartbeats small.
+    pub acked_log_len: u64,
 }
 
 pub fn signal_number(name: &str) -> i32 {
@@ -67,6 +70,7 @@ impl Task {
             log: log.clone(),
             checkpoint: checkpoint.clone(),
             message: String::new(),
+            acked_log_len: 0,
         };
         let result = (|| -> std::io::Result<Child> {
             std::fs::create_dir_all(&task_dir)?;
@@ -155,8 +159,16 @@ impl Task {
         }
     }
 
+    /// The current log size.
+    pub fn log_len(&self) -> u64 {
+        std::fs::metadata(&self.log).map_or(0, |m| m.len())
+    }
+
+    /// The task's report; the log tail only when the log grew since the
+    /// server last acknowledged it.
     pub fn report(&self) -> TaskReport {
         let (job, attempt, group, index) = self.key;
+        let log_tail = if self.log_len() != self.acked_log_len { tail(&self.log) } else { String::new() };
         TaskReport {
             job,
             attempt,
@@ -167,7 +179,7 @@ impl Task {
             checkpoint_at: std::fs::read_to_string(&self.checkpoint)
                 .ok()
                 .and_then(|s| s.trim().parse().ok()),
-            log_tail: tail(&self.log),
+            log_tail,
             message: self.message.clone(),
         }
     }

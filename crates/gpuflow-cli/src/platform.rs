@@ -140,9 +140,13 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let running = gpuflow_server::start(server_config(&a)).await?;
-        println!("gpuflow server listening on {}://{}", running.scheme, running.addr);
-        if let Some(t) = &running.new_admin_token {
-            println!("admin token (also in {}): {t}", a.data_dir.join("admin.token").display());
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "gpuflow server listening on {}://{}", running.scheme, running.addr);
+            if let Some(t) = &running.new_admin_token {
+                let _ = writeln!(out, "admin token (also in {}): {t}", a.data_dir.join("admin.token").display());
+            }
         }
         tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
         Ok(())
@@ -210,13 +214,16 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     let admin_token = std::fs::read_to_string(a.server.data_dir.join("admin.token"))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "(see the admin.token file of the data directory)".into());
-    println!("gpuflow is up at {url}");
-    println!("  data:   {}", a.server.data_dir.display());
-    println!("  agent:  node {} with {gpus}", cfg.node);
-    println!("  admin token: {admin_token}");
-    println!("  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls");
+    // Printing must not kill the platform when nobody reads stdout any more.
     use std::io::Write;
-    let _ = std::io::stdout().flush();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "gpuflow is up at {url}");
+    let _ = writeln!(out, "  data:   {}", a.server.data_dir.display());
+    let _ = writeln!(out, "  agent:  node {} with {gpus}", cfg.node);
+    let _ = writeln!(out, "  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls");
+    let _ = writeln!(out, "  admin token: {admin_token}");
+    let _ = out.flush();
+    drop(out);
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let agent = std::thread::spawn(move || gpuflow_agent::run(cfg, s));

@@ -38,6 +38,8 @@ fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, Str
             break;
         }
     }
+    // Keep draining its output so the process never writes to a closed pipe.
+    std::thread::spawn(move || for _ in lines {});
     (proc, url.expect("up prints its address"), token.expect("up prints the admin token"))
 }
 

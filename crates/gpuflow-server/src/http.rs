@@ -85,8 +85,15 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/projects", get(list_projects).post(create_project))
         .route("/v1/users", get(list_users).post(create_user))
         .route("/v1/tokens", post(create_token))
-        .route("/v1/agent/register", post(crate::agent::register))
-        .route("/v1/agent/heartbeat", post(crate::agent::heartbeat))
+        // A heartbeat carries every task of a node: it may be larger.
+        .route(
+            "/v1/agent/register",
+            post(crate::agent::register).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+        )
+        .route(
+            "/v1/agent/heartbeat",
+            post(crate::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+        )
         .fallback(|| async {
             Error(ApiError::not_found("no such endpoint; the API is described at /v1/openapi.json"))
         })
