@@ -77,6 +77,8 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
             let api = Api::new(&url);
             for i in 0..JOBS {
                 let (s, v) = api.submit_yaml(&admin, &spec(i));
+                // Paced, so that the crash lands in the middle of the stream.
+                std::thread::sleep(Duration::from_millis(5));
                 if s == 201 {
                     acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
                 } else {
