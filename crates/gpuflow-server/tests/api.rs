@@ -244,10 +244,20 @@ async fn isolation(store: Option<String>) {
                 }
                 checked += 1;
             }
-            // Admin actions.
+            // Resume a suspended job (the owner's action).
+            let id = h.job(&q).await;
+            assert_eq!(h.call("POST", &format!("/v1/jobs/{id}/suspend"), Some(&h.admin), "", vec![]).await.0, 200);
+            let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/resume"), Some(tok), "", vec![]).await;
+            assert_eq!(s, if admin || (own && acts) { 200 } else if own { 403 } else { 404 }, "{ctx} resume");
+            // Admin actions: hold, and release of a held job.
             let id = h.job(&q).await;
             let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/hold"), Some(tok), "", vec![]).await;
             assert_eq!(s, if admin { 200 } else if own { 403 } else { 404 }, "{ctx} hold");
+            let id = h.job(&q).await;
+            assert_eq!(h.call("POST", &format!("/v1/jobs/{id}/hold"), Some(&h.admin), "", vec![]).await.0, 200);
+            let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/release"), Some(tok), "", vec![]).await;
+            assert_eq!(s, if admin { 200 } else if own { 403 } else { 404 }, "{ctx} release");
+            assert_eq!(h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"], if admin { "pending" } else { "held" });
             // Queues: change weight (team lead of the team, or admin).
             let (s, _) = h.json("PATCH", &format!("/v1/queues/{q}"), tok, json!({"weight": 2})).await;
             assert_eq!(s, if admin || (own && lead) { 200 } else if own { 403 } else { 404 }, "{ctx} queue patch");
@@ -298,8 +308,11 @@ async fn isolation(store: Option<String>) {
             }
             checked += 1;
         }
-        // Node reads are open to every role; agent endpoints are not for users.
+        // Node and pool reads are open to every role; agent endpoints are not for users.
         assert_eq!(h.get("/v1/nodes", tok).await.0, 200);
+        assert_eq!(h.get("/v1/pools", tok).await.0, 200);
+        let (s, me) = h.get("/v1/whoami", tok).await;
+        assert_eq!((s, me["role"].as_str()), (200, Some(role)));
         let (s, _) = h.json("POST", "/v1/agent/heartbeat", tok, json!({"node": "n1", "inventory": {"cpu_milli": 1, "memory_mib": 1, "gpus": [], "emulated": true}, "tasks": []})).await;
         assert_eq!(s, 401, "{role} posing as an agent");
         checked += 5;
