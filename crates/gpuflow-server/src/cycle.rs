@@ -22,7 +22,7 @@ use gpuflow_core::placement::Placer;
 use gpuflow_core::policy::Policy;
 use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
 use gpuflow_core::request::{self, Constraints, GpuRequest, Job, TaskGroup, TaskRequest};
-use gpuflow_core::schedule::{self, Config, History, Running, Workload};
+use gpuflow_core::schedule::{self, Config, Running, Workload};
 
 use crate::state::{AfterStop, Alloc, JobRec, Pick, World};
 use crate::{Change, Shared, commit, now};
@@ -103,7 +103,7 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         min_runtime,
         ..Config::default()
     };
-    let mut history = std::mem::take(&mut world.history);
+    let mut history = world.history.to_core(&snap.queues);
     history.account(t, cfg.usage_half_life, &snap.running, &snap.queues);
     let plan = schedule::schedule(
         t,
@@ -114,7 +114,13 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         &mut history,
         &cfg,
     );
-    world.history = history;
+    world.history = crate::state::SavedHistory::from_core(&history, &snap.queues);
+    // Decayed usage is written now and then (and with every preemption, which
+    // disruption budgets count), so a restart keeps fair share.
+    if !plan.preempted.is_empty() || t >= world.history_saved_at + 60 {
+        change.batch.put.push(world.history.record());
+        world.history_saved_at = t;
+    }
     for (id, flavor, placement) in &plan.admitted {
         let Some(mut j) = world.jobs.get(&id.0).cloned() else { continue };
         j.state = JobState::Admitted;
@@ -307,7 +313,7 @@ pub struct Snapshot {
 
 /// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single
 /// server runs, and never out of step with the committed state.
-pub fn snapshot(world: &mut World, t: u64) -> Snapshot {
+pub fn snapshot(world: &World, t: u64) -> Snapshot {
     // Nodes, in name order; the core's node id is the index.
     let node_names: Vec<String> = world.nodes.keys().cloned().collect();
     let node_id: BTreeMap<&str, NodeId> = node_names
@@ -341,12 +347,6 @@ pub fn snapshot(world: &mut World, t: u64) -> Snapshot {
         nodes.push(node);
     }
     let queues = build_queues(world, &capacity);
-    let queue_names: Vec<String> = queues.list().iter().map(|q| q.name.clone()).collect();
-    if queue_names != world.history_queues {
-        // Queue ids changed: the decayed usage no longer lines up.
-        world.history = History::default();
-        world.history_queues = queue_names;
-    }
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
     let requests: Vec<TaskRequest> = world
         .jobs

@@ -221,9 +221,54 @@ pub struct World {
     pub join_hash: String,
     /// The last cycle's explanation of each pending job.
     pub why: BTreeMap<u64, api::Why>,
-    /// Scheduler memory between cycles (decayed usage), keyed to the queue set.
-    pub history: gpuflow_core::schedule::History,
-    pub history_queues: Vec<String>,
+    /// Scheduler memory between cycles (decayed usage, disruptions), by queue name.
+    pub history: SavedHistory,
+    /// When `history` was last written to the store.
+    pub history_saved_at: u64,
+}
+
+/// The core's `History` keyed by queue names, so it survives restarts and
+/// changes of the queue set (the core's queue ids are positions).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SavedHistory {
+    pub usage: BTreeMap<String, f64>,
+    pub decayed_at: u64,
+    pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
+    pub waiting_for: BTreeMap<u64, Vec<u64>>,
+}
+
+impl SavedHistory {
+    pub fn to_core(&self, queues: &gpuflow_core::queue::Queues) -> gpuflow_core::schedule::History {
+        use gpuflow_core::ids::JobId;
+        gpuflow_core::schedule::History {
+            usage: self.usage.iter().filter_map(|(n, v)| Some((queues.by_name(n)?, *v))).collect(),
+            decayed_at: self.decayed_at,
+            disruptions: self
+                .disruptions
+                .iter()
+                .filter_map(|(n, v)| Some((queues.by_name(n)?, v.clone())))
+                .collect(),
+            waiting_for: self
+                .waiting_for
+                .iter()
+                .map(|(k, v)| (JobId(*k), v.iter().map(|j| JobId(*j)).collect()))
+                .collect(),
+        }
+    }
+
+    pub fn from_core(h: &gpuflow_core::schedule::History, queues: &gpuflow_core::queue::Queues) -> SavedHistory {
+        let name = |q: &gpuflow_core::queue::QueueId| queues.get(*q).name.clone();
+        SavedHistory {
+            usage: h.usage.iter().map(|(q, v)| (name(q), *v)).collect(),
+            decayed_at: h.decayed_at,
+            disruptions: h.disruptions.iter().map(|(q, v)| (name(q), v.clone())).collect(),
+            waiting_for: h.waiting_for.iter().map(|(k, v)| (k.0, v.iter().map(|j| j.0).collect())).collect(),
+        }
+    }
+
+    pub fn record(&self) -> Record {
+        put(Table::Meta, "history", "", "", self)
+    }
 }
 
 pub fn put<T: Serialize>(table: Table, key: &str, team: &str, state: &str, v: &T) -> Record {
@@ -299,6 +344,9 @@ impl World {
             if r.key == "join_hash" {
                 w.join_hash = r.doc.clone();
             }
+            if r.key == "history" {
+                w.history = parse(&r)?;
+            }
         }
         Ok(w)
     }
@@ -325,5 +373,43 @@ impl World {
 
     pub fn is_admin(u: &api::User) -> bool {
         u.role == Role::Admin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use gpuflow_core::queue::{Queue, QueueId, Queues};
+    use gpuflow_core::schedule::History;
+
+    use super::*;
+
+    fn queues(names: &[&str]) -> Queues {
+        Queues::new(names.iter().map(|n| Queue::new(n, None)).collect(), BTreeMap::new()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn history_follows_queue_names_across_restarts() {
+        let before = queues(&["a", "b"]);
+        let mut h = History::default();
+        h.usage.insert(QueueId(1), 42.0);
+        h.disruptions.insert(QueueId(0), vec![(7, 1.5)]);
+        h.decayed_at = 99;
+        let saved = SavedHistory::from_core(&h, &before);
+        assert_eq!(saved.usage["b"], 42.0);
+        // Stored and loaded again, then read against a queue set where "b"
+        // has another position and "a" is gone.
+        let dir = tempfile::tempdir().unwrap();
+        let store = gpuflow_store::open(&format!("sqlite://{}", dir.path().join("db").display())).await.unwrap();
+        let mut batch = gpuflow_store::Batch::default();
+        batch.put.push(saved.record());
+        store.commit(&batch).await.unwrap();
+        let world = World::load(store.as_ref()).await.unwrap();
+        let after = queues(&["b", "c"]);
+        let back = world.history.to_core(&after);
+        assert_eq!(back.usage, BTreeMap::from([(QueueId(0), 42.0)]));
+        assert!(back.disruptions.is_empty());
+        assert_eq!(back.decayed_at, 99);
     }
 }
