@@ -47,6 +47,41 @@ pub struct Config {
     /// PEM certificate(s) to trust for an `https` server (e.g. a self-signed
     /// one); default: the web's public roots.
     pub ca_cert: Option<PathBuf>,
+    /// Leave tasks running when the agent exits (an upgrade); the next agent
+    /// adopts them. Default: stop them.
+    pub keep_tasks_on_exit: bool,
+}
+
+const RECORDS: &str = "tasks.json";
+
+/// Adopts the tasks a previous agent process left running in `dir`.
+fn adopt_all(dir: &std::path::Path) -> BTreeMap<Key, Task> {
+    let Ok(text) = std::fs::read_to_string(dir.join(RECORDS)) else {
+        return BTreeMap::new();
+    };
+    let records: Vec<task::Record> = serde_json::from_str(&text).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the task records; starting with none");
+        Vec::new()
+    });
+    records.iter().filter_map(Task::adopt).map(|t| (t.key, t)).collect()
+}
+
+/// Writes the records of running tasks when they changed (write, then rename).
+fn save_records(tasks: &BTreeMap<Key, Task>, dir: &std::path::Path, last: &mut Vec<task::Record>) {
+    let now: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
+    if &now == last {
+        return;
+    }
+    let tmp = dir.join(format!("{RECORDS}.tmp"));
+    let ok = serde_json::to_vec(&now)
+        .ok()
+        .and_then(|bytes| std::fs::write(&tmp, bytes).ok())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(RECORDS)).ok());
+    if ok.is_some() {
+        *last = now;
+    } else {
+        tracing::warn!(dir = %dir.display(), "cannot write the task records");
+    }
 }
 
 /// An HTTP client trusting `ca_cert` (PEM) when given.
@@ -154,7 +189,8 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         labels: cfg.labels.clone(),
         pool: cfg.pool.clone(),
     };
-    let mut tasks: BTreeMap<Key, Task> = BTreeMap::new();
+    let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir);
+    let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
     let mut node_token: Option<String> = None;
     let mut interval = Duration::from_secs(2);
     let mut last_error = Instant::now() - Duration::from_secs(60);
@@ -223,6 +259,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             }
         }
         // Sleep in short steps so task exits are reaped and stop is noticed.
+        save_records(&tasks, &cfg.work_dir, &mut saved);
         let wait = if soon { Duration::from_millis(300) } else { interval };
         while tick.elapsed() < wait && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
@@ -238,9 +275,12 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             }
         }
     }
-    for t in tasks.values_mut() {
-        t.kill();
+    if !cfg.keep_tasks_on_exit {
+        for t in tasks.values_mut() {
+            t.kill();
+        }
     }
+    save_records(&tasks, &cfg.work_dir, &mut saved);
     Ok(())
 }
 

@@ -38,6 +38,37 @@ pub struct Task {
     /// Log size the server has acknowledged; the tail is sent only when the
     /// log has grown since, to keep heartbeats small.
     pub acked_log_len: u64,
+    /// The leader's start time (clock ticks since boot), to recognise it
+    /// after an agent restart even if its pid has been reused since.
+    start_ticks: u64,
+}
+
+/// What the agent keeps on disk about a running task, to adopt it after a
+/// restart of the agent.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    pub key: Key,
+    pub pgid: i32,
+    pub start_ticks: u64,
+    pub log: PathBuf,
+    pub checkpoint: PathBuf,
+}
+
+/// A process's start time from `/proc/PID/stat` (field 22), if it exists.
+fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+fn group_alive(pgid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the group exists.
+    pgid > 0 && unsafe { libc::kill(-pgid, 0) } == 0
 }
 
 pub fn signal_number(name: &str) -> i32 {
@@ -71,6 +102,7 @@ impl Task {
             checkpoint: checkpoint.clone(),
             message: String::new(),
             acked_log_len: 0,
+            start_ticks: 0,
         };
         let result = (|| -> std::io::Result<Child> {
             std::fs::create_dir_all(&task_dir)?;
@@ -90,6 +122,7 @@ impl Task {
         match result {
             Ok(child) => {
                 task.pgid = child.id() as i32;
+                task.start_ticks = start_ticks(task.pgid).unwrap_or(0);
                 task.child = Some(child);
                 tracing::info!(job, attempt, group, index, pid = task.pgid, "task started");
             }
@@ -100,6 +133,41 @@ impl Task {
             }
         }
         task
+    }
+
+    /// Takes over a task a previous agent process started, if its process
+    /// group still runs and its leader is the same process.
+    pub fn adopt(r: &Record) -> Option<Task> {
+        let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
+        if !same || !group_alive(r.pgid) {
+            return None;
+        }
+        tracing::info!(job = r.key.0, pid = r.pgid, "task adopted after an agent restart");
+        Some(Task {
+            key: r.key,
+            child: None,
+            pgid: r.pgid,
+            phase: TaskPhase::Running,
+            exit_code: None,
+            kill_at: None,
+            killed: false,
+            log: r.log.clone(),
+            checkpoint: r.checkpoint.clone(),
+            message: String::new(),
+            acked_log_len: 0,
+            start_ticks: r.start_ticks,
+        })
+    }
+
+    /// The record to keep on disk while it runs.
+    pub fn record(&self) -> Option<Record> {
+        (self.running() && self.pgid > 0).then(|| Record {
+            key: self.key,
+            pgid: self.pgid,
+            start_ticks: self.start_ticks,
+            log: self.log.clone(),
+            checkpoint: self.checkpoint.clone(),
+        })
     }
 
     pub fn running(&self) -> bool {
@@ -129,7 +197,21 @@ impl Task {
 
     /// Reaps an exit and enforces the kill time.
     pub fn poll(&mut self) {
-        let Some(child) = self.child.as_mut() else { return };
+        let Some(child) = self.child.as_mut() else {
+            // Adopted: not our child, so its exit status is not ours to read.
+            if self.phase == TaskPhase::Running && !group_alive(self.pgid) {
+                self.phase = if self.kill_at.is_some() { TaskPhase::Stopped } else { TaskPhase::Exited };
+                self.message = "exit status unknown: the agent restarted while the task ran".into();
+            } else if self.phase == TaskPhase::Running
+                && let Some(k) = self.kill_at
+                && Instant::now() >= k
+                && !self.killed
+            {
+                self.killed = true;
+                self.signal(libc::SIGKILL);
+            }
+            return;
+        };
         if self.phase == TaskPhase::Running {
             if let Ok(Some(status)) = child.try_wait() {
                 let stopped = self.kill_at.is_some();
@@ -148,7 +230,7 @@ impl Task {
         }
     }
 
-    /// Kills the tree now (agent shutdown).
+    /// Kills the tree now.
     pub fn kill(&mut self) {
         if self.running() {
             self.signal(libc::SIGKILL);

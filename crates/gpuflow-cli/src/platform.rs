@@ -55,6 +55,10 @@ pub struct AgentArgs {
     /// PEM certificate to trust for an https server (e.g. its self-signed one).
     #[arg(long, env = "GPUFLOW_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
+    /// Leave tasks running when the agent exits (for an upgrade); the next
+    /// agent on this work directory adopts them.
+    #[arg(long)]
+    pub keep_tasks_on_exit: bool,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -124,6 +128,7 @@ fn agent_config(
         labels: Default::default(),
         address: n.address.clone(),
         ca_cert,
+        keep_tasks_on_exit: false,
     })
 }
 
@@ -157,7 +162,8 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     init_logging();
     let data = default_data_dir();
-    let cfg = agent_config(a.server, a.join_token, &a.node, &data, a.ca_cert)?;
+    let mut cfg = agent_config(a.server, a.join_token, &a.node, &data, a.ca_cert)?;
+    cfg.keep_tasks_on_exit = a.keep_tasks_on_exit;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     ctrlc_flag(s)?;

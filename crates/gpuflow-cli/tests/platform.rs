@@ -202,3 +202,31 @@ fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
     let j = api.job(id, &admin);
     assert_eq!((j["state"].as_str(), j["tasks"][0]["node"].as_str()), (Some("running"), Some("n2")));
 }
+
+#[test]
+fn a_restarted_agent_adopts_its_running_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(dir.path(), free_port(), &[]);
+    let api = Api::new(&srv.url);
+    let admin = admin_token(dir.path());
+    let first = agent(dir.path(), &srv.url, "n1", "1");
+    let (_, v) = api.submit_yaml(&admin, &job_yaml("steady", "default", "training", 1, "echo $$ > pid; sleep 300", 1));
+    let id = v["id"].as_u64().unwrap();
+    api.wait_state(id, &admin, "running", LONG);
+    let pid_file = dir.path().join("work-n1").join(format!("job-{id}")).join("a1-g0-i0").join("pid");
+    let pid: u32 = poll("the task writes its pid", LONG, || std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok());
+    // The agent crashes; its task does not.
+    first.crash();
+    assert!(alive(pid));
+    // A new agent on the same work directory adopts it: same run, same process.
+    let _second = agent(dir.path(), &srv.url, "n1", "1");
+    std::thread::sleep(Duration::from_secs(3));
+    let j = api.job(id, &admin);
+    assert_eq!((j["state"].as_str(), j["attempts"].as_u64()), (Some("running"), Some(1)), "{j}");
+    assert!(alive(pid));
+    // And it still controls it: a cancel stops the adopted process.
+    let (s, _) = api.call("POST", &format!("/v1/jobs/{id}/cancel"), &admin, None);
+    assert_eq!(s, 200);
+    api.wait_state(id, &admin, "cancelled", LONG);
+    poll("the adopted process is stopped", LONG, || (!alive(pid)).then_some(()));
+}

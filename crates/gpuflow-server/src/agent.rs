@@ -178,6 +178,7 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
                 index: r.index,
                 phase: r.phase,
                 exit_code: r.exit_code,
+                message: r.message.clone(),
             };
             match next.tasks.iter_mut().find(|t| t.group == r.group && t.index == r.index) {
                 Some(t) => *t = st,
@@ -205,6 +206,7 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
                             index: a.index,
                             phase: TaskPhase::Stopped,
                             exit_code: None,
+                            message: String::new(),
                         }),
                     }
                 }
@@ -244,10 +246,18 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         t.phase == TaskPhase::FailedToStart || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
     });
     if let Some(f) = failed {
-        let what = match f.phase {
+        let mut what = match f.phase {
             TaskPhase::FailedToStart => format!("task {}/{} could not start", f.group, f.index),
-            _ => format!("task {}/{} exited with {}", f.group, f.index, f.exit_code.map_or("a signal".into(), |c| format!("code {c}"))),
+            _ => format!(
+                "task {}/{} exited with {}",
+                f.group,
+                f.index,
+                f.exit_code.map_or("an unknown status".into(), |c| format!("code {c}"))
+            ),
         };
+        if !f.message.is_empty() {
+            what = format!("{what} ({})", f.message);
+        }
         j.failures += 1;
         let retry = j.failures <= j.spec.retry.limit;
         stop(j, at, if retry { AfterStop::Retry } else { AfterStop::Fail }, what);

@@ -63,6 +63,9 @@ pub struct TaskState {
     pub index: u32,
     pub phase: api::TaskPhase,
     pub exit_code: Option<i32>,
+    /// What the agent said about it (why it could not start, …).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -22,7 +22,7 @@ pub struct Proc(pub Child);
 
 impl Proc {
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill").args([sig, &self.0.id().to_string()]).status();
+        let _ = Command::new("kill").args([sig, &self.0.id().to_string()]).stderr(Stdio::null()).status();
     }
 
     /// SIGKILL now, as a crash.
