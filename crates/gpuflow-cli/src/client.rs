@@ -168,17 +168,25 @@ impl Client {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> anyhow::Result<Value> {
+        self.call_with(method, path, body, None)
+    }
+
+    /// A call with an optional `Idempotency-Key`.
+    fn call_with(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>, key: Option<&str>) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let auth = format!("Bearer {}", self.token);
         let resp = match (method, body) {
             ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
             ("DELETE", _) => self.http.delete(&url).header("Authorization", &auth).call(),
             (m, b) => {
-                let req = match m {
+                let mut req = match m {
                     "PATCH" => self.http.patch(&url),
                     _ => self.http.post(&url),
                 }
                 .header("Authorization", &auth);
+                if let Some(k) = key {
+                    req = req.header("Idempotency-Key", k);
+                }
                 match b {
                     Some((ct, bytes)) => req.header("Content-Type", ct).send(&bytes[..]),
                     None => req.send_empty(),
@@ -197,6 +205,15 @@ impl Client {
         }
         serde_json::from_str(&text).context("the server sent something that is not JSON")
     }
+}
+
+/// A random key naming one submission.
+fn idempotency_key() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("cli-{:016x}", h.finish())
 }
 
 fn read_file(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
@@ -294,7 +311,20 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             } else {
                 "application/yaml"
             };
-            let v = c.call("POST", "/v1/jobs", Some((ct, body)))?;
+            // Retried on connection failures with one idempotency key: the job
+            // is stored once however often it is sent.
+            let key = idempotency_key();
+            let mut wait = std::time::Duration::from_millis(500);
+            let v = loop {
+                match c.call_with("POST", "/v1/jobs", Some((ct, body.clone())), Some(&key)) {
+                    Err(e) if e.to_string().starts_with("cannot reach") && wait < std::time::Duration::from_secs(8) => {
+                        eprintln!("{e:#}; retrying in {} ms", wait.as_millis());
+                        std::thread::sleep(wait);
+                        wait *= 2;
+                    }
+                    other => break other?,
+                }
+            };
             print(conn.output, &v, |v| format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"])));
         }
         JobCmd::Ls { state, queue, team, user, limit } => {

@@ -76,12 +76,18 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
         std::thread::spawn(move || {
             let api = Api::new(&url);
             for i in 0..JOBS {
-                let (s, v) = api.submit_yaml(&admin, &spec(i));
-                // Paced, so that the crash lands in the middle of the stream.
-                std::thread::sleep(Duration::from_millis(5));
-                if s == 201 {
-                    acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
-                } else {
+                // Each job is sent until acknowledged, always with its key, as
+                // `gpuflow job submit` does: a retry of a stored submission must
+                // not store a second job.
+                let key = format!("key-{i}");
+                loop {
+                    let (s, v) = api.call_with("POST", "/v1/jobs", &admin, Some(("application/yaml", spec(i).as_bytes())), Some(&key));
+                    // Paced, so that the crash lands in the middle of the stream.
+                    std::thread::sleep(Duration::from_millis(5));
+                    if s == 201 || s == 200 {
+                        acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
+                        break;
+                    }
                     failed.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -97,7 +103,7 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
     submitter.join().unwrap();
     let acked = acked.lock().unwrap().clone();
     assert!(failed.load(Ordering::Relaxed) > 0, "the crash happened while submitting");
-    assert!(acked.len() > 100);
+    assert_eq!(acked.len(), JOBS, "every job was acknowledged in the end");
 
     // Every acknowledged job is there once, under its id; nothing is duplicated.
     let all = api.get("/v1/jobs?limit=100000", &admin);

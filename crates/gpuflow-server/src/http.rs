@@ -148,7 +148,21 @@ async fn submit(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("json"));
     let spec = JobSpec::parse(&body, json)?;
+    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
+        Some(_) => {
+            return Err(ApiError::bad_request("bad_header", "Idempotency-Key: 1 to 128 visible ASCII characters").into());
+        }
+    };
     let mut world = shared.world.lock().await;
+    if let Some(k) = &key
+        && let Some(&id) = world.idempotency.get(&(caller.user.name.clone(), k.clone()))
+    {
+        // A retry of a submission that was stored: the same job, not a second one.
+        let state = world.jobs.get(&id).map_or(JobState::Pending, |j| j.state);
+        return Ok((StatusCode::OK, Json(api::Submitted { id, state })));
+    }
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
             .queues
@@ -200,6 +214,7 @@ async fn submit(
         spec,
         team: team.clone(),
         user: caller.user.name.clone(),
+        idempotency_key: key.clone(),
         state: JobState::Pending,
         reason: "submitted; waiting for the next scheduling cycle".into(),
         submitted_at: at,
@@ -223,6 +238,9 @@ async fn submit(
     change.job(j);
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.next_job = id;
+    if let Some(k) = key {
+        world.idempotency.insert((caller.user.name.clone(), k), id);
+    }
     drop(world);
     shared.wake.notify_one();
     Ok((

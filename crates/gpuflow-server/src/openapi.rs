@@ -84,12 +84,19 @@ fn schema_ref(name: &str) -> Value {
 pub fn document() -> Value {
     let mut paths = serde_json::Map::new();
     for route in ROUTES {
-        let params: Vec<Value> = route
+        let mut params: Vec<Value> = route
             .path
             .split('/')
             .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
+        if (route.method, route.path) == ("post", "/v1/jobs") {
+            params.push(json!({
+                "name": "Idempotency-Key", "in": "header", "required": false,
+                "description": "A retry with the same key (same user) returns the job already stored, with 200",
+                "schema": {"type": "string", "maxLength": 128}
+            }));
+        }
         let ok = match route.response {
             Some(t) => json!({"description": "success", "content": {"application/json": {"schema": schema_ref(t)}}}),
             None => json!({"description": "success"}),

@@ -74,6 +74,10 @@ pub struct JobRec {
     pub spec: JobSpec,
     pub team: String,
     pub user: String,
+    /// The client's `Idempotency-Key`: a retried submission with the same key
+    /// (from the same user) gets this job back instead of a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
     pub state: JobState,
     pub reason: String,
     pub submitted_at: u64,
@@ -220,6 +224,8 @@ pub struct World {
     pub nodes: BTreeMap<String, NodeRec>,
     pub jobs: BTreeMap<u64, JobRec>,
     pub next_job: u64,
+    /// (user, idempotency key) → job.
+    pub idempotency: BTreeMap<(String, String), u64>,
     /// The hash of the agents' join token.
     pub join_hash: String,
     /// The last cycle's explanation of each pending job.
@@ -341,6 +347,9 @@ impl World {
         for r in store.load(Table::Jobs).await? {
             let j: JobRec = parse(&r)?;
             w.next_job = w.next_job.max(j.id);
+            if let Some(k) = &j.idempotency_key {
+                w.idempotency.insert((j.user.clone(), k.clone()), j.id);
+            }
             w.jobs.insert(j.id, j);
         }
         for r in store.load(Table::Meta).await? {

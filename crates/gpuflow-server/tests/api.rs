@@ -152,6 +152,17 @@ async fn bad_input(store: Option<String>) {
     assert_eq!(h.stored_jobs().await, 0);
     assert_eq!(h.stored_events().await, 0);
     assert!(h.shared.store.load(Table::Queues).await.unwrap().iter().all(|r| r.key == "default"));
+    // A bad idempotency key is refused too.
+    let long = "k".repeat(200);
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/jobs")
+        .header("authorization", format!("Bearer {a}"))
+        .header("idempotency-key", long)
+        .body(Body::from(good))
+        .unwrap();
+    assert_eq!(h.router.clone().oneshot(req).await.unwrap().status().as_u16(), 400);
+    assert_eq!(h.stored_jobs().await, 0);
     // And a good spec still goes in.
     let (s, v) = h.call("POST", "/v1/jobs", Some(&a), "application/yaml", good.into()).await;
     assert_eq!(s, 201, "{v}");
@@ -337,6 +348,40 @@ async fn tenant_isolation_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_isolation_postgres() {
     with_postgres(isolation).await;
+}
+
+// ------------------------------------------------------------- idempotency
+
+#[tokio::test]
+async fn a_retried_submission_is_stored_once() {
+    let h = harness(None).await;
+    let spec = "name: once\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n";
+    let send = |key: &'static str| {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/v1/jobs")
+            .header("authorization", format!("Bearer {}", h.admin))
+            .header("idempotency-key", key)
+            .body(Body::from(spec))
+            .unwrap();
+        let router = h.router.clone();
+        async move {
+            let resp = router.oneshot(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap()).unwrap();
+            (status, body["id"].as_u64().unwrap())
+        }
+    };
+    let (s1, id1) = send("abc").await;
+    let (s2, id2) = send("abc").await;
+    let (s3, id3) = send("other").await;
+    assert_eq!((s1, s2, s3), (201, 200, 201));
+    assert_eq!(id1, id2);
+    assert_ne!(id1, id3);
+    assert_eq!(h.stored_jobs().await, 2);
+    // The key survives a restart: a reload of the state knows it.
+    let world = gpuflow_server::state::World::load(h.shared.store.as_ref()).await.unwrap();
+    assert_eq!(world.idempotency.get(&("admin".to_string(), "abc".to_string())), Some(&id1));
 }
 
 // ------------------------------------------------------------------ OpenAPI

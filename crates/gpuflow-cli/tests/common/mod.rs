@@ -146,13 +146,20 @@ impl Api {
 
     /// `(status, body)`; an unreachable server is status 0.
     pub fn call(&self, method: &str, path: &str, token: &str, body: Option<(&str, &[u8])>) -> (u16, Value) {
+        self.call_with(method, path, token, body, None)
+    }
+
+    pub fn call_with(&self, method: &str, path: &str, token: &str, body: Option<(&str, &[u8])>, key: Option<&str>) -> (u16, Value) {
         let url = format!("{}{path}", self.url);
         let auth = format!("Bearer {token}");
         let r = match method {
             "GET" => self.http.get(&url).header("Authorization", &auth).call(),
             "DELETE" => self.http.delete(&url).header("Authorization", &auth).call(),
             m => {
-                let req = if m == "PATCH" { self.http.patch(&url) } else { self.http.post(&url) }.header("Authorization", &auth);
+                let mut req = if m == "PATCH" { self.http.patch(&url) } else { self.http.post(&url) }.header("Authorization", &auth);
+                if let Some(k) = key {
+                    req = req.header("Idempotency-Key", k);
+                }
                 match body {
                     Some((ct, b)) => req.header("Content-Type", ct).send(b),
                     None => req.send_empty(),
