@@ -485,7 +485,11 @@ struct Cycle<'a> {
     per_queue: BTreeMap<QueueId, Vec<usize>>,
     /// Global order (FIFO and priority orderings).
     global: Vec<usize>,
-    reasons: BTreeMap<usize, Vec<PendingReason>>,
+    /// Per pending job (by index), the reasons found so far.
+    reasons: Vec<Vec<PendingReason>>,
+    /// Per pending job, `ahead` of a "not reached" reason (u32::MAX: none);
+    /// kept apart so that the many unreached jobs cost no allocation.
+    not_reached: Vec<u32>,
     admitted: Vec<(JobId, String, Placement)>,
     preempted: Vec<Preemption>,
     victims: BTreeSet<JobId>,
@@ -576,7 +580,8 @@ impl<'a> Cycle<'a> {
             cfg,
             per_queue: BTreeMap::new(),
             global: Vec::new(),
-            reasons: BTreeMap::new(),
+            reasons: vec![Vec::new(); pending.len()],
+            not_reached: vec![u32::MAX; pending.len()],
             admitted: Vec::new(),
             preempted: Vec::new(),
             victims: stopping,
@@ -770,10 +775,7 @@ impl<'a> Cycle<'a> {
                     // FIFO: the head blocks everything behind it.
                     if !admitted && self.cfg.ordering == Ordering::Fifo && !self.cfg.backfill {
                         for &j in &order[pos + 1..] {
-                            self.reasons
-                                .entry(j)
-                                .or_default()
-                                .push(PendingReason::NotReached { ahead: pos + 1 });
+                            self.not_reached[j] = (pos + 1) as u32;
                         }
                         break;
                     }
@@ -809,12 +811,8 @@ impl<'a> Cycle<'a> {
                     }
                     if *t >= self.cfg.tries_per_queue {
                         let c = cursor[&q];
-                        let rest: Vec<usize> = self.per_queue[&q][c..].to_vec();
-                        for j in rest {
-                            self.reasons
-                                .entry(j)
-                                .or_default()
-                                .push(PendingReason::NotReached { ahead: c });
+                        for &j in &self.per_queue[&q][c..] {
+                            self.not_reached[j] = c as u32;
                         }
                         continue;
                     }
@@ -947,13 +945,13 @@ impl<'a> Cycle<'a> {
             self.reserve(i, &flavor.clone());
         }
         for r in reasons {
-            self.reasons.entry(i).or_default().push(r);
+            self.reasons[i].push(r);
         }
         false
     }
 
     fn wait(&mut self, i: usize, r: PendingReason) -> bool {
-        self.reasons.entry(i).or_default().push(r);
+        self.reasons[i].push(r);
         false
     }
 
@@ -1393,7 +1391,12 @@ impl<'a> Cycle<'a> {
                 self.placer.set_reserved(n, false);
             }
         }
-        let admitted: BTreeSet<JobId> = self.admitted.iter().map(|(id, _, _)| *id).collect();
+        let admitted_set: BTreeSet<JobId> = self.admitted.iter().map(|(id, _, _)| *id).collect();
+        let is_admitted: Vec<bool> = self
+            .pending
+            .iter()
+            .map(|w| admitted_set.contains(&w.job.id))
+            .collect();
         // ETA: running jobs' declared ends against the demand ahead in order.
         let mut ends: Vec<(u64, u64)> = self
             .running
@@ -1423,14 +1426,13 @@ impl<'a> Cycle<'a> {
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         let mut eta: Vec<Option<u64>> = vec![None; self.pending.len()];
         // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
-        let admitted_ids: BTreeMap<JobId, ()> =
-            self.admitted.iter().map(|(id, _, _)| (*id, ())).collect();
         let mut by_queue: BTreeMap<QueueId, Vec<(u64, u64, &str)>> = BTreeMap::new();
         let just_admitted = self
             .pending
             .iter()
-            .filter(|w| admitted_ids.contains_key(&w.job.id))
-            .map(|w| (w, self.now, None));
+            .zip(&is_admitted)
+            .filter(|(_, a)| **a)
+            .map(|(w, _)| (w, self.now, None));
         for (o, started, stop) in self
             .running
             .iter()
@@ -1450,7 +1452,7 @@ impl<'a> Cycle<'a> {
         }
         let (mut freed, mut next) = (free_now, 0usize);
         for &i in &order {
-            if admitted.contains(&self.pending[i].job.id) {
+            if is_admitted[i] {
                 continue;
             }
             ahead += self.pending[i].gpu_milli();
@@ -1465,7 +1467,7 @@ impl<'a> Cycle<'a> {
             };
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known end.
-            let reasons = self.reasons.get(&i).map(Vec::as_slice).unwrap_or(&[]);
+            let reasons = self.reasons[i].as_slice();
             let w = &self.pending[i];
             let by_user = reasons.iter().any(|x| {
                 matches!(
@@ -1521,17 +1523,26 @@ impl<'a> Cycle<'a> {
             let _ = q;
             let mut position = 0;
             for &i in list {
-                if admitted.contains(&self.pending[i].job.id) {
+                if is_admitted[i] {
                     continue;
                 }
                 position += 1;
                 pending.push(Pending {
                     job: self.pending[i].job.id,
-                    reasons: self.reasons.remove(&i).unwrap_or_else(|| {
-                        vec![PendingReason::NotReached {
-                            ahead: position - 1,
-                        }]
-                    }),
+                    reasons: {
+                        let mut r = std::mem::take(&mut self.reasons[i]);
+                        if self.not_reached[i] != u32::MAX {
+                            r.push(PendingReason::NotReached {
+                                ahead: self.not_reached[i] as usize,
+                            });
+                        }
+                        if r.is_empty() {
+                            r.push(PendingReason::NotReached {
+                                ahead: position - 1,
+                            });
+                        }
+                        r
+                    },
                     position,
                     eta: eta[i],
                 });
