@@ -75,3 +75,104 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
     drop(pg);
     Ok(())
 }
+
+/// `gpuflow bench server-cycle`: nodes registered through the agent protocol,
+/// jobs submitted through the API (in-process), then timed cycles.
+pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Result<()> {
+    use gpuflow_api::{GpuInfo, Inventory, Register};
+    if nodes == 0 || pending == 0 || cycles == 0 {
+        bail!("--nodes, --pending and --cycles must be above 0");
+    }
+    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
+    cfg.join_token = Some("bench".into());
+    // Long timeouts: nodes registered once must not be lost while the benchmark runs.
+    cfg.node_timeout_s = 3600;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let opened = rt.block_on(gpuflow_server::open(cfg))?;
+    let shared = opened.shared.clone();
+    let admin = opened.new_admin_token.context("a new installation has an admin token")?;
+    let router = gpuflow_server::http::router(shared.clone());
+    let call = |method: &str, path: &str, token: &str, body: String| {
+        use tower_service_call::call;
+        rt.block_on(call(router.clone(), method, path, token, body))
+    };
+    eprintln!("registering {nodes} nodes (8 GPUs each) and submitting {pending} jobs…");
+    for n in 0..nodes {
+        let inv = Inventory {
+            cpu_milli: 128_000,
+            memory_mib: 1 << 20,
+            gpus: (0..8)
+                .map(|i| GpuInfo { index: i, uuid: format!("GPU-{n}-{i}"), model: "H100".into(), memory_mib: 81920, utilization: None })
+                .collect(),
+            emulated: true,
+            address: String::new(),
+            labels: Default::default(),
+            pool: String::new(),
+        };
+        let body = serde_json::to_string(&Register { node: format!("node-{n:05}"), inventory: inv })?;
+        let (s, v) = call("POST", "/v1/agent/register", "bench", body);
+        if s != 200 {
+            bail!("register failed: {s} {v}");
+        }
+    }
+    let spec = |i: usize| {
+        let gpus = [1, 1, 2, 4, 8][i % 5];
+        let kind = ["batch", "training", "inference", "batch"][i % 4];
+        format!("{{\"name\":\"j{i}\",\"queue\":\"default\",\"kind\":\"{kind}\",\"tasks\":[{{\"name\":\"main\",\"command\":[\"true\"],\"resources\":{{\"cpu\":1,\"gpu\":{{\"count\":{gpus}}}}}}}]}}")
+    };
+    for i in 0..pending {
+        let (s, v) = call("POST", "/v1/jobs", &admin, spec(i));
+        if s != 201 {
+            bail!("submit failed: {s} {v}");
+        }
+    }
+    let time = |label: &str| -> anyhow::Result<f64> {
+        let t = Instant::now();
+        rt.block_on(gpuflow_server::cycle::run_once(&shared))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let counts = rt.block_on(async {
+            let w = shared.world.lock().await;
+            let mut by = std::collections::BTreeMap::<&str, usize>::new();
+            for j in w.jobs.values() {
+                *by.entry(j.state.as_str()).or_default() += 1;
+            }
+            format!("{by:?}")
+        });
+        println!("  {label}: {ms:.1} ms  {counts}");
+        Ok(ms)
+    };
+    println!("server cycle, {nodes} nodes × 8 GPUs, {pending} jobs submitted (SQLite):");
+    time("cold cycle")?;
+    let mut times = Vec::new();
+    for c in 0..cycles {
+        for k in 0..5 {
+            call("POST", "/v1/jobs", &admin, spec(pending + c * 5 + k));
+        }
+        times.push(time("cycle after 5 submissions")?);
+    }
+    times.sort_by(f64::total_cmp);
+    println!("  median cycle after a small change: {:.1} ms", times[times.len() / 2]);
+    Ok(())
+}
+
+/// One in-process request to the router.
+mod tower_service_call {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    pub async fn call(router: axum::Router, method: &str, path: &str, token: &str, body: String) -> (u16, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .expect("a valid request");
+        let resp = router.oneshot(req).await.expect("the router answers");
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap_or_default();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+}

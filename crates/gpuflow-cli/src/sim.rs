@@ -99,6 +99,17 @@ pub struct RunArgs {
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// The server's scheduling cycle (snapshot, core, commit to SQLite) on
+    /// registered nodes with a backlog: a cold cycle, then cycles after a few
+    /// new submissions.
+    ServerCycle {
+        #[arg(long, default_value_t = 500)]
+        nodes: usize,
+        #[arg(long, default_value_t = 5000)]
+        pending: usize,
+        #[arg(long, default_value_t = 5)]
+        cycles: usize,
+    },
     /// Job submissions per second and their latency through the HTTP API, on
     /// an in-process server with SQLite (default) or a throwaway PostgreSQL.
     Submit {
@@ -429,6 +440,7 @@ fn rayon_threads() -> usize {
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Submit { jobs, clients, store } => crate::bench_api::submit(jobs, clients, &store),
+        BenchCommand::ServerCycle { nodes, pending, cycles } => crate::bench_api::server_cycle(nodes, pending, cycles),
         BenchCommand::Cycle {
             nodes,
             teams,
