@@ -384,11 +384,7 @@ impl GpuSpec {
 }
 
 fn check_name(field: &str, name: &str, bad: &mut impl FnMut(String, String)) {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric());
-    if !ok {
+    if !crate::wire::valid_name(name) {
         bad(
             field.into(),
             format!("{name:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"),

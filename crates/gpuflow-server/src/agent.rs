@@ -26,11 +26,8 @@ use crate::state::{AfterStop, JobRec, NodeRec, TaskState, World};
 use crate::{Change, Shared, commit, now};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
-    headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string())
+    crate::auth::bearer(headers)
+        .map(str::to_string)
         .ok_or_else(|| ApiError::new(401, "unauthenticated", "missing token: agents send `Authorization: Bearer <token>`").into())
 }
 
@@ -48,9 +45,7 @@ fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
 pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Json<Registered>, Error> {
     let t = token(&headers)?;
     let req: Register = parse_json(&body)?;
-    if !api::valid_name(&req.node) {
-        return Err(ApiError::bad_request("invalid_name", format!("node: {:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')", req.node)).into());
-    }
+    crate::http::check_name("node", &req.node, "node name")?;
     check_inventory(&req.inventory)?;
     let mut world = shared.world.lock().await;
     if world.join_hash.is_empty() || hash(&t) != world.join_hash {
@@ -193,7 +188,7 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
         }
         if next.state == JobState::Stopping {
             // Tasks of this node the agent no longer runs are gone.
-            for a in next.allocs.clone().iter().filter(|a| a.node == node) {
+            for a in j.allocs.iter().filter(|a| a.node == node) {
                 let running = mine
                     .iter()
                     .any(|r| r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running);

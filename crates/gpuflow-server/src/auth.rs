@@ -162,9 +162,8 @@ impl Caller {
 }
 
 /// The bearer token of a request, if any.
-pub fn bearer(parts: &Parts) -> Option<&str> {
-    parts
-        .headers
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)?
         .to_str()
         .ok()?
@@ -176,7 +175,7 @@ impl FromRequestParts<Arc<Shared>> for Caller {
     type Rejection = crate::http::Error;
 
     async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Caller, Self::Rejection> {
-        let Some(token) = bearer(parts) else {
+        let Some(token) = bearer(&parts.headers) else {
             return Err(ApiError::new(
                 401,
                 "unauthenticated",

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpuflow_api::{self as api, JobState, NodeState};
-use gpuflow_core::cluster::{Allocation, Cluster, GpuPick};
+use gpuflow_core::cluster::{Allocation, Cluster};
 use gpuflow_core::ids::{CpuMilli, GpuMilli, JobId, MemMib, NodeId, TaskId};
 use gpuflow_core::mix::{MixWeighting, WorkloadMix};
 use gpuflow_core::model::{self, Gpu, Node};
@@ -24,7 +24,7 @@ use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
 use gpuflow_core::request::{self, Constraints, GpuRequest, Job, TaskGroup, TaskRequest};
 use gpuflow_core::schedule::{self, Config, Running, Workload};
 
-use crate::state::{AfterStop, Alloc, JobRec, Pick, World};
+use crate::state::{AfterStop, Alloc, JobRec, World};
 use crate::{Change, Shared, commit, now};
 
 /// Runs cycles until the process ends.
@@ -134,12 +134,7 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
                 node: snap.node_names[a.node.0 as usize].clone(),
                 cpu_milli: a.cpu.0,
                 mem_mib: a.mem.0,
-                pick: match a.pick {
-                    GpuPick::None => Pick::None,
-                    GpuPick::Whole(m) => Pick::Whole(m),
-                    GpuPick::Shared(g) => Pick::Shared(g),
-                    GpuPick::Mig { gpu, instance } => Pick::Mig { gpu, instance },
-                },
+                pick: a.pick.into(),
             })
             .collect();
         j.tasks.clear();
@@ -383,12 +378,7 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
                         cpu: CpuMilli(a.cpu_milli),
                         mem: MemMib(a.mem_mib),
                         gpu: task_request(&j.spec.tasks[a.group as usize]).gpu,
-                        pick: match a.pick {
-                            Pick::None => GpuPick::None,
-                            Pick::Whole(m) => GpuPick::Whole(m),
-                            Pick::Shared(g) => GpuPick::Shared(g),
-                            Pick::Mig { gpu, instance } => GpuPick::Mig { gpu, instance },
-                        },
+                        pick: a.pick.clone().into(),
                     })
                 })
                 .collect();

@@ -123,6 +123,26 @@ fn body_or_413(body: Result<Bytes, axum::extract::rejection::BytesRejection>, li
     })
 }
 
+/// The body of a JSON request, parsed strictly.
+fn json_body<T: for<'de> serde::Deserialize<'de>>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<T, Error> {
+    parse_json(&body_or_413(body, limit)?)
+}
+
+/// A 400 unless `name` is a valid name for teams, users, projects and nodes.
+pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
+    if api::valid_name(name) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "invalid_name",
+        format!("{field}: {name:?} is not a valid {what} (lowercase letters, digits, '-', '_', '.')"),
+    )
+    .into())
+}
+
 fn job_id(s: &str) -> Result<u64, Error> {
     s.parse()
         .map_err(|_| ApiError::bad_request("bad_id", format!("{s:?} is not a job id (a positive number)")).into())
@@ -642,8 +662,7 @@ async fn create_queue(
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<QueueSpec>), Error> {
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let q: QueueSpec = parse_json(&body)?;
+    let q: QueueSpec = json_body(body, shared.cfg.max_body_bytes)?;
     q.validate()?;
     let mut world = shared.world.lock().await;
     if !caller.leads(&q.team) {
@@ -755,11 +774,8 @@ async fn create_team(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<Team>), Error> {
     caller.need_admin("creating a team")?;
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let t: Team = parse_json(&body)?;
-    if !api::valid_name(&t.name) {
-        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", t.name)).into());
-    }
+    let t: Team = json_body(body, shared.cfg.max_body_bytes)?;
+    check_name("name", &t.name, "name")?;
     let mut world = shared.world.lock().await;
     if world.teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
@@ -782,11 +798,8 @@ async fn create_project(
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<api::Project>), Error> {
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let p: api::Project = parse_json(&body)?;
-    if !api::valid_name(&p.name) {
-        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", p.name)).into());
-    }
+    let p: api::Project = json_body(body, shared.cfg.max_body_bytes)?;
+    check_name("name", &p.name, "name")?;
     if p.cost_centre.len() > 64 {
         return Err(ApiError::bad_request("invalid_project", "cost_centre: at most 64 characters").into());
     }
@@ -825,11 +838,8 @@ async fn create_user(
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<User>), Error> {
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let u: User = parse_json(&body)?;
-    if !api::valid_name(&u.name) {
-        return Err(ApiError::bad_request("invalid_name", format!("name: {:?} is not a valid name (lowercase letters, digits, '-', '_', '.')", u.name)).into());
-    }
+    let u: User = json_body(body, shared.cfg.max_body_bytes)?;
+    check_name("name", &u.name, "name")?;
     let mut world = shared.world.lock().await;
     let allowed = caller.admin()
         || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer | Role::TeamLead));
@@ -862,8 +872,7 @@ async fn create_token(
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<TokenCreated>), Error> {
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let r: TokenRequest = parse_json(&body)?;
+    let r: TokenRequest = json_body(body, shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
     let Some(u) = world.users.get(&r.user).cloned() else {
         return Err(ApiError::bad_request("unknown_user", format!("user: {:?} does not exist", r.user)).into());

@@ -21,6 +21,30 @@ pub enum Pick {
     Mig { gpu: u8, instance: u8 },
 }
 
+impl From<gpuflow_core::cluster::GpuPick> for Pick {
+    fn from(p: gpuflow_core::cluster::GpuPick) -> Pick {
+        use gpuflow_core::cluster::GpuPick;
+        match p {
+            GpuPick::None => Pick::None,
+            GpuPick::Whole(m) => Pick::Whole(m),
+            GpuPick::Shared(g) => Pick::Shared(g),
+            GpuPick::Mig { gpu, instance } => Pick::Mig { gpu, instance },
+        }
+    }
+}
+
+impl From<Pick> for gpuflow_core::cluster::GpuPick {
+    fn from(p: Pick) -> gpuflow_core::cluster::GpuPick {
+        use gpuflow_core::cluster::GpuPick;
+        match p {
+            Pick::None => GpuPick::None,
+            Pick::Whole(m) => GpuPick::Whole(m),
+            Pick::Shared(g) => GpuPick::Shared(g),
+            Pick::Mig { gpu, instance } => GpuPick::Mig { gpu, instance },
+        }
+    }
+}
+
 impl Pick {
     pub fn gpus(&self) -> Vec<u32> {
         match *self {
