@@ -26,7 +26,10 @@ pub fn build(dir: &Path) -> Result<Option<PathBuf>, String> {
         .output()
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
-        return Err(format!("{cc} failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "{cc} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(Some(lib))
 }

@@ -19,7 +19,11 @@ impl Emulated {
     /// # Errors
     /// A message saying what form is expected.
     pub fn parse(s: &str) -> Result<Emulated, String> {
-        let bad = || format!("{s:?} is not an emulated GPU list: use N, NxMODEL or NxMODEL:MEM_MIB (e.g. 4xH100:81920)");
+        let bad = || {
+            format!(
+                "{s:?} is not an emulated GPU list: use N, NxMODEL or NxMODEL:MEM_MIB (e.g. 4xH100:81920)"
+            )
+        };
         let (n, rest) = s.split_once('x').map_or((s, None), |(n, r)| (n, Some(r)));
         let count: u32 = n.trim().parse().map_err(|_| bad())?;
         if count > 64 {
@@ -100,7 +104,11 @@ impl Gpus {
     /// read is left out (it is reported as gone, not as healthy).
     pub fn list(&self) -> Vec<GpuInfo> {
         let Some(nvml) = &self.nvml else {
-            return self.emulated.as_ref().map(Emulated::gpus).unwrap_or_default();
+            return self
+                .emulated
+                .as_ref()
+                .map(Emulated::gpus)
+                .unwrap_or_default();
         };
         let n = nvml.device_count().unwrap_or(0);
         (0..n)
@@ -145,7 +153,10 @@ mod tests {
 
     #[test]
     fn missing_nvml_means_no_gpus() {
-        let g = Gpus::open(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")), None);
+        let g = Gpus::open(
+            Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")),
+            None,
+        );
         assert!(g.is_emulated());
         assert!(g.list().is_empty());
         assert!(g.nvml_error.is_some());

@@ -63,7 +63,11 @@ fn adopt_all(dir: &std::path::Path) -> BTreeMap<Key, Task> {
         tracing::warn!(error = %e, "cannot read the task records; starting with none");
         Vec::new()
     });
-    records.iter().filter_map(Task::adopt).map(|t| (t.key, t)).collect()
+    records
+        .iter()
+        .filter_map(Task::adopt)
+        .map(|t| (t.key, t))
+        .collect()
 }
 
 /// Writes the records of running tasks when they changed (write, then rename).
@@ -88,7 +92,10 @@ fn save_records(tasks: &BTreeMap<Key, Task>, dir: &std::path::Path, last: &mut V
 ///
 /// # Errors
 /// When the file cannot be read or holds no certificate.
-pub fn http_client(ca_cert: Option<&std::path::Path>, timeout: Duration) -> anyhow::Result<ureq::Agent> {
+pub fn http_client(
+    ca_cert: Option<&std::path::Path>,
+    timeout: Duration,
+) -> anyhow::Result<ureq::Agent> {
     let mut b = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false);
@@ -158,7 +165,9 @@ impl Client {
         if status >= 300 {
             return Ok(Err((status, text)));
         }
-        Ok(Ok(serde_json::from_str(&text).with_context(|| format!("bad reply from {path}"))?))
+        Ok(Ok(
+            serde_json::from_str(&text).with_context(|| format!("bad reply from {path}"))?
+        ))
     }
 }
 
@@ -210,7 +219,11 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         node: cfg.node.clone(),
                         inventory: inventory(),
                     };
-                    match client.post::<_, Registered>("/v1/agent/register", &cfg.join_token, &reg)? {
+                    match client.post::<_, Registered>(
+                        "/v1/agent/register",
+                        &cfg.join_token,
+                        &reg,
+                    )? {
                         Ok(r) => {
                             tracing::info!(node = %cfg.node, server = %client.base, "registered");
                             interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));
@@ -260,7 +273,11 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         }
         // Sleep in short steps so task exits are reaped and stop is noticed.
         save_records(&tasks, &cfg.work_dir, &mut saved);
-        let wait = if soon { Duration::from_millis(300) } else { interval };
+        let wait = if soon {
+            Duration::from_millis(300)
+        } else {
+            interval
+        };
         while tick.elapsed() < wait && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
             let mut ended = false;

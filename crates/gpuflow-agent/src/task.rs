@@ -87,7 +87,9 @@ impl Task {
     /// `FailedToStart` with the reason.
     pub fn start(t: &DesiredTask, dir: &Path) -> Task {
         let (job, attempt, group, index) = key(t);
-        let task_dir = dir.join(format!("job-{job}")).join(format!("a{attempt}-g{group}-i{index}"));
+        let task_dir = dir
+            .join(format!("job-{job}"))
+            .join(format!("a{attempt}-g{group}-i{index}"));
         let log = task_dir.join("output.log");
         let checkpoint = task_dir.join("checkpoint");
         let mut task = Task {
@@ -116,7 +118,11 @@ impl Task {
                 .stdout(out)
                 .stderr(err)
                 .process_group(0);
-            cmd.current_dir(t.working_dir.as_deref().map_or(task_dir.as_path(), Path::new));
+            cmd.current_dir(
+                t.working_dir
+                    .as_deref()
+                    .map_or(task_dir.as_path(), Path::new),
+            );
             cmd.spawn()
         })();
         match result {
@@ -142,7 +148,11 @@ impl Task {
         if !same || !group_alive(r.pgid) {
             return None;
         }
-        tracing::info!(job = r.key.0, pid = r.pgid, "task adopted after an agent restart");
+        tracing::info!(
+            job = r.key.0,
+            pid = r.pgid,
+            "task adopted after an agent restart"
+        );
         Some(Task {
             key: r.key,
             child: None,
@@ -200,7 +210,11 @@ impl Task {
         let Some(child) = self.child.as_mut() else {
             // Adopted: not our child, so its exit status is not ours to read.
             if self.phase == TaskPhase::Running && !group_alive(self.pgid) {
-                self.phase = if self.kill_at.is_some() { TaskPhase::Stopped } else { TaskPhase::Exited };
+                self.phase = if self.kill_at.is_some() {
+                    TaskPhase::Stopped
+                } else {
+                    TaskPhase::Exited
+                };
                 self.message = "exit status unknown: the agent restarted while the task ran".into();
             } else if self.phase == TaskPhase::Running
                 && let Some(k) = self.kill_at
@@ -215,7 +229,11 @@ impl Task {
         if self.phase == TaskPhase::Running {
             if let Ok(Some(status)) = child.try_wait() {
                 let stopped = self.kill_at.is_some();
-                self.phase = if stopped { TaskPhase::Stopped } else { TaskPhase::Exited };
+                self.phase = if stopped {
+                    TaskPhase::Stopped
+                } else {
+                    TaskPhase::Exited
+                };
                 self.exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));
                 // The leader is gone; make sure the rest of its tree is too.
                 self.signal(libc::SIGKILL);
@@ -250,7 +268,11 @@ impl Task {
     /// server last acknowledged it.
     pub fn report(&self) -> TaskReport {
         let (job, attempt, group, index) = self.key;
-        let log_tail = if self.log_len() != self.acked_log_len { tail(&self.log) } else { String::new() };
+        let log_tail = if self.log_len() != self.acked_log_len {
+            tail(&self.log)
+        } else {
+            String::new()
+        };
         TaskReport {
             job,
             attempt,

@@ -19,7 +19,11 @@ fn nvml_discovery_through_the_fake_library() {
         std::env::set_var("FAKE_NVML_MEM_MIB", "81559");
     }
     let gpus = Gpus::open(Some(&lib), None);
-    assert!(!gpus.is_emulated(), "NVML did not load: {:?}", gpus.nvml_error);
+    assert!(
+        !gpus.is_emulated(),
+        "NVML did not load: {:?}",
+        gpus.nvml_error
+    );
     let list = gpus.list();
     assert_eq!(list.len(), 3);
     assert_eq!(list[2].index, 2);

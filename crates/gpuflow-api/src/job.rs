@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ApiError, FieldError};
 
 /// What kind of work a job is; it picks the default priority class.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     Inference,
@@ -231,7 +233,9 @@ pub enum IdleAction {
 }
 
 /// Signals a job may ask to be stopped with.
-pub const SIGNALS: &[&str] = &["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"];
+pub const SIGNALS: &[&str] = &[
+    "SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT",
+];
 pub const CLASSES: &[&str] = &["inference", "notebook", "training", "batch"];
 
 const MAX_CPU: f64 = 4096.0;
@@ -282,7 +286,12 @@ impl JobSpec {
     /// A 400 listing each wrong field.
     pub fn validate(&self) -> Result<(), ApiError> {
         let mut errs = Vec::new();
-        let mut bad = |field: String, msg: String| errs.push(FieldError { field, message: msg });
+        let mut bad = |field: String, msg: String| {
+            errs.push(FieldError {
+                field,
+                message: msg,
+            })
+        };
         check_name("name", &self.name, &mut bad);
         if self.queue.trim().is_empty() {
             bad("queue".into(), "must name a queue".into());
@@ -290,7 +299,11 @@ impl JobSpec {
         if !CLASSES.contains(&self.class()) {
             bad(
                 "priority_class".into(),
-                format!("unknown class {:?}; allowed: {}", self.class(), CLASSES.join(", ")),
+                format!(
+                    "unknown class {:?}; allowed: {}",
+                    self.class(),
+                    CLASSES.join(", ")
+                ),
             );
         }
         if !(-1000..=1000).contains(&self.priority) {
@@ -308,7 +321,10 @@ impl JobSpec {
             let at = |f: &str| format!("tasks[{i}].{f}");
             check_name(&at("name"), &g.name, &mut bad);
             if !names.insert(&g.name) {
-                bad(at("name"), format!("{:?} is used by another task group", g.name));
+                bad(
+                    at("name"),
+                    format!("{:?} is used by another task group", g.name),
+                );
             }
             if g.replicas == 0 || g.replicas > MAX_REPLICAS {
                 bad(at("replicas"), format!("must be 1 to {MAX_REPLICAS}"));
@@ -322,27 +338,42 @@ impl JobSpec {
                     || k.starts_with(|c: char| c.is_ascii_digit())
                     || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
                 {
-                    bad(at("env"), format!("{k:?} is not a valid variable name (letters, digits, _)"));
+                    bad(
+                        at("env"),
+                        format!("{k:?} is not a valid variable name (letters, digits, _)"),
+                    );
                 }
             }
             let r = &g.resources;
             if !(r.cpu.is_finite() && r.cpu > 0.0 && r.cpu <= MAX_CPU) {
-                bad(at("resources.cpu"), format!("must be more than 0 and at most {MAX_CPU} cores"));
+                bad(
+                    at("resources.cpu"),
+                    format!("must be more than 0 and at most {MAX_CPU} cores"),
+                );
             }
             if r.memory_mib == 0 || r.memory_mib > MAX_MEM_MIB {
-                bad(at("resources.memory_mib"), format!("must be 1 to {MAX_MEM_MIB} MiB"));
+                bad(
+                    at("resources.memory_mib"),
+                    format!("must be 1 to {MAX_MEM_MIB} MiB"),
+                );
             }
             if let Some(gpu) = &r.gpu {
                 check_gpu(&at("resources.gpu"), gpu, &mut bad);
             }
         }
         if total > MAX_REPLICAS as u64 {
-            bad("tasks".into(), format!("at most {MAX_REPLICAS} tasks in all"));
+            bad(
+                "tasks".into(),
+                format!("at most {MAX_REPLICAS} tasks in all"),
+            );
         }
         if let Some(t) = self.max_runtime_s
             && (t == 0 || t > MAX_RUNTIME_S)
         {
-            bad("max_runtime_s".into(), format!("must be 1 to {MAX_RUNTIME_S} seconds"));
+            bad(
+                "max_runtime_s".into(),
+                format!("must be 1 to {MAX_RUNTIME_S} seconds"),
+            );
         }
         if self.retry.limit > 100 {
             bad("retry.limit".into(), "at most 100 retries".into());
@@ -356,7 +387,11 @@ impl JobSpec {
         if !SIGNALS.contains(&self.checkpoint.signal.as_str()) {
             bad(
                 "checkpoint.signal".into(),
-                format!("unknown signal {:?}; allowed: {}", self.checkpoint.signal, SIGNALS.join(", ")),
+                format!(
+                    "unknown signal {:?}; allowed: {}",
+                    self.checkpoint.signal,
+                    SIGNALS.join(", ")
+                ),
             );
         }
         if let Some(idle) = &self.idle
@@ -387,7 +422,9 @@ fn check_name(field: &str, name: &str, bad: &mut impl FnMut(String, String)) {
     if !crate::wire::valid_name(name) {
         bad(
             field.into(),
-            format!("{name:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"),
+            format!(
+                "{name:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
+            ),
         );
     }
 }
@@ -396,14 +433,20 @@ fn check_gpu(at: &str, g: &GpuSpec, bad: &mut impl FnMut(String, String)) {
     let f = |x: &str| format!("{at}.{x}");
     let only = |bad: &mut dyn FnMut(String, String), name: &str, set: bool| {
         if set {
-            bad(f(name), format!("not allowed with mode {:?}", mode_name(g.mode)));
+            bad(
+                f(name),
+                format!("not allowed with mode {:?}", mode_name(g.mode)),
+            );
         }
     };
     match g.mode {
         GpuMode::Whole => {
             let c = g.count.unwrap_or(1);
             if c == 0 || c > MAX_GPUS_PER_TASK {
-                bad(f("count"), format!("must be 1 to {MAX_GPUS_PER_TASK} whole GPUs per task"));
+                bad(
+                    f("count"),
+                    format!("must be 1 to {MAX_GPUS_PER_TASK} whole GPUs per task"),
+                );
             }
             only(bad, "profile", g.profile.is_some());
             only(bad, "fraction", g.fraction.is_some());
@@ -411,10 +454,14 @@ fn check_gpu(at: &str, g: &GpuSpec, bad: &mut impl FnMut(String, String)) {
         }
         GpuMode::Mig => {
             match &g.profile {
-                None => bad(f("profile"), "mode mig needs a profile such as \"1g.10gb\"".into()),
-                Some(p) if !p.contains('g') || p.len() > 32 => {
-                    bad(f("profile"), format!("{p:?} is not a MIG profile such as \"1g.10gb\""))
-                }
+                None => bad(
+                    f("profile"),
+                    "mode mig needs a profile such as \"1g.10gb\"".into(),
+                ),
+                Some(p) if !p.contains('g') || p.len() > 32 => bad(
+                    f("profile"),
+                    format!("{p:?} is not a MIG profile such as \"1g.10gb\""),
+                ),
                 _ => {}
             }
             only(bad, "count", g.count.is_some());
@@ -424,7 +471,10 @@ fn check_gpu(at: &str, g: &GpuSpec, bad: &mut impl FnMut(String, String)) {
         GpuMode::Fraction => {
             match g.fraction {
                 Some(x) if x.is_finite() && x > 0.0 && x < 1.0 => {}
-                _ => bad(f("fraction"), "mode fraction needs a fraction between 0 and 1 (exclusive)".into()),
+                _ => bad(
+                    f("fraction"),
+                    "mode fraction needs a fraction between 0 and 1 (exclusive)".into(),
+                ),
             }
             only(bad, "count", g.count.is_some());
             only(bad, "profile", g.profile.is_some());
@@ -481,7 +531,11 @@ tasks:
     #[test]
     fn unknown_field_is_named_with_its_path() {
         let e = JobSpec::parse(GOOD.replace("replicas", "replica").as_bytes(), false).unwrap_err();
-        assert!(e.message.contains("tasks[0]") && e.message.contains("replica"), "{}", e.message);
+        assert!(
+            e.message.contains("tasks[0]") && e.message.contains("replica"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -494,7 +548,11 @@ tasks:
         let fields: Vec<&str> = e.fields.iter().map(|f| f.field.as_str()).collect();
         assert_eq!(
             fields,
-            ["name", "tasks[0].resources.cpu", "tasks[0].resources.gpu.count"]
+            [
+                "name",
+                "tasks[0].resources.cpu",
+                "tasks[0].resources.gpu.count"
+            ]
         );
     }
 
@@ -502,7 +560,12 @@ tasks:
     fn gpu_modes_reject_foreign_fields() {
         let y = GOOD.replace("{count: 2}", "{mode: fraction, fraction: 0.5, count: 1}");
         let e = JobSpec::parse(y.as_bytes(), false).unwrap_err();
-        assert!(e.message.contains("gpu.count: not allowed with mode \"fraction\""), "{}", e.message);
+        assert!(
+            e.message
+                .contains("gpu.count: not allowed with mode \"fraction\""),
+            "{}",
+            e.message
+        );
         let y = GOOD.replace("{count: 2}", "{mode: fraction, fraction: 1.5}");
         assert!(JobSpec::parse(y.as_bytes(), false).is_err());
     }

@@ -10,7 +10,9 @@ use crate::error::{ApiError, FieldError};
 use crate::job::JobSpec;
 
 /// Where a job is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum JobState {
     /// Waiting for quota or capacity (also after a preemption or a retry).
@@ -62,7 +64,10 @@ impl JobState {
     }
 
     pub fn finished(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
     }
 }
 
@@ -166,7 +171,9 @@ pub struct AuditEntry {
 
 // ---- tenants ----
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Role {
     Admin,
@@ -302,7 +309,13 @@ impl QueueSpec {
             })
         };
         if !valid_name(&self.name) {
-            bad("name", format!("{:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.'", self.name));
+            bad(
+                "name",
+                format!(
+                    "{:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.'",
+                    self.name
+                ),
+            );
         }
         if self.team.is_empty() {
             bad("team", "must name the owning team".into());
@@ -316,7 +329,11 @@ impl QueueSpec {
             if !gpus(q.guaranteed) {
                 bad(&at("guaranteed"), "must be 0 to 10000000 GPUs".into());
             }
-            for (name, v) in [("borrow_limit", q.borrow_limit), ("lend_limit", q.lend_limit), ("cap", q.cap)] {
+            for (name, v) in [
+                ("borrow_limit", q.borrow_limit),
+                ("lend_limit", q.lend_limit),
+                ("cap", q.cap),
+            ] {
                 if v.is_some_and(|v| !gpus(v)) {
                     bad(&at(name), "must be 0 to 10000000 GPUs".into());
                 }
@@ -325,7 +342,11 @@ impl QueueSpec {
         if self.user_limits.max_gpus.is_some_and(|v| !gpus(v)) {
             bad("user_limits.max_gpus", "must be 0 to 10000000 GPUs".into());
         }
-        if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid(errs)) }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(errs))
+        }
     }
 }
 

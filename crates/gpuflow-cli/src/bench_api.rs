@@ -18,26 +18,39 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
         "postgres" => Some(
             gpuflow_store::pgtest::TempPostgres::start()
                 .map_err(|e| anyhow!(e))?
-                .ok_or_else(|| anyhow!("PostgreSQL is not installed (apt-get install postgresql)"))?,
+                .ok_or_else(|| {
+                    anyhow!("PostgreSQL is not installed (apt-get install postgresql)")
+                })?,
         ),
         other => bail!("--store {other:?}: use sqlite or postgres"),
     };
     let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
     cfg.store_url = pg.as_ref().map(|p| p.url.clone());
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let running = rt.block_on(gpuflow_server::start(cfg))?;
-    let token = running.new_admin_token.clone().context("a new installation has an admin token")?;
+    let token = running
+        .new_admin_token
+        .clone()
+        .context("a new installation has an admin token")?;
     let url = format!("http://{}/v1/jobs", running.addr);
     let spec = "name: bench\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    replicas: 2\n    command: [python, train.py]\n    resources: {cpu: 4, memory_mib: 16384, gpu: {count: 1}}\n";
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    eprintln!("submitting {jobs} jobs from {clients} clients to {} ({store})", running.addr);
+    eprintln!(
+        "submitting {jobs} jobs from {clients} clients to {} ({store})",
+        running.addr
+    );
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let (url, token, lat) = (url.clone(), token.clone(), latencies.clone());
             let n = jobs / clients + usize::from(c < jobs % clients);
             std::thread::spawn(move || -> anyhow::Result<()> {
-                let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                let http: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
                 let mut mine = Vec::with_capacity(n);
                 for _ in 0..n {
                     let t = Instant::now();
@@ -57,7 +70,8 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
         })
         .collect();
     for t in threads {
-        t.join().map_err(|_| anyhow!("a client thread panicked"))??;
+        t.join()
+            .map_err(|_| anyhow!("a client thread panicked"))??;
     }
     let wall = start.elapsed();
     let mut l = latencies.lock().expect("not poisoned").clone();
@@ -88,10 +102,14 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
     cfg.join_token = Some("bench".into());
     // Long timeouts: nodes registered once must not be lost while the benchmark runs.
     cfg.node_timeout_s = 3600;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let opened = rt.block_on(gpuflow_server::open(cfg))?;
     let shared = opened.shared.clone();
-    let admin = opened.new_admin_token.context("a new installation has an admin token")?;
+    let admin = opened
+        .new_admin_token
+        .context("a new installation has an admin token")?;
     let router = gpuflow_server::http::router(shared.clone());
     let call = |method: &str, path: &str, token: &str, body: String| {
         use tower_service_call::call;
@@ -103,14 +121,23 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
             cpu_milli: 128_000,
             memory_mib: 1 << 20,
             gpus: (0..8)
-                .map(|i| GpuInfo { index: i, uuid: format!("GPU-{n}-{i}"), model: "H100".into(), memory_mib: 81920, utilization: None })
+                .map(|i| GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{n}-{i}"),
+                    model: "H100".into(),
+                    memory_mib: 81920,
+                    utilization: None,
+                })
                 .collect(),
             emulated: true,
             address: String::new(),
             labels: Default::default(),
             pool: String::new(),
         };
-        let body = serde_json::to_string(&Register { node: format!("node-{n:05}"), inventory: inv })?;
+        let body = serde_json::to_string(&Register {
+            node: format!("node-{n:05}"),
+            inventory: inv,
+        })?;
         let (s, v) = call("POST", "/v1/agent/register", "bench", body);
         if s != 200 {
             bail!("register failed: {s} {v}");
@@ -119,7 +146,9 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
     let spec = |i: usize| {
         let gpus = [1, 1, 2, 4, 8][i % 5];
         let kind = ["batch", "training", "inference", "batch"][i % 4];
-        format!("{{\"name\":\"j{i}\",\"queue\":\"default\",\"kind\":\"{kind}\",\"tasks\":[{{\"name\":\"main\",\"command\":[\"true\"],\"resources\":{{\"cpu\":1,\"gpu\":{{\"count\":{gpus}}}}}}}]}}")
+        format!(
+            "{{\"name\":\"j{i}\",\"queue\":\"default\",\"kind\":\"{kind}\",\"tasks\":[{{\"name\":\"main\",\"command\":[\"true\"],\"resources\":{{\"cpu\":1,\"gpu\":{{\"count\":{gpus}}}}}}}]}}"
+        )
     };
     for i in 0..pending {
         let (s, v) = call("POST", "/v1/jobs", &admin, spec(i));
@@ -152,7 +181,10 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
         times.push(time("cycle after 5 submissions")?);
     }
     times.sort_by(f64::total_cmp);
-    println!("  median cycle after a small change: {:.1} ms", times[times.len() / 2]);
+    println!(
+        "  median cycle after a small change: {:.1} ms",
+        times[times.len() / 2]
+    );
     Ok(())
 }
 
@@ -162,7 +194,13 @@ mod tower_service_call {
     use axum::http::Request;
     use tower::ServiceExt;
 
-    pub async fn call(router: axum::Router, method: &str, path: &str, token: &str, body: String) -> (u16, String) {
+    pub async fn call(
+        router: axum::Router,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: String,
+    ) -> (u16, String) {
         let req = Request::builder()
             .method(method)
             .uri(path)
@@ -172,7 +210,9 @@ mod tower_service_call {
             .expect("a valid request");
         let resp = router.oneshot(req).await.expect("the router answers");
         let status = resp.status().as_u16();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap_or_default();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap_or_default();
         (status, String::from_utf8_lossy(&bytes).into_owned())
     }
 }

@@ -19,7 +19,12 @@ pub enum Format {
 #[derive(Args, Clone)]
 pub struct Conn {
     /// The server.
-    #[arg(long, global = true, env = "GPUFLOW_SERVER", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "GPUFLOW_SERVER",
+        default_value = "http://127.0.0.1:7070"
+    )]
     pub server: String,
     /// API token; default: the admin token in the data directory of `gpuflow up`.
     #[arg(long, global = true, env = "GPUFLOW_TOKEN", hide_env_values = true)]
@@ -52,18 +57,34 @@ pub enum JobCmd {
         limit: Option<usize>,
     },
     /// One job with its tasks.
-    Get { id: u64 },
+    Get {
+        id: u64,
+    },
     /// Why a job waits (or what it is doing).
-    Why { id: u64 },
+    Why {
+        id: u64,
+    },
     /// The end of each task's output.
-    Logs { id: u64 },
-    Cancel { id: u64 },
+    Logs {
+        id: u64,
+    },
+    Cancel {
+        id: u64,
+    },
     /// Stop a job and release its GPUs until it is resumed.
-    Suspend { id: u64 },
-    Resume { id: u64 },
+    Suspend {
+        id: u64,
+    },
+    Resume {
+        id: u64,
+    },
     /// Keep a pending job from starting (admin).
-    Hold { id: u64 },
-    Release { id: u64 },
+    Hold {
+        id: u64,
+    },
+    Release {
+        id: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -85,16 +106,24 @@ pub enum QueueCmd {
         #[arg(long)]
         quota: Option<String>,
     },
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum NodeCmd {
     Ls,
     /// Let running work finish, start nothing new.
-    Drain { name: String },
-    Cordon { name: String },
-    Uncordon { name: String },
+    Drain {
+        name: String,
+    },
+    Cordon {
+        name: String,
+    },
+    Uncordon {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -161,18 +190,32 @@ impl Client {
             }
         };
         Ok(Client {
-            http: gpuflow_agent::http_client(c.ca_cert.as_deref(), std::time::Duration::from_secs(30))?,
+            http: gpuflow_agent::http_client(
+                c.ca_cert.as_deref(),
+                std::time::Duration::from_secs(30),
+            )?,
             base: c.server.trim_end_matches('/').to_string(),
             token,
         })
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> anyhow::Result<Value> {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> anyhow::Result<Value> {
         self.call_with(method, path, body, None)
     }
 
     /// A call with an optional `Idempotency-Key`.
-    fn call_with(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>, key: Option<&str>) -> anyhow::Result<Value> {
+    fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+        key: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let auth = format!("Bearer {}", self.token);
         let resp = match (method, body) {
@@ -211,7 +254,11 @@ impl Client {
 fn idempotency_key() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.write_u32(std::process::id());
     format!("cli-{:016x}", h.finish())
 }
@@ -228,7 +275,8 @@ fn read_file(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
 /// YAML or JSON file → JSON bytes.
 fn as_json(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     let raw = read_file(path)?;
-    let v: Value = serde_norway::from_slice(&raw).with_context(|| format!("{} is not YAML or JSON", path.display()))?;
+    let v: Value = serde_norway::from_slice(&raw)
+        .with_context(|| format!("{} is not YAML or JSON", path.display()))?;
     Ok(serde_json::to_vec(&v)?)
 }
 
@@ -293,12 +341,21 @@ fn job_rows(v: &Value) -> String {
                 s(&j["queue"]),
                 s(&j["spec"]["kind"]),
                 s(&j["state"]),
-                if nodes.is_empty() { "-".into() } else { nodes.join(",") },
+                if nodes.is_empty() {
+                    "-".into()
+                } else {
+                    nodes.join(",")
+                },
                 s(&j["reason"]),
             ]
         })
         .collect();
-    columns(&["id", "name", "team", "queue", "kind", "state", "nodes", "reason"], rows)
+    columns(
+        &[
+            "id", "name", "team", "queue", "kind", "state", "nodes", "reason",
+        ],
+        rows,
+    )
 }
 
 pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
@@ -317,7 +374,10 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             let mut wait = std::time::Duration::from_millis(500);
             let v = loop {
                 match c.call_with("POST", "/v1/jobs", Some((ct, body.clone())), Some(&key)) {
-                    Err(e) if e.to_string().starts_with("cannot reach") && wait < std::time::Duration::from_secs(8) => {
+                    Err(e)
+                        if e.to_string().starts_with("cannot reach")
+                            && wait < std::time::Duration::from_secs(8) =>
+                    {
                         eprintln!("{e:#}; retrying in {} ms", wait.as_millis());
                         std::thread::sleep(wait);
                         wait *= 2;
@@ -325,16 +385,34 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                     other => break other?,
                 }
             };
-            print(conn.output, &v, |v| format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"])));
+            print(conn.output, &v, |v| {
+                format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"]))
+            });
         }
-        JobCmd::Ls { state, queue, team, user, limit } => {
+        JobCmd::Ls {
+            state,
+            queue,
+            team,
+            user,
+            limit,
+        } => {
             let mut q = Vec::new();
-            for (k, v) in [("state", state), ("queue", queue), ("team", team), ("user", user), ("limit", limit.map(|l| l.to_string()))] {
+            for (k, v) in [
+                ("state", state),
+                ("queue", queue),
+                ("team", team),
+                ("user", user),
+                ("limit", limit.map(|l| l.to_string())),
+            ] {
                 if let Some(v) = v {
                     q.push(format!("{k}={v}"));
                 }
             }
-            let path = if q.is_empty() { "/v1/jobs".to_string() } else { format!("/v1/jobs?{}", q.join("&")) };
+            let path = if q.is_empty() {
+                "/v1/jobs".to_string()
+            } else {
+                format!("/v1/jobs?{}", q.join("&"))
+            };
             let v = c.call("GET", &path, None)?;
             print(conn.output, &v, job_rows);
         }
@@ -343,14 +421,30 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             print(conn.output, &v, |j| {
                 let mut out = format!(
                     "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nattempts: {}, preemptions: {}\n",
-                    s(&j["id"]), s(&j["name"]), s(&j["spec"]["kind"]), s(&j["queue"]), s(&j["team"]), s(&j["user"]),
-                    s(&j["state"]), s(&j["reason"]), s(&j["attempts"]), s(&j["preemptions"])
+                    s(&j["id"]),
+                    s(&j["name"]),
+                    s(&j["spec"]["kind"]),
+                    s(&j["queue"]),
+                    s(&j["team"]),
+                    s(&j["user"]),
+                    s(&j["state"]),
+                    s(&j["reason"]),
+                    s(&j["attempts"]),
+                    s(&j["preemptions"])
                 );
                 let rows = j["tasks"]
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|t| vec![format!("{}/{}", s(&t["group"]), s(&t["index"])), s(&t["node"]), s(&t["gpus"]), s(&t["state"]), s(&t.get("exit_code").cloned().unwrap_or(Value::Null))])
+                    .map(|t| {
+                        vec![
+                            format!("{}/{}", s(&t["group"]), s(&t["index"])),
+                            s(&t["node"]),
+                            s(&t["gpus"]),
+                            s(&t["state"]),
+                            s(&t.get("exit_code").cloned().unwrap_or(Value::Null)),
+                        ]
+                    })
                     .collect();
                 out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
                 out
@@ -359,7 +453,12 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::Why { id } => {
             let v = c.call("GET", &format!("/v1/jobs/{id}/why"), None)?;
             print(conn.output, &v, |w| {
-                let mut out = format!("job {} is {}: {}\n", s(&w["id"]), s(&w["state"]), s(&w["summary"]));
+                let mut out = format!(
+                    "job {} is {}: {}\n",
+                    s(&w["id"]),
+                    s(&w["state"]),
+                    s(&w["summary"])
+                );
                 for r in w["reasons"].as_array().into_iter().flatten().skip(1) {
                     out += &format!("  also: {}\n", s(r));
                 }
@@ -367,7 +466,9 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                     out += &format!("  position in its queue: {}\n", s(p));
                 }
                 if let Some(e) = w.get("eta") {
-                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
                     let secs = e.as_u64().unwrap_or(now).saturating_sub(now);
                     out += &format!("  estimated start: in {}\n", human(secs));
                 }
@@ -400,7 +501,14 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
 
 fn job_action(c: &Client, output: Format, action: &str, id: u64) -> anyhow::Result<()> {
     let v = c.call("POST", &format!("/v1/jobs/{id}/{action}"), None)?;
-    print(output, &v, |j| format!("job {}: {} — {}\n", s(&j["id"]), s(&j["state"]), s(&j["reason"])));
+    print(output, &v, |j| {
+        format!(
+            "job {}: {} — {}\n",
+            s(&j["id"]),
+            s(&j["state"]),
+            s(&j["reason"])
+        )
+    });
     Ok(())
 }
 
@@ -425,23 +533,67 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                     .map(|q| {
                         let quotas = q["quotas"]
                             .as_object()
-                            .map(|m| m.iter().map(|(f, x)| format!("{f}:{}", s(&x["guaranteed"]))).collect::<Vec<_>>().join(","))
+                            .map(|m| {
+                                m.iter()
+                                    .map(|(f, x)| format!("{f}:{}", s(&x["guaranteed"])))
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
                             .unwrap_or_default();
                         let used = q["used"]
                             .as_object()
-                            .map(|m| m.iter().map(|(f, x)| format!("{f}:{}", s(x))).collect::<Vec<_>>().join(","))
+                            .map(|m| {
+                                m.iter()
+                                    .map(|(f, x)| format!("{f}:{}", s(x)))
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            })
                             .unwrap_or_default();
-                        vec![s(&q["name"]), s(&q["team"]), s(&q.get("parent").cloned().unwrap_or(Value::Null)), s(&q["weight"]), s(&q["state"]), quotas, used, s(&q["running"]), s(&q["pending"])]
+                        vec![
+                            s(&q["name"]),
+                            s(&q["team"]),
+                            s(&q.get("parent").cloned().unwrap_or(Value::Null)),
+                            s(&q["weight"]),
+                            s(&q["state"]),
+                            quotas,
+                            used,
+                            s(&q["running"]),
+                            s(&q["pending"]),
+                        ]
                     })
                     .collect();
-                columns(&["name", "team", "parent", "weight", "state", "guaranteed", "used", "running", "pending"], rows)
+                columns(
+                    &[
+                        "name",
+                        "team",
+                        "parent",
+                        "weight",
+                        "state",
+                        "guaranteed",
+                        "used",
+                        "running",
+                        "pending",
+                    ],
+                    rows,
+                )
             });
         }
         QueueCmd::Create { file } => {
-            let v = c.call("POST", "/v1/queues", Some(("application/json", as_json(&file)?)))?;
-            print(conn.output, &v, |q| format!("queue {} created\n", s(&q["name"])));
+            let v = c.call(
+                "POST",
+                "/v1/queues",
+                Some(("application/json", as_json(&file)?)),
+            )?;
+            print(conn.output, &v, |q| {
+                format!("queue {} created\n", s(&q["name"]))
+            });
         }
-        QueueCmd::Set { name, weight, state, quota } => {
+        QueueCmd::Set {
+            name,
+            weight,
+            state,
+            quota,
+        } => {
             let mut patch = serde_json::Map::new();
             if let Some(w) = weight {
                 patch.insert("weight".into(), w.into());
@@ -452,14 +604,24 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
             if let Some(q) = quota {
                 let mut m = serde_json::Map::new();
                 for part in q.split(',') {
-                    let (f, g) = part.split_once('=').ok_or_else(|| anyhow!("--quota: {part:?} is not FLAVOR=GPUS"))?;
-                    let g: f64 = g.parse().map_err(|_| anyhow!("--quota: {g:?} is not a number of GPUs"))?;
+                    let (f, g) = part
+                        .split_once('=')
+                        .ok_or_else(|| anyhow!("--quota: {part:?} is not FLAVOR=GPUS"))?;
+                    let g: f64 = g
+                        .parse()
+                        .map_err(|_| anyhow!("--quota: {g:?} is not a number of GPUs"))?;
                     m.insert(f.into(), serde_json::json!({"guaranteed": g}));
                 }
                 patch.insert("quotas".into(), Value::Object(m));
             }
-            let v = c.call("PATCH", &format!("/v1/queues/{name}"), Some(("application/json", serde_json::to_vec(&patch)?)))?;
-            print(conn.output, &v, |q| format!("queue {} updated\n", s(&q["name"])));
+            let v = c.call(
+                "PATCH",
+                &format!("/v1/queues/{name}"),
+                Some(("application/json", serde_json::to_vec(&patch)?)),
+            )?;
+            print(conn.output, &v, |q| {
+                format!("queue {} updated\n", s(&q["name"]))
+            });
         }
         QueueCmd::Delete { name } => {
             c.call("DELETE", &format!("/v1/queues/{name}"), None)?;
@@ -483,10 +645,21 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                     .flatten()
                     .map(|n| {
                         let gpus = n["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-                        let model = n["inventory"]["gpus"].get(0).map_or("-".into(), |g| s(&g["model"]));
-                        let emu = if n["inventory"]["emulated"].as_bool() == Some(true) { " (emulated)" } else { "" };
+                        let model = n["inventory"]["gpus"]
+                            .get(0)
+                            .map_or("-".into(), |g| s(&g["model"]));
+                        let emu = if n["inventory"]["emulated"].as_bool() == Some(true) {
+                            " (emulated)"
+                        } else {
+                            ""
+                        };
                         let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
-                        vec![s(&n["name"]), s(&n["state"]), format!("{gpus} × {model}{emu}"), format!("{used}/{gpus}")]
+                        vec![
+                            s(&n["name"]),
+                            s(&n["state"]),
+                            format!("{gpus} × {model}{emu}"),
+                            format!("{used}/{gpus}"),
+                        ]
                     })
                     .collect();
                 columns(&["name", "state", "gpus", "in use"], rows)
@@ -498,7 +671,9 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
         NodeCmd::Uncordon { name } => ("uncordon", name),
     };
     let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
-    print(conn.output, &v, |n| format!("node {} is {}\n", s(&n["name"]), s(&n["state"])));
+    print(conn.output, &v, |n| {
+        format!("node {} is {}\n", s(&n["name"]), s(&n["state"]))
+    });
     Ok(())
 }
 
@@ -507,11 +682,29 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
     match cmd {
         TeamCmd::Ls => {
             let v = c.call("GET", "/v1/teams", None)?;
-            print(conn.output, &v, |v| columns(&["name"], v.as_array().into_iter().flatten().map(|t| vec![s(&t["name"])]).collect()));
+            print(conn.output, &v, |v| {
+                columns(
+                    &["name"],
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|t| vec![s(&t["name"])])
+                        .collect(),
+                )
+            });
         }
         TeamCmd::Create { name } => {
-            let v = c.call("POST", "/v1/teams", Some(("application/json", serde_json::to_vec(&serde_json::json!({"name": name}))?)))?;
-            print(conn.output, &v, |t| format!("team {} created\n", s(&t["name"])));
+            let v = c.call(
+                "POST",
+                "/v1/teams",
+                Some((
+                    "application/json",
+                    serde_json::to_vec(&serde_json::json!({"name": name}))?,
+                )),
+            )?;
+            print(conn.output, &v, |t| {
+                format!("team {} created\n", s(&t["name"]))
+            });
         }
     }
     Ok(())
@@ -525,14 +718,38 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
             print(conn.output, &v, |v| {
                 columns(
                     &["name", "team", "cost centre"],
-                    v.as_array().into_iter().flatten().map(|p| vec![s(&p["name"]), s(&p["team"]), s(p.get("cost_centre").unwrap_or(&Value::Null))]).collect(),
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|p| {
+                            vec![
+                                s(&p["name"]),
+                                s(&p["team"]),
+                                s(p.get("cost_centre").unwrap_or(&Value::Null)),
+                            ]
+                        })
+                        .collect(),
                 )
             });
         }
-        ProjectCmd::Create { name, team, cost_centre } => {
+        ProjectCmd::Create {
+            name,
+            team,
+            cost_centre,
+        } => {
             let body = serde_json::json!({"name": name, "team": team, "cost_centre": cost_centre});
-            let v = c.call("POST", "/v1/projects", Some(("application/json", serde_json::to_vec(&body)?)))?;
-            print(conn.output, &v, |p| format!("project {} of team {} created\n", s(&p["name"]), s(&p["team"])));
+            let v = c.call(
+                "POST",
+                "/v1/projects",
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |p| {
+                format!(
+                    "project {} of team {} created\n",
+                    s(&p["name"]),
+                    s(&p["team"])
+                )
+            });
         }
     }
     Ok(())
@@ -544,13 +761,26 @@ pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
         UserCmd::Ls => {
             let v = c.call("GET", "/v1/users", None)?;
             print(conn.output, &v, |v| {
-                columns(&["name", "team", "role"], v.as_array().into_iter().flatten().map(|u| vec![s(&u["name"]), s(&u["team"]), s(&u["role"])]).collect())
+                columns(
+                    &["name", "team", "role"],
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|u| vec![s(&u["name"]), s(&u["team"]), s(&u["role"])])
+                        .collect(),
+                )
             });
         }
         UserCmd::Create { name, team, role } => {
             let body = serde_json::json!({"name": name, "team": team, "role": role});
-            let v = c.call("POST", "/v1/users", Some(("application/json", serde_json::to_vec(&body)?)))?;
-            print(conn.output, &v, |u| format!("user {} ({}) created\n", s(&u["name"]), s(&u["role"])));
+            let v = c.call(
+                "POST",
+                "/v1/users",
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |u| {
+                format!("user {} ({}) created\n", s(&u["name"]), s(&u["role"]))
+            });
         }
     }
     Ok(())
@@ -560,7 +790,11 @@ pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let TokenCmd::Create { user } = cmd;
     let body = serde_json::json!({ "user": user });
-    let v = c.call("POST", "/v1/tokens", Some(("application/json", serde_json::to_vec(&body)?)))?;
+    let v = c.call(
+        "POST",
+        "/v1/tokens",
+        Some(("application/json", serde_json::to_vec(&body)?)),
+    )?;
     print(conn.output, &v, |t| format!("{}\n", s(&t["token"])));
     Ok(())
 }
@@ -581,7 +815,15 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|e| vec![s(&e["seq"]), s(&e["at"]), s(&e.get("job").cloned().unwrap_or(Value::Null)), s(&e["kind"]), s(&e["message"])])
+            .map(|e| {
+                vec![
+                    s(&e["seq"]),
+                    s(&e["at"]),
+                    s(&e.get("job").cloned().unwrap_or(Value::Null)),
+                    s(&e["kind"]),
+                    s(&e["message"]),
+                ]
+            })
             .collect();
         columns(&["seq", "at", "job", "kind", "message"], rows)
     });

@@ -85,13 +85,19 @@ pub struct NodeArgs {
 }
 
 pub fn default_data_dir() -> PathBuf {
-    std::env::var_os("HOME").map_or_else(|| PathBuf::from(".gpuflow"), |h| PathBuf::from(h).join(".gpuflow"))
+    std::env::var_os("HOME").map_or_else(
+        || PathBuf::from(".gpuflow"),
+        |h| PathBuf::from(h).join(".gpuflow"),
+    )
 }
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn server_config(a: &ServerArgs) -> gpuflow_server::Config {
@@ -115,14 +121,21 @@ fn agent_config(
 ) -> anyhow::Result<gpuflow_agent::Config> {
     let node = n.node.clone().unwrap_or_else(gpuflow_agent::host_name);
     if !gpuflow_api::valid_name(&node) {
-        return Err(anyhow!("--node {node:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')"));
+        return Err(anyhow!(
+            "--node {node:?} is not a valid node name (lowercase letters, digits, '-', '_', '.')"
+        ));
     }
     Ok(gpuflow_agent::Config {
         server,
         join_token,
         node,
         work_dir: n.work_dir.clone().unwrap_or_else(|| data_dir.join("agent")),
-        emulate: n.emulate.as_deref().map(Emulated::parse).transpose().map_err(|e| anyhow!("--emulate: {e}"))?,
+        emulate: n
+            .emulate
+            .as_deref()
+            .map(Emulated::parse)
+            .transpose()
+            .map_err(|e| anyhow!("--emulate: {e}"))?,
         nvml_lib: n.nvml_lib.clone(),
         pool: n.pool.clone(),
         labels: Default::default(),
@@ -148,12 +161,22 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "gpuflow server listening on {}://{}", running.scheme, running.addr);
+            let _ = writeln!(
+                out,
+                "gpuflow server listening on {}://{}",
+                running.scheme, running.addr
+            );
             if let Some(t) = &running.new_admin_token {
-                let _ = writeln!(out, "admin token (also in {}): {t}", a.data_dir.join("admin.token").display());
+                let _ = writeln!(
+                    out,
+                    "admin token (also in {}): {t}",
+                    a.data_dir.join("admin.token").display()
+                );
             }
         }
-        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot wait for Ctrl-C")?;
         Ok(())
     })
 }
@@ -212,7 +235,13 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
         }
     }
     let url = format!("{}://{}", running.scheme, running.addr);
-    let cfg = agent_config(url.clone(), join, &a.node, &a.server.data_dir, a.server.tls_cert.clone())?;
+    let cfg = agent_config(
+        url.clone(),
+        join,
+        &a.node,
+        &a.server.data_dir,
+        a.server.tls_cert.clone(),
+    )?;
     let gpus = match &cfg.emulate {
         Some(e) => format!("{} emulated GPUs", e.count),
         None => "GPUs from NVML".into(),
@@ -226,7 +255,10 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     let _ = writeln!(out, "gpuflow is up at {url}");
     let _ = writeln!(out, "  data:   {}", a.server.data_dir.display());
     let _ = writeln!(out, "  agent:  node {} with {gpus}", cfg.node);
-    let _ = writeln!(out, "  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls");
+    let _ = writeln!(
+        out,
+        "  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls"
+    );
     let _ = writeln!(out, "  admin token: {admin_token}");
     let _ = out.flush();
     drop(out);
@@ -243,6 +275,8 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     stop.store(true, Ordering::Relaxed);
-    agent.join().map_err(|_| anyhow!("the agent thread panicked"))??;
+    agent
+        .join()
+        .map_err(|_| anyhow!("the agent thread panicked"))??;
     Ok(())
 }

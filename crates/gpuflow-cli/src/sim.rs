@@ -439,8 +439,16 @@ fn rayon_threads() -> usize {
 
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
-        BenchCommand::Submit { jobs, clients, store } => crate::bench_api::submit(jobs, clients, &store),
-        BenchCommand::ServerCycle { nodes, pending, cycles } => crate::bench_api::server_cycle(nodes, pending, cycles),
+        BenchCommand::Submit {
+            jobs,
+            clients,
+            store,
+        } => crate::bench_api::submit(jobs, clients, &store),
+        BenchCommand::ServerCycle {
+            nodes,
+            pending,
+            cycles,
+        } => crate::bench_api::server_cycle(nodes, pending, cycles),
         BenchCommand::Cycle {
             nodes,
             teams,

@@ -100,11 +100,24 @@ fn bench_placement_prints_its_figures() {
 #[test]
 fn bench_server_cycle_and_submit_print_their_figures() {
     let (code, out, err) = gpuflow(&[
-        "bench", "server-cycle", "--nodes", "4", "--pending", "40", "--cycles", "1",
+        "bench",
+        "server-cycle",
+        "--nodes",
+        "4",
+        "--pending",
+        "40",
+        "--cycles",
+        "1",
     ]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("cold cycle") && out.contains("median cycle after a small change"), "{out}");
+    assert!(
+        out.contains("cold cycle") && out.contains("median cycle after a small change"),
+        "{out}"
+    );
     let (code, out, err) = gpuflow(&["bench", "submit", "--jobs", "20", "--clients", "2"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("submissions/s") && out.contains("p99"), "{out}");
+    assert!(
+        out.contains("submissions/s") && out.contains("p99"),
+        "{out}"
+    );
 }

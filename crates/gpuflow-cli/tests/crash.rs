@@ -60,19 +60,34 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
     let admin = admin_token(dir.path());
 
     // A long job that must survive the crash untouched.
-    let (_, v) = api.submit_yaml(&admin, &job_yaml("survivor", "default", "training", 1, "echo $$ > pid; sleep 600", 1));
+    let (_, v) = api.submit_yaml(
+        &admin,
+        &job_yaml(
+            "survivor",
+            "default",
+            "training",
+            1,
+            "echo $$ > pid; sleep 600",
+            1,
+        ),
+    );
     let survivor = v["id"].as_u64().unwrap();
     api.wait_state(survivor, &admin, "running", Duration::from_secs(60));
-    let pid_file = dir.path().join(format!("work-n1/job-{survivor}/a1-g0-i0/pid"));
-    let pid: u32 = poll("the survivor writes its pid", Duration::from_secs(30), || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    });
+    let pid_file = dir
+        .path()
+        .join(format!("work-n1/job-{survivor}/a1-g0-i0/pid"));
+    let pid: u32 = poll(
+        "the survivor writes its pid",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok(),
+    );
 
     // Submit from another thread, through the crash.
     let acked: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
     let failed = Arc::new(AtomicUsize::new(0));
     let submitter = {
-        let (acked, failed, url, admin) = (acked.clone(), failed.clone(), url.clone(), admin.clone());
+        let (acked, failed, url, admin) =
+            (acked.clone(), failed.clone(), url.clone(), admin.clone());
         std::thread::spawn(move || {
             let api = Api::new(&url);
             for i in 0..JOBS {
@@ -81,7 +96,13 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
                 // not store a second job.
                 let key = format!("key-{i}");
                 loop {
-                    let (s, v) = api.call_with("POST", "/v1/jobs", &admin, Some(("application/yaml", spec(i).as_bytes())), Some(&key));
+                    let (s, v) = api.call_with(
+                        "POST",
+                        "/v1/jobs",
+                        &admin,
+                        Some(("application/yaml", spec(i).as_bytes())),
+                        Some(&key),
+                    );
                     // Paced, so that the crash lands in the middle of the stream.
                     std::thread::sleep(Duration::from_millis(5));
                     if s == 201 || s == 200 {
@@ -94,28 +115,40 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
             }
         })
     };
-    poll("a hundred acknowledged submissions", Duration::from_secs(120), || {
-        (acked.lock().unwrap().len() >= 100).then_some(())
-    });
+    poll(
+        "a hundred acknowledged submissions",
+        Duration::from_secs(120),
+        || (acked.lock().unwrap().len() >= 100).then_some(()),
+    );
     srv.proc.crash();
     std::thread::sleep(Duration::from_millis(500));
     let srv = server(dir.path(), port, &[]);
     submitter.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    assert!(failed.load(Ordering::Relaxed) > 0, "the crash happened while submitting");
+    assert!(
+        failed.load(Ordering::Relaxed) > 0,
+        "the crash happened while submitting"
+    );
     assert_eq!(acked.len(), JOBS, "every job was acknowledged in the end");
 
     // Every acknowledged job is there once, under its id; nothing is duplicated.
     let all = api.get("/v1/jobs?limit=100000", &admin);
     let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for j in all.as_array().unwrap() {
-        by_name.entry(j["name"].as_str().unwrap().to_string()).or_default().push(j["id"].as_u64().unwrap());
+        by_name
+            .entry(j["name"].as_str().unwrap().to_string())
+            .or_default()
+            .push(j["id"].as_u64().unwrap());
     }
     for (name, ids) in &by_name {
         assert_eq!(ids.len(), 1, "{name} stored {} times", ids.len());
     }
     for (i, id) in &acked {
-        assert_eq!(by_name.get(&format!("job-{i}")), Some(&vec![*id]), "acknowledged job-{i} (id {id}) lost");
+        assert_eq!(
+            by_name.get(&format!("job-{i}")),
+            Some(&vec![*id]),
+            "acknowledged job-{i} (id {id}) lost"
+        );
     }
 
     // No GPU allocated twice, now and while the backlog drains.

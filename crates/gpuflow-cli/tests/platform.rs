@@ -37,20 +37,28 @@ fn two_teams_run_preempt_cancel_and_explain() {
     // Alice runs two batch jobs of 2 GPUs: the first within alpha's
     // guarantee, the second on beta's idle guarantee. The second writes a
     // checkpoint and says when it gets the stop signal.
-    let (s, v) = api.submit_yaml(&alice, &job_yaml("base", "alpha-q", "batch", 2, "sleep 300", 5));
+    let (s, v) = api.submit_yaml(
+        &alice,
+        &job_yaml("base", "alpha-q", "batch", 2, "sleep 300", 5),
+    );
     assert_eq!(s, 201, "{v}");
     let a0 = v["id"].as_u64().unwrap();
     api.wait_state(a0, &alice, "running", LONG);
     let script = "echo pid $$ rank $RANK world $WORLD_SIZE gpus $CUDA_VISIBLE_DEVICES ckpt=${GPUFLOW_LAST_CHECKPOINT:-none}; \
                   date +%s > $GPUFLOW_CHECKPOINT_FILE; \
                   trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.2; done";
-    let (s, v) = api.submit_yaml(&alice, &job_yaml("borrower", "alpha-q", "batch", 2, script, 20));
+    let (s, v) = api.submit_yaml(
+        &alice,
+        &job_yaml("borrower", "alpha-q", "batch", 2, script, 20),
+    );
     assert_eq!(s, 201, "{v}");
     let a1 = v["id"].as_u64().unwrap();
     let j = api.wait_state(a1, &alice, "running", LONG);
     let gpus = j["tasks"][0]["gpus"].as_array().unwrap().len();
     assert_eq!(gpus, 2);
-    poll("alice's job reports its checkpoint", LONG, || api.job(a1, &alice)["last_checkpoint"].as_u64());
+    poll("alice's job reports its checkpoint", LONG, || {
+        api.job(a1, &alice)["last_checkpoint"].as_u64()
+    });
     let logs = poll("alice's job logs its environment", LONG, || {
         let l = api.get(&format!("/v1/jobs/{a1}/logs"), &alice);
         let text = l["tasks"]["main/0"].as_str().unwrap_or("").to_string();
@@ -66,32 +74,72 @@ fn two_teams_run_preempt_cancel_and_explain() {
     // Bob's training job is within beta's guarantee: alice's borrowing job is
     // preempted (not the one within alpha's guarantee), told to stop with its
     // signal, given its grace period, and requeued.
-    let (s, v) = api.submit_yaml(&bob, &job_yaml("train", "beta-q", "training", 2, "sleep 300", 5));
+    let (s, v) = api.submit_yaml(
+        &bob,
+        &job_yaml("train", "beta-q", "training", 2, "sleep 300", 5),
+    );
     assert_eq!(s, 201, "{v}");
     let b1 = v["id"].as_u64().unwrap();
     let stopping = api.wait_state(a1, &alice, "stopping", LONG);
-    assert!(stopping["reason"].as_str().unwrap().contains(&format!("preempted by job {b1}")), "{stopping}");
+    assert!(
+        stopping["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("preempted by job {b1}")),
+        "{stopping}"
+    );
     assert!(stopping["kill_at"].as_u64().is_some());
     let requeued = api.wait_state(a1, &alice, "pending", LONG);
     assert_eq!(requeued["preemptions"], 1);
-    assert!(requeued["last_checkpoint"].as_u64().is_some(), "the checkpoint is kept: {requeued}");
+    assert!(
+        requeued["last_checkpoint"].as_u64().is_some(),
+        "the checkpoint is kept: {requeued}"
+    );
     let j = api.wait_state(b1, &bob, "running", LONG);
     assert_eq!(j["tasks"][0]["gpus"].as_array().unwrap().len(), 2);
-    assert_eq!(api.job(a0, &alice)["state"], "running", "alpha keeps its guarantee");
+    assert_eq!(
+        api.job(a0, &alice)["state"],
+        "running",
+        "alpha keeps its guarantee"
+    );
     let events = api.get(&format!("/v1/events?job={a1}"), &alice);
-    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["submitted", "admitted", "running", "preempted", "requeued"], "{events}");
+    let kinds: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["submitted", "admitted", "running", "preempted", "requeued"],
+        "{events}"
+    );
     // The task got the signal (it printed before exiting) rather than a kill.
     let l = api.get(&format!("/v1/jobs/{a1}/logs"), &alice);
-    assert!(l["tasks"]["main/0"].as_str().unwrap().contains("got TERM"), "{l}");
+    assert!(
+        l["tasks"]["main/0"].as_str().unwrap().contains("got TERM"),
+        "{l}"
+    );
 
     // Alice's job now waits: `job why` (through the CLI) says why.
     let out = std::process::Command::new(BIN)
-        .args(["job", "why", &a1.to_string(), "--server", &srv.url, "--token", &alice])
+        .args([
+            "job",
+            "why",
+            &a1.to_string(),
+            "--server",
+            &srv.url,
+            "--token",
+            &alice,
+        ])
         .output()
         .unwrap();
     let why = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{why} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{why} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(why.contains(&format!("job {a1} is pending")), "{why}");
     assert!(why.contains("GPUs"), "{why}");
     assert!(why.contains("position in its queue: 1"), "{why}");
@@ -106,7 +154,11 @@ fn two_teams_run_preempt_cancel_and_explain() {
     // Its second run is told where its last checkpoint was.
     poll("the requeued job sees its last checkpoint", LONG, || {
         let l = api.get(&format!("/v1/jobs/{a1}/logs"), &alice);
-        l["tasks"]["main/0"].as_str().unwrap_or("").contains("ckpt=1").then_some(())
+        l["tasks"]["main/0"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ckpt=1")
+            .then_some(())
     });
     let (s, v) = api.call("POST", &format!("/v1/jobs/{b1}/resume"), &bob, None);
     assert_eq!((s, v["state"].as_str()), (200, Some("pending")), "{v}");
@@ -127,8 +179,14 @@ fn two_teams_run_preempt_cancel_and_explain() {
     let (s, v) = api.call("POST", &format!("/v1/jobs/{a0}/cancel"), &alice, None);
     assert_eq!(s, 200, "{v}");
     let j = api.wait_state(a0, &alice, "cancelled", LONG);
-    assert!(j["reason"].as_str().unwrap().contains("cancelled by alice"), "{j}");
-    assert!(j["tasks"].as_array().unwrap().is_empty(), "GPUs released: {j}");
+    assert!(
+        j["reason"].as_str().unwrap().contains("cancelled by alice"),
+        "{j}"
+    );
+    assert!(
+        j["tasks"].as_array().unwrap().is_empty(),
+        "GPUs released: {j}"
+    );
 }
 
 #[test]
@@ -144,16 +202,30 @@ fn a_task_that_fails_is_retried_with_backoff_then_fails() {
     let id = v["id"].as_u64().unwrap();
     let j = api.wait_state(id, &admin, "failed", LONG);
     assert_eq!(j["attempts"], 2, "{j}");
-    assert!(j["reason"].as_str().unwrap().contains("exited with code 3"), "{j}");
+    assert!(
+        j["reason"].as_str().unwrap().contains("exited with code 3"),
+        "{j}"
+    );
     let events = api.get(&format!("/v1/events?job={id}"), &admin);
-    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert!(kinds.contains(&"retry") && kinds.ends_with(&["failed"]), "{kinds:?}");
+    let kinds: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"retry") && kinds.ends_with(&["failed"]),
+        "{kinds:?}"
+    );
 
     // A program that does not exist fails to start, with the reason.
     let spec = "name: missing\nqueue: default\ntasks:\n  - name: main\n    command: [/nonexistent/program]\n";
     let (_, v) = api.submit_yaml(&admin, spec);
     let j = api.wait_state(v["id"].as_u64().unwrap(), &admin, "failed", LONG);
-    assert!(j["reason"].as_str().unwrap().contains("could not start"), "{j}");
+    assert!(
+        j["reason"].as_str().unwrap().contains("could not start"),
+        "{j}"
+    );
 }
 
 #[test]
@@ -176,17 +248,35 @@ fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
     let api = Api::new(&srv.url);
     let admin = admin_token(dir.path());
     let agent1 = agent(dir.path(), &srv.url, "n1", "2");
-    let (_, v) = api.submit_yaml(&admin, &job_yaml("long", "default", "training", 2, "echo $$ > pid; sleep 300", 1));
+    let (_, v) = api.submit_yaml(
+        &admin,
+        &job_yaml(
+            "long",
+            "default",
+            "training",
+            2,
+            "echo $$ > pid; sleep 300",
+            1,
+        ),
+    );
     let id = v["id"].as_u64().unwrap();
     api.wait_state(id, &admin, "running", LONG);
-    let pid_file = dir.path().join("work-n1").join(format!("job-{id}")).join("a1-g0-i0").join("pid");
+    let pid_file = dir
+        .path()
+        .join("work-n1")
+        .join(format!("job-{id}"))
+        .join("a1-g0-i0")
+        .join("pid");
     let pid: u32 = poll("the task writes its pid", LONG, || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
     // The agent freezes (as on a network partition); its task keeps running.
     agent1.signal("-STOP");
     let j = api.wait_state(id, &admin, "pending", LONG);
-    assert!(j["reason"].as_str().unwrap().contains("node n1 lost"), "{j}");
+    assert!(
+        j["reason"].as_str().unwrap().contains("node n1 lost"),
+        "{j}"
+    );
     assert_eq!(api.get("/v1/nodes", &admin)[0]["state"], "lost");
     assert!(alive(pid));
     // A second node takes the work.
@@ -197,10 +287,17 @@ fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
     // n1 comes back: it is ready again, the server no longer wants the old
     // task there, so the agent stops it; the job stays on n2.
     agent1.signal("-CONT");
-    poll("n1 is back", LONG, || (api.get("/v1/nodes", &admin)[0]["state"] == "ready").then_some(()));
-    poll("the stale task on n1 is stopped", LONG, || (!alive(pid)).then_some(()));
+    poll("n1 is back", LONG, || {
+        (api.get("/v1/nodes", &admin)[0]["state"] == "ready").then_some(())
+    });
+    poll("the stale task on n1 is stopped", LONG, || {
+        (!alive(pid)).then_some(())
+    });
     let j = api.job(id, &admin);
-    assert_eq!((j["state"].as_str(), j["tasks"][0]["node"].as_str()), (Some("running"), Some("n2")));
+    assert_eq!(
+        (j["state"].as_str(), j["tasks"][0]["node"].as_str()),
+        (Some("running"), Some("n2"))
+    );
 }
 
 #[test]
@@ -210,11 +307,28 @@ fn a_restarted_agent_adopts_its_running_tasks() {
     let api = Api::new(&srv.url);
     let admin = admin_token(dir.path());
     let first = agent(dir.path(), &srv.url, "n1", "1");
-    let (_, v) = api.submit_yaml(&admin, &job_yaml("steady", "default", "training", 1, "echo $$ > pid; sleep 300", 1));
+    let (_, v) = api.submit_yaml(
+        &admin,
+        &job_yaml(
+            "steady",
+            "default",
+            "training",
+            1,
+            "echo $$ > pid; sleep 300",
+            1,
+        ),
+    );
     let id = v["id"].as_u64().unwrap();
     api.wait_state(id, &admin, "running", LONG);
-    let pid_file = dir.path().join("work-n1").join(format!("job-{id}")).join("a1-g0-i0").join("pid");
-    let pid: u32 = poll("the task writes its pid", LONG, || std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok());
+    let pid_file = dir
+        .path()
+        .join("work-n1")
+        .join(format!("job-{id}"))
+        .join("a1-g0-i0")
+        .join("pid");
+    let pid: u32 = poll("the task writes its pid", LONG, || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
     // The agent crashes; its task does not.
     first.crash();
     assert!(alive(pid));
@@ -222,11 +336,17 @@ fn a_restarted_agent_adopts_its_running_tasks() {
     let _second = agent(dir.path(), &srv.url, "n1", "1");
     std::thread::sleep(Duration::from_secs(3));
     let j = api.job(id, &admin);
-    assert_eq!((j["state"].as_str(), j["attempts"].as_u64()), (Some("running"), Some(1)), "{j}");
+    assert_eq!(
+        (j["state"].as_str(), j["attempts"].as_u64()),
+        (Some("running"), Some(1)),
+        "{j}"
+    );
     assert!(alive(pid));
     // And it still controls it: a cancel stops the adopted process.
     let (s, _) = api.call("POST", &format!("/v1/jobs/{id}/cancel"), &admin, None);
     assert_eq!(s, 200);
     api.wait_state(id, &admin, "cancelled", LONG);
-    poll("the adopted process is stopped", LONG, || (!alive(pid)).then_some(()));
+    poll("the adopted process is stopped", LONG, || {
+        (!alive(pid)).then_some(())
+    });
 }

@@ -11,16 +11,30 @@ use common::*;
 #[test]
 fn https_server_with_agent_and_cli() {
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     let port = free_port();
     let _server = Proc(
         Command::new(BIN)
-            .args(["server", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .args([
+                "server",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
             .arg(dir.path().join("data"))
-            .args(["--join-token", JOIN, "--heartbeat", "1", "--cycle-ms", "200", "--tls-cert"])
+            .args([
+                "--join-token",
+                JOIN,
+                "--heartbeat",
+                "1",
+                "--cycle-ms",
+                "200",
+                "--tls-cert",
+            ])
             .arg(&cert_path)
             .arg("--tls-key")
             .arg(&key_path)
@@ -38,7 +52,11 @@ fn https_server_with_agent_and_cli() {
             .env("GPUFLOW_TOKEN", admin_token(dir.path()))
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     };
     poll("the https server answers", Duration::from_secs(30), || {
         std::fs::metadata(dir.path().join("data/admin.token")).ok()?;
@@ -46,7 +64,18 @@ fn https_server_with_agent_and_cli() {
     });
     let _agent = Proc(
         Command::new(BIN)
-            .args(["agent", "--server", &url, "--join-token", JOIN, "--node", "n1", "--emulate", "1", "--ca-cert"])
+            .args([
+                "agent",
+                "--server",
+                &url,
+                "--join-token",
+                JOIN,
+                "--node",
+                "n1",
+                "--emulate",
+                "1",
+                "--ca-cert",
+            ])
             .arg(&cert_path)
             .arg("--work-dir")
             .arg(dir.path().join("work"))

@@ -40,7 +40,11 @@ fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, Str
     }
     // Keep draining its output so the process never writes to a closed pipe.
     std::thread::spawn(move || for _ in lines {});
-    (proc, url.expect("up prints its address"), token.expect("up prints the admin token"))
+    (
+        proc,
+        url.expect("up prints its address"),
+        token.expect("up prints the admin token"),
+    )
 }
 
 #[test]
@@ -51,7 +55,11 @@ fn up_runs_a_job_on_nvml_gpus() {
         return;
     };
     let lib = lib.to_str().unwrap().to_string();
-    let (_proc, url, token) = up(dir.path(), &["--nvml-lib", &lib], &[("FAKE_NVML_GPUS", "2")]);
+    let (_proc, url, token) = up(
+        dir.path(),
+        &["--nvml-lib", &lib],
+        &[("FAKE_NVML_GPUS", "2")],
+    );
     let api = Api::new(&url);
     let node = poll("the local agent registers", Duration::from_secs(30), || {
         let n = api.get("/v1/nodes", &token);
@@ -75,7 +83,11 @@ fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
     let (proc, url, token) = up(dir.path(), &[], &[("LD_LIBRARY_PATH", "/nonexistent")]);
     let api = Api::new(&url);
     let node = poll("the local agent registers", Duration::from_secs(30), || {
-        api.get("/v1/nodes", &token).as_array().unwrap().first().cloned()
+        api.get("/v1/nodes", &token)
+            .as_array()
+            .unwrap()
+            .first()
+            .cloned()
     });
     if node["inventory"]["emulated"] == false {
         eprintln!("note: this machine has NVML; the emulated default is not exercised");
@@ -90,10 +102,16 @@ fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot listen"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // SIGTERM stops it with status 0.
     let mut proc = proc;
     proc.signal("-TERM");
-    let status = poll("up exits", Duration::from_secs(20), || proc.0.try_wait().unwrap());
+    let status = poll("up exits", Duration::from_secs(20), || {
+        proc.0.try_wait().unwrap()
+    });
     assert!(status.success(), "{status}");
 }

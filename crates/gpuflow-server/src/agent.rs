@@ -15,8 +15,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use gpuflow_api::{
-    self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register, Registered, StopOrder,
-    TaskPhase, TaskReport,
+    self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register,
+    Registered, StopOrder, TaskPhase, TaskReport,
 };
 
 use crate::auth::{hash, new_token};
@@ -28,21 +28,38 @@ use crate::{Change, Shared, commit, now};
 fn token(headers: &HeaderMap) -> Result<String, Error> {
     crate::auth::bearer(headers)
         .map(str::to_string)
-        .ok_or_else(|| ApiError::new(401, "unauthenticated", "missing token: agents send `Authorization: Bearer <token>`").into())
+        .ok_or_else(|| {
+            ApiError::new(
+                401,
+                "unauthenticated",
+                "missing token: agents send `Authorization: Bearer <token>`",
+            )
+            .into()
+        })
 }
 
 fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
     if inv.gpus.len() > 64 {
-        return Err(ApiError::bad_request("invalid_inventory", "inventory.gpus: at most 64 GPUs per node"));
+        return Err(ApiError::bad_request(
+            "invalid_inventory",
+            "inventory.gpus: at most 64 GPUs per node",
+        ));
     }
     if inv.cpu_milli == 0 || inv.memory_mib == 0 {
-        return Err(ApiError::bad_request("invalid_inventory", "inventory: cpu_milli and memory_mib must be positive"));
+        return Err(ApiError::bad_request(
+            "invalid_inventory",
+            "inventory: cpu_milli and memory_mib must be positive",
+        ));
     }
     Ok(())
 }
 
 /// `POST /v1/agent/register`: the join token in, a node token out.
-pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Json<Registered>, Error> {
+pub async fn register(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Registered>, Error> {
     let t = token(&headers)?;
     let req: Register = parse_json(&body)?;
     crate::http::check_name("node", &req.node, "node name")?;
@@ -61,7 +78,13 @@ pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, bod
             n.inventory = req.inventory.clone();
             n.token_hash = hash(&node_token);
             n.last_heartbeat = at;
-            change.event(at, None, "", "node-registered", format!("node {} registered again", n.name));
+            change.event(
+                at,
+                None,
+                "",
+                "node-registered",
+                format!("node {} registered again", n.name),
+            );
             n
         }
         None => {
@@ -70,7 +93,16 @@ pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, bod
                 None,
                 "",
                 "node-registered",
-                format!("node {} joined with {} GPUs{}", req.node, req.inventory.gpus.len(), if req.inventory.emulated { " (emulated)" } else { "" }),
+                format!(
+                    "node {} joined with {} GPUs{}",
+                    req.node,
+                    req.inventory.gpus.len(),
+                    if req.inventory.emulated {
+                        " (emulated)"
+                    } else {
+                        ""
+                    }
+                ),
             );
             NodeRec {
                 name: req.node.clone(),
@@ -83,7 +115,13 @@ pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, bod
             }
         }
     };
-    change.audit(at, &format!("node:{}", node.name), "node.register", &format!("node/{}", node.name), "");
+    change.audit(
+        at,
+        &format!("node:{}", node.name),
+        "node.register",
+        &format!("node/{}", node.name),
+        "",
+    );
     change.nodes.insert(node.name.clone(), node);
     commit(shared.store.as_ref(), &mut world, change).await?;
     shared.wake.notify_one();
@@ -94,23 +132,43 @@ pub async fn register(State(shared): State<Arc<Shared>>, headers: HeaderMap, bod
 }
 
 /// `POST /v1/agent/heartbeat`: reports in, the desired tasks out.
-pub async fn heartbeat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Json<Desired>, Error> {
+pub async fn heartbeat(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Desired>, Error> {
     let t = token(&headers)?;
     let hb: Heartbeat = parse_json(&body)?;
     check_inventory(&hb.inventory)?;
     let mut world = shared.world.lock().await;
     let Some(node) = world.nodes.get(&hb.node).cloned() else {
-        return Err(ApiError::new(404, "unknown_node", format!("node {:?} is not registered: register first", hb.node)).into());
+        return Err(ApiError::new(
+            404,
+            "unknown_node",
+            format!("node {:?} is not registered: register first", hb.node),
+        )
+        .into());
     };
     if hash(&t) != node.token_hash {
-        return Err(ApiError::new(401, "unauthenticated", "the node token is not valid: register again").into());
+        return Err(ApiError::new(
+            401,
+            "unauthenticated",
+            "the node token is not valid: register again",
+        )
+        .into());
     }
     let at = now();
     let mut change = Change::default();
     let mut n = node;
     if n.state == NodeState::Lost {
         n.state = n.admin_state;
-        change.event(at, None, "", "node-back", format!("node {} is back", n.name));
+        change.event(
+            at,
+            None,
+            "",
+            "node-back",
+            format!("node {} is back", n.name),
+        );
     }
     let inventory_changed = n.inventory != hb.inventory;
     n.inventory = hb.inventory.clone();
@@ -137,7 +195,13 @@ pub async fn heartbeat(State(shared): State<Arc<Shared>>, headers: HeaderMap, bo
 }
 
 /// Folds a node's task reports into its jobs. Returns whether a job changed state.
-fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, change: &mut Change) -> bool {
+fn apply_reports(
+    world: &World,
+    node: &str,
+    reports: &[TaskReport],
+    at: u64,
+    change: &mut Change,
+) -> bool {
     let mut by_job: BTreeMap<u64, Vec<&TaskReport>> = BTreeMap::new();
     for r in reports {
         by_job.entry(r.job).or_default().push(r);
@@ -154,18 +218,34 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
     ids.sort_unstable();
     ids.dedup();
     for id in ids {
-        let Some(j) = world.jobs.get(&id) else { continue };
+        let Some(j) = world.jobs.get(&id) else {
+            continue;
+        };
         if !j.state.allocated() {
             continue;
         }
         let mine: Vec<&TaskReport> = by_job
             .get(&id)
-            .map(|v| v.iter().copied().filter(|r| r.attempt == j.attempts).collect())
+            .map(|v| {
+                v.iter()
+                    .copied()
+                    .filter(|r| r.attempt == j.attempts)
+                    .collect()
+            })
             .unwrap_or_default();
         let mut next = j.clone();
-        let before = (next.state, next.tasks.clone(), next.last_checkpoint, next.logs.clone());
+        let before = (
+            next.state,
+            next.tasks.clone(),
+            next.last_checkpoint,
+            next.logs.clone(),
+        );
         for r in &mine {
-            if !next.allocs.iter().any(|a| a.node == node && a.group == r.group && a.index == r.index) {
+            if !next
+                .allocs
+                .iter()
+                .any(|a| a.node == node && a.group == r.group && a.index == r.index)
+            {
                 continue;
             }
             let st = TaskState {
@@ -175,7 +255,11 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
                 exit_code: r.exit_code,
                 message: r.message.clone(),
             };
-            match next.tasks.iter_mut().find(|t| t.group == r.group && t.index == r.index) {
+            match next
+                .tasks
+                .iter_mut()
+                .find(|t| t.group == r.group && t.index == r.index)
+            {
                 Some(t) => *t = st,
                 None => next.tasks.push(st),
             }
@@ -183,17 +267,22 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
                 next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
             }
             if !r.log_tail.is_empty() {
-                next.logs.insert(format!("{}/{}", r.group, r.index), r.log_tail.clone());
+                next.logs
+                    .insert(format!("{}/{}", r.group, r.index), r.log_tail.clone());
             }
         }
         if next.state == JobState::Stopping {
             // Tasks of this node the agent no longer runs are gone.
             for a in j.allocs.iter().filter(|a| a.node == node) {
-                let running = mine
-                    .iter()
-                    .any(|r| r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running);
+                let running = mine.iter().any(|r| {
+                    r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running
+                });
                 if !running {
-                    match next.tasks.iter_mut().find(|t| t.group == a.group && t.index == a.index) {
+                    match next
+                        .tasks
+                        .iter_mut()
+                        .find(|t| t.group == a.group && t.index == a.index)
+                    {
                         Some(t) if t.phase == TaskPhase::Running => t.phase = TaskPhase::Stopped,
                         Some(_) => {}
                         None => next.tasks.push(TaskState {
@@ -208,7 +297,9 @@ fn apply_reports(world: &World, node: &str, reports: &[TaskReport], at: u64, cha
             }
         }
         let kind = transition(&mut next, at);
-        if (next.state, &next.tasks, next.last_checkpoint, &next.logs) != (before.0, &before.1, before.2, &before.3) {
+        if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
+            != (before.0, &before.1, before.2, &before.3)
+        {
             if let Some(kind) = kind {
                 change.event(at, Some(next.id), &next.team, kind, next.reason.clone());
                 any = true;
@@ -238,7 +329,8 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         return None;
     }
     let failed = j.tasks.iter().find(|t| {
-        t.phase == TaskPhase::FailedToStart || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
+        t.phase == TaskPhase::FailedToStart
+            || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
     });
     if let Some(f) = failed {
         let mut what = match f.phase {
@@ -247,7 +339,8 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
                 "task {}/{} exited with {}",
                 f.group,
                 f.index,
-                f.exit_code.map_or("an unknown status".into(), |c| format!("code {c}"))
+                f.exit_code
+                    .map_or("an unknown status".into(), |c| format!("code {c}"))
             ),
         };
         if !f.message.is_empty() {
@@ -255,7 +348,16 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         }
         j.failures += 1;
         let retry = j.failures <= j.spec.retry.limit;
-        stop(j, at, if retry { AfterStop::Retry } else { AfterStop::Fail }, what);
+        stop(
+            j,
+            at,
+            if retry {
+                AfterStop::Retry
+            } else {
+                AfterStop::Fail
+            },
+            what,
+        );
         if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
             let why = j.reason.clone();
             finish_stop(j, at, &why);
@@ -263,7 +365,11 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         }
         return Some("stopping");
     }
-    let exited = j.tasks.iter().filter(|t| t.phase == TaskPhase::Exited).count();
+    let exited = j
+        .tasks
+        .iter()
+        .filter(|t| t.phase == TaskPhase::Exited)
+        .count();
     if exited == total {
         j.state = JobState::Succeeded;
         j.finished_at = Some(at);
@@ -271,7 +377,11 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         j.allocs.clear();
         return Some("succeeded");
     }
-    let running = j.tasks.iter().filter(|t| t.phase == TaskPhase::Running).count();
+    let running = j
+        .tasks
+        .iter()
+        .filter(|t| t.phase == TaskPhase::Running)
+        .count();
     if running + exited == total && j.state != JobState::Running {
         j.state = JobState::Running;
         j.started_at.get_or_insert(at);
@@ -300,7 +410,16 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             .allocs
             .first()
             .and_then(|a| world.nodes.get(&a.node))
-            .map_or_else(|| "127.0.0.1".to_string(), |n| if n.address.is_empty() { "127.0.0.1".into() } else { n.address.clone() });
+            .map_or_else(
+                || "127.0.0.1".to_string(),
+                |n| {
+                    if n.address.is_empty() {
+                        "127.0.0.1".into()
+                    } else {
+                        n.address.clone()
+                    }
+                },
+            );
         let port = 20000 + (j.id % 20000);
         let mut local_rank = 0;
         for (rank, a) in j.allocs.iter().enumerate() {
@@ -309,13 +428,20 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             }
             let g = &j.spec.tasks[a.group as usize];
             let gpus = a.pick.gpus();
-            let list = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let list = gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             let mut env = g.env.clone();
             let mut set = |k: &str, v: String| {
                 env.insert(k.to_string(), v);
             };
             set("CUDA_VISIBLE_DEVICES", list.clone());
-            set("NVIDIA_VISIBLE_DEVICES", if list.is_empty() { "void".into() } else { list });
+            set(
+                "NVIDIA_VISIBLE_DEVICES",
+                if list.is_empty() { "void".into() } else { list },
+            );
             set("GPUFLOW_JOB_ID", j.id.to_string());
             set("GPUFLOW_JOB_NAME", j.spec.name.clone());
             set("GPUFLOW_TASK_GROUP", g.name.clone());

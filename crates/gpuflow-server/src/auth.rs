@@ -75,7 +75,12 @@ pub async fn bootstrap(
             .into(),
             user_limits: Default::default(),
         };
-        batch.put.extend([user_rec(&admin), token_rec(&tok), team_rec(&team), crate::state::queue_rec(&queue)]);
+        batch.put.extend([
+            user_rec(&admin),
+            token_rec(&tok),
+            team_rec(&team),
+            crate::state::queue_rec(&queue),
+        ]);
         world.users.insert(admin.name.clone(), admin);
         world.tokens.insert(tok.hash.clone(), tok);
         world.teams.insert(team.name.clone(), team);
@@ -87,11 +92,14 @@ pub async fn bootstrap(
     let mut join = cfg.join_token.clone();
     let join_path = cfg.data_dir.join("join.token");
     if join.is_none() {
-        join = std::fs::read_to_string(&join_path).ok().map(|s| s.trim().to_string());
+        join = std::fs::read_to_string(&join_path)
+            .ok()
+            .map(|s| s.trim().to_string());
     }
     if join.is_none() && world.join_hash.is_empty() {
         let t = new_token("gfj");
-        write_secret(&join_path, &t).with_context(|| format!("cannot write {}", join_path.display()))?;
+        write_secret(&join_path, &t)
+            .with_context(|| format!("cannot write {}", join_path.display()))?;
         join = Some(t);
     }
     if let Some(j) = &join {
@@ -174,7 +182,10 @@ pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
 impl FromRequestParts<Arc<Shared>> for Caller {
     type Rejection = crate::http::Error;
 
-    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Caller, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        shared: &Arc<Shared>,
+    ) -> Result<Caller, Self::Rejection> {
         let Some(token) = bearer(&parts.headers) else {
             return Err(ApiError::new(
                 401,
@@ -187,7 +198,12 @@ impl FromRequestParts<Arc<Shared>> for Caller {
         let world = shared.world.lock().await;
         match world.principal(&h) {
             Some(u) => Ok(Caller { user: u.clone() }),
-            None => Err(ApiError::new(401, "unauthenticated", "the token is not valid (unknown or revoked)").into()),
+            None => Err(ApiError::new(
+                401,
+                "unauthenticated",
+                "the token is not valid (unknown or revoked)",
+            )
+            .into()),
         }
     }
 }

@@ -34,7 +34,10 @@ use crate::{Change, Shared, commit, now};
 /// submissions is scheduled in batches and the state lock is free at least
 /// half the time.
 pub async fn run_loop(shared: Arc<Shared>) {
-    let min_gap = shared.cfg.cycle_interval.min(std::time::Duration::from_millis(100));
+    let min_gap = shared
+        .cfg
+        .cycle_interval
+        .min(std::time::Duration::from_millis(100));
     loop {
         let _ = tokio::time::timeout(shared.cfg.cycle_interval, shared.wake.notified()).await;
         let started = Instant::now();
@@ -93,7 +96,11 @@ struct Planned {
 
 /// Snapshot, schedule, and the plan as a change. `None` when nothing waits.
 fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
-    let pending_count = world.jobs.values().filter(|j| j.state == JobState::Pending).count();
+    let pending_count = world
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .count();
     if pending_count == 0 {
         return None;
     }
@@ -122,7 +129,9 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         world.history_saved_at = t;
     }
     for (id, flavor, placement) in &plan.admitted {
-        let Some(mut j) = world.jobs.get(&id.0).cloned() else { continue };
+        let Some(mut j) = world.jobs.get(&id.0).cloned() else {
+            continue;
+        };
         j.state = JobState::Admitted;
         j.flavor = flavor.clone();
         j.attempts += 1;
@@ -145,14 +154,18 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         change.job(j);
     }
     for p in &plan.preempted {
-        let Some(mut j) = world.jobs.get(&p.victim.0).cloned() else { continue };
+        let Some(mut j) = world.jobs.get(&p.victim.0).cloned() else {
+            continue;
+        };
         j.state = JobState::Stopping;
         j.kill_at = Some(p.kill_at);
         j.after_stop = Some(AfterStop::Requeue);
         j.preemptions += 1;
         let why = match p.reason {
             schedule::PreemptReason::Reclaim => "its queue's guarantee is reclaimed",
-            schedule::PreemptReason::Priority => "a higher-priority job of its queue needs the GPUs",
+            schedule::PreemptReason::Priority => {
+                "a higher-priority job of its queue needs the GPUs"
+            }
         };
         j.reason = format!(
             "preempted by job {}: {why}; signalled now, killed at {} ({:.2} GPU-hours since the last checkpoint)",
@@ -166,7 +179,10 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         .iter()
         .map(|p| {
             let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
-            let summary = reasons.first().cloned().unwrap_or_else(|| "waiting for the next cycle".into());
+            let summary = reasons
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "waiting for the next cycle".into());
             (
                 p.job.0,
                 api::Why {
@@ -203,7 +219,11 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
                 None,
                 "",
                 "node-lost",
-                format!("node {} lost: no heartbeat for {} s", n.name, t - n.last_heartbeat),
+                format!(
+                    "node {} lost: no heartbeat for {} s",
+                    n.name,
+                    t - n.last_heartbeat
+                ),
             );
             change.nodes.insert(n.name.clone(), n);
         }
@@ -217,7 +237,12 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     };
     let mut jobs = Vec::new();
     for j in world.jobs.values().filter(|j| j.state.allocated()) {
-        let on_lost: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).filter(|n| lost(n)).collect();
+        let on_lost: Vec<&str> = j
+            .allocs
+            .iter()
+            .map(|a| a.node.as_str())
+            .filter(|n| lost(n))
+            .collect();
         if !on_lost.is_empty() {
             let mut j = j.clone();
             let msg = format!("node {} lost", on_lost[0]);
@@ -238,7 +263,12 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         ) && start + max <= t
         {
             let mut j = j.clone();
-            stop(&mut j, t, AfterStop::Fail, format!("exceeded its max runtime of {max} s"));
+            stop(
+                &mut j,
+                t,
+                AfterStop::Fail,
+                format!("exceeded its max runtime of {max} s"),
+            );
             jobs.push((j, "stopping"));
         }
     }
@@ -271,7 +301,10 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     release(j);
     let (state, reason) = match after {
         AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
-        AfterStop::Suspend => (JobState::Suspended, "suspended by its owner; GPUs released".into()),
+        AfterStop::Suspend => (
+            JobState::Suspended,
+            "suspended by its owner; GPUs released".into(),
+        ),
         AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
         AfterStop::Fail => (JobState::Failed, j.reason.clone()),
         AfterStop::Retry => {
@@ -284,7 +317,10 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
             j.not_before = Some(t + backoff);
             (
                 JobState::Pending,
-                format!("{}; retry {} of {} in {backoff} s", j.reason, j.failures, j.spec.retry.limit),
+                format!(
+                    "{}; retry {} of {} in {backoff} s",
+                    j.reason, j.failures, j.spec.retry.limit
+                ),
             )
         }
     };
@@ -325,8 +361,18 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
             .iter()
             .map(|g| Gpu::plain(&g.model, MemMib(g.memory_mib)))
             .collect();
-        let mut node = Node::new(i as u32, &n.name, CpuMilli(inv.cpu_milli), MemMib(inv.memory_mib), gpus);
-        node.pool = if inv.pool.is_empty() { "default".into() } else { inv.pool.clone() };
+        let mut node = Node::new(
+            i as u32,
+            &n.name,
+            CpuMilli(inv.cpu_milli),
+            MemMib(inv.memory_mib),
+            gpus,
+        );
+        node.pool = if inv.pool.is_empty() {
+            "default".into()
+        } else {
+            inv.pool.clone()
+        };
         node.labels = inv.labels.clone();
         node.state = match n.state {
             NodeState::Ready => model::NodeState::Ready,
@@ -359,7 +405,13 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
     for j in world.jobs.values() {
         let Some(work) = workload(j, &queues, &classes) else {
             if j.state == JobState::Pending {
-                blocked.push((j.id, why(j, format!("queue {:?} does not exist (any more)", j.spec.queue))));
+                blocked.push((
+                    j.id,
+                    why(
+                        j,
+                        format!("queue {:?} does not exist (any more)", j.spec.queue),
+                    ),
+                ));
             }
             continue;
         };
@@ -399,7 +451,10 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
             });
         } else if j.state == JobState::Pending {
             if let Some(nb) = j.not_before.filter(|&nb| nb > t) {
-                blocked.push((j.id, why(j, format!("retrying after a failure; not before {nb}"))));
+                blocked.push((
+                    j.id,
+                    why(j, format!("retrying after a failure; not before {nb}")),
+                ));
                 continue;
             }
             pending.push(work);
@@ -454,7 +509,10 @@ fn build_queues(world: &World, capacity: &BTreeMap<String, u64>) -> Queues {
     let list = specs
         .iter()
         .map(|s| {
-            let mut q = Queue::new(&s.name, s.parent.as_deref().and_then(|p| index.get(p).copied()));
+            let mut q = Queue::new(
+                &s.name,
+                s.parent.as_deref().and_then(|p| index.get(p).copied()),
+            );
             q.weight = s.weight;
             q.state = match s.state {
                 api::QueueState::Open => gpuflow_core::queue::QueueState::Open,
@@ -515,7 +573,10 @@ pub fn task_request(g: &gpuflow_api::TaskGroupSpec) -> TaskRequest {
 
 fn workload(j: &JobRec, queues: &Queues, classes: &[schedule::PriorityClass]) -> Option<Workload> {
     let queue = queues.by_name(&j.spec.queue)?;
-    let class = classes.iter().position(|c| c.name == j.spec.class()).unwrap_or(2);
+    let class = classes
+        .iter()
+        .position(|c| c.name == j.spec.class())
+        .unwrap_or(2);
     let constraints = Constraints {
         topology: j.spec.topology.as_ref().map(|t| request::Topology {
             level: match t.level {

@@ -15,14 +15,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use gpuflow_api::{
-    self as api, ApiError, JobSpec, JobState, NodeState, QueuePatch, QueueSpec, Role, Team, TokenCreated, TokenRequest,
-    User,
+    self as api, ApiError, JobSpec, JobState, NodeState, QueuePatch, QueueSpec, Role, Team,
+    TokenCreated, TokenRequest, User,
 };
 use serde::Serialize;
 
 use crate::auth::{Caller, hash, new_token};
 use crate::cycle::stop;
-use crate::state::{AfterStop, JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec};
+use crate::state::{
+    AfterStop, JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
+};
 use crate::{Change, Shared, commit, now};
 
 /// An error reply.
@@ -38,13 +40,18 @@ impl From<ApiError> for Error {
 impl From<crate::ServerError> for Error {
     fn from(e: crate::ServerError) -> Error {
         tracing::error!(error = ?e, "request failed inside the server");
-        Error(ApiError::new(500, "internal", "internal error; the server log has the details"))
+        Error(ApiError::new(
+            500,
+            "internal",
+            "internal error; the server log has the details",
+        ))
     }
 }
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, Json(self.0)).into_response()
     }
 }
@@ -59,7 +66,11 @@ pub fn parse_json<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<T,
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
-        let at = if path == "." { String::new() } else { format!("{path}: ") };
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
         ApiError::bad_request("invalid_body", format!("{at}{}", e.inner())).into()
     })
 }
@@ -95,7 +106,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(crate::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
         )
         .fallback(|| async {
-            Error(ApiError::not_found("no such endpoint; the API is described at /v1/openapi.json"))
+            Error(ApiError::not_found(
+                "no such endpoint; the API is described at /v1/openapi.json",
+            ))
         })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
@@ -113,10 +126,18 @@ async fn whoami(caller: Caller) -> Json<api::WhoAmI> {
     })
 }
 
-fn body_or_413(body: Result<Bytes, axum::extract::rejection::BytesRejection>, limit: usize) -> Result<Bytes, Error> {
+fn body_or_413(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, Error> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(413, "too_large", format!("the body is larger than {limit} bytes")).into()
+            ApiError::new(
+                413,
+                "too_large",
+                format!("the body is larger than {limit} bytes"),
+            )
+            .into()
         } else {
             ApiError::bad_request("bad_body", e.body_text()).into()
         }
@@ -138,14 +159,21 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
     }
     Err(ApiError::bad_request(
         "invalid_name",
-        format!("{field}: {name:?} is not a valid {what} (lowercase letters, digits, '-', '_', '.')"),
+        format!(
+            "{field}: {name:?} is not a valid {what} (lowercase letters, digits, '-', '_', '.')"
+        ),
     )
     .into())
 }
 
 fn job_id(s: &str) -> Result<u64, Error> {
-    s.parse()
-        .map_err(|_| ApiError::bad_request("bad_id", format!("{s:?} is not a job id (a positive number)")).into())
+    s.parse().map_err(|_| {
+        ApiError::bad_request(
+            "bad_id",
+            format!("{s:?} is not a job id (a positive number)"),
+        )
+        .into()
+    })
 }
 
 /// A job the caller may see, or 404 (also for other teams' jobs: their ids are not disclosed).
@@ -172,12 +200,18 @@ async fn submit(
         None => None,
         Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
         Some(_) => {
-            return Err(ApiError::bad_request("bad_header", "Idempotency-Key: 1 to 128 visible ASCII characters").into());
+            return Err(ApiError::bad_request(
+                "bad_header",
+                "Idempotency-Key: 1 to 128 visible ASCII characters",
+            )
+            .into());
         }
     };
     let mut world = shared.world.lock().await;
     if let Some(k) = &key
-        && let Some(&id) = world.idempotency.get(&(caller.user.name.clone(), k.clone()))
+        && let Some(&id) = world
+            .idempotency
+            .get(&(caller.user.name.clone(), k.clone()))
     {
         // A retry of a submission that was stored: the same job, not a second one.
         let state = world.jobs.get(&id).map_or(JobState::Pending, |j| j.state);
@@ -192,7 +226,11 @@ async fn submit(
             .collect();
         return Err(ApiError::bad_request(
             "unknown_queue",
-            format!("queue: {:?} does not exist; queues you may use: {}", spec.queue, mine.join(", ")),
+            format!(
+                "queue: {:?} does not exist; queues you may use: {}",
+                spec.queue,
+                mine.join(", ")
+            ),
         )
         .into());
     };
@@ -206,10 +244,17 @@ async fn submit(
         ))
         .into());
     }
-    if world.queues.values().any(|q| q.parent.as_deref() == Some(spec.queue.as_str())) {
+    if world
+        .queues
+        .values()
+        .any(|q| q.parent.as_deref() == Some(spec.queue.as_str()))
+    {
         return Err(ApiError::bad_request(
             "not_a_leaf",
-            format!("queue: {:?} has child queues; submit to one of them", spec.queue),
+            format!(
+                "queue: {:?} has child queues; submit to one of them",
+                spec.queue
+            ),
         )
         .into());
     }
@@ -218,10 +263,22 @@ async fn submit(
         match world.projects.get(p) {
             Some(pr) if pr.team == team => {}
             _ => {
-                let mine: Vec<&str> = world.projects.values().filter(|p| p.team == team).map(|p| p.name.as_str()).collect();
+                let mine: Vec<&str> = world
+                    .projects
+                    .values()
+                    .filter(|p| p.team == team)
+                    .map(|p| p.name.as_str())
+                    .collect();
                 return Err(ApiError::bad_request(
                     "unknown_project",
-                    format!("project: {p:?} is not a project of team {team:?}; its projects: {}", if mine.is_empty() { "none".into() } else { mine.join(", ") }),
+                    format!(
+                        "project: {p:?} is not a project of team {team:?}; its projects: {}",
+                        if mine.is_empty() {
+                            "none".into()
+                        } else {
+                            mine.join(", ")
+                        }
+                    ),
                 )
                 .into());
             }
@@ -253,8 +310,20 @@ async fn submit(
         logs: BTreeMap::new(),
     };
     let mut change = Change::default();
-    change.event(at, Some(id), &team, "submitted", format!("submitted by {} to queue {}", j.user, j.spec.queue));
-    change.audit(at, &caller.user.name, "job.submit", &format!("job/{id}"), j.spec.name.clone());
+    change.event(
+        at,
+        Some(id),
+        &team,
+        "submitted",
+        format!("submitted by {} to queue {}", j.user, j.spec.queue),
+    );
+    change.audit(
+        at,
+        &caller.user.name,
+        "job.submit",
+        &format!("job/{id}"),
+        j.spec.name.clone(),
+    );
     change.job(j);
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.next_job = id;
@@ -289,14 +358,20 @@ async fn list_jobs(
     let state = match q.get("state") {
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
             let all: Vec<&str> = api::ALL_STATES.iter().map(|s| s.as_str()).collect();
-            Error(ApiError::bad_request("bad_query", format!("state: unknown state {s:?}; allowed: {}", all.join(", "))))
+            Error(ApiError::bad_request(
+                "bad_query",
+                format!("state: unknown state {s:?}; allowed: {}", all.join(", ")),
+            ))
         })?),
         None => None,
     };
     let limit = match q.get("limit") {
-        Some(l) => l
-            .parse::<usize>()
-            .map_err(|_| Error(ApiError::bad_request("bad_query", "limit: must be a positive number")))?,
+        Some(l) => l.parse::<usize>().map_err(|_| {
+            Error(ApiError::bad_request(
+                "bad_query",
+                "limit: must be a positive number",
+            ))
+        })?,
         None => 1000,
     };
     let world = shared.world.lock().await;
@@ -308,7 +383,10 @@ async fn list_jobs(
         .filter(|j| q.get("team").is_none_or(|t| &j.team == t))
         .filter(|j| q.get("queue").is_none_or(|t| &j.spec.queue == t))
         .filter(|j| q.get("user").is_none_or(|t| &j.user == t))
-        .filter(|j| q.get("project").is_none_or(|t| j.spec.project.as_ref() == Some(t)))
+        .filter(|j| {
+            q.get("project")
+                .is_none_or(|t| j.spec.project.as_ref() == Some(t))
+        })
         .filter(|j| state.is_none_or(|s| j.state == s))
         .take(limit)
         .map(JobRec::view)
@@ -316,13 +394,21 @@ async fn list_jobs(
     Ok(Json(jobs))
 }
 
-async fn get_job(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<api::Job> {
+async fn get_job(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<api::Job> {
     let id = job_id(&id)?;
     let world = shared.world.lock().await;
     Ok(Json(visible(&world, &caller, id)?.view()))
 }
 
-async fn why(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<api::Why> {
+async fn why(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<api::Why> {
     let id = job_id(&id)?;
     let world = shared.world.lock().await;
     let j = visible(&world, &caller, id)?;
@@ -354,7 +440,11 @@ struct Logs {
     tasks: BTreeMap<String, String>,
 }
 
-async fn logs(State(shared): State<Arc<Shared>>, caller: Caller, Path(id): Path<String>) -> Reply<Logs> {
+async fn logs(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<Logs> {
     let id = job_id(&id)?;
     let world = shared.world.lock().await;
     let j = visible(&world, &caller, id)?;
@@ -412,7 +502,12 @@ async fn job_action(
                     "stopping"
                 }
                 ("cancel", _) => {
-                    stop(&mut next, at, AfterStop::Cancel, format!("cancelled by {who}"));
+                    stop(
+                        &mut next,
+                        at,
+                        AfterStop::Cancel,
+                        format!("cancelled by {who}"),
+                    );
                     "stopping"
                 }
                 ("suspend", JobState::Pending) => {
@@ -421,10 +516,17 @@ async fn job_action(
                     "suspended"
                 }
                 ("suspend", s) if s.allocated() && s != JobState::Stopping => {
-                    stop(&mut next, at, AfterStop::Suspend, format!("suspended by {who}"));
+                    stop(
+                        &mut next,
+                        at,
+                        AfterStop::Suspend,
+                        format!("suspended by {who}"),
+                    );
                     "stopping"
                 }
-                ("suspend", _) => return Err(conflict("only pending or running jobs can be suspended")),
+                ("suspend", _) => {
+                    return Err(conflict("only pending or running jobs can be suspended"));
+                }
                 ("resume", JobState::Suspended) => {
                     next.state = JobState::Pending;
                     next.reason = format!("resumed by {who}");
@@ -477,14 +579,22 @@ async fn events(
     let num = |k: &str| -> Result<Option<i64>, Error> {
         q.get(k)
             .map(|v| {
-                v.parse::<i64>()
-                    .map_err(|_| Error(ApiError::bad_request("bad_query", format!("{k}: must be a number"))))
+                v.parse::<i64>().map_err(|_| {
+                    Error(ApiError::bad_request(
+                        "bad_query",
+                        format!("{k}: must be a number"),
+                    ))
+                })
             })
             .transpose()
     };
     for k in q.keys() {
         if !["job", "after", "limit"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request("bad_query", format!("unknown filter {k:?}; allowed: job, after, limit")).into());
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown filter {k:?}; allowed: job, after, limit"),
+            )
+            .into());
         }
     }
     let job = num("job")?.map(|j| j as u64);
@@ -498,7 +608,11 @@ async fn events(
         after: num("after")?.unwrap_or(0),
         limit: num("limit")?.unwrap_or(1000),
     };
-    let rows = shared.store.events(&query).await.map_err(crate::ServerError::from)?;
+    let rows = shared
+        .store
+        .events(&query)
+        .await
+        .map_err(crate::ServerError::from)?;
     Ok(Json(
         rows.into_iter()
             .map(|e| api::Event {
@@ -520,7 +634,11 @@ async fn audit(
 ) -> Reply<Vec<api::AuditEntry>> {
     caller.need_admin("reading the audit log")?;
     let after = q.get("after").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let rows = shared.store.audit(after, 10_000).await.map_err(crate::ServerError::from)?;
+    let rows = shared
+        .store
+        .audit(after, 10_000)
+        .await
+        .map_err(crate::ServerError::from)?;
     Ok(Json(
         rows.into_iter()
             .map(|a| api::AuditEntry {
@@ -544,10 +662,15 @@ fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> ap
     }
 }
 
-async fn list_nodes(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<api::NodeView>> {
+async fn list_nodes(
+    State(shared): State<Arc<Shared>>,
+    _caller: Caller,
+) -> Reply<Vec<api::NodeView>> {
     let world = shared.world.lock().await;
     let used = world.gpus_in_use();
-    Ok(Json(world.nodes.values().map(|n| node_view(n, &used)).collect()))
+    Ok(Json(
+        world.nodes.values().map(|n| node_view(n, &used)).collect(),
+    ))
 }
 
 async fn node_action(
@@ -565,7 +688,10 @@ async fn node_action(
         "cordon" => NodeState::Cordoned,
         "uncordon" => NodeState::Ready,
         other => {
-            return Err(ApiError::not_found(format!("no node action {other:?}; actions: drain, cordon, uncordon")).into());
+            return Err(ApiError::not_found(format!(
+                "no node action {other:?}; actions: drain, cordon, uncordon"
+            ))
+            .into());
         }
     };
     let mut n = n.clone();
@@ -575,8 +701,20 @@ async fn node_action(
     }
     let at = now();
     let mut change = Change::default();
-    change.event(at, None, "", &format!("node-{action}"), format!("node {name} {action}ed by {}", caller.user.name));
-    change.audit(at, &caller.user.name, &format!("node.{action}"), &format!("node/{name}"), "");
+    change.event(
+        at,
+        None,
+        "",
+        &format!("node-{action}"),
+        format!("node {name} {action}ed by {}", caller.user.name),
+    );
+    change.audit(
+        at,
+        &caller.user.name,
+        &format!("node.{action}"),
+        &format!("node/{name}"),
+        "",
+    );
     change.nodes.insert(name.clone(), n);
     commit(shared.store.as_ref(), &mut world, change).await?;
     let used = world.gpus_in_use();
@@ -594,15 +732,26 @@ async fn pools(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<
     let world = shared.world.lock().await;
     let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
     for n in world.nodes.values() {
-        let name = if n.inventory.pool.is_empty() { "default".to_string() } else { n.inventory.pool.clone() };
-        let p = pools.entry(name.clone()).or_insert(Pool { name, nodes: 0, gpus: 0 });
+        let name = if n.inventory.pool.is_empty() {
+            "default".to_string()
+        } else {
+            n.inventory.pool.clone()
+        };
+        let p = pools.entry(name.clone()).or_insert(Pool {
+            name,
+            nodes: 0,
+            gpus: 0,
+        });
         p.nodes += 1;
         p.gpus += n.inventory.gpus.len();
     }
     Ok(Json(pools.into_values().collect()))
 }
 
-async fn list_queues(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::QueueView>> {
+async fn list_queues(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+) -> Reply<Vec<api::QueueView>> {
     let world = shared.world.lock().await;
     let mut out = Vec::new();
     for q in world.queues.values().filter(|q| caller.sees(&q.team)) {
@@ -631,7 +780,9 @@ async fn list_queues(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply
 /// children's guarantees must fit in their parent's.
 fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
     let Some(parent) = q.parent.as_deref().and_then(|p| world.queues.get(p)) else {
-        return Err(ApiError::forbidden("only an admin sets the quotas of a top-level queue").into());
+        return Err(
+            ApiError::forbidden("only an admin sets the quotas of a top-level queue").into(),
+        );
     };
     for (flavor, quota) in &q.quotas {
         let limit = parent
@@ -666,24 +817,49 @@ async fn create_queue(
     q.validate()?;
     let mut world = shared.world.lock().await;
     if !caller.leads(&q.team) {
-        return Err(ApiError::forbidden(format!("creating a queue of team {:?} needs the admin role or that team's lead", q.team)).into());
+        return Err(ApiError::forbidden(format!(
+            "creating a queue of team {:?} needs the admin role or that team's lead",
+            q.team
+        ))
+        .into());
     }
     if !world.teams.contains_key(&q.team) {
-        return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", q.team)).into());
+        return Err(ApiError::bad_request(
+            "unknown_team",
+            format!("team: {:?} does not exist", q.team),
+        )
+        .into());
     }
     if world.queues.contains_key(&q.name) {
         return Err(ApiError::conflict(format!("queue {:?} already exists", q.name)).into());
     }
     if let Some(p) = &q.parent {
         match world.queues.get(p) {
-            None => return Err(ApiError::bad_request("unknown_queue", format!("parent: queue {p:?} does not exist")).into()),
+            None => {
+                return Err(ApiError::bad_request(
+                    "unknown_queue",
+                    format!("parent: queue {p:?} does not exist"),
+                )
+                .into());
+            }
             Some(pq) if pq.team != q.team => {
-                return Err(ApiError::bad_request("wrong_team", format!("parent: queue {p:?} belongs to team {:?}", pq.team)).into());
+                return Err(ApiError::bad_request(
+                    "wrong_team",
+                    format!("parent: queue {p:?} belongs to team {:?}", pq.team),
+                )
+                .into());
             }
             Some(_) => {}
         }
-        if world.jobs.values().any(|j| &j.spec.queue == p && !j.state.finished()) {
-            return Err(ApiError::conflict(format!("parent: queue {p:?} has unfinished jobs; a queue with jobs cannot get children")).into());
+        if world
+            .jobs
+            .values()
+            .any(|j| &j.spec.queue == p && !j.state.finished())
+        {
+            return Err(ApiError::conflict(format!(
+                "parent: queue {p:?} has unfinished jobs; a queue with jobs cannot get children"
+            ))
+            .into());
         }
     }
     if !caller.admin() {
@@ -692,7 +868,13 @@ async fn create_queue(
     let at = now();
     let mut change = Change::default();
     change.batch.put.push(queue_rec(&q));
-    change.audit(at, &caller.user.name, "queue.create", &format!("queue/{}", q.name), serde_json::to_string(&q).unwrap_or_default());
+    change.audit(
+        at,
+        &caller.user.name,
+        "queue.create",
+        &format!("queue/{}", q.name),
+        serde_json::to_string(&q).unwrap_or_default(),
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.queues.insert(q.name.clone(), q.clone());
     drop(world);
@@ -713,7 +895,10 @@ async fn patch_queue(
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
     };
     if !caller.leads(&q.team) {
-        return Err(ApiError::forbidden(format!("changing queue {name:?} needs the admin role or its team's lead")).into());
+        return Err(ApiError::forbidden(format!(
+            "changing queue {name:?} needs the admin role or its team's lead"
+        ))
+        .into());
     }
     let mut q = q.clone();
     if let Some(w) = p.weight {
@@ -735,7 +920,13 @@ async fn patch_queue(
     let at = now();
     let mut change = Change::default();
     change.batch.put.push(queue_rec(&q));
-    change.audit(at, &caller.user.name, "queue.update", &format!("queue/{name}"), String::from_utf8_lossy(&body));
+    change.audit(
+        at,
+        &caller.user.name,
+        "queue.update",
+        &format!("queue/{name}"),
+        String::from_utf8_lossy(&body),
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.queues.insert(name, q.clone());
     drop(world);
@@ -743,21 +934,48 @@ async fn patch_queue(
     Ok(Json(q))
 }
 
-async fn delete_queue(State(shared): State<Arc<Shared>>, caller: Caller, Path(name): Path<String>) -> Result<StatusCode, Error> {
+async fn delete_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
     caller.need_admin("deleting a queue")?;
     let mut world = shared.world.lock().await;
     if !world.queues.contains_key(&name) {
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
     }
-    if world.queues.values().any(|q| q.parent.as_deref() == Some(name.as_str())) {
-        return Err(ApiError::conflict(format!("queue {name:?} has child queues; delete them first")).into());
+    if world
+        .queues
+        .values()
+        .any(|q| q.parent.as_deref() == Some(name.as_str()))
+    {
+        return Err(ApiError::conflict(format!(
+            "queue {name:?} has child queues; delete them first"
+        ))
+        .into());
     }
-    if world.jobs.values().any(|j| j.spec.queue == name && !j.state.finished()) {
-        return Err(ApiError::conflict(format!("queue {name:?} has unfinished jobs; cancel them or let them finish first")).into());
+    if world
+        .jobs
+        .values()
+        .any(|j| j.spec.queue == name && !j.state.finished())
+    {
+        return Err(ApiError::conflict(format!(
+            "queue {name:?} has unfinished jobs; cancel them or let them finish first"
+        ))
+        .into());
     }
     let mut change = Change::default();
-    change.batch.delete.push((gpuflow_store::Table::Queues, name.clone()));
-    change.audit(now(), &caller.user.name, "queue.delete", &format!("queue/{name}"), "");
+    change
+        .batch
+        .delete
+        .push((gpuflow_store::Table::Queues, name.clone()));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "queue.delete",
+        &format!("queue/{name}"),
+        "",
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.queues.remove(&name);
     Ok(StatusCode::NO_CONTENT)
@@ -765,7 +983,14 @@ async fn delete_queue(State(shared): State<Arc<Shared>>, caller: Caller, Path(na
 
 async fn list_teams(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<Team>> {
     let world = shared.world.lock().await;
-    Ok(Json(world.teams.values().filter(|t| caller.sees(&t.name)).cloned().collect()))
+    Ok(Json(
+        world
+            .teams
+            .values()
+            .filter(|t| caller.sees(&t.name))
+            .cloned()
+            .collect(),
+    ))
 }
 
 async fn create_team(
@@ -782,15 +1007,31 @@ async fn create_team(
     }
     let mut change = Change::default();
     change.batch.put.push(team_rec(&t));
-    change.audit(now(), &caller.user.name, "team.create", &format!("team/{}", t.name), "");
+    change.audit(
+        now(),
+        &caller.user.name,
+        "team.create",
+        &format!("team/{}", t.name),
+        "",
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.teams.insert(t.name.clone(), t.clone());
     Ok((StatusCode::CREATED, Json(t)))
 }
 
-async fn list_projects(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::Project>> {
+async fn list_projects(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+) -> Reply<Vec<api::Project>> {
     let world = shared.world.lock().await;
-    Ok(Json(world.projects.values().filter(|p| caller.sees(&p.team)).cloned().collect()))
+    Ok(Json(
+        world
+            .projects
+            .values()
+            .filter(|p| caller.sees(&p.team))
+            .cloned()
+            .collect(),
+    ))
 }
 
 async fn create_project(
@@ -801,21 +1042,37 @@ async fn create_project(
     let p: api::Project = json_body(body, shared.cfg.max_body_bytes)?;
     check_name("name", &p.name, "name")?;
     if p.cost_centre.len() > 64 {
-        return Err(ApiError::bad_request("invalid_project", "cost_centre: at most 64 characters").into());
+        return Err(
+            ApiError::bad_request("invalid_project", "cost_centre: at most 64 characters").into(),
+        );
     }
     let mut world = shared.world.lock().await;
     if !caller.leads(&p.team) {
-        return Err(ApiError::forbidden(format!("creating a project of team {:?} needs the admin role or that team's lead", p.team)).into());
+        return Err(ApiError::forbidden(format!(
+            "creating a project of team {:?} needs the admin role or that team's lead",
+            p.team
+        ))
+        .into());
     }
     if !world.teams.contains_key(&p.team) {
-        return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", p.team)).into());
+        return Err(ApiError::bad_request(
+            "unknown_team",
+            format!("team: {:?} does not exist", p.team),
+        )
+        .into());
     }
     if world.projects.contains_key(&p.name) {
         return Err(ApiError::conflict(format!("project {:?} already exists", p.name)).into());
     }
     let mut change = Change::default();
     change.batch.put.push(project_rec(&p));
-    change.audit(now(), &caller.user.name, "project.create", &format!("project/{}", p.name), p.cost_centre.clone());
+    change.audit(
+        now(),
+        &caller.user.name,
+        "project.create",
+        &format!("project/{}", p.name),
+        p.cost_centre.clone(),
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.projects.insert(p.name.clone(), p.clone());
     Ok((StatusCode::CREATED, Json(p)))
@@ -842,17 +1099,26 @@ async fn create_user(
     check_name("name", &u.name, "name")?;
     let mut world = shared.world.lock().await;
     let allowed = caller.admin()
-        || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer | Role::TeamLead));
+        || (caller.leads(&u.team)
+            && matches!(u.role, Role::Member | Role::Viewer | Role::TeamLead));
     if !allowed {
         return Err(ApiError::forbidden("creating this user needs the admin role (team leads add members, viewers and leads of their own team)").into());
     }
     match u.role {
         Role::Admin if !u.team.is_empty() => {
-            return Err(ApiError::bad_request("invalid_user", "team: admins belong to no team; leave it empty").into());
+            return Err(ApiError::bad_request(
+                "invalid_user",
+                "team: admins belong to no team; leave it empty",
+            )
+            .into());
         }
         Role::Admin => {}
         _ if !world.teams.contains_key(&u.team) => {
-            return Err(ApiError::bad_request("unknown_team", format!("team: {:?} does not exist", u.team)).into());
+            return Err(ApiError::bad_request(
+                "unknown_team",
+                format!("team: {:?} does not exist", u.team),
+            )
+            .into());
         }
         _ => {}
     }
@@ -861,7 +1127,13 @@ async fn create_user(
     }
     let mut change = Change::default();
     change.batch.put.push(user_rec(&u));
-    change.audit(now(), &caller.user.name, "user.create", &format!("user/{}", u.name), u.role.as_str());
+    change.audit(
+        now(),
+        &caller.user.name,
+        "user.create",
+        &format!("user/{}", u.name),
+        u.role.as_str(),
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.users.insert(u.name.clone(), u.clone());
     Ok((StatusCode::CREATED, Json(u)))
@@ -875,13 +1147,19 @@ async fn create_token(
     let r: TokenRequest = json_body(body, shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
     let Some(u) = world.users.get(&r.user).cloned() else {
-        return Err(ApiError::bad_request("unknown_user", format!("user: {:?} does not exist", r.user)).into());
+        return Err(ApiError::bad_request(
+            "unknown_user",
+            format!("user: {:?} does not exist", r.user),
+        )
+        .into());
     };
     let allowed = caller.admin()
         || r.user == caller.user.name
         || (caller.leads(&u.team) && u.role != Role::Admin && !u.team.is_empty());
     if !allowed {
-        return Err(ApiError::forbidden(format!("you may not create tokens for {:?}", r.user)).into());
+        return Err(
+            ApiError::forbidden(format!("you may not create tokens for {:?}", r.user)).into(),
+        );
     }
     let token = new_token("gft");
     let rec = TokenRec {
@@ -891,8 +1169,20 @@ async fn create_token(
     };
     let mut change = Change::default();
     change.batch.put.push(token_rec(&rec));
-    change.audit(now(), &caller.user.name, "token.create", &format!("user/{}", r.user), "");
+    change.audit(
+        now(),
+        &caller.user.name,
+        "token.create",
+        &format!("user/{}", r.user),
+        "",
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.tokens.insert(rec.hash.clone(), rec);
-    Ok((StatusCode::CREATED, Json(TokenCreated { user: r.user, token })))
+    Ok((
+        StatusCode::CREATED,
+        Json(TokenCreated {
+            user: r.user,
+            token,
+        }),
+    ))
 }

@@ -110,7 +110,14 @@ impl Change {
         self.jobs.insert(j.id, j);
     }
 
-    pub fn event(&mut self, at: u64, job: Option<u64>, team: &str, kind: &str, message: impl Into<String>) {
+    pub fn event(
+        &mut self,
+        at: u64,
+        job: Option<u64>,
+        team: &str,
+        kind: &str,
+        message: impl Into<String>,
+    ) {
         let message = message.into();
         tracing::debug!(job, team, kind, %message, "event");
         self.batch.events.push(NewEvent {
@@ -122,7 +129,14 @@ impl Change {
         });
     }
 
-    pub fn audit(&mut self, at: u64, actor: &str, action: &str, target: &str, detail: impl Into<String>) {
+    pub fn audit(
+        &mut self,
+        at: u64,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: impl Into<String>,
+    ) {
         self.batch.audit.push(NewAudit {
             at,
             actor: actor.into(),
@@ -142,11 +156,19 @@ impl Change {
 ///
 /// # Errors
 /// On a store error.
-pub async fn commit(store: &dyn Store, world: &mut World, change: Change) -> Result<(), ServerError> {
+pub async fn commit(
+    store: &dyn Store,
+    world: &mut World,
+    change: Change,
+) -> Result<(), ServerError> {
     if change.is_empty() {
         return Ok(());
     }
-    let Change { jobs, nodes, mut batch } = change;
+    let Change {
+        jobs,
+        nodes,
+        mut batch,
+    } = change;
     batch.put.extend(jobs.values().map(JobRec::record));
     batch.put.extend(nodes.values().map(NodeRec::record));
     store.commit(&batch).await?;
@@ -186,8 +208,12 @@ pub struct Opened {
 /// On a store that does not open or a data directory that cannot be written.
 pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     use anyhow::Context;
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("cannot create the data directory {}", cfg.data_dir.display()))?;
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {}",
+            cfg.data_dir.display()
+        )
+    })?;
     let url = cfg
         .store_url
         .clone()
@@ -195,7 +221,9 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     let store = gpuflow_store::open(&url)
         .await
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
-    let mut world = World::load(store.as_ref()).await.context("cannot load the state")?;
+    let mut world = World::load(store.as_ref())
+        .await
+        .context("cannot load the state")?;
     let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
     // Heartbeats missed while the server was down say nothing about the
     // nodes: every node gets a full timeout to report in again.
@@ -225,7 +253,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let listen = cfg.listen;
     let tls = cfg.tls.clone();
     let opened = open(cfg).await?;
-    let listener = std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = std::net::TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let shared = opened.shared;
@@ -245,7 +274,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             let _ = rustls::crypto::ring::default_provider().install_default();
             let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
                 .await
-                .with_context(|| format!("cannot load the TLS certificate {} or key {}", cert.display(), key.display()))?;
+                .with_context(|| {
+                    format!(
+                        "cannot load the TLS certificate {} or key {}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
             let server = axum_server::from_tcp_rustls(listener, config)?;
             tokio::spawn(async move {
                 if let Err(e) = server.serve(app.into_make_service()).await {

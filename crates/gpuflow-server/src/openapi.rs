@@ -23,36 +23,225 @@ const fn r(
     request: Option<&'static str>,
     response: Option<&'static str>,
 ) -> Route {
-    Route { method, path, who, summary, request, response }
+    Route {
+        method,
+        path,
+        who,
+        summary,
+        request,
+        response,
+    }
 }
 
 pub const ROUTES: &[Route] = &[
-    r("get", "/v1/openapi.json", "anyone", "This document", None, None),
-    r("get", "/v1/whoami", "any token", "The caller's user, team and role", None, Some("WhoAmI")),
-    r("post", "/v1/jobs", "member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json)", Some("JobSpec"), Some("Submitted")),
-    r("get", "/v1/jobs", "any token (own team)", "List jobs; filters: team, queue, state, user, project, limit", None, Some("Job[]")),
-    r("get", "/v1/jobs/{id}", "any token (own team)", "One job with its tasks and their placement", None, Some("Job")),
-    r("get", "/v1/jobs/{id}/why", "any token (own team)", "Why a job waits: every reason, its position, an estimated start", None, Some("Why")),
-    r("get", "/v1/jobs/{id}/logs", "any token (own team)", "The end of each task's output, by group/index", None, None),
-    r("post", "/v1/jobs/{id}/{action}", "cancel/suspend/resume: member, team lead, admin; hold/release: admin", "Act on a job: cancel, suspend, resume, hold or release", None, Some("Job")),
-    r("get", "/v1/events", "any token (own team; admins all)", "Job and node events; filters: job, after, limit", None, Some("Event[]")),
-    r("get", "/v1/audit", "admin", "Every change: who, what, when", None, Some("AuditEntry[]")),
-    r("get", "/v1/nodes", "any token", "Nodes, their GPUs and what is in use", None, Some("NodeView[]")),
-    r("post", "/v1/nodes/{name}/{action}", "admin", "drain, cordon or uncordon a node", None, Some("NodeView")),
-    r("get", "/v1/pools", "any token", "Node pools and their GPUs", None, None),
-    r("get", "/v1/queues", "any token (own team)", "Queues with quotas and usage", None, Some("QueueView[]")),
-    r("post", "/v1/queues", "admin; team lead for child queues of their team", "Create a queue", Some("QueueSpec"), Some("QueueSpec")),
-    r("patch", "/v1/queues/{name}", "admin; team lead of its team (not top-level quotas)", "Change weight, state, user limits or quotas", Some("QueuePatch"), Some("QueueSpec")),
-    r("delete", "/v1/queues/{name}", "admin", "Delete an empty queue", None, None),
-    r("get", "/v1/teams", "any token (own team)", "Teams", None, Some("Team[]")),
-    r("post", "/v1/teams", "admin", "Create a team", Some("Team"), Some("Team")),
-    r("get", "/v1/projects", "any token (own team)", "Projects (what jobs are accounted to)", None, Some("Project[]")),
-    r("post", "/v1/projects", "admin; team lead for their team", "Create a project", Some("Project"), Some("Project")),
-    r("get", "/v1/users", "any token (own team)", "Users", None, Some("User[]")),
-    r("post", "/v1/users", "admin; team lead for their team", "Create a user", Some("User"), Some("User")),
-    r("post", "/v1/tokens", "admin; team lead for their team; anyone for themselves", "Create an API token (shown once)", Some("TokenRequest"), Some("TokenCreated")),
-    r("post", "/v1/agent/register", "join token", "A node agent joins and gets its node token", Some("Register"), Some("Registered")),
-    r("post", "/v1/agent/heartbeat", "node token", "Inventory and task reports in, desired tasks out", Some("Heartbeat"), Some("Desired")),
+    r(
+        "get",
+        "/v1/openapi.json",
+        "anyone",
+        "This document",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/whoami",
+        "any token",
+        "The caller's user, team and role",
+        None,
+        Some("WhoAmI"),
+    ),
+    r(
+        "post",
+        "/v1/jobs",
+        "member, team lead, admin",
+        "Submit a job (YAML, or JSON with Content-Type application/json)",
+        Some("JobSpec"),
+        Some("Submitted"),
+    ),
+    r(
+        "get",
+        "/v1/jobs",
+        "any token (own team)",
+        "List jobs; filters: team, queue, state, user, project, limit",
+        None,
+        Some("Job[]"),
+    ),
+    r(
+        "get",
+        "/v1/jobs/{id}",
+        "any token (own team)",
+        "One job with its tasks and their placement",
+        None,
+        Some("Job"),
+    ),
+    r(
+        "get",
+        "/v1/jobs/{id}/why",
+        "any token (own team)",
+        "Why a job waits: every reason, its position, an estimated start",
+        None,
+        Some("Why"),
+    ),
+    r(
+        "get",
+        "/v1/jobs/{id}/logs",
+        "any token (own team)",
+        "The end of each task's output, by group/index",
+        None,
+        None,
+    ),
+    r(
+        "post",
+        "/v1/jobs/{id}/{action}",
+        "cancel/suspend/resume: member, team lead, admin; hold/release: admin",
+        "Act on a job: cancel, suspend, resume, hold or release",
+        None,
+        Some("Job"),
+    ),
+    r(
+        "get",
+        "/v1/events",
+        "any token (own team; admins all)",
+        "Job and node events; filters: job, after, limit",
+        None,
+        Some("Event[]"),
+    ),
+    r(
+        "get",
+        "/v1/audit",
+        "admin",
+        "Every change: who, what, when",
+        None,
+        Some("AuditEntry[]"),
+    ),
+    r(
+        "get",
+        "/v1/nodes",
+        "any token",
+        "Nodes, their GPUs and what is in use",
+        None,
+        Some("NodeView[]"),
+    ),
+    r(
+        "post",
+        "/v1/nodes/{name}/{action}",
+        "admin",
+        "drain, cordon or uncordon a node",
+        None,
+        Some("NodeView"),
+    ),
+    r(
+        "get",
+        "/v1/pools",
+        "any token",
+        "Node pools and their GPUs",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/queues",
+        "any token (own team)",
+        "Queues with quotas and usage",
+        None,
+        Some("QueueView[]"),
+    ),
+    r(
+        "post",
+        "/v1/queues",
+        "admin; team lead for child queues of their team",
+        "Create a queue",
+        Some("QueueSpec"),
+        Some("QueueSpec"),
+    ),
+    r(
+        "patch",
+        "/v1/queues/{name}",
+        "admin; team lead of its team (not top-level quotas)",
+        "Change weight, state, user limits or quotas",
+        Some("QueuePatch"),
+        Some("QueueSpec"),
+    ),
+    r(
+        "delete",
+        "/v1/queues/{name}",
+        "admin",
+        "Delete an empty queue",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/teams",
+        "any token (own team)",
+        "Teams",
+        None,
+        Some("Team[]"),
+    ),
+    r(
+        "post",
+        "/v1/teams",
+        "admin",
+        "Create a team",
+        Some("Team"),
+        Some("Team"),
+    ),
+    r(
+        "get",
+        "/v1/projects",
+        "any token (own team)",
+        "Projects (what jobs are accounted to)",
+        None,
+        Some("Project[]"),
+    ),
+    r(
+        "post",
+        "/v1/projects",
+        "admin; team lead for their team",
+        "Create a project",
+        Some("Project"),
+        Some("Project"),
+    ),
+    r(
+        "get",
+        "/v1/users",
+        "any token (own team)",
+        "Users",
+        None,
+        Some("User[]"),
+    ),
+    r(
+        "post",
+        "/v1/users",
+        "admin; team lead for their team",
+        "Create a user",
+        Some("User"),
+        Some("User"),
+    ),
+    r(
+        "post",
+        "/v1/tokens",
+        "admin; team lead for their team; anyone for themselves",
+        "Create an API token (shown once)",
+        Some("TokenRequest"),
+        Some("TokenCreated"),
+    ),
+    r(
+        "post",
+        "/v1/agent/register",
+        "join token",
+        "A node agent joins and gets its node token",
+        Some("Register"),
+        Some("Registered"),
+    ),
+    r(
+        "post",
+        "/v1/agent/heartbeat",
+        "node token",
+        "Inventory and task reports in, desired tasks out",
+        Some("Heartbeat"),
+        Some("Desired"),
+    ),
 ];
 
 /// JSON Schemas (2020-12, as OpenAPI 3.1 uses) of every body, by name.
@@ -66,9 +255,26 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         ($($t:ty),*) => { $( g.subschema_for::<$t>(); )* };
     }
     add!(
-        api::JobSpec, api::Submitted, api::Job, api::Why, api::Event, api::AuditEntry, api::NodeView,
-        api::QueueView, api::QueueSpec, api::QueuePatch, api::Team, api::Project, api::User, api::TokenRequest,
-        api::TokenCreated, api::WhoAmI, api::Register, api::Registered, api::Heartbeat, api::Desired,
+        api::JobSpec,
+        api::Submitted,
+        api::Job,
+        api::Why,
+        api::Event,
+        api::AuditEntry,
+        api::NodeView,
+        api::QueueView,
+        api::QueueSpec,
+        api::QueuePatch,
+        api::Team,
+        api::Project,
+        api::User,
+        api::TokenRequest,
+        api::TokenCreated,
+        api::WhoAmI,
+        api::Register,
+        api::Registered,
+        api::Heartbeat,
+        api::Desired,
         api::ApiError
     );
     g.take_definitions(true)
@@ -98,7 +304,9 @@ pub fn document() -> Value {
             }));
         }
         let ok = match route.response {
-            Some(t) => json!({"description": "success", "content": {"application/json": {"schema": schema_ref(t)}}}),
+            Some(t) => {
+                json!({"description": "success", "content": {"application/json": {"schema": schema_ref(t)}}})
+            }
             None => json!({"description": "success"}),
         };
         let mut op = json!({
@@ -118,7 +326,9 @@ pub fn document() -> Value {
             }
             op["requestBody"] = json!({"required": true, "content": content});
         }
-        let entry = paths.entry(route.path.to_string()).or_insert_with(|| json!({}));
+        let entry = paths
+            .entry(route.path.to_string())
+            .or_insert_with(|| json!({}));
         entry[route.method] = op;
     }
     json!({

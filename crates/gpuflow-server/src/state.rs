@@ -18,7 +18,10 @@ pub enum Pick {
     /// Whole GPUs: bit i set means GPU i.
     Whole(u64),
     Shared(u8),
-    Mig { gpu: u8, instance: u8 },
+    Mig {
+        gpu: u8,
+        instance: u8,
+    },
 }
 
 impl From<gpuflow_core::cluster::GpuPick> for Pick {
@@ -140,7 +143,10 @@ impl JobRec {
             .allocs
             .iter()
             .map(|a| {
-                let t = self.tasks.iter().find(|t| t.group == a.group && t.index == a.index);
+                let t = self
+                    .tasks
+                    .iter()
+                    .find(|t| t.group == a.group && t.index == a.index);
                 api::TaskView {
                     group: self
                         .spec
@@ -274,7 +280,11 @@ impl SavedHistory {
     pub fn to_core(&self, queues: &gpuflow_core::queue::Queues) -> gpuflow_core::schedule::History {
         use gpuflow_core::ids::JobId;
         gpuflow_core::schedule::History {
-            usage: self.usage.iter().filter_map(|(n, v)| Some((queues.by_name(n)?, *v))).collect(),
+            usage: self
+                .usage
+                .iter()
+                .filter_map(|(n, v)| Some((queues.by_name(n)?, *v)))
+                .collect(),
             decayed_at: self.decayed_at,
             disruptions: self
                 .disruptions
@@ -289,13 +299,24 @@ impl SavedHistory {
         }
     }
 
-    pub fn from_core(h: &gpuflow_core::schedule::History, queues: &gpuflow_core::queue::Queues) -> SavedHistory {
+    pub fn from_core(
+        h: &gpuflow_core::schedule::History,
+        queues: &gpuflow_core::queue::Queues,
+    ) -> SavedHistory {
         let name = |q: &gpuflow_core::queue::QueueId| queues.get(*q).name.clone();
         SavedHistory {
             usage: h.usage.iter().map(|(q, v)| (name(q), *v)).collect(),
             decayed_at: h.decayed_at,
-            disruptions: h.disruptions.iter().map(|(q, v)| (name(q), v.clone())).collect(),
-            waiting_for: h.waiting_for.iter().map(|(k, v)| (k.0, v.iter().map(|j| j.0).collect())).collect(),
+            disruptions: h
+                .disruptions
+                .iter()
+                .map(|(q, v)| (name(q), v.clone()))
+                .collect(),
+            waiting_for: h
+                .waiting_for
+                .iter()
+                .map(|(k, v)| (k.0, v.iter().map(|j| j.0).collect()))
+                .collect(),
         }
     }
 
@@ -397,7 +418,9 @@ impl World {
         let mut used: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for j in self.jobs.values().filter(|j| j.state.allocated()) {
             for a in &j.allocs {
-                used.entry(a.node.clone()).or_default().extend(a.pick.gpus());
+                used.entry(a.node.clone())
+                    .or_default()
+                    .extend(a.pick.gpus());
             }
         }
         for v in used.values_mut() {
@@ -422,7 +445,11 @@ mod tests {
     use super::*;
 
     fn queues(names: &[&str]) -> Queues {
-        Queues::new(names.iter().map(|n| Queue::new(n, None)).collect(), BTreeMap::new()).unwrap()
+        Queues::new(
+            names.iter().map(|n| Queue::new(n, None)).collect(),
+            BTreeMap::new(),
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -437,7 +464,9 @@ mod tests {
         // Stored and loaded again, then read against a queue set where "b"
         // has another position and "a" is gone.
         let dir = tempfile::tempdir().unwrap();
-        let store = gpuflow_store::open(&format!("sqlite://{}", dir.path().join("db").display())).await.unwrap();
+        let store = gpuflow_store::open(&format!("sqlite://{}", dir.path().join("db").display()))
+            .await
+            .unwrap();
         let mut batch = gpuflow_store::Batch::default();
         batch.put.push(saved.record());
         store.commit(&batch).await.unwrap();

@@ -37,28 +37,65 @@ async fn harness(store: Option<String>) -> H {
 }
 
 impl H {
-    async fn call(&self, method: &str, path: &str, token: Option<&str>, ct: &str, body: Vec<u8>) -> (u16, Value) {
-        let mut req = Request::builder().method(method).uri(path).header("content-type", ct);
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        ct: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", ct);
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
-        let resp = self.router.clone().oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+        let resp = self
+            .router
+            .clone()
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
         let status = resp.status().as_u16();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
     }
 
     async fn json(&self, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
-        self.call(method, path, Some(token), "application/json", body.to_string().into_bytes()).await
+        self.call(
+            method,
+            path,
+            Some(token),
+            "application/json",
+            body.to_string().into_bytes(),
+        )
+        .await
     }
 
     async fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        self.call("GET", path, Some(token), "application/json", vec![]).await
+        self.call("GET", path, Some(token), "application/json", vec![])
+            .await
     }
 
     async fn submit(&self, token: &str, queue: &str) -> (u16, Value) {
-        let spec = format!("name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '1']\n");
-        self.call("POST", "/v1/jobs", Some(token), "application/yaml", spec.into_bytes()).await
+        let spec = format!(
+            "name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '1']\n"
+        );
+        self.call(
+            "POST",
+            "/v1/jobs",
+            Some(token),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await
     }
 
     /// A new pending job of a queue, submitted by the admin.
@@ -75,7 +112,10 @@ impl H {
     async fn stored_events(&self) -> usize {
         self.shared
             .store
-            .events(&EventQuery { limit: 10_000, ..Default::default() })
+            .events(&EventQuery {
+                limit: 10_000,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .len()
@@ -97,53 +137,231 @@ async fn bad_input(store: Option<String>) {
     let a = h.admin.clone();
     let good = "name: ok\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n    resources: {cpu: 1, gpu: {count: 1}}\n";
     let cases: Vec<(&str, String, &str, u16, &str)> = vec![
-        ("malformed YAML", "name: [unclosed\n".into(), "application/yaml", 400, "invalid_spec"),
-        ("malformed JSON", "{\"name\": ".into(), "application/json", 400, "invalid_spec"),
-        ("empty body", String::new(), "application/yaml", 400, "invalid_spec"),
-        ("unknown field", good.replace("queue:", "colour: red\nqueue:"), "application/yaml", 400, "colour"),
-        ("unknown nested field", good.replace("cpu: 1", "cpus: 1"), "application/yaml", 400, "tasks[0].resources"),
-        ("wrong type", good.replace("count: 1", "count: two"), "application/yaml", 400, "tasks[0].resources.gpu.count"),
-        ("negative cpu", good.replace("cpu: 1", "cpu: -4"), "application/yaml", 400, "tasks[0].resources.cpu"),
-        ("absurd gpus", good.replace("count: 1", "count: 100000"), "application/yaml", 400, "tasks[0].resources.gpu.count"),
-        ("negative gpus", good.replace("count: 1", "count: -1"), "application/yaml", 400, "tasks[0].resources.gpu.count"),
-        ("absurd memory", good.replace("cpu: 1", "cpu: 1, memory_mib: 99999999999"), "application/yaml", 400, "memory_mib"),
-        ("no command", good.replace("command: [sleep, '1']", "command: []"), "application/yaml", 400, "tasks[0].command"),
-        ("bad name", good.replace("name: ok", "name: 'Robert; DROP TABLE jobs'"), "application/yaml", 400, "name"),
-        ("unknown queue", good.replace("queue: default", "queue: nope"), "application/yaml", 400, "does not exist"),
-        ("unknown project", good.replace("queue: default", "queue: default\nproject: moonshot"), "application/yaml", 400, "project"),
-        ("unknown class", good.replace("queue: default", "queue: default\npriority_class: urgent"), "application/yaml", 400, "priority_class"),
-        ("oversize body", format!("name: ok\n# {}\n", "x".repeat(2 << 20)), "application/yaml", 413, "larger than"),
+        (
+            "malformed YAML",
+            "name: [unclosed\n".into(),
+            "application/yaml",
+            400,
+            "invalid_spec",
+        ),
+        (
+            "malformed JSON",
+            "{\"name\": ".into(),
+            "application/json",
+            400,
+            "invalid_spec",
+        ),
+        (
+            "empty body",
+            String::new(),
+            "application/yaml",
+            400,
+            "invalid_spec",
+        ),
+        (
+            "unknown field",
+            good.replace("queue:", "colour: red\nqueue:"),
+            "application/yaml",
+            400,
+            "colour",
+        ),
+        (
+            "unknown nested field",
+            good.replace("cpu: 1", "cpus: 1"),
+            "application/yaml",
+            400,
+            "tasks[0].resources",
+        ),
+        (
+            "wrong type",
+            good.replace("count: 1", "count: two"),
+            "application/yaml",
+            400,
+            "tasks[0].resources.gpu.count",
+        ),
+        (
+            "negative cpu",
+            good.replace("cpu: 1", "cpu: -4"),
+            "application/yaml",
+            400,
+            "tasks[0].resources.cpu",
+        ),
+        (
+            "absurd gpus",
+            good.replace("count: 1", "count: 100000"),
+            "application/yaml",
+            400,
+            "tasks[0].resources.gpu.count",
+        ),
+        (
+            "negative gpus",
+            good.replace("count: 1", "count: -1"),
+            "application/yaml",
+            400,
+            "tasks[0].resources.gpu.count",
+        ),
+        (
+            "absurd memory",
+            good.replace("cpu: 1", "cpu: 1, memory_mib: 99999999999"),
+            "application/yaml",
+            400,
+            "memory_mib",
+        ),
+        (
+            "no command",
+            good.replace("command: [sleep, '1']", "command: []"),
+            "application/yaml",
+            400,
+            "tasks[0].command",
+        ),
+        (
+            "bad name",
+            good.replace("name: ok", "name: 'Robert; DROP TABLE jobs'"),
+            "application/yaml",
+            400,
+            "name",
+        ),
+        (
+            "unknown queue",
+            good.replace("queue: default", "queue: nope"),
+            "application/yaml",
+            400,
+            "does not exist",
+        ),
+        (
+            "unknown project",
+            good.replace("queue: default", "queue: default\nproject: moonshot"),
+            "application/yaml",
+            400,
+            "project",
+        ),
+        (
+            "unknown class",
+            good.replace("queue: default", "queue: default\npriority_class: urgent"),
+            "application/yaml",
+            400,
+            "priority_class",
+        ),
+        (
+            "oversize body",
+            format!("name: ok\n# {}\n", "x".repeat(2 << 20)),
+            "application/yaml",
+            413,
+            "larger than",
+        ),
     ];
     for (what, body, ct, status, needle) in &cases {
-        let (s, v) = h.call("POST", "/v1/jobs", Some(&a), ct, body.clone().into_bytes()).await;
+        let (s, v) = h
+            .call("POST", "/v1/jobs", Some(&a), ct, body.clone().into_bytes())
+            .await;
         assert_eq!(s, *status, "{what}: {v}");
-        let msg = format!("{} {}", v["code"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or(""));
+        let msg = format!(
+            "{} {}",
+            v["code"].as_str().unwrap_or(""),
+            v["message"].as_str().unwrap_or("")
+        );
         assert!(msg.contains(needle), "{what}: {needle:?} not in {msg:?}");
     }
     // Not UTF-8.
-    let (s, _) = h.call("POST", "/v1/jobs", Some(&a), "application/yaml", vec![0xff, 0xfe, 0x00]).await;
+    let (s, _) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&a),
+            "application/yaml",
+            vec![0xff, 0xfe, 0x00],
+        )
+        .await;
     assert_eq!(s, 400);
     // Invalid or missing tokens.
-    let (s, v) = h.call("POST", "/v1/jobs", Some("gft_forged"), "application/yaml", good.into()).await;
-    assert_eq!((s, v["code"].as_str()), (401, Some("unauthenticated")), "{v}");
-    let (s, v) = h.call("POST", "/v1/jobs", None, "application/yaml", good.into()).await;
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some("gft_forged"),
+            "application/yaml",
+            good.into(),
+        )
+        .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (401, Some("unauthenticated")),
+        "{v}"
+    );
+    let (s, v) = h
+        .call("POST", "/v1/jobs", None, "application/yaml", good.into())
+        .await;
     assert_eq!(s, 401, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("Authorization: Bearer"), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer"),
+        "{v}"
+    );
     // Other resources: bad ids, filters, queue specs, users.
     assert_eq!(h.get("/v1/jobs/abc", &a).await.0, 400);
     assert_eq!(h.get("/v1/jobs/999", &a).await.0, 404);
     let (s, v) = h.get("/v1/jobs?state=bogus", &a).await;
-    assert!(s == 400 && v["message"].as_str().unwrap().contains("pending"), "{v}");
+    assert!(
+        s == 400 && v["message"].as_str().unwrap().contains("pending"),
+        "{v}"
+    );
     assert_eq!(h.get("/v1/jobs?colour=red", &a).await.0, 400);
-    let (s, v) = h.json("POST", "/v1/queues", &a, json!({"name": "q", "team": "default", "weight": -1})).await;
-    assert!(s == 400 && v["message"].as_str().unwrap().contains("weight"), "{v}");
-    let (s, v) = h.json("POST", "/v1/queues", &a, json!({"name": "q", "team": "default", "quotas": {"H100": {"guaranteed": -2}}})).await;
-    assert!(s == 400 && v["message"].as_str().unwrap().contains("quotas.H100.guaranteed"), "{v}");
-    let (s, _) = h.json("POST", "/v1/queues", &a, json!({"name": "q", "team": "default", "wieght": 2})).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &a,
+            json!({"name": "q", "team": "default", "weight": -1}),
+        )
+        .await;
+    assert!(
+        s == 400 && v["message"].as_str().unwrap().contains("weight"),
+        "{v}"
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &a,
+            json!({"name": "q", "team": "default", "quotas": {"H100": {"guaranteed": -2}}}),
+        )
+        .await;
+    assert!(
+        s == 400
+            && v["message"]
+                .as_str()
+                .unwrap()
+                .contains("quotas.H100.guaranteed"),
+        "{v}"
+    );
+    let (s, _) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &a,
+            json!({"name": "q", "team": "default", "wieght": 2}),
+        )
+        .await;
     assert_eq!(s, 400);
-    let (s, _) = h.json("POST", "/v1/queues", &a, json!({"name": "q", "team": "nobody"})).await;
+    let (s, _) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &a,
+            json!({"name": "q", "team": "nobody"}),
+        )
+        .await;
     assert_eq!(s, 400);
-    let (s, _) = h.json("POST", "/v1/users", &a, json!({"name": "u", "team": "default", "role": "emperor"})).await;
+    let (s, _) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &a,
+            json!({"name": "u", "team": "default", "role": "emperor"}),
+        )
+        .await;
     assert_eq!(s, 400);
     let (s, _) = h.json("POST", "/v1/agent/register", &h.join, json!({"node": "BAD NAME", "inventory": {"cpu_milli": 1, "memory_mib": 1, "gpus": [], "emulated": true}})).await;
     assert_eq!(s, 400);
@@ -151,7 +369,15 @@ async fn bad_input(store: Option<String>) {
     // Nothing was stored by any of it.
     assert_eq!(h.stored_jobs().await, 0);
     assert_eq!(h.stored_events().await, 0);
-    assert!(h.shared.store.load(Table::Queues).await.unwrap().iter().all(|r| r.key == "default"));
+    assert!(
+        h.shared
+            .store
+            .load(Table::Queues)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.key == "default")
+    );
     // A bad idempotency key is refused too.
     let long = "k".repeat(200);
     let req = Request::builder()
@@ -161,10 +387,27 @@ async fn bad_input(store: Option<String>) {
         .header("idempotency-key", long)
         .body(Body::from(good))
         .unwrap();
-    assert_eq!(h.router.clone().oneshot(req).await.unwrap().status().as_u16(), 400);
+    assert_eq!(
+        h.router
+            .clone()
+            .oneshot(req)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
     assert_eq!(h.stored_jobs().await, 0);
     // And a good spec still goes in.
-    let (s, v) = h.call("POST", "/v1/jobs", Some(&a), "application/yaml", good.into()).await;
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&a),
+            "application/yaml",
+            good.into(),
+        )
+        .await;
     assert_eq!(s, 201, "{v}");
     assert_eq!(h.stored_jobs().await, 1);
 }
@@ -188,16 +431,45 @@ async fn setup_tenants(h: &H) -> BTreeMap<&'static str, String> {
     let mut tokens = BTreeMap::new();
     tokens.insert("admin", a.clone());
     for team in ["alpha", "beta"] {
-        assert_eq!(h.json("POST", "/v1/teams", a, json!({"name": team})).await.0, 201);
+        assert_eq!(
+            h.json("POST", "/v1/teams", a, json!({"name": team}))
+                .await
+                .0,
+            201
+        );
         for q in [format!("{team}-q"), format!("{team}-parent")] {
-            let (s, v) = h.json("POST", "/v1/queues", a, json!({"name": q, "team": team, "quotas": {"*": {"guaranteed": 1}}})).await;
+            let (s, v) = h
+                .json(
+                    "POST",
+                    "/v1/queues",
+                    a,
+                    json!({"name": q, "team": team, "quotas": {"*": {"guaranteed": 1}}}),
+                )
+                .await;
             assert_eq!(s, 201, "{v}");
         }
-        let (s, v) = h.json("POST", "/v1/projects", a, json!({"name": format!("{team}-p"), "team": team, "cost_centre": "cc-1"})).await;
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/projects",
+                a,
+                json!({"name": format!("{team}-p"), "team": team, "cost_centre": "cc-1"}),
+            )
+            .await;
         assert_eq!(s, 201, "{v}");
         for role in &ROLES[1..] {
             let user = format!("{team}-{role}");
-            assert_eq!(h.json("POST", "/v1/users", a, json!({"name": user, "team": team, "role": role})).await.0, 201);
+            assert_eq!(
+                h.json(
+                    "POST",
+                    "/v1/users",
+                    a,
+                    json!({"name": user, "team": team, "role": role})
+                )
+                .await
+                .0,
+                201
+            );
             let (s, v) = h.json("POST", "/v1/tokens", a, json!({"user": user})).await;
             assert_eq!(s, 201);
             if team == "alpha" {
@@ -217,11 +489,34 @@ async fn isolation(store: Option<String>) {
     let h = harness(store).await;
     let tokens = setup_tenants(&h).await;
     // A job accounted to a project of its team; a project of another team is refused.
-    let spec = |p: &str| format!("name: pj\nqueue: alpha-q\nproject: {p}\ntasks:\n  - name: main\n    command: [sleep, '1']\n");
-    let (s, v) = h.call("POST", "/v1/jobs", Some(&h.admin), "application/yaml", spec("alpha-p").into_bytes()).await;
+    let spec = |p: &str| {
+        format!(
+            "name: pj\nqueue: alpha-q\nproject: {p}\ntasks:\n  - name: main\n    command: [sleep, '1']\n"
+        )
+    };
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec("alpha-p").into_bytes(),
+        )
+        .await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = h.call("POST", "/v1/jobs", Some(&h.admin), "application/yaml", spec("beta-p").into_bytes()).await;
-    assert!(s == 400 && v["message"].as_str().unwrap().contains("alpha-p"), "{v}");
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec("beta-p").into_bytes(),
+        )
+        .await;
+    assert!(
+        s == 400 && v["message"].as_str().unwrap().contains("alpha-p"),
+        "{v}"
+    );
     let (_, listed) = h.get("/v1/jobs?project=alpha-p", &h.admin).await;
     assert_eq!(listed.as_array().unwrap().len(), 1);
     let mut checked = 0;
@@ -237,85 +532,319 @@ async fn isolation(store: Option<String>) {
             // Reads of one job: own team or admin, else 404 (ids not disclosed).
             let read = if admin || own { 200 } else { 404 };
             let id = h.job(&q).await;
-            for path in [format!("/v1/jobs/{id}"), format!("/v1/jobs/{id}/why"), format!("/v1/jobs/{id}/logs"), format!("/v1/events?job={id}")] {
+            for path in [
+                format!("/v1/jobs/{id}"),
+                format!("/v1/jobs/{id}/why"),
+                format!("/v1/jobs/{id}/logs"),
+                format!("/v1/events?job={id}"),
+            ] {
                 assert_eq!(h.get(&path, tok).await.0, read, "{ctx} GET {path}");
                 checked += 1;
             }
             // Submit.
             let (s, _) = h.submit(tok, &q).await;
-            assert_eq!(s, if admin || (own && acts) { 201 } else { 403 }, "{ctx} submit");
+            assert_eq!(
+                s,
+                if admin || (own && acts) { 201 } else { 403 },
+                "{ctx} submit"
+            );
             // Owner actions; a refused one leaves the job as it was.
             for action in ["cancel", "suspend"] {
                 let id = h.job(&q).await;
-                let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/{action}"), Some(tok), "", vec![]).await;
-                let want = if admin || (own && acts) { 200 } else if own { 403 } else { 404 };
+                let (s, _) = h
+                    .call(
+                        "POST",
+                        &format!("/v1/jobs/{id}/{action}"),
+                        Some(tok),
+                        "",
+                        vec![],
+                    )
+                    .await;
+                let want = if admin || (own && acts) {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                };
                 assert_eq!(s, want, "{ctx} {action}");
                 if want != 200 {
-                    assert_eq!(h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"], "pending");
+                    assert_eq!(
+                        h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"],
+                        "pending"
+                    );
                 }
                 checked += 1;
             }
             // Resume a suspended job (the owner's action).
             let id = h.job(&q).await;
-            assert_eq!(h.call("POST", &format!("/v1/jobs/{id}/suspend"), Some(&h.admin), "", vec![]).await.0, 200);
-            let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/resume"), Some(tok), "", vec![]).await;
-            assert_eq!(s, if admin || (own && acts) { 200 } else if own { 403 } else { 404 }, "{ctx} resume");
+            assert_eq!(
+                h.call(
+                    "POST",
+                    &format!("/v1/jobs/{id}/suspend"),
+                    Some(&h.admin),
+                    "",
+                    vec![]
+                )
+                .await
+                .0,
+                200
+            );
+            let (s, _) = h
+                .call(
+                    "POST",
+                    &format!("/v1/jobs/{id}/resume"),
+                    Some(tok),
+                    "",
+                    vec![],
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin || (own && acts) {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                },
+                "{ctx} resume"
+            );
             // Admin actions: hold, and release of a held job.
             let id = h.job(&q).await;
-            let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/hold"), Some(tok), "", vec![]).await;
-            assert_eq!(s, if admin { 200 } else if own { 403 } else { 404 }, "{ctx} hold");
+            let (s, _) = h
+                .call(
+                    "POST",
+                    &format!("/v1/jobs/{id}/hold"),
+                    Some(tok),
+                    "",
+                    vec![],
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                },
+                "{ctx} hold"
+            );
             let id = h.job(&q).await;
-            assert_eq!(h.call("POST", &format!("/v1/jobs/{id}/hold"), Some(&h.admin), "", vec![]).await.0, 200);
-            let (s, _) = h.call("POST", &format!("/v1/jobs/{id}/release"), Some(tok), "", vec![]).await;
-            assert_eq!(s, if admin { 200 } else if own { 403 } else { 404 }, "{ctx} release");
-            assert_eq!(h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"], if admin { "pending" } else { "held" });
+            assert_eq!(
+                h.call(
+                    "POST",
+                    &format!("/v1/jobs/{id}/hold"),
+                    Some(&h.admin),
+                    "",
+                    vec![]
+                )
+                .await
+                .0,
+                200
+            );
+            let (s, _) = h
+                .call(
+                    "POST",
+                    &format!("/v1/jobs/{id}/release"),
+                    Some(tok),
+                    "",
+                    vec![],
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                },
+                "{ctx} release"
+            );
+            assert_eq!(
+                h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"],
+                if admin { "pending" } else { "held" }
+            );
             // Queues: change weight (team lead of the team, or admin).
-            let (s, _) = h.json("PATCH", &format!("/v1/queues/{q}"), tok, json!({"weight": 2})).await;
-            assert_eq!(s, if admin || (own && lead) { 200 } else if own { 403 } else { 404 }, "{ctx} queue patch");
+            let (s, _) = h
+                .json(
+                    "PATCH",
+                    &format!("/v1/queues/{q}"),
+                    tok,
+                    json!({"weight": 2}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin || (own && lead) {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                },
+                "{ctx} queue patch"
+            );
             // Top-level quotas are the admin's.
-            let (s, _) = h.json("PATCH", &format!("/v1/queues/{q}"), tok, json!({"quotas": {"*": {"guaranteed": 3}}})).await;
-            assert_eq!(s, if admin { 200 } else if own { 403 } else { 404 }, "{ctx} quota patch");
+            let (s, _) = h
+                .json(
+                    "PATCH",
+                    &format!("/v1/queues/{q}"),
+                    tok,
+                    json!({"quotas": {"*": {"guaranteed": 3}}}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin {
+                    200
+                } else if own {
+                    403
+                } else {
+                    404
+                },
+                "{ctx} quota patch"
+            );
             // A child queue within the parent's guarantee.
             let child = format!("{team}-child-{role}");
             let (s, _) = h
                 .json("POST", "/v1/queues", tok, json!({"name": child, "team": team, "parent": format!("{team}-parent"), "quotas": {"*": {"guaranteed": 0.1}}}))
                 .await;
-            assert_eq!(s, if admin || (own && lead) { 201 } else { 403 }, "{ctx} queue create");
+            assert_eq!(
+                s,
+                if admin || (own && lead) { 201 } else { 403 },
+                "{ctx} queue create"
+            );
             let scratch = format!("{team}-scratch-{role}");
-            assert_eq!(h.json("POST", "/v1/queues", &h.admin, json!({"name": scratch, "team": team})).await.0, 201);
-            let (s, _) = h.call("DELETE", &format!("/v1/queues/{scratch}"), Some(tok), "", vec![]).await;
+            assert_eq!(
+                h.json(
+                    "POST",
+                    "/v1/queues",
+                    &h.admin,
+                    json!({"name": scratch, "team": team})
+                )
+                .await
+                .0,
+                201
+            );
+            let (s, _) = h
+                .call(
+                    "DELETE",
+                    &format!("/v1/queues/{scratch}"),
+                    Some(tok),
+                    "",
+                    vec![],
+                )
+                .await;
             assert_eq!(s, if admin { 204 } else { 403 }, "{ctx} queue delete");
             // Projects of the team.
-            let (s, _) = h.json("POST", "/v1/projects", tok, json!({"name": format!("{team}-proj-{role}"), "team": team})).await;
-            assert_eq!(s, if admin || (own && lead) { 201 } else { 403 }, "{ctx} project create");
+            let (s, _) = h
+                .json(
+                    "POST",
+                    "/v1/projects",
+                    tok,
+                    json!({"name": format!("{team}-proj-{role}"), "team": team}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin || (own && lead) { 201 } else { 403 },
+                "{ctx} project create"
+            );
             // Users and tokens of the team.
             let user = format!("{team}-new-{role}");
-            let (s, _) = h.json("POST", "/v1/users", tok, json!({"name": user, "team": team, "role": "member"})).await;
-            assert_eq!(s, if admin || (own && lead) { 201 } else { 403 }, "{ctx} user create");
-            let (s, _) = h.json("POST", "/v1/tokens", tok, json!({"user": format!("{team}-member")})).await;
-            assert_eq!(s, if admin || (own && lead) || (own && role == "member") { 201 } else { 403 }, "{ctx} token create");
+            let (s, _) = h
+                .json(
+                    "POST",
+                    "/v1/users",
+                    tok,
+                    json!({"name": user, "team": team, "role": "member"}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin || (own && lead) { 201 } else { 403 },
+                "{ctx} user create"
+            );
+            let (s, _) = h
+                .json(
+                    "POST",
+                    "/v1/tokens",
+                    tok,
+                    json!({"user": format!("{team}-member")}),
+                )
+                .await;
+            assert_eq!(
+                s,
+                if admin || (own && lead) || (own && role == "member") {
+                    201
+                } else {
+                    403
+                },
+                "{ctx} token create"
+            );
             checked += 9;
         }
         // Admin-only endpoints.
         let admin_want = |ok: u16| if admin { ok } else { 403 };
-        assert_eq!(h.get("/v1/audit", tok).await.0, admin_want(200), "{role} audit");
-        assert_eq!(h.call("POST", "/v1/nodes/n1/cordon", Some(tok), "", vec![]).await.0, admin_want(200), "{role} cordon");
-        let (s, _) = h.json("POST", "/v1/teams", tok, json!({"name": format!("t-{role}")})).await;
+        assert_eq!(
+            h.get("/v1/audit", tok).await.0,
+            admin_want(200),
+            "{role} audit"
+        );
+        assert_eq!(
+            h.call("POST", "/v1/nodes/n1/cordon", Some(tok), "", vec![])
+                .await
+                .0,
+            admin_want(200),
+            "{role} cordon"
+        );
+        let (s, _) = h
+            .json(
+                "POST",
+                "/v1/teams",
+                tok,
+                json!({"name": format!("t-{role}")}),
+            )
+            .await;
         assert_eq!(s, admin_want(201), "{role} team create");
         // Lists show the own team only.
-        for path in ["/v1/jobs", "/v1/queues", "/v1/projects", "/v1/users", "/v1/teams", "/v1/events"] {
+        for path in [
+            "/v1/jobs",
+            "/v1/queues",
+            "/v1/projects",
+            "/v1/users",
+            "/v1/teams",
+            "/v1/events",
+        ] {
             let (s, v) = h.get(path, tok).await;
             assert_eq!(s, 200, "{role} {path}");
             let teams: std::collections::BTreeSet<String> = v
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|x| x.get("team").or(x.get("name")).and_then(Value::as_str).unwrap_or("").to_string())
+                .map(|x| {
+                    x.get("team")
+                        .or(x.get("name"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                })
                 .collect();
             if admin {
-                assert!(teams.contains("beta"), "admin sees all on {path}: {teams:?}");
+                assert!(
+                    teams.contains("beta"),
+                    "admin sees all on {path}: {teams:?}"
+                );
             } else {
-                assert!(!teams.is_empty() && teams.iter().all(|t| t == "alpha"), "{role} on {path} sees {teams:?}");
+                assert!(
+                    !teams.is_empty() && teams.iter().all(|t| t == "alpha"),
+                    "{role} on {path} sees {teams:?}"
+                );
             }
             checked += 1;
         }
@@ -331,8 +860,19 @@ async fn isolation(store: Option<String>) {
     // Without a token nothing but the OpenAPI document answers.
     for route in gpuflow_server::openapi::ROUTES {
         let (method, path) = (route.method, route.path);
-        let path = path.replace("{id}", "1").replace("{name}", "default").replace("{action}", "cancel");
-        let (s, _) = h.call(&method.to_uppercase(), &path, None, "application/json", b"{}".to_vec()).await;
+        let path = path
+            .replace("{id}", "1")
+            .replace("{name}", "default")
+            .replace("{action}", "cancel");
+        let (s, _) = h
+            .call(
+                &method.to_uppercase(),
+                &path,
+                None,
+                "application/json",
+                b"{}".to_vec(),
+            )
+            .await;
         let want = if path == "/v1/openapi.json" { 200 } else { 401 };
         assert_eq!(s, want, "{method} {path} without a token");
         checked += 1;
@@ -368,7 +908,12 @@ async fn a_retried_submission_is_stored_once() {
         async move {
             let resp = router.oneshot(req).await.unwrap();
             let status = resp.status().as_u16();
-            let body: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap()).unwrap();
+            let body: Value = serde_json::from_slice(
+                &axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap(),
+            )
+            .unwrap();
             (status, body["id"].as_u64().unwrap())
         }
     };
@@ -380,8 +925,15 @@ async fn a_retried_submission_is_stored_once() {
     assert_ne!(id1, id3);
     assert_eq!(h.stored_jobs().await, 2);
     // The key survives a restart: a reload of the state knows it.
-    let world = gpuflow_server::state::World::load(h.shared.store.as_ref()).await.unwrap();
-    assert_eq!(world.idempotency.get(&("admin".to_string(), "abc".to_string())), Some(&id1));
+    let world = gpuflow_server::state::World::load(h.shared.store.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(
+        world
+            .idempotency
+            .get(&("admin".to_string(), "abc".to_string())),
+        Some(&id1)
+    );
 }
 
 // ------------------------------------------------------------------ OpenAPI
@@ -395,16 +947,42 @@ async fn every_documented_route_is_served() {
     // Every schema a route names is in the document, and refs resolve.
     let text = doc.to_string();
     for part in text.split("#/components/schemas/").skip(1) {
-        let name: String = part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-        assert!(doc["components"]["schemas"][&name].is_object(), "dangling $ref to {name}");
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            doc["components"]["schemas"][&name].is_object(),
+            "dangling $ref to {name}"
+        );
     }
     assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["tasks"].is_object());
     for route in gpuflow_server::openapi::ROUTES {
         let (method, path) = (route.method, route.path);
-        assert!(doc["paths"][path][method].is_object(), "{method} {path} missing from the document");
-        let p = path.replace("{id}", "1").replace("{name}", "default").replace("{action}", "cancel");
-        let (s, v) = h.call(&method.to_uppercase(), &p, Some(&h.admin), "application/json", b"{}".to_vec()).await;
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing from the document"
+        );
+        let p = path
+            .replace("{id}", "1")
+            .replace("{name}", "default")
+            .replace("{action}", "cancel");
+        let (s, v) = h
+            .call(
+                &method.to_uppercase(),
+                &p,
+                Some(&h.admin),
+                "application/json",
+                b"{}".to_vec(),
+            )
+            .await;
         assert_ne!(s, 405, "{method} {path} not routed");
-        assert_ne!(v["message"].as_str().map(|m| m.starts_with("no such endpoint")), Some(true), "{method} {path} not routed");
+        assert_ne!(
+            v["message"]
+                .as_str()
+                .map(|m| m.starts_with("no such endpoint")),
+            Some(true),
+            "{method} {path} not routed"
+        );
     }
 }

@@ -115,7 +115,10 @@ pub struct Batch {
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.put.is_empty() && self.delete.is_empty() && self.events.is_empty() && self.audit.is_empty()
+        self.put.is_empty()
+            && self.delete.is_empty()
+            && self.events.is_empty()
+            && self.audit.is_empty()
     }
 }
 
@@ -221,8 +224,13 @@ impl Store for SqlStore {
     }
 
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError> {
-        let sql = format!("SELECT key, team, state, doc FROM {} ORDER BY key", table.name());
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        let sql = format!(
+            "SELECT key, team, state, doc FROM {} ORDER BY key",
+            table.name()
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(Record {
@@ -258,34 +266,42 @@ impl Store for SqlStore {
         }
         for (t, key) in &batch.delete {
             let sql = format!("DELETE FROM {} WHERE key = $1", t.name());
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(key).execute(&mut *tx).await?;
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
         }
         for e in &batch.events {
-            sqlx::query("INSERT INTO events (at, job, team, kind, message) VALUES ($1, $2, $3, $4, $5)")
-                .bind(e.at as i64)
-                .bind(e.job.map(|j| j as i64))
-                .bind(&e.team)
-                .bind(&e.kind)
-                .bind(&e.message)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO events (at, job, team, kind, message) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(e.at as i64)
+            .bind(e.job.map(|j| j as i64))
+            .bind(&e.team)
+            .bind(&e.kind)
+            .bind(&e.message)
+            .execute(&mut *tx)
+            .await?;
         }
         for a in &batch.audit {
-            sqlx::query("INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)")
-                .bind(a.at as i64)
-                .bind(&a.actor)
-                .bind(&a.action)
-                .bind(&a.target)
-                .bind(&a.detail)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(a.at as i64)
+            .bind(&a.actor)
+            .bind(&a.action)
+            .bind(&a.target)
+            .bind(&a.detail)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
     async fn events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut sql = String::from("SELECT seq, at, job, team, kind, message FROM events WHERE seq > $1");
+        let mut sql =
+            String::from("SELECT seq, at, job, team, kind, message FROM events WHERE seq > $1");
         let mut n = 1;
         if q.job.is_some() {
             n += 1;
@@ -303,7 +319,10 @@ impl Store for SqlStore {
         if let Some(t) = &q.team {
             query = query.bind(t.clone());
         }
-        let rows = query.bind(q.limit.clamp(1, 10_000)).fetch_all(&self.pool).await?;
+        let rows = query
+            .bind(q.limit.clamp(1, 10_000))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(StoredEvent {

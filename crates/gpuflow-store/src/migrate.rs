@@ -40,11 +40,12 @@ pub(crate) async fn run(pool: &AnyPool, backend: &str) -> Result<(), StoreError>
     for &(version, sql) in MIGRATIONS {
         let fail = |source| StoreError::Migration { version, source };
         let mut tx = pool.begin().await.map_err(fail)?;
-        let done: Option<i64> = sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = $1")
-            .bind(version)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(fail)?;
+        let done: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = $1")
+                .bind(version)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(fail)?;
         if done.is_some() {
             continue;
         }

@@ -26,7 +26,9 @@ pub fn find_binaries() -> Option<PathBuf> {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Runs a PostgreSQL binary, as the `postgres` user when we are root
@@ -76,12 +78,23 @@ impl TempPostgres {
         }
         let data = dir.join("data");
         let out = pg_command(&bin, "initdb")
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
             .arg(&data)
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         let port = free_port().map_err(|e| e.to_string())?;
         let opts = format!(

@@ -50,26 +50,43 @@ async fn suite(store: &dyn Store) {
 
     // Events filter by job and team, in order, after a sequence number.
     let all = store
-        .events(&EventQuery { limit: 100, ..Default::default() })
+        .events(&EventQuery {
+            limit: 100,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(all.len(), 3);
     assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
     let of_a = store
-        .events(&EventQuery { team: Some("a".into()), limit: 100, ..Default::default() })
+        .events(&EventQuery {
+            team: Some("a".into()),
+            limit: 100,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(
-        of_a.iter().map(|e| e.event.kind.as_str()).collect::<Vec<_>>(),
+        of_a.iter()
+            .map(|e| e.event.kind.as_str())
+            .collect::<Vec<_>>(),
         ["submitted", "admitted"]
     );
     let of_2 = store
-        .events(&EventQuery { job: Some(2), limit: 100, ..Default::default() })
+        .events(&EventQuery {
+            job: Some(2),
+            limit: 100,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(of_2.len(), 1);
     let later = store
-        .events(&EventQuery { after: all[0].seq, limit: 1, ..Default::default() })
+        .events(&EventQuery {
+            after: all[0].seq,
+            limit: 1,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(later.len(), 1);
@@ -79,7 +96,10 @@ async fn suite(store: &dyn Store) {
     // A failing batch leaves nothing behind: an empty key breaks a CHECK
     // constraint on both databases, after the event and a record were written.
     let before = store
-        .events(&EventQuery { limit: 100, ..Default::default() })
+        .events(&EventQuery {
+            limit: 100,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .len();
@@ -87,16 +107,27 @@ async fn suite(store: &dyn Store) {
     bad.events.push(event(9, "a", "ghost"));
     bad.put.push(rec(Table::Jobs, "00000009", "a", "{}"));
     bad.put.push(rec(Table::Jobs, "", "a", "{}"));
-    assert!(store.commit(&bad).await.is_err(), "an empty key was accepted");
+    assert!(
+        store.commit(&bad).await.is_err(),
+        "an empty key was accepted"
+    );
     {
         let after = store
-            .events(&EventQuery { limit: 100, ..Default::default() })
+            .events(&EventQuery {
+                limit: 100,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .len();
         assert_eq!(before, after, "a failed batch stored its event");
         assert!(
-            !store.load(Table::Jobs).await.unwrap().iter().any(|r| r.key == "00000009"),
+            !store
+                .load(Table::Jobs)
+                .await
+                .unwrap()
+                .iter()
+                .any(|r| r.key == "00000009"),
             "a failed batch stored a record"
         );
     }

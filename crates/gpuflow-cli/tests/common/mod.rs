@@ -13,7 +13,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_gpuflow");
 pub const JOIN: &str = "gfj_test_join_token";
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A child process stopped when dropped: SIGTERM (an agent then stops its
@@ -22,7 +26,10 @@ pub struct Proc(pub Child);
 
 impl Proc {
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill").args([sig, &self.0.id().to_string()]).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
     }
 
     /// SIGKILL now, as a crash.
@@ -70,9 +77,25 @@ pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
         .open(dir.join("server.log"))
         .unwrap();
     let child = Command::new(BIN)
-        .args(["server", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args([
+            "server",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
         .arg(dir.join("data"))
-        .args(["--join-token", JOIN, "--min-runtime", "0", "--cycle-ms", "200", "--heartbeat", "1", "--node-timeout", "6"])
+        .args([
+            "--join-token",
+            JOIN,
+            "--min-runtime",
+            "0",
+            "--cycle-ms",
+            "200",
+            "--heartbeat",
+            "1",
+            "--node-timeout",
+            "6",
+        ])
         .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -87,13 +110,19 @@ pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
         dir: dir.to_path_buf(),
     };
     poll("the server answers", Duration::from_secs(30), || {
-        ureq::get(format!("{url}/v1/openapi.json")).call().ok().map(|_| ())
+        ureq::get(format!("{url}/v1/openapi.json"))
+            .call()
+            .ok()
+            .map(|_| ())
     });
     s
 }
 
 pub fn admin_token(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("data/admin.token")).unwrap().trim().to_string()
+    std::fs::read_to_string(dir.join("data/admin.token"))
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// Starts `gpuflow agent` with emulated GPUs.
@@ -105,7 +134,18 @@ pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
         .unwrap();
     Proc(
         Command::new(BIN)
-            .args(["agent", "--server", url, "--join-token", JOIN, "--node", node, "--emulate", gpus, "--work-dir"])
+            .args([
+                "agent",
+                "--server",
+                url,
+                "--join-token",
+                JOIN,
+                "--node",
+                node,
+                "--emulate",
+                gpus,
+                "--work-dir",
+            ])
             .arg(dir.join(format!("work-{node}")))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -145,18 +185,36 @@ impl Api {
     }
 
     /// `(status, body)`; an unreachable server is status 0.
-    pub fn call(&self, method: &str, path: &str, token: &str, body: Option<(&str, &[u8])>) -> (u16, Value) {
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<(&str, &[u8])>,
+    ) -> (u16, Value) {
         self.call_with(method, path, token, body, None)
     }
 
-    pub fn call_with(&self, method: &str, path: &str, token: &str, body: Option<(&str, &[u8])>, key: Option<&str>) -> (u16, Value) {
+    pub fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<(&str, &[u8])>,
+        key: Option<&str>,
+    ) -> (u16, Value) {
         let url = format!("{}{path}", self.url);
         let auth = format!("Bearer {token}");
         let r = match method {
             "GET" => self.http.get(&url).header("Authorization", &auth).call(),
             "DELETE" => self.http.delete(&url).header("Authorization", &auth).call(),
             m => {
-                let mut req = if m == "PATCH" { self.http.patch(&url) } else { self.http.post(&url) }.header("Authorization", &auth);
+                let mut req = if m == "PATCH" {
+                    self.http.patch(&url)
+                } else {
+                    self.http.post(&url)
+                }
+                .header("Authorization", &auth);
                 if let Some(k) = key {
                     req = req.header("Idempotency-Key", k);
                 }
@@ -170,7 +228,10 @@ impl Api {
             Ok(mut resp) => {
                 let status = resp.status().as_u16();
                 let text = resp.body_mut().read_to_string().unwrap_or_default();
-                (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+                (
+                    status,
+                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                )
             }
             Err(_) => (0, Value::Null),
         }
@@ -183,11 +244,21 @@ impl Api {
     }
 
     pub fn post_json(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
-        self.call("POST", path, token, Some(("application/json", body.to_string().as_bytes())))
+        self.call(
+            "POST",
+            path,
+            token,
+            Some(("application/json", body.to_string().as_bytes())),
+        )
     }
 
     pub fn submit_yaml(&self, token: &str, yaml: &str) -> (u16, Value) {
-        self.call("POST", "/v1/jobs", token, Some(("application/yaml", yaml.as_bytes())))
+        self.call(
+            "POST",
+            "/v1/jobs",
+            token,
+            Some(("application/yaml", yaml.as_bytes())),
+        )
     }
 
     pub fn job(&self, id: u64, token: &str) -> Value {
@@ -210,7 +281,11 @@ impl Api {
     }
 
     pub fn user_token(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
-        let (s, v) = self.post_json("/v1/users", admin, &serde_json::json!({"name": user, "team": team, "role": role}));
+        let (s, v) = self.post_json(
+            "/v1/users",
+            admin,
+            &serde_json::json!({"name": user, "team": team, "role": role}),
+        );
         assert_eq!(s, 201, "{v}");
         let (s, v) = self.post_json("/v1/tokens", admin, &serde_json::json!({"user": user}));
         assert_eq!(s, 201, "{v}");
@@ -219,7 +294,14 @@ impl Api {
 }
 
 /// A job spec in YAML.
-pub fn job_yaml(name: &str, queue: &str, kind: &str, gpus: u32, script: &str, grace: u64) -> String {
+pub fn job_yaml(
+    name: &str,
+    queue: &str,
+    kind: &str,
+    gpus: u32,
+    script: &str,
+    grace: u64,
+) -> String {
     format!(
         "name: {name}\nqueue: {queue}\nkind: {kind}\ncheckpoint: {{grace_s: {grace}}}\ntasks:\n  - name: main\n    command: [sh, -c, {script:?}]\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: {gpus}}}}}\n"
     )
