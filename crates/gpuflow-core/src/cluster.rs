@@ -534,45 +534,7 @@ impl Cluster {
 
     /// Gives an allocation's resources back.
     pub fn release(&mut self, a: &Allocation) {
-        let u = &mut self.usage[a.node.0 as usize];
-        u.cpu = u.cpu.saturating_sub(a.cpu.0);
-        u.mem = u.mem.saturating_sub(a.mem.0);
-        let k = &mut u.kinds[shape_kind(&a.gpu)];
-        *k = k.saturating_sub(1);
-        match (a.pick, &a.gpu) {
-            (GpuPick::Whole(mask), _) => {
-                for (i, gu) in u.gpus.iter_mut().enumerate() {
-                    if mask & (1 << i) != 0 {
-                        *gu = GpuUsage::default();
-                    }
-                }
-            }
-            (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => {
-                let gu = &mut u.gpus[g as usize];
-                gu.milli = gu.milli.saturating_sub(milli.0);
-                gu.mem = gu.mem.saturating_sub(mem.0);
-                gu.tasks = gu.tasks.saturating_sub(1);
-                if gu.tasks == 0 {
-                    *gu = GpuUsage::default();
-                }
-            }
-            (GpuPick::Shared(g), GpuRequest::TimeSlice { mem }) => {
-                let gu = &mut u.gpus[g as usize];
-                gu.mem = gu.mem.saturating_sub(mem.0);
-                gu.tasks = gu.tasks.saturating_sub(1);
-                if gu.tasks == 0 {
-                    *gu = GpuUsage::default();
-                }
-            }
-            (GpuPick::Mig { gpu, instance }, _) => {
-                let gu = &mut u.gpus[gpu as usize];
-                gu.mig_used &= !(1 << instance);
-                if gu.mig_used == 0 {
-                    *gu = GpuUsage::default();
-                }
-            }
-            _ => {}
-        }
+        release_usage(&mut self.usage[a.node.0 as usize], a);
         self.reclass(a.node);
     }
 
@@ -626,6 +588,48 @@ impl Cluster {
             }
             _ => false,
         }
+    }
+}
+
+/// A node's usage once allocation `a` (on that node) is given back.
+pub(crate) fn release_usage(u: &mut NodeUsage, a: &Allocation) {
+    u.cpu = u.cpu.saturating_sub(a.cpu.0);
+    u.mem = u.mem.saturating_sub(a.mem.0);
+    let k = &mut u.kinds[shape_kind(&a.gpu)];
+    *k = k.saturating_sub(1);
+    match (a.pick, &a.gpu) {
+        (GpuPick::Whole(mask), _) => {
+            for (i, gu) in u.gpus.iter_mut().enumerate() {
+                if mask & (1 << i) != 0 {
+                    *gu = GpuUsage::default();
+                }
+            }
+        }
+        (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => {
+            let gu = &mut u.gpus[g as usize];
+            gu.milli = gu.milli.saturating_sub(milli.0);
+            gu.mem = gu.mem.saturating_sub(mem.0);
+            gu.tasks = gu.tasks.saturating_sub(1);
+            if gu.tasks == 0 {
+                *gu = GpuUsage::default();
+            }
+        }
+        (GpuPick::Shared(g), GpuRequest::TimeSlice { mem }) => {
+            let gu = &mut u.gpus[g as usize];
+            gu.mem = gu.mem.saturating_sub(mem.0);
+            gu.tasks = gu.tasks.saturating_sub(1);
+            if gu.tasks == 0 {
+                *gu = GpuUsage::default();
+            }
+        }
+        (GpuPick::Mig { gpu, instance }, _) => {
+            let gu = &mut u.gpus[gpu as usize];
+            gu.mig_used &= !(1 << instance);
+            if gu.mig_used == 0 {
+                *gu = GpuUsage::default();
+            }
+        }
+        _ => {}
     }
 }
 

@@ -428,3 +428,34 @@ fn the_disruption_budget_caps_work_lost_per_window() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_victim_search_checks_the_fit_after_its_last_candidate() {
+    // Candidates in cost order: 10 and 11 (fresh checkpoints, on n2, where
+    // nothing fits even without them), then 12 (old checkpoint, on n1, which
+    // has 3 GPUs free). Only the third makes room for 4 GPUs; the search must
+    // try the fit after it, although 3 GPUs released is less than the demand.
+    let out = run("
+        node n1 gpus=8*H100 labels=side:a
+        node n2 gpus=8*H100 labels=side:b
+        queue org H100=16
+        queue team parent=org H100=16
+        run 20 queue=team class=inference gpu=whole:4 cpu=1 select=side:a
+        run 12 queue=team class=batch started=0 checkpoint=0 gpu=whole:1 cpu=1 select=side:a
+        run 21 queue=team class=inference gpu=whole:6 cpu=1 select=side:b
+        run 10 queue=team class=batch started=0 checkpoint=990 gpu=whole:1 cpu=1 select=side:b
+        run 11 queue=team class=batch started=0 checkpoint=990 gpu=whole:1 cpu=1 select=side:b
+        job 1 queue=team class=training prio=5 gpu=whole:4 cpu=1
+        cycle 1000
+        cycle 1001
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 12 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        cycle t=1001
+          start job 1 on H100: n1[4,5,6,7]
+          pending job 12 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+    "#]]
+    .assert_eq(&out);
+}

@@ -219,6 +219,37 @@ impl Placer {
         self.cluster.set_gpu_health(node, gpu, health);
     }
 
+    /// Whether a task would pass every filter on node `id` once the
+    /// allocations `freed` (all on that node) were given back. Changes nothing:
+    /// a cheap exact test of whether stopping those tasks could make room.
+    pub fn fits_after_release(
+        &self,
+        id: NodeId,
+        freed: &[&Allocation],
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> bool {
+        let mut usage = self.cluster.usage(id).clone();
+        for a in freed {
+            crate::cluster::release_usage(&mut usage, a);
+        }
+        let view = NodeView {
+            node: self.cluster.node(id),
+            usage: &usage,
+            islands: self.cluster.islands(id),
+            req,
+            cons,
+            nvlink_scope: None,
+            reserved: self.cluster.is_reserved(id),
+        };
+        if filters::run(&view).is_err() {
+            return false;
+        }
+        let mut picks = Vec::new();
+        filters::picks(&view, &mut picks);
+        !picks.is_empty()
+    }
+
     /// Places every task of `job` and commits the allocations to the working
     /// state, or places none and says why.
     /// [`Placer::place_job`] without the explanation when it fails: cheaper,
@@ -977,5 +1008,49 @@ pub fn task(cpu_milli: u64, mem_mib: u64, gpu: GpuRequest) -> TaskRequest {
         mem: MemMib(mem_mib),
         gpu,
         models: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Gpu, Node};
+
+    #[test]
+    fn fits_after_release_answers_for_the_released_state_and_changes_nothing() {
+        let node = Node::new(
+            0,
+            "n1",
+            CpuMilli(8000),
+            MemMib(65_536),
+            vec![Gpu::plain("H100", MemMib(81_920)); 4],
+        );
+        let mut placer = Placer::new(
+            Cluster::new(vec![node]).unwrap(),
+            Policy::gpuflow(),
+            WorkloadMix::default(),
+            1,
+        );
+        let whole = |count| TaskRequest {
+            cpu: CpuMilli(1000),
+            mem: MemMib(1024),
+            gpu: GpuRequest::Whole { count },
+            models: Vec::new(),
+        };
+        let three = placer.place_job(&Job::single(1, whole(3))).unwrap();
+        let before = placer.cluster().usage(NodeId(0)).clone();
+        let cons = Constraints::default();
+        let freed: Vec<&Allocation> = three.iter().collect();
+        assert!(!placer.fits_after_release(NodeId(0), &[], &whole(2), &cons));
+        assert!(placer.fits_after_release(NodeId(0), &freed, &whole(2), &cons));
+        assert!(placer.fits_after_release(NodeId(0), &freed, &whole(4), &cons));
+        // CPU still bounds it: the node has 8 CPUs.
+        let big = TaskRequest {
+            cpu: CpuMilli(9000),
+            ..whole(1)
+        };
+        assert!(!placer.fits_after_release(NodeId(0), &freed, &big, &cons));
+        assert_eq!(placer.cluster().usage(NodeId(0)), &before);
+        assert!(placer.try_place_job(&Job::single(2, whole(2))).is_none());
     }
 }

@@ -495,13 +495,13 @@ struct Cycle<'a> {
     victims: BTreeSet<JobId>,
     reservation: Option<Reservation>,
     /// Per user and queue: (milli-GPU, running jobs).
-    users: BTreeMap<(QueueId, String), (u64, u32)>,
+    users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)>,
     /// Per queue and flavor: milli-GPU held by classes that may not borrow.
-    protected: BTreeMap<(QueueId, String), u64>,
+    protected: rustc_hash::FxHashMap<(QueueId, String), u64>,
     /// Preemptors whose victims have stopped: tried before everyone else.
     ready: BTreeSet<JobId>,
     /// Indices into `running`, per queue.
-    running_by_queue: BTreeMap<QueueId, Vec<usize>>,
+    running_by_queue: rustc_hash::FxHashMap<QueueId, Vec<usize>>,
     /// Per flavor, the queues with running jobs that use more than their
     /// guarantee: where reclaim looks for victims. Kept in step with commits.
     borrowers: BTreeMap<String, BTreeSet<QueueId>>,
@@ -523,6 +523,13 @@ struct Cycle<'a> {
     budget_block: Option<(QueueId, f64)>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
+    /// Indices into `pending` of the jobs admitted this cycle.
+    admitted_idx: Vec<usize>,
+    /// GPU demand (milli-GPU) per running job and per pending job, by index.
+    run_milli: Vec<u64>,
+    pend_milli: Vec<u64>,
+    /// Per flavor, an upper bound of the GPU capacity free on one node ([`Cycle::max_free`]).
+    max_free: BTreeMap<String, u64>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
     shares: std::cell::RefCell<Vec<Option<f64>>>,
 }
@@ -537,18 +544,21 @@ impl<'a> Cycle<'a> {
         history: &'a mut History,
         cfg: &'a Config,
     ) -> Cycle<'a> {
-        let mut users: BTreeMap<(QueueId, String), (u64, u32)> = BTreeMap::new();
-        let mut protected: BTreeMap<(QueueId, String), u64> = BTreeMap::new();
+        let mut users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)> = Default::default();
+        let mut protected: rustc_hash::FxHashMap<(QueueId, String), u64> = Default::default();
+        let mut run_milli = Vec::with_capacity(running.len());
         for r in running {
+            let milli = r.work.gpu_milli();
+            run_milli.push(milli);
             let e = users
-                .entry((r.work.queue, r.work.user.clone()))
+                .entry((r.work.queue, r.work.user.as_str()))
                 .or_default();
-            e.0 += r.work.gpu_milli();
+            e.0 += milli;
             e.1 += 1;
             if cfg.classes.get(r.work.class).is_some_and(|c| !c.may_borrow) {
                 *protected
                     .entry((r.work.queue, r.flavor.clone()))
-                    .or_default() += r.work.gpu_milli();
+                    .or_default() += milli;
             }
         }
         // Victims still stopping are not chosen again; preemptors whose victims
@@ -590,7 +600,7 @@ impl<'a> Cycle<'a> {
             protected,
             ready,
             running_by_queue: {
-                let mut m: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
+                let mut m: rustc_hash::FxHashMap<QueueId, Vec<usize>> = Default::default();
                 for (k, r) in running.iter().enumerate() {
                     m.entry(r.work.queue).or_default().push(k);
                 }
@@ -610,6 +620,10 @@ impl<'a> Cycle<'a> {
                 m
             },
             shares: std::cell::RefCell::new(Vec::new()),
+            max_free: BTreeMap::new(),
+            admitted_idx: Vec::new(),
+            run_milli,
+            pend_milli: pending.iter().map(Workload::gpu_milli).collect(),
         }
         .with_borrowers()
     }
@@ -619,12 +633,18 @@ impl<'a> Cycle<'a> {
         let (ra, rb) = (&self.running[a], &self.running[b]);
         self.rank(&ra.work)
             .cmp(&self.rank(&rb.work))
-            .then(
-                ra.lost_gpu_seconds(self.now)
-                    .total_cmp(&rb.lost_gpu_seconds(self.now)),
-            )
-            .then(ra.work.gpu_milli().cmp(&rb.work.gpu_milli()))
+            .then(self.lost(a).total_cmp(&self.lost(b)))
+            .then(self.run_milli[a].cmp(&self.run_milli[b]))
             .then(ra.work.job.id.cmp(&rb.work.job.id))
+    }
+
+    /// [`Running::lost_gpu_seconds`] of running job `k`, from the cached demand.
+    fn lost(&self, k: usize) -> f64 {
+        let r = &self.running[k];
+        let since = self
+            .now
+            .saturating_sub(r.last_checkpoint.unwrap_or(r.started).max(r.started));
+        since as f64 * self.run_milli[k] as f64 / 1000.0
     }
 
     /// Reclaim candidates of a flavor in victim-cost order, built once per cycle.
@@ -685,29 +705,42 @@ impl<'a> Cycle<'a> {
     }
 
     fn order(&mut self) {
-        let key = |c: &Cycle, i: usize| {
-            let w = &c.pending[i];
-            let tier = if c.cfg.class_tiers { c.rank(w) } else { 0 };
-            (
-                std::cmp::Reverse(tier),
-                std::cmp::Reverse(c.effective_priority(w)),
-                w.submitted,
-                w.job.id,
-            )
-        };
-        let mut all: Vec<usize> = (0..self.pending.len()).collect();
-        match self.cfg.ordering {
-            Ordering::Fifo => {
-                all.sort_by_key(|&i| (self.pending[i].submitted, self.pending[i].job.id))
-            }
-            _ => all.sort_by_cached_key(|&i| key(self, i)),
+        use std::cmp::Reverse;
+        // (class tier, priority with aging, submitted, id, index): highest
+        // tier and priority first, then oldest.
+        type Key = (Reverse<u32>, Reverse<i32>, u64, JobId, u32);
+        // One pass over the backlog computes every key; the sort then touches
+        // only the keys (the index makes each key unique, so an unstable sort
+        // is deterministic).
+        let mut keyed: Vec<Key> = Vec::with_capacity(self.pending.len());
+        for (i, w) in self.pending.iter().enumerate() {
+            keyed.push(match self.cfg.ordering {
+                Ordering::Fifo => (Reverse(0), Reverse(0), w.submitted, w.job.id, i as u32),
+                _ => (
+                    Reverse(if self.cfg.class_tiers {
+                        self.rank(w)
+                    } else {
+                        0
+                    }),
+                    Reverse(self.effective_priority(w)),
+                    w.submitted,
+                    w.job.id,
+                    i as u32,
+                ),
+            });
         }
+        keyed.sort_unstable();
+        let all: Vec<usize> = keyed.iter().map(|k| k.4 as usize).collect();
+        let mut lists: Vec<Vec<usize>> = vec![Vec::new(); self.queues.list().len()];
         for &i in &all {
-            self.per_queue
-                .entry(self.pending[i].queue)
-                .or_default()
-                .push(i);
+            lists[self.pending[i].queue.0 as usize].push(i);
         }
+        self.per_queue = lists
+            .into_iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(q, l)| (QueueId(q as u32), l))
+            .collect();
         self.global = all;
     }
 
@@ -853,7 +886,7 @@ impl<'a> Cycle<'a> {
         // Per-user limits.
         let (used, count) = self
             .users
-            .get(&(w.queue, w.user.clone()))
+            .get(&(w.queue, w.user.as_str()))
             .copied()
             .unwrap_or_default();
         if let Some(limit) = q.user_limits.max_gpu_milli
@@ -883,7 +916,9 @@ impl<'a> Cycle<'a> {
         // Flavors: the queue's order, restricted to what the job accepts.
         let flavors = self.flavors_for(w);
         let mut reasons = Vec::new();
-        for flavor in &flavors {
+        // Per flavor: whether placement was tried and failed (not only quota).
+        let mut place_failed = vec![false; flavors.len()];
+        for (fi, flavor) in flavors.iter().enumerate() {
             if let Err(r) = self.quota_ok(i, flavor) {
                 reasons.push(r);
                 continue;
@@ -893,12 +928,15 @@ impl<'a> Cycle<'a> {
                     self.commit(i, flavor, p);
                     return true;
                 }
-                Err(r) => reasons.push(r),
+                Err(r) => {
+                    place_failed[fi] = true;
+                    reasons.push(r)
+                }
             }
         }
         // Preemption, on the first flavor (in the queue's order) where it helps.
         if self.cfg.preemption && self.preempt_tried.insert(self.pending[i].queue) {
-            for flavor in &flavors {
+            for (fi, flavor) in flavors.iter().enumerate() {
                 let w = &self.pending[i];
                 let key = (w.queue, flavor.clone(), self.rank(w), w.priority);
                 if self
@@ -909,7 +947,7 @@ impl<'a> Cycle<'a> {
                     continue;
                 }
                 self.budget_block = None;
-                let found = self.find_victims(i, flavor);
+                let found = self.find_victims(i, flavor, place_failed[fi]);
                 if found.is_none()
                     && let Some((q, used)) = self.budget_block
                 {
@@ -1130,7 +1168,11 @@ impl<'a> Cycle<'a> {
                     .insert(w.queue);
             }
         }
-        let e = self.users.entry((w.queue, w.user.clone())).or_default();
+        let pending = self.pending;
+        let e = self
+            .users
+            .entry((w.queue, pending[i].user.as_str()))
+            .or_default();
         e.0 += w.gpu_milli();
         e.1 += 1;
         if !self.class_may_borrow(w) {
@@ -1140,12 +1182,18 @@ impl<'a> Cycle<'a> {
                 .or_default() += w.gpu_milli();
         }
         self.admitted.push((w.job.id, flavor.to_string(), p));
+        self.admitted_idx.push(i);
     }
 
     /// Victims whose removal lets job `i` fit (quota and placement), chosen to
     /// lose the least work and the fewest GPUs; `None` when no allowed set helps.
     /// Tried on the live state and undone.
-    fn find_victims(&mut self, i: usize, flavor: &str) -> Option<Vec<Preemption>> {
+    fn find_victims(
+        &mut self,
+        i: usize,
+        flavor: &str,
+        place_failed: bool,
+    ) -> Option<Vec<Preemption>> {
         let w = &self.pending[i];
         // Aging orders the queue but never lets a job preempt its peers: rank
         // and base priority decide who may preempt whom.
@@ -1203,24 +1251,16 @@ impl<'a> Cycle<'a> {
         let demand = self.pending[i].gpu_milli();
         // The cheapest candidates are enough; past these, give up.
         candidates.truncate(MAX_CANDIDATES);
-        for (k, reason) in candidates {
+        if !self.could_help(i, flavor, &candidates, place_failed) {
+            return None;
+        }
+        let last = candidates.len() - 1;
+        for (n, (k, reason)) in candidates.into_iter().enumerate() {
             let r = &self.running[k];
-            let lost_h = r.lost_gpu_seconds(self.now) / 3600.0;
+            let lost_h = self.lost(k) / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
-            if reason == PreemptReason::Reclaim {
-                // Victims chosen earlier (this cycle or still stopping) leave too.
-                let leaving = self
-                    .leaving
-                    .get(&(r.work.queue, flavor.to_string()))
-                    .copied()
-                    .unwrap_or(0);
-                let after = self
-                    .queues
-                    .usage(r.work.queue, flavor)
-                    .saturating_sub(leaving + r.work.gpu_milli());
-                if after < self.queues.get(r.work.queue).quota(flavor).guaranteed {
-                    continue;
-                }
+            if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k, flavor) {
+                continue;
             }
             if let Some(budget) = self.cfg.disruption_budget {
                 let planned: f64 = chosen
@@ -1242,8 +1282,9 @@ impl<'a> Cycle<'a> {
             chosen.push((k, reason));
             released += r.work.gpu_milli();
             // Placement is tried once enough is released, and otherwise only
-            // at doubling counts, so a long candidate list costs O(log n) tries.
-            let worth = released >= demand || chosen.len().is_power_of_two();
+            // at doubling counts and after the last candidate, so a long
+            // candidate list costs O(log n) tries.
+            let worth = released >= demand || chosen.len().is_power_of_two() || n == last;
             if worth
                 && self.quota_ok(i, flavor).is_ok()
                 && let Some(p) = self.fits_now(i, flavor)
@@ -1321,6 +1362,131 @@ impl<'a> Cycle<'a> {
         Some(out)
     }
 
+    /// Whether running job `k`'s queue keeps its guarantee of `flavor` if `k`
+    /// is reclaimed, counting the victims chosen earlier (this cycle or still
+    /// stopping) as gone.
+    fn keeps_guarantee(&self, k: usize, flavor: &str) -> bool {
+        let q = self.running[k].work.queue;
+        let leaving = self
+            .leaving
+            .get(&(q, flavor.to_string()))
+            .copied()
+            .unwrap_or(0);
+        let after = self
+            .queues
+            .usage(q, flavor)
+            .saturating_sub(leaving + self.run_milli[k]);
+        after >= self.queues.get(q).quota(flavor).guaranteed
+    }
+
+    /// Whether stopping every candidate could let job `i` start on `flavor`;
+    /// when not, no subset of them helps and the search is skipped. Two
+    /// necessary conditions, both cheap:
+    /// - quota: quota only loosens as usage falls, so the job must pass it with
+    ///   every candidate's usage released;
+    /// - placement (a single task, after placement failed): only nodes where a
+    ///   candidate runs change, so the task must pass the filters on one of
+    ///   them once every candidate there stops.
+    fn could_help(
+        &mut self,
+        i: usize,
+        flavor: &str,
+        candidates: &[(usize, PreemptReason)],
+        place_failed: bool,
+    ) -> bool {
+        // The bounds only tighten as the search releases victims, so a
+        // candidate that fails them now is never taken.
+        let candidates: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&(k, reason)| {
+                let r = &self.running[k];
+                if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k, flavor) {
+                    return false;
+                }
+                if let Some(budget) = self.cfg.disruption_budget {
+                    let used =
+                        self.history
+                            .disrupted(r.work.queue, self.now, self.cfg.disruption_window);
+                    if used + self.lost(k) / 3600.0 > budget {
+                        self.budget_block.get_or_insert((r.work.queue, used));
+                        return false;
+                    }
+                }
+                true
+            })
+            .map(|(k, _)| k)
+            .collect();
+        if candidates.is_empty() {
+            return false;
+        }
+        let w = &self.pending[i];
+        let milli = w.gpu_milli();
+        // Quota blocked the job before placement was tried: find out whether
+        // it would fit as things are (then only quota needs the victims).
+        let place_failed = place_failed
+            || (milli > 0
+                && w.job.task_count() == 1
+                && (self.max_free(flavor) < milli
+                    || self
+                        .fits_now(i, flavor)
+                        .map(|p| self.placer.release(&p))
+                        .is_none()));
+        let w = &self.pending[i];
+        if place_failed && milli > 0 && w.job.task_count() == 1 {
+            let job = self.job_on(i, flavor);
+            let mut freed: Vec<&Allocation> = candidates
+                .iter()
+                .flat_map(|&k| &self.running[k].allocations)
+                .collect();
+            freed.sort_unstable_by_key(|a| a.node);
+            if !freed.chunk_by(|a, b| a.node == b.node).any(|on| {
+                self.placer.fits_after_release(
+                    on[0].node,
+                    on,
+                    &job.groups[0].request,
+                    &job.constraints,
+                )
+            }) {
+                return false;
+            }
+        }
+        if !self.cfg.quotas || flavor.is_empty() {
+            return true;
+        }
+        for &k in &candidates {
+            let r = &self.running[k];
+            self.queues
+                .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
+        }
+        let ok = self.quota_ok(i, flavor).is_ok();
+        for &k in &candidates {
+            let r = &self.running[k];
+            self.queues
+                .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
+        }
+        ok
+    }
+
+    /// The most GPU capacity free on one node with GPUs of `flavor`, as at
+    /// the first call this cycle. Capacity only shrinks during a cycle (trial
+    /// releases are undone), so the figure stays an upper bound.
+    fn max_free(&mut self, flavor: &str) -> u64 {
+        if let Some(&m) = self.max_free.get(flavor) {
+            return m;
+        }
+        let cluster = self.placer.cluster();
+        let m = cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.gpus.iter().any(|g| g.model == flavor))
+            .map(|n| cluster.free_milli_total(n.id))
+            .max()
+            .unwrap_or(0);
+        self.max_free.insert(flavor.to_string(), m);
+        m
+    }
+
     /// Finds when and where job `i` could start as running jobs end (by their
     /// declared max runtime), and holds those nodes for it.
     fn reserve(&mut self, i: usize, flavor: &str) {
@@ -1391,71 +1557,40 @@ impl<'a> Cycle<'a> {
                 self.placer.set_reserved(n, false);
             }
         }
-        let admitted_set: BTreeSet<JobId> = self.admitted.iter().map(|(id, _, _)| *id).collect();
-        let is_admitted: Vec<bool> = self
-            .pending
-            .iter()
-            .map(|w| admitted_set.contains(&w.job.id))
-            .collect();
+        let mut is_admitted = vec![false; self.pending.len()];
+        for &i in &self.admitted_idx {
+            is_admitted[i] = true;
+        }
         // ETA: running jobs' declared ends against the demand ahead in order.
         let mut ends: Vec<(u64, u64)> = self
             .running
             .iter()
-            .filter_map(|r| {
-                Some((
-                    r.stopping_at
-                        .or(r.work.max_runtime.map(|m| r.started + m))?
-                        .max(self.now),
-                    r.work.gpu_milli(),
-                ))
-            })
+            .zip(&self.run_milli)
+            .filter_map(|(r, &m)| Some((Self::end_of(r)?.max(self.now), m)))
             .collect();
-        ends.sort();
+        ends.sort_unstable();
+        let running_milli: u64 = self.run_milli.iter().sum();
         let free_now: u64 = self
             .queues
             .flavors()
             .map(|f| self.queues.capacity(f))
             .sum::<u64>()
-            .saturating_sub(
-                self.running.iter().map(|r| r.work.gpu_milli()).sum::<u64>()
-                    + self.admitted_milli(),
-            );
+            .saturating_sub(running_milli + self.admitted_milli());
         let mut ahead: u64 = 0;
         // The order of phase 1 (the same key for every ordering but FIFO).
         let order = std::mem::take(&mut self.global);
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         let mut eta: Vec<Option<u64>> = vec![None; self.pending.len()];
-        // Known ends of running and just-admitted jobs, per queue: (end, milli-GPU, user).
-        let mut by_queue: BTreeMap<QueueId, Vec<(u64, u64, &str)>> = BTreeMap::new();
-        let just_admitted = self
-            .pending
-            .iter()
-            .zip(&is_admitted)
-            .filter(|(_, a)| **a)
-            .map(|(w, _)| (w, self.now, None));
-        for (o, started, stop) in self
-            .running
-            .iter()
-            .map(|r| (&r.work, r.started, r.stopping_at))
-            .chain(just_admitted)
-        {
-            if let Some(end) = stop.or(o.max_runtime.map(|m| started + m)) {
-                by_queue.entry(o.queue).or_default().push((
-                    end.max(self.now),
-                    o.gpu_milli(),
-                    o.user.as_str(),
-                ));
-            }
-        }
-        for list in by_queue.values_mut() {
-            list.sort_unstable();
-        }
+        // Known ends of running and just-admitted jobs of a queue, by end:
+        // (end, milli-GPU, user); built for the queues that need it.
+        let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
+            Default::default();
         let (mut freed, mut next) = (free_now, 0usize);
         for &i in &order {
             if is_admitted[i] {
                 continue;
             }
-            ahead += self.pending[i].gpu_milli();
+            ahead += self.pend_milli[i];
             while freed < ahead && next < ends.len() {
                 freed += ends[next].1;
                 next += 1;
@@ -1465,9 +1600,9 @@ impl<'a> Cycle<'a> {
                 (true, 0) => Some(self.now),
                 (true, n) => Some(ends[n - 1].0),
             };
+            let reasons = self.reasons[i].as_slice();
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known end.
-            let reasons = self.reasons[i].as_slice();
             let w = &self.pending[i];
             let by_user = reasons.iter().any(|x| {
                 matches!(
@@ -1482,18 +1617,17 @@ impl<'a> Cycle<'a> {
                 )
             });
             if by_user || by_quota {
-                // `by_queue` lists are sorted by end time once, below.
                 let mine = by_queue
-                    .get(&w.queue)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(_, _, user)| !by_user || *user == w.user.as_str())
-                    .map(|(end, milli, _)| (*end, *milli));
+                    .entry(w.queue)
+                    .or_insert_with(|| self.known_ends(w.queue, &is_admitted));
                 let mut got = 0;
                 let mut when = None;
-                for (end, m) in mine {
+                for &(end, m, user) in mine.iter() {
+                    if by_user && user != w.user.as_str() {
+                        continue;
+                    }
                     got += m.max(1);
-                    if got >= w.gpu_milli().max(1) {
+                    if got >= self.pend_milli[i].max(1) {
                         when = Some(end);
                         break;
                     }
@@ -1512,49 +1646,89 @@ impl<'a> Cycle<'a> {
                 t = None;
             }
             if let Some(r) = &self.reservation
-                && r.job == self.pending[i].job.id
+                && r.job == w.job.id
             {
                 t = Some(r.start_at);
             }
             eta[i] = t;
         }
-        let mut pending = Vec::new();
-        for (q, list) in &self.per_queue {
-            let _ = q;
+        let mut pending = Vec::with_capacity(self.pending.len() - self.admitted.len());
+        for list in self.per_queue.values() {
             let mut position = 0;
             for &i in list {
                 if is_admitted[i] {
                     continue;
                 }
                 position += 1;
+                let mut r = std::mem::take(&mut self.reasons[i]);
+                if self.not_reached[i] != u32::MAX {
+                    r.push(PendingReason::NotReached {
+                        ahead: self.not_reached[i] as usize,
+                    });
+                }
+                if r.is_empty() {
+                    r.push(PendingReason::NotReached {
+                        ahead: position - 1,
+                    });
+                }
                 pending.push(Pending {
                     job: self.pending[i].job.id,
-                    reasons: {
-                        let mut r = std::mem::take(&mut self.reasons[i]);
-                        if self.not_reached[i] != u32::MAX {
-                            r.push(PendingReason::NotReached {
-                                ahead: self.not_reached[i] as usize,
-                            });
-                        }
-                        if r.is_empty() {
-                            r.push(PendingReason::NotReached {
-                                ahead: position - 1,
-                            });
-                        }
-                        r
-                    },
+                    reasons: r,
                     position,
                     eta: eta[i],
                 });
             }
         }
-        pending.sort_by_key(|p| p.job);
+        pending.sort_unstable_by_key(|p| p.job);
         Plan {
             admitted: self.admitted,
             preempted: self.preempted,
             reservations: self.reservation.into_iter().collect(),
             pending,
         }
+    }
+
+    /// A running job's known end: its kill time once told to stop, else its
+    /// declared maximum runtime.
+    fn end_of(r: &Running) -> Option<u64> {
+        r.stopping_at.or(r.work.max_runtime.map(|m| r.started + m))
+    }
+
+    /// Known ends of a queue's running and just-admitted jobs, soonest first:
+    /// (end, milli-GPU, user).
+    fn known_ends(&self, q: QueueId, is_admitted: &[bool]) -> Vec<(u64, u64, &'a str)> {
+        let running = self.running;
+        let pending = self.pending;
+        let mut v: Vec<(u64, u64, &'a str)> = self
+            .running_by_queue
+            .get(&q)
+            .into_iter()
+            .flatten()
+            .filter_map(|&k| {
+                let r = &running[k];
+                Some((
+                    Self::end_of(r)?.max(self.now),
+                    self.run_milli[k],
+                    r.work.user.as_str(),
+                ))
+            })
+            .chain(
+                self.admitted_idx
+                    .iter()
+                    .filter(|&&i| pending[i].queue == q)
+                    .filter_map(|&i| {
+                        let w = &pending[i];
+                        debug_assert!(is_admitted[i]);
+                        Some((
+                            (self.now + w.max_runtime?).max(self.now),
+                            self.pend_milli[i],
+                            w.user.as_str(),
+                        ))
+                    }),
+            )
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     fn admitted_milli(&self) -> u64 {
