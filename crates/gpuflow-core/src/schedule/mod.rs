@@ -109,12 +109,17 @@ pub struct Running {
 impl Running {
     /// Work lost if it stopped now: GPU-seconds since its last checkpoint.
     pub fn lost_gpu_seconds(&self, now: u64) -> f64 {
+        self.lost_with(now, self.work.gpu_milli())
+    }
+
+    /// [`Running::lost_gpu_seconds`] for a known GPU demand in milli-GPU.
+    fn lost_with(&self, now: u64, milli: u64) -> f64 {
         let since = now.saturating_sub(
             self.last_checkpoint
                 .unwrap_or(self.started)
                 .max(self.started),
         );
-        since as f64 * self.work.gpu_milli() as f64 / 1000.0
+        since as f64 * milli as f64 / 1000.0
     }
 }
 
@@ -640,11 +645,7 @@ impl<'a> Cycle<'a> {
 
     /// [`Running::lost_gpu_seconds`] of running job `k`, from the cached demand.
     fn lost(&self, k: usize) -> f64 {
-        let r = &self.running[k];
-        let since = self
-            .now
-            .saturating_sub(r.last_checkpoint.unwrap_or(r.started).max(r.started));
-        since as f64 * self.run_milli[k] as f64 / 1000.0
+        self.running[k].lost_with(self.now, self.run_milli[k])
     }
 
     /// Reclaim candidates of a flavor in victim-cost order, built once per cycle.
