@@ -309,6 +309,22 @@ impl Queues {
         self.flavor_names.iter().position(|f| f == flavor)
     }
 
+    /// A flavor's index for the `*_at` methods (its position in name order),
+    /// or `None` for a flavor the cluster does not have.
+    pub fn flavor_index(&self, flavor: &str) -> Option<usize> {
+        self.fix(flavor)
+    }
+
+    /// [`Queues::usage`] by flavor index.
+    pub fn usage_at(&self, id: QueueId, f: usize) -> u64 {
+        self.usage[id.0 as usize][f]
+    }
+
+    /// The queue's quota of the flavor at index `f`.
+    pub fn quota_at(&self, id: QueueId, f: usize) -> FlavorQuota {
+        self.quotas[id.0 as usize][f]
+    }
+
     pub fn by_name(&self, name: &str) -> Option<QueueId> {
         self.list
             .iter()
@@ -353,7 +369,13 @@ impl Queues {
     /// Adds (or, negative, removes) usage along the queue's path.
     /// Usage of a flavor the cluster does not have is not tracked.
     pub fn charge(&mut self, id: QueueId, flavor: &str, milli: i64) {
-        let Some(f) = self.fix(flavor) else { return };
+        if let Some(f) = self.fix(flavor) {
+            self.charge_at(id, f, milli);
+        }
+    }
+
+    /// [`Queues::charge`] by flavor index.
+    pub fn charge_at(&mut self, id: QueueId, f: usize, milli: i64) {
         let mut cur = Some(id);
         while let Some(q) = cur {
             let u = &mut self.usage[q.0 as usize][f];
@@ -364,9 +386,12 @@ impl Queues {
 
     /// Whether the queue is using more than its guarantee of the flavor.
     pub fn borrowing(&self, id: QueueId, flavor: &str) -> bool {
-        self.fix(flavor).is_some_and(|f| {
-            self.usage[id.0 as usize][f] > self.quotas[id.0 as usize][f].guaranteed
-        })
+        self.fix(flavor).is_some_and(|f| self.borrowing_at(id, f))
+    }
+
+    /// [`Queues::borrowing`] by flavor index.
+    pub fn borrowing_at(&self, id: QueueId, f: usize) -> bool {
+        self.usage[id.0 as usize][f] > self.quotas[id.0 as usize][f].guaranteed
     }
 
     /// The limit a parent gives its children: its own limit, or the cluster's
@@ -391,6 +416,11 @@ impl Queues {
                 available: 0,
             });
         };
+        self.fits_at(leaf, f, milli)
+    }
+
+    /// [`Queues::fits`] by flavor index.
+    pub fn fits_at(&self, leaf: QueueId, f: usize, milli: u64) -> Result<(), QuotaBlock> {
         let mut cur = Some(leaf);
         while let Some(q) = cur {
             let queue = &self.list[q.0 as usize];

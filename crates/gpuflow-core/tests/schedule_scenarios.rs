@@ -459,3 +459,33 @@ fn a_victim_search_checks_the_fit_after_its_last_candidate() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn the_backlog_is_ordered_by_class_then_aged_priority_then_submission() {
+    // A held queue starts nothing, so positions show the order. Aging adds
+    // one to the priority per full hour waited: job 4 (+1) ties job 3 and is
+    // older; jobs 6 and 7 tie on everything but their ids.
+    let out = run("
+        config aging=3600
+        node n1 gpus=8*H100
+        queue org H100=8 state=held
+        job 1 queue=org class=batch prio=5 submit=0 gpu=whole:1 cpu=1
+        job 2 queue=org class=training prio=0 submit=7000 gpu=whole:1 cpu=1
+        job 3 queue=org class=training prio=1 submit=7100 gpu=whole:1 cpu=1
+        job 4 queue=org class=training prio=0 submit=100 gpu=whole:1 cpu=1
+        job 5 queue=org class=inference prio=0 submit=7150 gpu=whole:1 cpu=1
+        job 6 queue=org class=training prio=0 submit=6900 gpu=whole:1 cpu=1
+        job 7 queue=org class=training prio=0 submit=6900 gpu=whole:1 cpu=1
+        cycle 7200
+    ");
+    expect![[r#"
+        cycle t=7200
+          pending job 1 (#7 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 2 (#6 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 3 (#3 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 4 (#2 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 5 (#1 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 6 (#4 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 7 (#5 in queue, eta unknown): queue org is held: it accepts work but starts none
+    "#]].assert_eq(&out);
+}

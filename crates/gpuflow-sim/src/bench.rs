@@ -448,21 +448,24 @@ impl CycleWorld {
             .into_iter()
             .map(|(id, f, p)| (id, (f, p)))
             .collect();
-        let mut keep = Vec::with_capacity(self.pending.len());
-        for w in std::mem::take(&mut self.pending) {
-            match admitted.get(&w.job.id) {
-                Some((f, p)) => self.running.push(gpuflow_core::schedule::Running {
+        // Admitted jobs leave the backlog (which keeps its order) and run.
+        if !admitted.is_empty() {
+            let started: Vec<gpuflow_core::schedule::Workload> = self
+                .pending
+                .extract_if(.., |w| admitted.contains_key(&w.job.id))
+                .collect();
+            for w in started {
+                let (f, p) = &admitted[&w.job.id];
+                self.running.push(gpuflow_core::schedule::Running {
                     work: w,
                     flavor: f.clone(),
                     allocations: p.clone(),
                     started: self.now,
                     last_checkpoint: None,
                     stopping_at: None,
-                }),
-                None => keep.push(w),
+                });
             }
         }
-        self.pending = keep;
         let victims: std::collections::BTreeSet<JobId> =
             plan.preempted.iter().map(|p| p.victim).collect();
         let mut i = 0;

@@ -229,6 +229,23 @@ impl Placer {
         req: &TaskRequest,
         cons: &Constraints,
     ) -> bool {
+        // Necessary first, and cheap: whole and fractional GPUs need as much
+        // free capacity as they ask for, and each GPU the freed tasks touch
+        // gives back at most one GPU.
+        let need = match req.gpu {
+            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
+            _ => 0,
+        };
+        if need > 0 {
+            let touched = freed.iter().fold(0u64, |m, a| match a.pick {
+                GpuPick::Whole(mask) => m | mask,
+                GpuPick::Shared(g) => m | 1u64.checked_shl(g as u32).unwrap_or(0),
+                _ => m,
+            });
+            if self.cluster.free_milli_total(id) + 1000 * u64::from(touched.count_ones()) < need {
+                return false;
+            }
+        }
         let mut usage = self.cluster.usage(id).clone();
         for a in freed {
             crate::cluster::release_usage(&mut usage, a);
@@ -1016,21 +1033,26 @@ mod tests {
     use super::*;
     use crate::model::{Gpu, Node};
 
-    #[test]
-    fn fits_after_release_answers_for_the_released_state_and_changes_nothing() {
+    /// A placer over one node with 8 CPUs, 64 GiB and `gpus` H100s.
+    fn one_node(gpus: usize) -> Placer {
         let node = Node::new(
             0,
             "n1",
             CpuMilli(8000),
             MemMib(65_536),
-            vec![Gpu::plain("H100", MemMib(81_920)); 4],
+            vec![Gpu::plain("H100", MemMib(81_920)); gpus],
         );
-        let mut placer = Placer::new(
+        Placer::new(
             Cluster::new(vec![node]).unwrap(),
             Policy::gpuflow(),
             WorkloadMix::default(),
             1,
-        );
+        )
+    }
+
+    #[test]
+    fn fits_after_release_answers_for_the_released_state_and_changes_nothing() {
+        let mut placer = one_node(4);
         let whole = |count| TaskRequest {
             cpu: CpuMilli(1000),
             mem: MemMib(1024),
@@ -1052,5 +1074,36 @@ mod tests {
         assert!(!placer.fits_after_release(NodeId(0), &freed, &big, &cons));
         assert_eq!(placer.cluster().usage(NodeId(0)), &before);
         assert!(placer.try_place_job(&Job::single(2, whole(2))).is_none());
+    }
+
+    #[test]
+    fn fits_after_release_counts_a_shared_gpu_given_back_as_a_whole_one() {
+        let mut placer = one_node(2);
+        let req = |gpu| TaskRequest {
+            cpu: CpuMilli(1000),
+            mem: MemMib(1024),
+            gpu,
+            models: Vec::new(),
+        };
+        let half = req(GpuRequest::Fraction {
+            milli: crate::ids::GpuMilli(500),
+            mem: MemMib(0),
+        });
+        let one = placer
+            .place_job(&Job::single(1, req(GpuRequest::Whole { count: 1 })))
+            .unwrap();
+        let shared = placer.place_job(&Job::single(2, half)).unwrap();
+        // Half a GPU is free: too little for a whole one, until the shared
+        // task stops and gives its GPU back whole.
+        assert_eq!(placer.cluster().free_milli_total(NodeId(0)), 500);
+        let cons = Constraints::default();
+        let whole = req(GpuRequest::Whole { count: 1 });
+        assert!(!placer.fits_after_release(NodeId(0), &[], &whole, &cons));
+        let freed: Vec<&Allocation> = shared.iter().collect();
+        assert!(placer.fits_after_release(NodeId(0), &freed, &whole, &cons));
+        let two = req(GpuRequest::Whole { count: 2 });
+        assert!(!placer.fits_after_release(NodeId(0), &freed, &two, &cons));
+        let both: Vec<&Allocation> = one.iter().chain(&shared).collect();
+        assert!(placer.fits_after_release(NodeId(0), &both, &two, &cons));
     }
 }

@@ -11,6 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::cluster::Allocation;
 use crate::ids::JobId;
@@ -19,15 +21,48 @@ use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
 use crate::request::{GpuRequest, Job};
 use crate::total::OrdF64;
 
-/// A job's shape as placement sees it: its groups, constraints and flavor.
-type PlaceKey = (
-    Vec<(crate::request::TaskRequest, u32)>,
-    crate::request::Constraints,
-    String,
-);
+/// A job's placement problem without its identity: its groups' requests and
+/// counts, and its constraints. Jobs of one shape place, or fail, alike.
+#[derive(Clone, Copy)]
+struct Shape<'a>(&'a Job);
+
+impl std::hash::Hash for Shape<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.groups.len().hash(h);
+        for g in &self.0.groups {
+            g.request.hash(h);
+            g.replicas.hash(h);
+        }
+        self.0.constraints.hash(h);
+    }
+}
+
+impl PartialEq for Shape<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.0, other.0);
+        a.groups.len() == b.groups.len()
+            && a.groups
+                .iter()
+                .zip(&b.groups)
+                .all(|(x, y)| x.replicas == y.replicas && x.request == y.request)
+            && a.constraints == b.constraints
+    }
+}
+
+impl Eq for Shape<'_> {}
+
+/// A placement problem in a cycle: (shape number, flavor index, whether the
+/// job keeps off reserved nodes).
+type PlaceKey = (u32, u32, bool);
 
 /// Victim candidates considered for one preemptor, cheapest first.
 const MAX_CANDIDATES: usize = 256;
+
+/// [`RunInfo::node`] before the allocations were read.
+const NODE_UNKNOWN: u32 = u32::MAX - 1;
+
+/// The flavor index of no GPU, or of a flavor the queues do not know.
+const NO_FLAVOR: u32 = u32::MAX;
 
 /// A priority class: its rank orders work; preemptibility and borrowing are
 /// set independently.
@@ -280,20 +315,21 @@ pub enum PendingReason {
     },
     /// The class may not borrow and the job does not fit the guarantee.
     NotWithinGuarantee {
-        flavor: String,
-        class: String,
+        flavor: Arc<str>,
+        class: Arc<str>,
         usage: u64,
         guaranteed: u64,
     },
     Quota {
-        flavor: String,
+        flavor: Arc<str>,
         block: QuotaBlock,
         /// Names of the queues the block mentions.
-        queue_names: Vec<(QueueId, String)>,
+        queue_names: Arc<[(QueueId, String)]>,
     },
     Placement {
-        flavor: String,
-        unplaced: Unplaced,
+        flavor: Arc<str>,
+        /// Shared: every job of the same shape that fails in a cycle gets the same one.
+        unplaced: Arc<Unplaced>,
     },
     /// Capacity is held for a blocked gang that starts before this job would end.
     Reservation {
@@ -436,11 +472,15 @@ impl fmt::Display for PendingReason {
     }
 }
 
+/// A pending job's reasons: most have one, kept inline (a cycle explains
+/// every pending job, so a heap allocation each would cost more than the rest).
+pub type Reasons = smallvec::SmallVec<[PendingReason; 1]>;
+
 /// A pending job's explanation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pending {
     pub job: JobId,
-    pub reasons: Vec<PendingReason>,
+    pub reasons: Reasons,
     /// 1-based position among its queue's pending jobs.
     pub position: usize,
     /// Estimated start, seconds; `None` when running jobs declare no max runtime.
@@ -478,6 +518,57 @@ pub fn schedule(
     cycle.explain()
 }
 
+/// What victim searches read of a running job, packed so that scanning many
+/// candidates touches one small record each instead of the whole job.
+#[derive(Clone, Copy, Debug)]
+struct RunInfo {
+    id: JobId,
+    queue: QueueId,
+    /// Flavor index ([`NO_FLAVOR`]: none or unknown).
+    flavor: u32,
+    rank: u32,
+    priority: i32,
+    /// GPU demand, milli-GPU.
+    milli: u64,
+    /// GPU-seconds lost if it stopped now.
+    lost: f64,
+    /// The node all its allocations are on (u32::MAX: several or none) and
+    /// the GPUs it holds there; read from the allocations on first use
+    /// ([`NODE_UNKNOWN`] until then), as only victim searches need them.
+    node: u32,
+    gpus: u64,
+    /// Its class is preemptible and it ran its minimum runtime.
+    preemptible: bool,
+    /// Told to stop, this cycle or earlier.
+    victim: bool,
+}
+
+/// The GPUs of its node an allocation holds, as a bit mask.
+fn gpu_mask(a: &Allocation) -> u64 {
+    match a.pick {
+        crate::cluster::GpuPick::Whole(mask) => mask,
+        crate::cluster::GpuPick::Shared(g) | crate::cluster::GpuPick::Mig { gpu: g, .. } => {
+            1u64.checked_shl(u32::from(g)).unwrap_or(0)
+        }
+        crate::cluster::GpuPick::None => 0,
+    }
+}
+
+/// A leaf queue's fair-share key: the shares along its path, top first
+/// (inline for trees up to four levels deep).
+type LeafKey = smallvec::SmallVec<[OrdF64; 4]>;
+
+/// Whether a queue limits what each user may hold or run.
+fn has_user_limits(queues: &Queues, q: QueueId) -> bool {
+    let l = queues.get(q).user_limits;
+    l.max_gpu_milli.is_some() || l.max_running.is_some()
+}
+
+/// A flavor's index in `queues`, or [`NO_FLAVOR`].
+fn flavor_index(queues: &Queues, flavor: &str) -> u32 {
+    queues.flavor_index(flavor).map_or(NO_FLAVOR, |f| f as u32)
+}
+
 struct Cycle<'a> {
     now: u64,
     placer: &'a mut Placer,
@@ -497,32 +588,51 @@ struct Cycle<'a> {
     not_reached: Vec<u32>,
     admitted: Vec<(JobId, String, Placement)>,
     preempted: Vec<Preemption>,
-    victims: BTreeSet<JobId>,
     reservation: Option<Reservation>,
-    /// Per user and queue: (milli-GPU, running jobs).
+    /// Per user and queue: (milli-GPU, running jobs), for the queues with
+    /// per-user limits (the only readers).
     users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)>,
-    /// Per queue and flavor: milli-GPU held by classes that may not borrow.
-    protected: rustc_hash::FxHashMap<(QueueId, String), u64>,
+    /// Per queue and flavor index: milli-GPU held by classes that may not borrow.
+    protected: rustc_hash::FxHashMap<(QueueId, u32), u64>,
     /// Preemptors whose victims have stopped: tried before everyone else.
     ready: BTreeSet<JobId>,
+    /// Per queue, its preemptible running jobs (class and minimum runtime)
+    /// not stopping at the start of the cycle: (flavor index, rank, priority,
+    /// index into `running`), scanned by every victim search of the queue.
+    own_scan: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>>,
     /// Indices into `running`, per queue.
     running_by_queue: rustc_hash::FxHashMap<QueueId, Vec<usize>>,
     /// Per flavor, the queues with running jobs that use more than their
     /// guarantee: where reclaim looks for victims. Kept in step with commits.
     borrowers: BTreeMap<String, BTreeSet<QueueId>>,
-    /// Preemption searches that found nothing this cycle: (queue, flavor, rank,
+    /// Preemption searches that found nothing this cycle: (queue, flavor index, rank,
     /// priority) → the smallest demand that failed. A bigger demand of the same
     /// standing cannot succeed either (the candidate set is the same).
-    no_victims: BTreeMap<(QueueId, String, u32, i32), u64>,
+    no_victims: rustc_hash::FxHashMap<(QueueId, u32, u32, i32), u64>,
     /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).
-    reclaim: BTreeMap<String, std::rc::Rc<Vec<usize>>>,
+    reclaim: BTreeMap<String, Rc<Vec<usize>>>,
     /// Job shapes that found no place this cycle (a seedless hasher: the core
     /// reads no global randomness). Admissions only take
     /// capacity during a cycle, so the same shape fails again.
     unplaceable: rustc_hash::FxHashMap<PlaceKey, PendingReason>,
-    /// Per queue and flavor: milli-GPU of jobs told to stop (this cycle or
-    /// earlier) that still run, so still count in the queue's usage.
-    leaving: BTreeMap<(QueueId, String), u64>,
+    /// Placement problems a trial placement found no room for, outside any
+    /// trial release (so, like `unplaceable`, they fail again this cycle).
+    no_fit: rustc_hash::FxHashSet<PlaceKey>,
+    /// Shape numbers, and each pending job's (u32::MAX: not yet looked up).
+    shapes: rustc_hash::FxHashMap<Shape<'a>, u32>,
+    shape_of: Vec<u32>,
+    /// Quota checks of the committed state: (queue, flavor index, milli-GPU,
+    /// class) → outcome; cleared by every admission.
+    quota_memo: rustc_hash::FxHashMap<(QueueId, u32, u64, usize), Result<(), PendingReason>>,
+    /// Flavor names by index, shared by the reasons.
+    flavor_names: Vec<Arc<str>>,
+    /// The flavor list of jobs without GPUs, and per queue that of jobs
+    /// that name no GPU model ([`Cycle::flavors_for`]).
+    no_gpu: Rc<[Arc<str>]>,
+    queue_flavors: rustc_hash::FxHashMap<QueueId, Rc<[Arc<str>]>>,
+    /// Per queue and flavor index: milli-GPU of jobs told to stop (this cycle
+    /// or earlier) that still run, so still count in the queue's usage.
+    leaving: rustc_hash::FxHashMap<(QueueId, u32), u64>,
     /// Set by a victim search that skipped a candidate for a disruption budget:
     /// (the victim's queue, GPU-hours already lost in the window).
     budget_block: Option<(QueueId, f64)>,
@@ -530,9 +640,12 @@ struct Cycle<'a> {
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
     admitted_idx: Vec<usize>,
-    /// GPU demand (milli-GPU) per running job and per pending job, by index.
-    run_milli: Vec<u64>,
+    /// GPU demand (milli-GPU) per pending job, by index.
     pend_milli: Vec<u64>,
+    /// Per running job, what victim searches read (by index into `running`).
+    run: Vec<RunInfo>,
+    /// Per pending job, its id (read in explanation passes without touching the job).
+    pend_id: Vec<JobId>,
     /// Per flavor, an upper bound of the GPU capacity free on one node ([`Cycle::max_free`]).
     max_free: BTreeMap<String, u64>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
@@ -550,29 +663,45 @@ impl<'a> Cycle<'a> {
         cfg: &'a Config,
     ) -> Cycle<'a> {
         let mut users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)> = Default::default();
-        let mut protected: rustc_hash::FxHashMap<(QueueId, String), u64> = Default::default();
-        let mut run_milli = Vec::with_capacity(running.len());
+        let flavor_names = queues.flavors().map(|f| Arc::from(f.as_str())).collect();
+        let mut protected: rustc_hash::FxHashMap<(QueueId, u32), u64> = Default::default();
+        let mut leaving: rustc_hash::FxHashMap<(QueueId, u32), u64> = Default::default();
+        let mut run = Vec::with_capacity(running.len());
         for r in running {
             let milli = r.work.gpu_milli();
-            run_milli.push(milli);
-            let e = users
-                .entry((r.work.queue, r.work.user.as_str()))
-                .or_default();
-            e.0 += milli;
-            e.1 += 1;
+            let fi = flavor_index(queues, &r.flavor);
+            let class = cfg.classes.get(r.work.class);
+            run.push(RunInfo {
+                id: r.work.job.id,
+                queue: r.work.queue,
+                flavor: fi,
+                rank: class.map_or(0, |c| c.rank),
+                priority: r.work.priority,
+                milli,
+                lost: r.lost_with(now, milli),
+                node: NODE_UNKNOWN,
+                gpus: 0,
+                preemptible: class.is_some_and(|c| c.preemptible)
+                    && now.saturating_sub(r.started) >= cfg.min_runtime,
+                victim: r.stopping_at.is_some(),
+            });
+            if has_user_limits(queues, r.work.queue) {
+                let e = users
+                    .entry((r.work.queue, r.work.user.as_str()))
+                    .or_default();
+                e.0 += milli;
+                e.1 += 1;
+            }
             if cfg.classes.get(r.work.class).is_some_and(|c| !c.may_borrow) {
-                *protected
-                    .entry((r.work.queue, r.flavor.clone()))
-                    .or_default() += milli;
+                *protected.entry((r.work.queue, fi)).or_default() += milli;
+            }
+            if r.stopping_at.is_some() {
+                *leaving.entry((r.work.queue, fi)).or_default() += milli;
             }
         }
         // Victims still stopping are not chosen again; preemptors whose victims
         // have all stopped no longer wait.
-        let stopping: BTreeSet<JobId> = running
-            .iter()
-            .filter(|r| r.stopping_at.is_some())
-            .map(|r| r.work.job.id)
-            .collect();
+        let stopping: BTreeSet<JobId> = run.iter().filter(|r| r.victim).map(|r| r.id).collect();
         // Preemptors whose victims have all stopped go first this cycle.
         let ready: BTreeSet<JobId> = history
             .waiting_for
@@ -599,80 +728,88 @@ impl<'a> Cycle<'a> {
             not_reached: vec![u32::MAX; pending.len()],
             admitted: Vec::new(),
             preempted: Vec::new(),
-            victims: stopping,
             reservation: None,
             users,
             protected,
             ready,
+            own_scan: {
+                let mut m: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>> =
+                    Default::default();
+                for (k, r) in run.iter().enumerate() {
+                    if r.preemptible && !r.victim {
+                        m.entry(r.queue)
+                            .or_default()
+                            .push((r.flavor, r.rank, r.priority, k as u32));
+                    }
+                }
+                m
+            },
             running_by_queue: {
                 let mut m: rustc_hash::FxHashMap<QueueId, Vec<usize>> = Default::default();
-                for (k, r) in running.iter().enumerate() {
-                    m.entry(r.work.queue).or_default().push(k);
+                for (k, r) in run.iter().enumerate() {
+                    m.entry(r.queue).or_default().push(k);
                 }
                 m
             },
             borrowers: BTreeMap::new(),
-            no_victims: BTreeMap::new(),
+            no_victims: Default::default(),
             reclaim: BTreeMap::new(),
             unplaceable: rustc_hash::FxHashMap::default(),
+            no_fit: Default::default(),
+            shapes: Default::default(),
+            quota_memo: Default::default(),
+            no_gpu: Rc::from(vec![Arc::from("")]),
+            queue_flavors: Default::default(),
+            flavor_names,
+            shape_of: vec![u32::MAX; pending.len()],
             preempt_tried: BTreeSet::new(),
             budget_block: None,
-            leaving: {
-                let mut m: BTreeMap<(QueueId, String), u64> = BTreeMap::new();
-                for r in running.iter().filter(|r| r.stopping_at.is_some()) {
-                    *m.entry((r.work.queue, r.flavor.clone())).or_default() += r.work.gpu_milli();
-                }
-                m
-            },
+            leaving,
             shares: std::cell::RefCell::new(Vec::new()),
             max_free: BTreeMap::new(),
             admitted_idx: Vec::new(),
-            run_milli,
+            run,
             pend_milli: pending.iter().map(Workload::gpu_milli).collect(),
+            pend_id: pending.iter().map(|w| w.job.id).collect(),
         }
         .with_borrowers()
     }
 
     /// Orders two running jobs as victims: lowest class, least work lost, fewest GPUs.
     fn victim_cost(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        let (ra, rb) = (&self.running[a], &self.running[b]);
-        self.rank(&ra.work)
-            .cmp(&self.rank(&rb.work))
-            .then(self.lost(a).total_cmp(&self.lost(b)))
-            .then(self.run_milli[a].cmp(&self.run_milli[b]))
-            .then(ra.work.job.id.cmp(&rb.work.job.id))
+        let (ra, rb) = (&self.run[a], &self.run[b]);
+        ra.rank
+            .cmp(&rb.rank)
+            .then(ra.lost.total_cmp(&rb.lost))
+            .then(ra.milli.cmp(&rb.milli))
+            .then(ra.id.cmp(&rb.id))
     }
 
-    /// [`Running::lost_gpu_seconds`] of running job `k`, from the cached demand.
-    fn lost(&self, k: usize) -> f64 {
-        self.running[k].lost_with(self.now, self.run_milli[k])
+    /// Whether running job `k` is charged to the flavor with index `fi` and name `flavor`.
+    fn runs_on(&self, k: usize, fi: u32, flavor: &str) -> bool {
+        self.run[k].flavor == fi && (fi != NO_FLAVOR || self.running[k].flavor == flavor)
     }
 
     /// Reclaim candidates of a flavor in victim-cost order, built once per cycle.
-    fn reclaim_list(&mut self, flavor: &str) -> std::rc::Rc<Vec<usize>> {
+    fn reclaim_list(&mut self, flavor: &str) -> Rc<Vec<usize>> {
         if let Some(l) = self.reclaim.get(flavor) {
             return l.clone();
         }
         // Only jobs of queues borrowing at the start of the search can be
         // reclaimed; of those, only preemptible ones past their minimum runtime.
         let borrowers = self.borrowers.get(flavor).cloned().unwrap_or_default();
+        let fi = self.fidx(flavor);
         let mut list: Vec<usize> = borrowers
             .iter()
             .flat_map(|q| self.running_by_queue.get(q).into_iter().flatten().copied())
             .filter(|&k| {
-                let r = &self.running[k];
-                r.flavor == flavor
-                    && r.stopping_at.is_none()
-                    && self
-                        .cfg
-                        .classes
-                        .get(r.work.class)
-                        .is_some_and(|c| c.preemptible)
-                    && self.now.saturating_sub(r.started) >= self.cfg.min_runtime
+                self.runs_on(k, fi, flavor)
+                    && self.running[k].stopping_at.is_none()
+                    && self.run[k].preemptible
             })
             .collect();
         list.sort_by(|&a, &b| self.victim_cost(a, b));
-        let list = std::rc::Rc::new(list);
+        let list = Rc::new(list);
         self.reclaim.insert(flavor.to_string(), list.clone());
         list
     }
@@ -707,16 +844,21 @@ impl<'a> Cycle<'a> {
 
     fn order(&mut self) {
         use std::cmp::Reverse;
-        // (class tier, priority with aging, submitted, id, index): highest
-        // tier and priority first, then oldest.
-        type Key = (Reverse<u32>, Reverse<i32>, u64, JobId, u32);
-        // One pass over the backlog computes every key; the sort then touches
-        // only the keys (the index makes each key unique, so an unstable sort
-        // is deterministic).
-        let mut keyed: Vec<Key> = Vec::with_capacity(self.pending.len());
-        for (i, w) in self.pending.iter().enumerate() {
-            keyed.push(match self.cfg.ordering {
-                Ordering::Fifo => (Reverse(0), Reverse(0), w.submitted, w.job.id, i as u32),
+        // The order is (class tier, priority with aging) highest first, then
+        // submission time and id, oldest first. Tier and priority take few
+        // values: jobs are first counted into one bucket per pair, in index
+        // order, then each bucket is sorted by submission. A backlog kept in
+        // submission order (as callers keep it) is then already nearly
+        // sorted, which the stable sort takes in about one pass.
+        type Tier = (Reverse<u32>, Reverse<i32>);
+        let n = self.pending.len();
+        let mut bucket_of: rustc_hash::FxHashMap<Tier, u32> = Default::default();
+        let mut tiers: Vec<Tier> = Vec::new();
+        // (bucket, submitted, id, queue) per job: one pass over the jobs.
+        let mut bucket: Vec<(u32, u64, JobId, u32)> = Vec::with_capacity(n);
+        for w in self.pending {
+            let tier = match self.cfg.ordering {
+                Ordering::Fifo => (Reverse(0), Reverse(0)),
                 _ => (
                     Reverse(if self.cfg.class_tiers {
                         self.rank(w)
@@ -724,17 +866,43 @@ impl<'a> Cycle<'a> {
                         0
                     }),
                     Reverse(self.effective_priority(w)),
-                    w.submitted,
-                    w.job.id,
-                    i as u32,
                 ),
+            };
+            let b = *bucket_of.entry(tier).or_insert_with(|| {
+                tiers.push(tier);
+                tiers.len() as u32 - 1
             });
+            bucket.push((b, w.submitted, w.job.id, w.queue.0));
         }
-        keyed.sort_unstable();
-        let all: Vec<usize> = keyed.iter().map(|k| k.4 as usize).collect();
+        // Each bucket's start in the order.
+        let mut by_tier: Vec<u32> = (0..tiers.len() as u32).collect();
+        by_tier.sort_unstable_by_key(|&b| tiers[b as usize]);
+        let mut count = vec![0usize; tiers.len()];
+        for &(b, ..) in &bucket {
+            count[b as usize] += 1;
+        }
+        let mut start = vec![0usize; tiers.len()];
+        let mut at = 0;
+        for &b in &by_tier {
+            start[b as usize] = at;
+            at += count[b as usize];
+        }
+        // (submitted, id, index, queue): the queue rides along so that
+        // filling the per-queue lists reads the order, not the jobs.
+        let mut keyed: Vec<(u64, JobId, u32, u32)> = vec![(0, JobId(0), 0, 0); n];
+        let mut next = start.clone();
+        for (i, &(b, submitted, id, q)) in bucket.iter().enumerate() {
+            let b = b as usize;
+            keyed[next[b]] = (submitted, id, i as u32, q);
+            next[b] += 1;
+        }
+        for &b in &by_tier {
+            let (s, c) = (start[b as usize], count[b as usize]);
+            keyed[s..s + c].sort_by_key(|&(submitted, id, _, _)| (submitted, id));
+        }
         let mut lists: Vec<Vec<usize>> = vec![Vec::new(); self.queues.list().len()];
-        for &i in &all {
-            lists[self.pending[i].queue.0 as usize].push(i);
+        for &(_, _, i, q) in &keyed {
+            lists[q as usize].push(i as usize);
         }
         self.per_queue = lists
             .into_iter()
@@ -742,7 +910,7 @@ impl<'a> Cycle<'a> {
             .filter(|(_, l)| !l.is_empty())
             .map(|(q, l)| (QueueId(q as u32), l))
             .collect();
-        self.global = all;
+        self.global = keyed.iter().map(|k| k.2 as usize).collect();
     }
 
     /// The fair-share key of a queue: current dominant share blended with
@@ -780,10 +948,15 @@ impl<'a> Cycle<'a> {
     }
 
     /// The leaf's key: the shares along its path from the top, compared in order.
-    fn leaf_key(&self, leaf: QueueId) -> Vec<OrdF64> {
-        let mut path = self.queues.path(leaf);
-        path.reverse();
-        path.into_iter().map(|q| OrdF64(self.share(q))).collect()
+    fn leaf_key(&self, leaf: QueueId) -> LeafKey {
+        let mut key = LeafKey::new();
+        let mut cur = Some(leaf);
+        while let Some(q) = cur {
+            key.push(OrdF64(self.share(q)));
+            cur = self.queues.get(q).parent;
+        }
+        key.reverse();
+        key
     }
 
     fn admit_all(&mut self) {
@@ -797,10 +970,12 @@ impl<'a> Cycle<'a> {
                 done.insert(i);
             }
         }
-        for list in self.per_queue.values_mut() {
-            list.retain(|i| !done.contains(i));
+        if !done.is_empty() {
+            for list in self.per_queue.values_mut() {
+                list.retain(|i| !done.contains(i));
+            }
+            self.global.retain(|i| !done.contains(i));
         }
-        self.global.retain(|i| !done.contains(i));
         match self.cfg.ordering {
             Ordering::Fifo | Ordering::Priority => {
                 let order = std::mem::take(&mut self.global);
@@ -819,10 +994,8 @@ impl<'a> Cycle<'a> {
             Ordering::FairShare => {
                 // A lazy heap of leaves by fair-share key (smallest first): a
                 // popped leaf whose key grew since it was pushed goes back.
-                let mut heap: BinaryHeap<(
-                    std::cmp::Reverse<Vec<OrdF64>>,
-                    std::cmp::Reverse<QueueId>,
-                )> = BinaryHeap::new();
+                let mut heap: BinaryHeap<(std::cmp::Reverse<LeafKey>, std::cmp::Reverse<QueueId>)> =
+                    BinaryHeap::new();
                 let mut cursor: BTreeMap<QueueId, usize> = BTreeMap::new();
                 let mut tries: BTreeMap<QueueId, usize> = BTreeMap::new();
                 for &q in self.per_queue.keys() {
@@ -885,13 +1058,16 @@ impl<'a> Cycle<'a> {
             return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
         }
         // Per-user limits.
-        let (used, count) = self
-            .users
-            .get(&(w.queue, w.user.as_str()))
-            .copied()
-            .unwrap_or_default();
+        let (used, count) = if has_user_limits(self.queues, w.queue) {
+            self.users
+                .get(&(w.queue, w.user.as_str()))
+                .copied()
+                .unwrap_or_default()
+        } else {
+            (0, 0)
+        };
         if let Some(limit) = q.user_limits.max_gpu_milli
-            && used + w.gpu_milli() > limit
+            && used + self.pend_milli[i] > limit
         {
             return self.wait(
                 i,
@@ -920,7 +1096,7 @@ impl<'a> Cycle<'a> {
         // Per flavor: whether placement was tried and failed (not only quota).
         let mut place_failed = vec![false; flavors.len()];
         for (fi, flavor) in flavors.iter().enumerate() {
-            if let Err(r) = self.quota_ok(i, flavor) {
+            if let Err(r) = self.quota_check(i, flavor) {
                 reasons.push(r);
                 continue;
             }
@@ -939,11 +1115,11 @@ impl<'a> Cycle<'a> {
         if self.cfg.preemption && self.preempt_tried.insert(self.pending[i].queue) {
             for (fi, flavor) in flavors.iter().enumerate() {
                 let w = &self.pending[i];
-                let key = (w.queue, flavor.clone(), self.rank(w), w.priority);
+                let key = (w.queue, self.fidx(flavor), self.rank(w), w.priority);
                 if self
                     .no_victims
                     .get(&key)
-                    .is_some_and(|&d| w.gpu_milli() >= d)
+                    .is_some_and(|&d| self.pend_milli[i] >= d)
                 {
                     continue;
                 }
@@ -961,7 +1137,7 @@ impl<'a> Cycle<'a> {
                     });
                 }
                 if found.is_none() {
-                    let d = self.pending[i].gpu_milli();
+                    let d = self.pend_milli[i];
                     let e = self.no_victims.entry(key).or_insert(d);
                     *e = (*e).min(d);
                 }
@@ -979,7 +1155,7 @@ impl<'a> Cycle<'a> {
         // Backfill: the first job blocked by capacity (not quota) gets a reservation.
         if self.cfg.backfill
             && self.reservation.is_none()
-            && let Some(flavor) = flavors.iter().find(|f| self.quota_ok(i, f).is_ok())
+            && let Some(flavor) = flavors.iter().find(|f| self.quota_memo_ok(i, f))
         {
             self.reserve(i, &flavor.clone());
         }
@@ -994,23 +1170,24 @@ impl<'a> Cycle<'a> {
         false
     }
 
-    fn flavors_for(&self, w: &Workload) -> Vec<String> {
+    /// The flavors a job may run on, in its queue's order: shared, and kept
+    /// per queue for the jobs that name no GPU model (most of them).
+    fn flavors_for(&mut self, w: &Workload) -> Rc<[Arc<str>]> {
         if !w.needs_gpu() {
-            return vec![String::new()];
+            return self.no_gpu.clone();
+        }
+        let open = w.job.groups.iter().all(|g| g.request.models.is_empty());
+        if open && let Some(v) = self.queue_flavors.get(&w.queue) {
+            return v.clone();
         }
         let q = self.queues.get(w.queue);
-        let mut order: Vec<String> = if q.flavor_order.is_empty() {
+        let order: Vec<&String> = if q.flavor_order.is_empty() {
             // Flavors with quota first (in name order), then any others the cluster has.
-            let mut v: Vec<String> = q.quotas.keys().cloned().collect();
-            v.extend(
-                self.queues
-                    .flavors()
-                    .filter(|f| !q.quotas.contains_key(*f))
-                    .cloned(),
-            );
+            let mut v: Vec<&String> = q.quotas.keys().collect();
+            v.extend(self.queues.flavors().filter(|f| !q.quotas.contains_key(*f)));
             v
         } else {
-            q.flavor_order.clone()
+            q.flavor_order.iter().collect()
         };
         let accepts = |f: &String| {
             w.job
@@ -1018,17 +1195,41 @@ impl<'a> Cycle<'a> {
                 .iter()
                 .all(|g| g.request.models.is_empty() || g.request.models.contains(f))
         };
-        order.retain(|f| accepts(f) && self.queues.capacity(f) > 0);
-        order
+        // A flavor with capacity is one the queues know, so it has a name here.
+        let list: Rc<[Arc<str>]> = order
+            .into_iter()
+            .filter(|f| accepts(f) && self.queues.capacity(f) > 0)
+            .filter_map(|f| self.queues.flavor_index(f))
+            .map(|f| self.flavor_names[f].clone())
+            .collect();
+        if open {
+            self.queue_flavors.insert(w.queue, list.clone());
+        }
+        list
+    }
+
+    /// [`flavor_index`], first by identity with the cycle's shared names
+    /// (what [`Cycle::flavors_for`] hands out), without comparing text.
+    fn fidx(&self, flavor: &str) -> u32 {
+        self.flavor_names
+            .iter()
+            .position(|n| std::ptr::eq(n.as_ptr(), flavor.as_ptr()) && n.len() == flavor.len())
+            .map_or_else(|| flavor_index(self.queues, flavor), |f| f as u32)
     }
 
     fn class_may_borrow(&self, w: &Workload) -> bool {
         self.cfg.classes.get(w.class).is_none_or(|c| c.may_borrow)
     }
 
-    fn within_guarantee(&self, w: &Workload, flavor: &str) -> bool {
-        self.queues.usage(w.queue, flavor) + w.gpu_milli()
-            <= self.queues.get(w.queue).quota(flavor).guaranteed
+    fn within_guarantee(&self, i: usize, flavor: &str) -> bool {
+        let q = self.pending[i].queue;
+        match self.fidx(flavor) {
+            NO_FLAVOR => self.pend_milli[i] <= self.queues.get(q).quota(flavor).guaranteed,
+            f => {
+                self.queues.usage_at(q, f as usize) + self.pend_milli[i]
+                    <= self.queues.quota_at(q, f as usize).guaranteed
+            }
+        }
     }
 
     fn quota_ok(&self, i: usize, flavor: &str) -> Result<(), PendingReason> {
@@ -1041,42 +1242,78 @@ impl<'a> Cycle<'a> {
         if !self.class_may_borrow(w) {
             let held = self
                 .protected
-                .get(&(w.queue, flavor.to_string()))
+                .get(&(w.queue, self.fidx(flavor)))
                 .copied()
                 .unwrap_or(0);
-            let guaranteed = self.queues.get(w.queue).quota(flavor).guaranteed;
-            if held + w.gpu_milli() > guaranteed {
+            let guaranteed = match self.fidx(flavor) {
+                NO_FLAVOR => self.queues.get(w.queue).quota(flavor).guaranteed,
+                f => self.queues.quota_at(w.queue, f as usize).guaranteed,
+            };
+            if held + self.pend_milli[i] > guaranteed {
                 let class = self
                     .cfg
                     .classes
                     .get(w.class)
-                    .map_or(String::new(), |c| c.name.clone());
+                    .map_or(Arc::from(""), |c| Arc::from(c.name.as_str()));
                 return Err(PendingReason::NotWithinGuarantee {
-                    flavor: flavor.to_string(),
+                    flavor: self.flavor_name(flavor),
                     class,
-                    usage: held + w.gpu_milli(),
+                    usage: held + self.pend_milli[i],
                     guaranteed,
                 });
             }
         }
-        self.queues
-            .fits(w.queue, flavor, w.gpu_milli())
-            .map_err(|block| PendingReason::Quota {
-                flavor: flavor.to_string(),
-                queue_names: {
-                    let named = match &block {
-                        QuotaBlock::Cap { queue, .. }
-                        | QuotaBlock::BorrowLimit { queue, .. }
-                        | QuotaBlock::Budget { queue, .. } => Some(*queue),
-                        QuotaBlock::NoLendableCapacity { parent, .. } => *parent,
-                    };
-                    named
-                        .map(|q| (q, self.queues.get(q).name.clone()))
-                        .into_iter()
-                        .collect()
-                },
-                block,
-            })
+        let fits = match self.fidx(flavor) {
+            NO_FLAVOR => self.queues.fits(w.queue, flavor, self.pend_milli[i]),
+            f => self.queues.fits_at(w.queue, f as usize, self.pend_milli[i]),
+        };
+        fits.map_err(|block| PendingReason::Quota {
+            flavor: self.flavor_name(flavor),
+            queue_names: {
+                let named = match &block {
+                    QuotaBlock::Cap { queue, .. }
+                    | QuotaBlock::BorrowLimit { queue, .. }
+                    | QuotaBlock::Budget { queue, .. } => Some(*queue),
+                    QuotaBlock::NoLendableCapacity { parent, .. } => *parent,
+                };
+                named
+                    .map(|q| (q, self.queues.get(q).name.clone()))
+                    .into_iter()
+                    .collect()
+            },
+            block,
+        })
+    }
+
+    /// [`Cycle::quota_ok`] outside trial releases, remembered until the next
+    /// admission changes usage.
+    fn quota_check(&mut self, i: usize, flavor: &str) -> Result<(), PendingReason> {
+        let w = &self.pending[i];
+        let key = (w.queue, self.fidx(flavor), self.pend_milli[i], w.class);
+        if let Some(r) = self.quota_memo.get(&key) {
+            return r.clone();
+        }
+        let r = self.quota_ok(i, flavor);
+        self.quota_memo.insert(key, r.clone());
+        r
+    }
+
+    /// Whether [`Cycle::quota_check`] passes, from the memo when it has it.
+    fn quota_memo_ok(&self, i: usize, flavor: &str) -> bool {
+        let w = &self.pending[i];
+        let key = (w.queue, self.fidx(flavor), self.pend_milli[i], w.class);
+        match self.quota_memo.get(&key) {
+            Some(r) => r.is_ok(),
+            None => self.quota_ok(i, flavor).is_ok(),
+        }
+    }
+
+    /// A flavor's name for a reason, shared by every reason of the cycle.
+    fn flavor_name(&self, flavor: &str) -> Arc<str> {
+        match self.queues.flavor_index(flavor) {
+            Some(f) => self.flavor_names[f].clone(),
+            None => Arc::from(flavor),
+        }
     }
 
     /// The job restricted to one flavor, keeping off reserved nodes unless it ends first.
@@ -1090,32 +1327,64 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
-        job.constraints.avoid_reserved = match &self.reservation {
+        job.constraints.avoid_reserved = self.avoids_reserved(i);
+        job
+    }
+
+    /// Whether job `i` must keep off reserved nodes: a reservation for
+    /// another job starts before it would end.
+    fn avoids_reserved(&self, i: usize) -> bool {
+        let w = &self.pending[i];
+        match &self.reservation {
             Some(r) if r.job != w.job.id => w.max_runtime.is_none_or(|m| self.now + m > r.start_at),
             _ => false,
-        };
-        job
+        }
+    }
+
+    /// Job `i`'s placement problem on `flavor` (see [`PlaceKey`]).
+    fn place_key(&mut self, i: usize, flavor: &str) -> PlaceKey {
+        if self.shape_of[i] == u32::MAX {
+            let next = self.shapes.len() as u32;
+            self.shape_of[i] = *self
+                .shapes
+                .entry(Shape(&self.pending[i].job))
+                .or_insert(next);
+        }
+        (self.shape_of[i], self.fidx(flavor), self.avoids_reserved(i))
     }
 
     /// [`Cycle::place`] for the admission path, remembering shapes that fail.
     fn place_once(&mut self, i: usize, flavor: &str) -> Result<Placement, PendingReason> {
-        let job = self.job_on(i, flavor);
-        let key: PlaceKey = (
-            job.groups
-                .iter()
-                .map(|g| (g.request.clone(), g.replicas))
-                .collect(),
-            job.constraints.clone(),
-            flavor.to_string(),
-        );
+        let key = self.place_key(i, flavor);
         if let Some(r) = self.unplaceable.get(&key) {
             return Err(r.clone());
         }
+        let job = self.job_on(i, flavor);
         let r = self.place(&job, flavor);
         if let Err(e) = &r {
             self.unplaceable.insert(key, e.clone());
         }
         r
+    }
+
+    /// Whether job `i` would fit on `flavor` now. Only for the committed
+    /// state (no trial release in progress): failures are remembered, as
+    /// capacity only shrinks during a cycle.
+    fn fits_committed(&mut self, i: usize, flavor: &str) -> bool {
+        let key = self.place_key(i, flavor);
+        if self.unplaceable.contains_key(&key) || self.no_fit.contains(&key) {
+            return false;
+        }
+        match self.fits_now(i, flavor) {
+            Some(p) => {
+                self.placer.release(&p);
+                true
+            }
+            None => {
+                self.no_fit.insert(key);
+                false
+            }
+        }
     }
 
     /// A trial placement: whether (and where) job `i` would fit now, without explanation.
@@ -1139,16 +1408,18 @@ impl<'a> Cycle<'a> {
                 };
             }
             PendingReason::Placement {
-                flavor: flavor.to_string(),
-                unplaced,
+                flavor: self.flavor_name(flavor),
+                unplaced: Arc::new(unplaced),
             }
         })
     }
 
     fn commit(&mut self, i: usize, flavor: &str, p: Placement) {
+        self.quota_memo.clear();
         let w = &self.pending[i];
         if !flavor.is_empty() {
-            self.queues.charge(w.queue, flavor, w.gpu_milli() as i64);
+            self.queues
+                .charge(w.queue, flavor, self.pend_milli[i] as i64);
             // Shares of the queue, its ancestors and (through the history sum
             // of siblings, which does not change here) nobody else.
             let mut c = self.shares.borrow_mut();
@@ -1169,18 +1440,20 @@ impl<'a> Cycle<'a> {
                     .insert(w.queue);
             }
         }
-        let pending = self.pending;
-        let e = self
-            .users
-            .entry((w.queue, pending[i].user.as_str()))
-            .or_default();
-        e.0 += w.gpu_milli();
-        e.1 += 1;
+        if has_user_limits(self.queues, w.queue) {
+            let pending = self.pending;
+            let e = self
+                .users
+                .entry((w.queue, pending[i].user.as_str()))
+                .or_default();
+            e.0 += self.pend_milli[i];
+            e.1 += 1;
+        }
         if !self.class_may_borrow(w) {
             *self
                 .protected
-                .entry((w.queue, flavor.to_string()))
-                .or_default() += w.gpu_milli();
+                .entry((w.queue, self.fidx(flavor)))
+                .or_default() += self.pend_milli[i];
         }
         self.admitted.push((w.job.id, flavor.to_string(), p));
         self.admitted_idx.push(i);
@@ -1199,68 +1472,60 @@ impl<'a> Cycle<'a> {
         // Aging orders the queue but never lets a job preempt its peers: rank
         // and base priority decide who may preempt whom.
         let my_rank = (self.rank(w), w.priority);
-        let entitled = self.within_guarantee(w, flavor);
+        let fi = self.fidx(flavor);
+        let entitled = self.within_guarantee(i, flavor);
         // Victims may be the own queue's jobs of strictly lower priority and,
         // when entitled to reclaim, the jobs of queues that borrow this flavor.
         // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
-        let eligible = |c: &Cycle, k: usize| {
-            let r = &c.running[k];
-            !c.victims.contains(&r.work.job.id)
-                && c.cfg
-                    .classes
-                    .get(r.work.class)
-                    .is_some_and(|cl| cl.preemptible)
-                && c.now.saturating_sub(r.started) >= c.cfg.min_runtime
-        };
-        let own: Vec<(usize, PreemptReason)> = self
-            .running_by_queue
+        let eligible = |c: &Cycle, k: usize| c.run[k].preemptible && !c.run[k].victim;
+        let mut own: Vec<(usize, PreemptReason)> = self
+            .own_scan
             .get(&w.queue)
             .into_iter()
             .flatten()
-            .copied()
-            .filter(|&k| self.running[k].flavor == flavor && eligible(self, k))
-            .filter(|&k| {
-                (
-                    self.rank(&self.running[k].work),
-                    self.running[k].work.priority,
-                ) < my_rank
-            })
+            .filter(|&&(f, rank, priority, _)| f == fi && (rank, priority) < my_rank)
+            .map(|&(.., k)| k as usize)
+            .filter(|&k| self.runs_on(k, fi, flavor) && eligible(self, k))
             .map(|k| (k, PreemptReason::Priority))
             .collect();
-        let mut candidates = own;
-        if entitled {
+        own.sort_by(|a, b| self.victim_cost(a.0, b.0));
+        // The cheapest candidates are enough; past these, give up. The
+        // reclaim list is already in cost order: merge the own jobs into it.
+        let mut candidates = Vec::new();
+        let mut own = own.into_iter().peekable();
+        if entitled && fi != NO_FLAVOR {
             let list = self.reclaim_list(flavor);
-            let mut taken = 0;
             for k in list.iter().copied() {
-                if taken >= MAX_CANDIDATES {
+                if candidates.len() >= MAX_CANDIDATES {
                     break;
                 }
-                let r = &self.running[k];
-                if r.work.queue != w.queue
-                    && eligible(self, k)
-                    && self.queues.borrowing(r.work.queue, flavor)
-                {
-                    candidates.push((k, PreemptReason::Reclaim));
-                    taken += 1;
+                let q = self.run[k].queue;
+                if q == w.queue || !eligible(self, k) || !self.queues.borrowing_at(q, fi as usize) {
+                    continue;
                 }
+                while let Some(&(o, _)) = own.peek()
+                    && self.victim_cost(o, k).is_lt()
+                {
+                    candidates.extend(own.next());
+                }
+                candidates.push((k, PreemptReason::Reclaim));
             }
         }
-        candidates.sort_by(|a, b| self.victim_cost(a.0, b.0));
+        candidates.extend(own);
+        candidates.truncate(MAX_CANDIDATES);
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut found = false;
         let mut released = 0u64;
-        let demand = self.pending[i].gpu_milli();
-        // The cheapest candidates are enough; past these, give up.
-        candidates.truncate(MAX_CANDIDATES);
+        let demand = self.pend_milli[i];
         if !self.could_help(i, flavor, &candidates, place_failed) {
             return None;
         }
         let last = candidates.len() - 1;
         for (n, (k, reason)) in candidates.into_iter().enumerate() {
             let r = &self.running[k];
-            let lost_h = self.lost(k) / 3600.0;
+            let lost_h = self.run[k].lost / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
-            if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k, flavor) {
+            if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
                 continue;
             }
             if let Some(budget) = self.cfg.disruption_budget {
@@ -1279,9 +1544,9 @@ impl<'a> Cycle<'a> {
             }
             self.placer.release(&r.allocations);
             self.queues
-                .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
+                .charge(r.work.queue, flavor, -(self.run[k].milli as i64));
             chosen.push((k, reason));
-            released += r.work.gpu_milli();
+            released += self.run[k].milli;
             // Placement is tried once enough is released, and otherwise only
             // at doubling counts and after the last candidate, so a long
             // candidate list costs O(log n) tries.
@@ -1337,14 +1602,14 @@ impl<'a> Cycle<'a> {
         for (k, reason) in chosen {
             let r = &self.running[k];
             let lost = r.lost_gpu_seconds(self.now) / 3600.0;
-            self.victims.insert(r.work.job.id);
+            self.run[k].victim = true;
             // A queue's own priority preemptions make room for its own job;
             // only reclaim takes usage away from it.
             if reason == PreemptReason::Reclaim {
                 *self
                     .leaving
-                    .entry((r.work.queue, r.flavor.clone()))
-                    .or_default() += r.work.gpu_milli();
+                    .entry((r.work.queue, self.run[k].flavor))
+                    .or_default() += self.run[k].milli;
             }
             self.history
                 .disruptions
@@ -1366,18 +1631,22 @@ impl<'a> Cycle<'a> {
     /// Whether running job `k`'s queue keeps its guarantee of `flavor` if `k`
     /// is reclaimed, counting the victims chosen earlier (this cycle or still
     /// stopping) as gone.
-    fn keeps_guarantee(&self, k: usize, flavor: &str) -> bool {
-        let q = self.running[k].work.queue;
-        let leaving = self
-            .leaving
-            .get(&(q, flavor.to_string()))
-            .copied()
-            .unwrap_or(0);
+    fn keeps_guarantee(&self, k: usize) -> bool {
+        let RunInfo {
+            queue: q,
+            flavor: fi,
+            milli,
+            ..
+        } = self.run[k];
+        if fi == NO_FLAVOR {
+            return true;
+        }
+        let leaving = self.leaving.get(&(q, fi)).copied().unwrap_or(0);
         let after = self
             .queues
-            .usage(q, flavor)
-            .saturating_sub(leaving + self.run_milli[k]);
-        after >= self.queues.get(q).quota(flavor).guaranteed
+            .usage_at(q, fi as usize)
+            .saturating_sub(leaving + milli);
+        after >= self.queues.quota_at(q, fi as usize).guaranteed
     }
 
     /// Whether stopping every candidate could let job `i` start on `flavor`;
@@ -1385,9 +1654,12 @@ impl<'a> Cycle<'a> {
     /// necessary conditions, both cheap:
     /// - quota: quota only loosens as usage falls, so the job must pass it with
     ///   every candidate's usage released;
-    /// - placement (a single task, after placement failed): only nodes where a
-    ///   candidate runs change, so the task must pass the filters on one of
-    ///   them once every candidate there stops.
+    /// - placement (a single task): only nodes where a candidate runs change,
+    ///   so the task must pass the filters on one of them once every candidate
+    ///   there stops, unless it already fits elsewhere (a job quota blocked
+    ///   before placement was tried).
+    ///
+    /// Quota is tested first, as it is the cheaper.
     fn could_help(
         &mut self,
         i: usize,
@@ -1401,16 +1673,16 @@ impl<'a> Cycle<'a> {
             .iter()
             .copied()
             .filter(|&(k, reason)| {
-                let r = &self.running[k];
-                if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k, flavor) {
+                if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
                     return false;
                 }
                 if let Some(budget) = self.cfg.disruption_budget {
-                    let used =
-                        self.history
-                            .disrupted(r.work.queue, self.now, self.cfg.disruption_window);
-                    if used + self.lost(k) / 3600.0 > budget {
-                        self.budget_block.get_or_insert((r.work.queue, used));
+                    let q = self.run[k].queue;
+                    let used = self
+                        .history
+                        .disrupted(q, self.now, self.cfg.disruption_window);
+                    if used + self.run[k].lost / 3600.0 > budget {
+                        self.budget_block.get_or_insert((q, used));
                         return false;
                     }
                 }
@@ -1421,52 +1693,82 @@ impl<'a> Cycle<'a> {
         if candidates.is_empty() {
             return false;
         }
-        let w = &self.pending[i];
-        let milli = w.gpu_milli();
-        // Quota blocked the job before placement was tried: find out whether
-        // it would fit as things are (then only quota needs the victims).
-        let place_failed = place_failed
-            || (milli > 0
-                && w.job.task_count() == 1
-                && (self.max_free(flavor) < milli
-                    || self
-                        .fits_now(i, flavor)
-                        .map(|p| self.placer.release(&p))
-                        .is_none()));
-        let w = &self.pending[i];
-        if place_failed && milli > 0 && w.job.task_count() == 1 {
-            let job = self.job_on(i, flavor);
-            let mut freed: Vec<&Allocation> = candidates
-                .iter()
-                .flat_map(|&k| &self.running[k].allocations)
-                .collect();
-            freed.sort_unstable_by_key(|a| a.node);
-            if !freed.chunk_by(|a, b| a.node == b.node).any(|on| {
-                self.placer.fits_after_release(
-                    on[0].node,
-                    on,
-                    &job.groups[0].request,
-                    &job.constraints,
-                )
-            }) {
+        // Quota first: the cheaper test.
+        let fi = self.fidx(flavor);
+        if self.cfg.quotas && !flavor.is_empty() && fi != NO_FLAVOR {
+            let f = fi as usize;
+            for &k in &candidates {
+                self.queues
+                    .charge_at(self.run[k].queue, f, -(self.run[k].milli as i64));
+            }
+            let ok = self.quota_ok(i, flavor).is_ok();
+            for &k in &candidates {
+                self.queues
+                    .charge_at(self.run[k].queue, f, self.run[k].milli as i64);
+            }
+            if !ok {
                 return false;
             }
         }
-        if !self.cfg.quotas || flavor.is_empty() {
+        let w = &self.pending[i];
+        let milli = self.pend_milli[i];
+        if milli == 0 || w.job.task_count() != 1 {
             return true;
         }
+        let job = self.job_on(i, flavor);
+        let req = &job.groups[0].request;
+        let need = match req.gpu {
+            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
+            _ => 0,
+        };
+        // (node, GPUs held there, candidate), from the packed records; a
+        // candidate on several nodes adds one entry per allocation.
+        let mut on: Vec<(u32, u64, usize)> = Vec::with_capacity(candidates.len());
         for &k in &candidates {
-            let r = &self.running[k];
-            self.queues
-                .charge(r.work.queue, flavor, -(r.work.gpu_milli() as i64));
+            if self.run[k].node == NODE_UNKNOWN {
+                let allocations = &self.running[k].allocations;
+                self.run[k].node = match allocations.split_first() {
+                    Some((a, rest)) if rest.iter().all(|b| b.node == a.node) => a.node.0,
+                    _ => u32::MAX,
+                };
+                self.run[k].gpus = allocations.iter().fold(0, |m, a| m | gpu_mask(a));
+            }
+            let r = &self.run[k];
+            if r.node != u32::MAX {
+                on.push((r.node, r.gpus, k));
+            } else {
+                on.extend(
+                    self.running[k]
+                        .allocations
+                        .iter()
+                        .map(|a| (a.node.0, gpu_mask(a), k)),
+                );
+            }
         }
-        let ok = self.quota_ok(i, flavor).is_ok();
-        for &k in &candidates {
-            let r = &self.running[k];
-            self.queues
-                .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
-        }
-        ok
+        on.sort_unstable();
+        let cluster = self.placer.cluster();
+        let on_candidate_node = on.chunk_by(|a, b| a.0 == b.0).any(|at| {
+            let node = crate::ids::NodeId(at[0].0);
+            // Each GPU the candidates hold gives back at most one GPU.
+            let gpus = at.iter().fold(0u64, |m, x| m | x.1);
+            if cluster.free_milli_total(node) + 1000 * u64::from(gpus.count_ones()) < need {
+                return false;
+            }
+            let mut ks: Vec<usize> = at.iter().map(|x| x.2).collect();
+            ks.sort_unstable();
+            ks.dedup();
+            let freed: Vec<&Allocation> = ks
+                .iter()
+                .flat_map(|&k| &self.running[k].allocations)
+                .filter(|a| a.node == node)
+                .collect();
+            self.placer
+                .fits_after_release(node, &freed, req, &job.constraints)
+        });
+        // Quota blocked the job before placement was tried: it may fit
+        // elsewhere as things are (then only quota needs the victims).
+        on_candidate_node
+            || !(place_failed || self.max_free(flavor) < milli || !self.fits_committed(i, flavor))
     }
 
     /// The most GPU capacity free on one node with GPUs of `flavor`, as at
@@ -1495,7 +1797,7 @@ impl<'a> Cycle<'a> {
             .running
             .iter()
             .enumerate()
-            .filter(|(_, r)| !self.victims.contains(&r.work.job.id) || r.stopping_at.is_some())
+            .filter(|&(k, r)| !self.run[k].victim || r.stopping_at.is_some())
             .filter_map(|(k, r)| {
                 let end = r
                     .stopping_at
@@ -1558,19 +1860,40 @@ impl<'a> Cycle<'a> {
                 self.placer.set_reserved(n, false);
             }
         }
-        let mut is_admitted = vec![false; self.pending.len()];
+        // What the ETA pass needs of each job, in one sequential pass (the
+        // ETA pass visits jobs in priority order, so random access to the
+        // reasons themselves would miss the cache at every job).
+        const ADMITTED: u8 = 1;
+        const BY_USER: u8 = 2;
+        const BY_QUOTA: u8 = 4;
+        const HELD: u8 = 8;
+        let mut flags = vec![0u8; self.pending.len()];
+        for (f, r) in flags.iter_mut().zip(&self.reasons) {
+            for x in r {
+                *f |= match x {
+                    PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
+                        BY_USER
+                    }
+                    PendingReason::Quota { .. } | PendingReason::NotWithinGuarantee { .. } => {
+                        BY_QUOTA
+                    }
+                    PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
+                    _ => 0,
+                };
+            }
+        }
         for &i in &self.admitted_idx {
-            is_admitted[i] = true;
+            flags[i] |= ADMITTED;
         }
         // ETA: running jobs' declared ends against the demand ahead in order.
         let mut ends: Vec<(u64, u64)> = self
             .running
             .iter()
-            .zip(&self.run_milli)
-            .filter_map(|(r, &m)| Some((Self::end_of(r)?.max(self.now), m)))
+            .zip(&self.run)
+            .filter_map(|(r, info)| Some((Self::end_of(r)?.max(self.now), info.milli)))
             .collect();
         ends.sort_unstable();
-        let running_milli: u64 = self.run_milli.iter().sum();
+        let running_milli: u64 = self.run.iter().map(|r| r.milli).sum();
         let free_now: u64 = self
             .queues
             .flavors()
@@ -1581,14 +1904,16 @@ impl<'a> Cycle<'a> {
         // The order of phase 1 (the same key for every ordering but FIFO).
         let order = std::mem::take(&mut self.global);
         // Demand ahead only grows along the order, so one pass over the ends suffices.
-        let mut eta: Vec<Option<u64>> = vec![None; self.pending.len()];
+        const NO_ETA: u64 = u64::MAX;
+        let mut eta: Vec<u64> = vec![NO_ETA; self.pending.len()];
         // Known ends of running and just-admitted jobs of a queue, by end:
         // (end, milli-GPU, user); built for the queues that need it.
         let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
             Default::default();
         let (mut freed, mut next) = (free_now, 0usize);
         for &i in &order {
-            if is_admitted[i] {
+            let flag = flags[i];
+            if flag & ADMITTED != 0 {
                 continue;
             }
             ahead += self.pend_milli[i];
@@ -1601,26 +1926,14 @@ impl<'a> Cycle<'a> {
                 (true, 0) => Some(self.now),
                 (true, n) => Some(ends[n - 1].0),
             };
-            let reasons = self.reasons[i].as_slice();
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known end.
-            let w = &self.pending[i];
-            let by_user = reasons.iter().any(|x| {
-                matches!(
-                    x,
-                    PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. }
-                )
-            });
-            let by_quota = reasons.iter().any(|x| {
-                matches!(
-                    x,
-                    PendingReason::Quota { .. } | PendingReason::NotWithinGuarantee { .. }
-                )
-            });
-            if by_user || by_quota {
+            let by_user = flag & BY_USER != 0;
+            if flag & (BY_USER | BY_QUOTA) != 0 {
+                let w = &self.pending[i];
                 let mine = by_queue
                     .entry(w.queue)
-                    .or_insert_with(|| self.known_ends(w.queue, &is_admitted));
+                    .or_insert_with(|| self.known_ends(w.queue));
                 let mut got = 0;
                 let mut when = None;
                 for &(end, m, user) in mine.iter() {
@@ -1638,49 +1951,60 @@ impl<'a> Cycle<'a> {
                     _ => None,
                 };
             }
-            if reasons.iter().any(|x| {
-                matches!(
-                    x,
-                    PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. }
-                )
-            }) {
+            if flag & HELD != 0 {
                 t = None;
             }
             if let Some(r) = &self.reservation
-                && r.job == w.job.id
+                && r.job == self.pend_id[i]
             {
                 t = Some(r.start_at);
             }
-            eta[i] = t;
+            eta[i] = t.unwrap_or(NO_ETA);
         }
-        let mut pending = Vec::with_capacity(self.pending.len() - self.admitted.len());
+        // Positions in each queue, then the explanations in job order (the
+        // backlog usually comes nearly in that order, which the stable sort
+        // takes in about one pass).
+        let mut position = vec![0u32; self.pending.len()];
         for list in self.per_queue.values() {
-            let mut position = 0;
+            let mut p = 0;
             for &i in list {
-                if is_admitted[i] {
-                    continue;
+                if flags[i] & ADMITTED == 0 {
+                    p += 1;
+                    position[i] = p;
                 }
-                position += 1;
-                let mut r = std::mem::take(&mut self.reasons[i]);
-                if self.not_reached[i] != u32::MAX {
-                    r.push(PendingReason::NotReached {
-                        ahead: self.not_reached[i] as usize,
-                    });
-                }
-                if r.is_empty() {
-                    r.push(PendingReason::NotReached {
-                        ahead: position - 1,
-                    });
-                }
-                pending.push(Pending {
-                    job: self.pending[i].job.id,
-                    reasons: r,
-                    position,
-                    eta: eta[i],
-                });
             }
         }
-        pending.sort_unstable_by_key(|p| p.job);
+        let mut by_id: Vec<(JobId, u32)> = (0..self.pending.len())
+            .filter(|&i| flags[i] & ADMITTED == 0)
+            .map(|i| (self.pend_id[i], i as u32))
+            .collect();
+        by_id.sort_by_key(|&(id, _)| id);
+        let mut pending = Vec::with_capacity(by_id.len());
+        for (job, i) in by_id {
+            let i = i as usize;
+            let tried = std::mem::take(&mut self.reasons[i]);
+            let mut r = if tried.is_empty() {
+                Reasons::new()
+            } else {
+                Reasons::from_vec(tried)
+            };
+            if self.not_reached[i] != u32::MAX {
+                r.push(PendingReason::NotReached {
+                    ahead: self.not_reached[i] as usize,
+                });
+            }
+            if r.is_empty() {
+                r.push(PendingReason::NotReached {
+                    ahead: position[i] as usize - 1,
+                });
+            }
+            pending.push(Pending {
+                job,
+                reasons: r,
+                position: position[i] as usize,
+                eta: (eta[i] != NO_ETA).then_some(eta[i]),
+            });
+        }
         Plan {
             admitted: self.admitted,
             preempted: self.preempted,
@@ -1697,7 +2021,7 @@ impl<'a> Cycle<'a> {
 
     /// Known ends of a queue's running and just-admitted jobs, soonest first:
     /// (end, milli-GPU, user).
-    fn known_ends(&self, q: QueueId, is_admitted: &[bool]) -> Vec<(u64, u64, &'a str)> {
+    fn known_ends(&self, q: QueueId) -> Vec<(u64, u64, &'a str)> {
         let running = self.running;
         let pending = self.pending;
         let mut v: Vec<(u64, u64, &'a str)> = self
@@ -1709,7 +2033,7 @@ impl<'a> Cycle<'a> {
                 let r = &running[k];
                 Some((
                     Self::end_of(r)?.max(self.now),
-                    self.run_milli[k],
+                    self.run[k].milli,
                     r.work.user.as_str(),
                 ))
             })
@@ -1719,7 +2043,6 @@ impl<'a> Cycle<'a> {
                     .filter(|&&i| pending[i].queue == q)
                     .filter_map(|&i| {
                         let w = &pending[i];
-                        debug_assert!(is_admitted[i]);
                         Some((
                             (self.now + w.max_runtime?).max(self.now),
                             self.pend_milli[i],
