@@ -223,6 +223,11 @@ pub struct Queues {
     quotas: Vec<Vec<FlavorQuota>>,
     /// `capacity` by flavor index.
     capacity_by_index: Vec<u64>,
+    /// Per parent (index `list.len()`: the top level) and flavor index, what
+    /// its children take of its room: the sum of max(usage, reserved). Kept
+    /// in step by [`Queues::charge_at`] and [`Queues::update`], so that a
+    /// quota check reads one figure per level instead of summing siblings.
+    taken: Vec<Vec<u64>>,
 }
 
 /// What is wrong with a queue tree.
@@ -275,7 +280,8 @@ impl Queues {
             .map(|q| flavor_names.iter().map(|f| q.quota(f)).collect())
             .collect();
         let capacity_by_index = flavor_names.iter().map(|f| capacity[f]).collect();
-        Ok(Queues {
+        let mut queues = Queues {
+            taken: vec![vec![0; flavor_names.len()]; list.len() + 1],
             list,
             children,
             top,
@@ -284,7 +290,31 @@ impl Queues {
             flavor_names,
             quotas,
             capacity_by_index,
-        })
+        };
+        for slot in 0..queues.taken.len() {
+            queues.retake(slot);
+        }
+        Ok(queues)
+    }
+
+    /// The `taken` slot of a parent.
+    fn slot(&self, parent: Option<QueueId>) -> usize {
+        parent.map_or(self.list.len(), |p| p.0 as usize)
+    }
+
+    /// Recomputes what the children of the parent in `slot` take.
+    fn retake(&mut self, slot: usize) {
+        let children = if slot == self.list.len() {
+            &self.top
+        } else {
+            &self.children[slot]
+        };
+        for f in 0..self.flavor_names.len() {
+            self.taken[slot][f] = children
+                .iter()
+                .map(|&c| self.usage[c.0 as usize][f].max(self.quotas[c.0 as usize][f].reserved()))
+                .sum();
+        }
     }
 
     pub fn list(&self) -> &[Queue] {
@@ -303,6 +333,7 @@ impl Queues {
         change(q);
         q.parent = parent;
         self.quotas[id.0 as usize] = self.flavor_names.iter().map(|f| q.quota(f)).collect();
+        self.retake(self.slot(parent));
     }
 
     fn fix(&self, flavor: &str) -> Option<usize> {
@@ -378,9 +409,16 @@ impl Queues {
     pub fn charge_at(&mut self, id: QueueId, f: usize, milli: i64) {
         let mut cur = Some(id);
         while let Some(q) = cur {
+            let reserved = self.quotas[q.0 as usize][f].reserved();
             let u = &mut self.usage[q.0 as usize][f];
+            let before = (*u).max(reserved);
             *u = (*u as i64 + milli).max(0) as u64;
-            cur = self.list[q.0 as usize].parent;
+            let after = (*u).max(reserved);
+            let parent = self.list[q.0 as usize].parent;
+            let slot = self.slot(parent);
+            let t = &mut self.taken[slot][f];
+            *t = *t - before + after;
+            cur = parent;
         }
     }
 
@@ -452,14 +490,19 @@ impl Queues {
             // The parent's room: every child takes max(usage, reserved).
             let parent = queue.parent;
             let room = self.room(parent, f);
-            let taken: u64 = self
-                .children(parent)
-                .iter()
-                .map(|&c| {
-                    let u = self.usage[c.0 as usize][f] + if c == q { milli } else { 0 };
-                    u.max(self.quotas[c.0 as usize][f].reserved())
-                })
-                .sum();
+            let taken = self.taken[self.slot(parent)][f] - used.max(quota.reserved())
+                + after.max(quota.reserved());
+            debug_assert_eq!(
+                taken,
+                self.children(parent)
+                    .iter()
+                    .map(|&c| {
+                        let u = self.usage[c.0 as usize][f] + if c == q { milli } else { 0 };
+                        u.max(self.quotas[c.0 as usize][f].reserved())
+                    })
+                    .sum::<u64>(),
+                "taken out of step"
+            );
             if taken > room {
                 let others = taken - after.max(quota.reserved());
                 return Err(QuotaBlock::NoLendableCapacity {
@@ -553,6 +596,29 @@ mod tests {
             4000,
             "usage rolls up to the parent"
         );
+    }
+
+    #[test]
+    fn a_changed_lending_limit_takes_effect_on_the_next_check() {
+        let mut q = tree();
+        let (b, ap) = (QueueId(2), QueueId(3));
+        q.charge(b, "H100", 6000);
+        // team-a reserves 2 of its 4 (lends at most 2): a-proj gets 2.
+        assert_eq!(q.fits(ap, "H100", 2000), Ok(()));
+        // Lending nothing: team-a reserves all 4, which team-b's 6 overlap.
+        q.update(QueueId(1), |a| {
+            a.quotas.get_mut("H100").unwrap().lend_limit = Some(0);
+        });
+        assert!(matches!(
+            q.fits(ap, "H100", 2000),
+            Err(QuotaBlock::NoLendableCapacity { .. })
+        ));
+        q.charge(b, "H100", -2000);
+        assert_eq!(q.fits(ap, "H100", 4000), Ok(()));
+        assert!(matches!(
+            q.fits(b, "H100", 1000),
+            Err(QuotaBlock::NoLendableCapacity { .. })
+        ));
     }
 
     #[test]
