@@ -58,6 +58,10 @@ type PlaceKey = (u32, u32, bool);
 /// Victim candidates considered for one preemptor, cheapest first.
 const MAX_CANDIDATES: usize = 256;
 
+/// Reclaim candidates a shared window keeps: enough for a search's
+/// [`MAX_CANDIDATES`] after leaving out the searcher's own queue's jobs.
+const SHARED_STREAM: usize = MAX_CANDIDATES + 64;
+
 /// [`RunInfo::node`] before the allocations were read.
 const NODE_UNKNOWN: u32 = u32::MAX - 1;
 
@@ -543,6 +547,23 @@ struct RunInfo {
     victim: bool,
 }
 
+/// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
+struct Screened {
+    kept: Vec<usize>,
+    /// The first disruption budget that left a candidate out: (queue, GPU-hours lost).
+    budget_block: Option<(QueueId, f64)>,
+}
+
+/// The reclaim candidates entitled searches share ([`Cycle::shared_window`]).
+struct SharedWindow {
+    /// The value of [`Cycle::epoch`] it was built at.
+    epoch: u64,
+    /// The first eligible jobs of borrowing queues, cheapest first, at most
+    /// [`SHARED_STREAM`]: (index into `running`, queue, whether it passes
+    /// the bounds now).
+    stream: Vec<(usize, QueueId, bool)>,
+}
+
 /// The GPUs of its node an allocation holds, as a bit mask.
 fn gpu_mask(a: &Allocation) -> u64 {
     match a.pick {
@@ -609,6 +630,11 @@ struct Cycle<'a> {
     /// priority) → the smallest demand that failed. A bigger demand of the same
     /// standing cannot succeed either (the candidate set is the same).
     no_victims: rustc_hash::FxHashMap<(QueueId, u32, u32, i32), u64>,
+    /// Counts admissions and preemptions: what the shared reclaim windows
+    /// depend on (usage, victims, disruptions) changes only with them.
+    epoch: u64,
+    /// Per flavor index, the reclaim window entitled searches share.
+    shared: rustc_hash::FxHashMap<u32, Rc<SharedWindow>>,
     /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).
     reclaim: BTreeMap<String, Rc<Vec<usize>>>,
     /// Job shapes that found no place this cycle (a seedless hasher: the core
@@ -754,6 +780,8 @@ impl<'a> Cycle<'a> {
             borrowers: BTreeMap::new(),
             no_victims: Default::default(),
             reclaim: BTreeMap::new(),
+            epoch: 0,
+            shared: Default::default(),
             unplaceable: rustc_hash::FxHashMap::default(),
             no_fit: Default::default(),
             shapes: Default::default(),
@@ -1416,6 +1444,7 @@ impl<'a> Cycle<'a> {
 
     fn commit(&mut self, i: usize, flavor: &str, p: Placement) {
         self.quota_memo.clear();
+        self.epoch += 1;
         let w = &self.pending[i];
         if !flavor.is_empty() {
             self.queues
@@ -1489,18 +1518,52 @@ impl<'a> Cycle<'a> {
             .map(|k| (k, PreemptReason::Priority))
             .collect();
         own.sort_by(|a, b| self.victim_cost(a.0, b.0));
-        // The cheapest candidates are enough; past these, give up. The
-        // reclaim list is already in cost order: merge the own jobs into it.
+        // An entitled job's reclaim candidates come from the stream its
+        // flavor's searches share (screened once), unless disruption
+        // budgets, which depend on the whole window, apply.
+        if entitled && fi != NO_FLAVOR && self.cfg.disruption_budget.is_none() {
+            let shared = self.shared_window(fi, flavor);
+            if let Some((candidates, screened)) = self.window_from(&shared, &own, w.queue) {
+                #[cfg(debug_assertions)]
+                {
+                    let direct = self.window(own.clone(), Some(fi), w.queue, flavor);
+                    debug_assert_eq!(candidates, direct, "shared reclaim window differs");
+                    debug_assert_eq!(screened.kept, self.screen(&direct).kept);
+                }
+                return self.search(i, flavor, &candidates, &screened, place_failed);
+            }
+        }
+        let reclaim = (entitled && fi != NO_FLAVOR).then_some(fi);
+        let candidates = self.window(own, reclaim, w.queue, flavor);
+        let screened = self.screen(&candidates);
+        self.search(i, flavor, &candidates, &screened, place_failed)
+    }
+
+    /// A search's candidate window: the cheapest [`MAX_CANDIDATES`] of the
+    /// `own` candidates (cheapest first) and, when `reclaim` names the
+    /// flavor index, the eligible jobs of other queues that borrow it. The
+    /// reclaim list is already in cost order: the own jobs are merged in.
+    fn window(
+        &mut self,
+        own: Vec<(usize, PreemptReason)>,
+        reclaim: Option<u32>,
+        queue: QueueId,
+        flavor: &str,
+    ) -> Vec<(usize, PreemptReason)> {
         let mut candidates = Vec::new();
         let mut own = own.into_iter().peekable();
-        if entitled && fi != NO_FLAVOR {
+        if let Some(fi) = reclaim {
             let list = self.reclaim_list(flavor);
             for k in list.iter().copied() {
                 if candidates.len() >= MAX_CANDIDATES {
                     break;
                 }
                 let q = self.run[k].queue;
-                if q == w.queue || !eligible(self, k) || !self.queues.borrowing_at(q, fi as usize) {
+                if q == queue
+                    || !self.run[k].preemptible
+                    || self.run[k].victim
+                    || !self.queues.borrowing_at(q, fi as usize)
+                {
                     continue;
                 }
                 while let Some(&(o, _)) = own.peek()
@@ -1513,15 +1576,28 @@ impl<'a> Cycle<'a> {
         }
         candidates.extend(own);
         candidates.truncate(MAX_CANDIDATES);
+        candidates
+    }
+
+    /// The search proper over a candidate window, cheapest first (see
+    /// [`Cycle::find_victims`]).
+    fn search(
+        &mut self,
+        i: usize,
+        flavor: &str,
+        candidates: &[(usize, PreemptReason)],
+        screened: &Screened,
+        place_failed: bool,
+    ) -> Option<Vec<Preemption>> {
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut found = false;
         let mut released = 0u64;
         let demand = self.pend_milli[i];
-        if !self.could_help(i, flavor, &candidates, place_failed) {
+        if !self.could_help(i, flavor, screened, place_failed) {
             return None;
         }
         let last = candidates.len() - 1;
-        for (n, (k, reason)) in candidates.into_iter().enumerate() {
+        for (n, &(k, reason)) in candidates.iter().enumerate() {
             let r = &self.running[k];
             let lost_h = self.run[k].lost / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
@@ -1599,6 +1675,7 @@ impl<'a> Cycle<'a> {
         }
         let by = self.pending[i].job.id;
         let mut out = Vec::new();
+        self.epoch += 1;
         for (k, reason) in chosen {
             let r = &self.running[k];
             let lost = r.lost_gpu_seconds(self.now) / 3600.0;
@@ -1649,27 +1726,12 @@ impl<'a> Cycle<'a> {
         after >= self.queues.quota_at(q, fi as usize).guaranteed
     }
 
-    /// Whether stopping every candidate could let job `i` start on `flavor`;
-    /// when not, no subset of them helps and the search is skipped. Two
-    /// necessary conditions, both cheap:
-    /// - quota: quota only loosens as usage falls, so the job must pass it with
-    ///   every candidate's usage released;
-    /// - placement (a single task): only nodes where a candidate runs change,
-    ///   so the task must pass the filters on one of them once every candidate
-    ///   there stops, unless it already fits elsewhere (a job quota blocked
-    ///   before placement was tried).
-    ///
-    /// Quota is tested first, as it is the cheaper.
-    fn could_help(
-        &mut self,
-        i: usize,
-        flavor: &str,
-        candidates: &[(usize, PreemptReason)],
-        place_failed: bool,
-    ) -> bool {
-        // The bounds only tighten as the search releases victims, so a
-        // candidate that fails them now is never taken.
-        let candidates: Vec<usize> = candidates
+    /// The candidates that pass the bounds now (they only tighten as a search
+    /// releases victims, so one that fails them now is never taken), with
+    /// the first disruption budget that left one out.
+    fn screen(&mut self, candidates: &[(usize, PreemptReason)]) -> Screened {
+        let mut budget_block = None;
+        let kept = candidates
             .iter()
             .copied()
             .filter(|&(k, reason)| {
@@ -1682,7 +1744,7 @@ impl<'a> Cycle<'a> {
                         .history
                         .disrupted(q, self.now, self.cfg.disruption_window);
                     if used + self.run[k].lost / 3600.0 > budget {
-                        self.budget_block.get_or_insert((q, used));
+                        budget_block.get_or_insert((q, used));
                         return false;
                     }
                 }
@@ -1690,41 +1752,15 @@ impl<'a> Cycle<'a> {
             })
             .map(|(k, _)| k)
             .collect();
-        if candidates.is_empty() {
-            return false;
-        }
-        // Quota first: the cheaper test.
-        let fi = self.fidx(flavor);
-        if self.cfg.quotas && !flavor.is_empty() && fi != NO_FLAVOR {
-            let f = fi as usize;
-            for &k in &candidates {
-                self.queues
-                    .charge_at(self.run[k].queue, f, -(self.run[k].milli as i64));
-            }
-            let ok = self.quota_ok(i, flavor).is_ok();
-            for &k in &candidates {
-                self.queues
-                    .charge_at(self.run[k].queue, f, self.run[k].milli as i64);
-            }
-            if !ok {
-                return false;
-            }
-        }
-        let w = &self.pending[i];
-        let milli = self.pend_milli[i];
-        if milli == 0 || w.job.task_count() != 1 {
-            return true;
-        }
-        let job = self.job_on(i, flavor);
-        let req = &job.groups[0].request;
-        let need = match req.gpu {
-            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
-            _ => 0,
-        };
-        // (node, GPUs held there, candidate), from the packed records; a
-        // candidate on several nodes adds one entry per allocation.
+        Screened { kept, budget_block }
+    }
+
+    /// (node, GPUs held there, candidate) for the candidates, by node, from
+    /// the packed records; a candidate on several nodes adds one entry per
+    /// allocation.
+    fn by_node(&mut self, candidates: &[usize]) -> Vec<(u32, u64, usize)> {
         let mut on: Vec<(u32, u64, usize)> = Vec::with_capacity(candidates.len());
-        for &k in &candidates {
+        for &k in candidates {
             if self.run[k].node == NODE_UNKNOWN {
                 let allocations = &self.running[k].allocations;
                 self.run[k].node = match allocations.split_first() {
@@ -1746,6 +1782,143 @@ impl<'a> Cycle<'a> {
             }
         }
         on.sort_unstable();
+        on
+    }
+
+    /// The reclaim candidates shared by the entitled searches of flavor
+    /// `fi`: the first eligible jobs of borrowing queues, each screened
+    /// against the bounds once. Rebuilt when an admission or a preemption
+    /// (`epoch`) may have changed any of it.
+    fn shared_window(&mut self, fi: u32, flavor: &str) -> Rc<SharedWindow> {
+        if let Some(w) = self.shared.get(&fi)
+            && w.epoch == self.epoch
+        {
+            return w.clone();
+        }
+        let list = self.reclaim_list(flavor);
+        let mut stream = Vec::new();
+        for k in list.iter().copied() {
+            if stream.len() >= SHARED_STREAM {
+                break;
+            }
+            let q = self.run[k].queue;
+            if self.run[k].preemptible
+                && !self.run[k].victim
+                && self.queues.borrowing_at(q, fi as usize)
+            {
+                stream.push((k, q, self.keeps_guarantee(k)));
+            }
+        }
+        let w = Rc::new(SharedWindow {
+            epoch: self.epoch,
+            stream,
+        });
+        self.shared.insert(fi, w.clone());
+        w
+    }
+
+    /// The window and screened candidates of an entitled search of `queue`
+    /// with `own` candidates (cheapest first), built from the shared stream
+    /// exactly as [`Cycle::find_victims`] builds them from the reclaim list;
+    /// `None` when the stream is too short to tell.
+    fn window_from(
+        &self,
+        shared: &SharedWindow,
+        own: &[(usize, PreemptReason)],
+        queue: QueueId,
+    ) -> Option<(Vec<(usize, PreemptReason)>, Screened)> {
+        let mut window: Vec<(usize, PreemptReason, bool)> = Vec::with_capacity(MAX_CANDIDATES);
+        let mut own = own.iter().peekable();
+        let mut full = false;
+        for &(k, q, ok) in &shared.stream {
+            if window.len() >= MAX_CANDIDATES {
+                full = true;
+                break;
+            }
+            if q == queue {
+                continue;
+            }
+            while let Some(&&(o, reason)) = own.peek()
+                && self.victim_cost(o, k).is_lt()
+            {
+                window.push((o, reason, true));
+                own.next();
+            }
+            window.push((k, PreemptReason::Reclaim, ok));
+        }
+        if !full && window.len() < MAX_CANDIDATES && shared.stream.len() >= SHARED_STREAM {
+            return None;
+        }
+        window.extend(own.map(|&(o, reason)| (o, reason, true)));
+        window.truncate(MAX_CANDIDATES);
+        let kept = window.iter().filter(|c| c.2).map(|c| c.0).collect();
+        let candidates = window
+            .into_iter()
+            .map(|(k, reason, _)| (k, reason))
+            .collect();
+        Some((
+            candidates,
+            Screened {
+                kept,
+                budget_block: None,
+            },
+        ))
+    }
+
+    /// Whether stopping every candidate could let job `i` start on `flavor`;
+    /// when not, no subset of them helps and the search is skipped. Two
+    /// necessary conditions, both cheap:
+    /// - quota: quota only loosens as usage falls, so the job must pass it with
+    ///   every candidate's usage released;
+    /// - placement (a single task): only nodes where a candidate runs change,
+    ///   so the task must pass the filters on one of them once every candidate
+    ///   there stops, unless it already fits elsewhere (a job quota blocked
+    ///   before placement was tried).
+    ///
+    /// Quota is tested first, as it is the cheaper.
+    fn could_help(
+        &mut self,
+        i: usize,
+        flavor: &str,
+        screened: &Screened,
+        place_failed: bool,
+    ) -> bool {
+        if let Some(b) = screened.budget_block {
+            self.budget_block.get_or_insert(b);
+        }
+        let candidates = &screened.kept;
+        if candidates.is_empty() {
+            return false;
+        }
+        // Quota first: the cheaper test.
+        let fi = self.fidx(flavor);
+        if self.cfg.quotas && !flavor.is_empty() && fi != NO_FLAVOR {
+            let f = fi as usize;
+            for &k in candidates {
+                self.queues
+                    .charge_at(self.run[k].queue, f, -(self.run[k].milli as i64));
+            }
+            let ok = self.quota_ok(i, flavor).is_ok();
+            for &k in candidates {
+                self.queues
+                    .charge_at(self.run[k].queue, f, self.run[k].milli as i64);
+            }
+            if !ok {
+                return false;
+            }
+        }
+        let w = &self.pending[i];
+        let milli = self.pend_milli[i];
+        if milli == 0 || w.job.task_count() != 1 {
+            return true;
+        }
+        let job = self.job_on(i, flavor);
+        let req = &job.groups[0].request;
+        let need = match req.gpu {
+            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
+            _ => 0,
+        };
+        let on = self.by_node(candidates);
         let cluster = self.placer.cluster();
         let on_candidate_node = on.chunk_by(|a, b| a.0 == b.0).any(|at| {
             let node = crate::ids::NodeId(at[0].0);
