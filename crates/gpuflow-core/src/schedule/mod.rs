@@ -602,6 +602,9 @@ struct Cycle<'a> {
     per_queue: BTreeMap<QueueId, Vec<usize>>,
     /// Global order (FIFO and priority orderings).
     global: Vec<usize>,
+    /// Each job's GPU demand in the global order, so that the ETA pass
+    /// reads it in sequence.
+    global_milli: Vec<u64>,
     /// Per pending job (by index), the reasons found so far.
     reasons: Vec<Vec<PendingReason>>,
     /// Per pending job, `ahead` of a "not reached" reason (u32::MAX: none);
@@ -750,6 +753,7 @@ impl<'a> Cycle<'a> {
             cfg,
             per_queue: BTreeMap::new(),
             global: Vec::new(),
+            global_milli: Vec::new(),
             reasons: vec![Vec::new(); pending.len()],
             not_reached: vec![u32::MAX; pending.len()],
             admitted: Vec::new(),
@@ -884,7 +888,7 @@ impl<'a> Cycle<'a> {
         let mut tiers: Vec<Tier> = Vec::new();
         // (bucket, submitted, id, queue) per job: one pass over the jobs.
         let mut bucket: Vec<(u32, u64, JobId, u32)> = Vec::with_capacity(n);
-        for w in self.pending {
+        for w in self.pending.iter() {
             let tier = match self.cfg.ordering {
                 Ordering::Fifo => (Reverse(0), Reverse(0)),
                 _ => (
@@ -917,19 +921,19 @@ impl<'a> Cycle<'a> {
         }
         // (submitted, id, index, queue): the queue rides along so that
         // filling the per-queue lists reads the order, not the jobs.
-        let mut keyed: Vec<(u64, JobId, u32, u32)> = vec![(0, JobId(0), 0, 0); n];
+        let mut keyed: Vec<(u64, JobId, u32, u32, u64)> = vec![(0, JobId(0), 0, 0, 0); n];
         let mut next = start.clone();
         for (i, &(b, submitted, id, q)) in bucket.iter().enumerate() {
             let b = b as usize;
-            keyed[next[b]] = (submitted, id, i as u32, q);
+            keyed[next[b]] = (submitted, id, i as u32, q, self.pend_milli[i]);
             next[b] += 1;
         }
         for &b in &by_tier {
             let (s, c) = (start[b as usize], count[b as usize]);
-            keyed[s..s + c].sort_by_key(|&(submitted, id, _, _)| (submitted, id));
+            keyed[s..s + c].sort_by_key(|&(submitted, id, ..)| (submitted, id));
         }
         let mut lists: Vec<Vec<usize>> = vec![Vec::new(); self.queues.list().len()];
-        for &(_, _, i, q) in &keyed {
+        for &(_, _, i, q, _) in &keyed {
             lists[q as usize].push(i as usize);
         }
         self.per_queue = lists
@@ -939,6 +943,7 @@ impl<'a> Cycle<'a> {
             .map(|(q, l)| (QueueId(q as u32), l))
             .collect();
         self.global = keyed.iter().map(|k| k.2 as usize).collect();
+        self.global_milli = keyed.iter().map(|k| k.4).collect();
     }
 
     /// The fair-share key of a queue: current dominant share blended with
@@ -1002,7 +1007,13 @@ impl<'a> Cycle<'a> {
             for list in self.per_queue.values_mut() {
                 list.retain(|i| !done.contains(i));
             }
-            self.global.retain(|i| !done.contains(i));
+            (self.global, self.global_milli) = self
+                .global
+                .iter()
+                .zip(&self.global_milli)
+                .filter(|(i, _)| !done.contains(*i))
+                .map(|(&i, &m)| (i, m))
+                .unzip();
         }
         match self.cfg.ordering {
             Ordering::Fifo | Ordering::Priority => {
@@ -1894,14 +1905,25 @@ impl<'a> Cycle<'a> {
         let fi = self.fidx(flavor);
         if self.cfg.quotas && !flavor.is_empty() && fi != NO_FLAVOR {
             let f = fi as usize;
-            for &k in candidates {
-                self.queues
-                    .charge_at(self.run[k].queue, f, -(self.run[k].milli as i64));
+            // Released per queue: one charge up the tree per queue, not per job.
+            let mut by_queue: Vec<(QueueId, i64)> = candidates
+                .iter()
+                .map(|&k| (self.run[k].queue, self.run[k].milli as i64))
+                .collect();
+            by_queue.sort_unstable_by_key(|&(q, _)| q);
+            by_queue.dedup_by(|b, a| {
+                let same = a.0 == b.0;
+                if same {
+                    a.1 += b.1;
+                }
+                same
+            });
+            for &(q, milli) in &by_queue {
+                self.queues.charge_at(q, f, -milli);
             }
             let ok = self.quota_ok(i, flavor).is_ok();
-            for &k in candidates {
-                self.queues
-                    .charge_at(self.run[k].queue, f, self.run[k].milli as i64);
+            for &(q, milli) in &by_queue {
+                self.queues.charge_at(q, f, milli);
             }
             if !ok {
                 return false;
@@ -2076,6 +2098,7 @@ impl<'a> Cycle<'a> {
         let mut ahead: u64 = 0;
         // The order of phase 1 (the same key for every ordering but FIFO).
         let order = std::mem::take(&mut self.global);
+        let order_milli = std::mem::take(&mut self.global_milli);
         // Demand ahead only grows along the order, so one pass over the ends suffices.
         const NO_ETA: u64 = u64::MAX;
         let mut eta: Vec<u64> = vec![NO_ETA; self.pending.len()];
@@ -2084,12 +2107,12 @@ impl<'a> Cycle<'a> {
         let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
             Default::default();
         let (mut freed, mut next) = (free_now, 0usize);
-        for &i in &order {
+        for (&i, &milli) in order.iter().zip(&order_milli) {
             let flag = flags[i];
             if flag & ADMITTED != 0 {
                 continue;
             }
-            ahead += self.pend_milli[i];
+            ahead += milli;
             while freed < ahead && next < ends.len() {
                 freed += ends[next].1;
                 next += 1;
