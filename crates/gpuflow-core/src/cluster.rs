@@ -81,6 +81,17 @@ pub struct Allocation {
 }
 
 impl Allocation {
+    /// The GPUs of its node this allocation touches, as a bit mask.
+    pub fn gpu_mask(&self) -> u64 {
+        match self.pick {
+            GpuPick::None => 0,
+            GpuPick::Whole(mask) => mask,
+            GpuPick::Shared(g) | GpuPick::Mig { gpu: g, .. } => {
+                1u64.checked_shl(u32::from(g)).unwrap_or(0)
+            }
+        }
+    }
+
     /// The GPU indices this allocation touches.
     pub fn gpu_indices(&self) -> Vec<u8> {
         match self.pick {

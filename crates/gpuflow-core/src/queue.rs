@@ -336,14 +336,10 @@ impl Queues {
         self.retake(self.slot(parent));
     }
 
-    fn fix(&self, flavor: &str) -> Option<usize> {
-        self.flavor_names.iter().position(|f| f == flavor)
-    }
-
     /// A flavor's index for the `*_at` methods (its position in name order),
     /// or `None` for a flavor the cluster does not have.
     pub fn flavor_index(&self, flavor: &str) -> Option<usize> {
-        self.fix(flavor)
+        self.flavor_names.iter().position(|f| f == flavor)
     }
 
     /// [`Queues::usage`] by flavor index.
@@ -386,7 +382,8 @@ impl Queues {
     }
 
     pub fn usage(&self, id: QueueId, flavor: &str) -> u64 {
-        self.fix(flavor).map_or(0, |f| self.usage[id.0 as usize][f])
+        self.flavor_index(flavor)
+            .map_or(0, |f| self.usage[id.0 as usize][f])
     }
 
     pub fn capacity(&self, flavor: &str) -> u64 {
@@ -400,7 +397,7 @@ impl Queues {
     /// Adds (or, negative, removes) usage along the queue's path.
     /// Usage of a flavor the cluster does not have is not tracked.
     pub fn charge(&mut self, id: QueueId, flavor: &str, milli: i64) {
-        if let Some(f) = self.fix(flavor) {
+        if let Some(f) = self.flavor_index(flavor) {
             self.charge_at(id, f, milli);
         }
     }
@@ -424,7 +421,8 @@ impl Queues {
 
     /// Whether the queue is using more than its guarantee of the flavor.
     pub fn borrowing(&self, id: QueueId, flavor: &str) -> bool {
-        self.fix(flavor).is_some_and(|f| self.borrowing_at(id, f))
+        self.flavor_index(flavor)
+            .is_some_and(|f| self.borrowing_at(id, f))
     }
 
     /// [`Queues::borrowing`] by flavor index.
@@ -447,7 +445,7 @@ impl Queues {
     /// ancestor; `Ok` or the first block found, leaf first. A flavor the
     /// cluster does not have never fits.
     pub fn fits(&self, leaf: QueueId, flavor: &str, milli: u64) -> Result<(), QuotaBlock> {
-        let Some(f) = self.fix(flavor) else {
+        let Some(f) = self.flavor_index(flavor) else {
             return Err(QuotaBlock::NoLendableCapacity {
                 parent: None,
                 needed: milli,

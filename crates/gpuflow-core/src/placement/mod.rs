@@ -229,22 +229,10 @@ impl Placer {
         req: &TaskRequest,
         cons: &Constraints,
     ) -> bool {
-        // Necessary first, and cheap: whole and fractional GPUs need as much
-        // free capacity as they ask for, and each GPU the freed tasks touch
-        // gives back at most one GPU.
-        let need = match req.gpu {
-            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
-            _ => 0,
-        };
-        if need > 0 {
-            let touched = freed.iter().fold(0u64, |m, a| match a.pick {
-                GpuPick::Whole(mask) => m | mask,
-                GpuPick::Shared(g) => m | 1u64.checked_shl(g as u32).unwrap_or(0),
-                _ => m,
-            });
-            if self.cluster.free_milli_total(id) + 1000 * u64::from(touched.count_ones()) < need {
-                return false;
-            }
+        // Necessary first, and cheap.
+        let touched = freed.iter().fold(0u64, |m, a| m | a.gpu_mask());
+        if !self.may_fit_after_release(id, touched, req) {
+            return false;
         }
         let mut usage = self.cluster.usage(id).clone();
         for a in freed {
@@ -265,6 +253,18 @@ impl Placer {
         let mut picks = Vec::new();
         filters::picks(&view, &mut picks);
         !picks.is_empty()
+    }
+
+    /// A necessary condition of [`Placer::fits_after_release`], from counts
+    /// alone: whole and fractional GPUs need as much free capacity as they
+    /// ask for, and each GPU in `touched` (those the freed tasks hold) gives
+    /// back at most one GPU.
+    pub fn may_fit_after_release(&self, id: NodeId, touched: u64, req: &TaskRequest) -> bool {
+        let need = match req.gpu {
+            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
+            _ => 0,
+        };
+        self.cluster.free_milli_total(id) + 1000 * u64::from(touched.count_ones()) >= need
     }
 
     /// Places every task of `job` and commits the allocations to the working

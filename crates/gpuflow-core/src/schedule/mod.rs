@@ -547,6 +547,13 @@ struct RunInfo {
     victim: bool,
 }
 
+impl RunInfo {
+    /// Whether it may be chosen as a victim now.
+    fn eligible(&self) -> bool {
+        self.preemptible && !self.victim
+    }
+}
+
 /// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
 struct Screened {
     kept: Vec<usize>,
@@ -562,17 +569,6 @@ struct SharedWindow {
     /// [`SHARED_STREAM`]: (index into `running`, queue, whether it passes
     /// the bounds now).
     stream: Vec<(usize, QueueId, bool)>,
-}
-
-/// The GPUs of its node an allocation holds, as a bit mask.
-fn gpu_mask(a: &Allocation) -> u64 {
-    match a.pick {
-        crate::cluster::GpuPick::Whole(mask) => mask,
-        crate::cluster::GpuPick::Shared(g) | crate::cluster::GpuPick::Mig { gpu: g, .. } => {
-            1u64.checked_shl(u32::from(g)).unwrap_or(0)
-        }
-        crate::cluster::GpuPick::None => 0,
-    }
 }
 
 /// A leaf queue's fair-share key: the shares along its path, top first
@@ -766,7 +762,7 @@ impl<'a> Cycle<'a> {
                 let mut m: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>> =
                     Default::default();
                 for (k, r) in run.iter().enumerate() {
-                    if r.preemptible && !r.victim {
+                    if r.eligible() {
                         m.entry(r.queue)
                             .or_default()
                             .push((r.flavor, r.rank, r.priority, k as u32));
@@ -1192,11 +1188,11 @@ impl<'a> Cycle<'a> {
             }
         }
         // Backfill: the first job blocked by capacity (not quota) gets a reservation.
-        if self.cfg.backfill
-            && self.reservation.is_none()
-            && let Some(flavor) = flavors.iter().find(|f| self.quota_memo_ok(i, f))
-        {
-            self.reserve(i, &flavor.clone());
+        if self.cfg.backfill && self.reservation.is_none() {
+            let open = flavors.iter().find(|f| self.quota_check(i, f).is_ok());
+            if let Some(flavor) = open {
+                self.reserve(i, flavor);
+            }
         }
         for r in reasons {
             self.reasons[i].push(r);
@@ -1335,16 +1331,6 @@ impl<'a> Cycle<'a> {
         let r = self.quota_ok(i, flavor);
         self.quota_memo.insert(key, r.clone());
         r
-    }
-
-    /// Whether [`Cycle::quota_check`] passes, from the memo when it has it.
-    fn quota_memo_ok(&self, i: usize, flavor: &str) -> bool {
-        let w = &self.pending[i];
-        let key = (w.queue, self.fidx(flavor), self.pend_milli[i], w.class);
-        match self.quota_memo.get(&key) {
-            Some(r) => r.is_ok(),
-            None => self.quota_ok(i, flavor).is_ok(),
-        }
     }
 
     /// A flavor's name for a reason, shared by every reason of the cycle.
@@ -1517,7 +1503,6 @@ impl<'a> Cycle<'a> {
         // Victims may be the own queue's jobs of strictly lower priority and,
         // when entitled to reclaim, the jobs of queues that borrow this flavor.
         // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
-        let eligible = |c: &Cycle, k: usize| c.run[k].preemptible && !c.run[k].victim;
         let mut own: Vec<(usize, PreemptReason)> = self
             .own_scan
             .get(&w.queue)
@@ -1525,7 +1510,7 @@ impl<'a> Cycle<'a> {
             .flatten()
             .filter(|&&(f, rank, priority, _)| f == fi && (rank, priority) < my_rank)
             .map(|&(.., k)| k as usize)
-            .filter(|&k| self.runs_on(k, fi, flavor) && eligible(self, k))
+            .filter(|&k| self.runs_on(k, fi, flavor) && self.run[k].eligible())
             .map(|k| (k, PreemptReason::Priority))
             .collect();
         own.sort_by(|a, b| self.victim_cost(a.0, b.0));
@@ -1537,7 +1522,7 @@ impl<'a> Cycle<'a> {
             if let Some((candidates, screened)) = self.window_from(&shared, &own, w.queue) {
                 #[cfg(debug_assertions)]
                 {
-                    let direct = self.window(own.clone(), Some(fi), w.queue, flavor);
+                    let direct = self.window(&own, Some(fi), w.queue, flavor);
                     debug_assert_eq!(candidates, direct, "shared reclaim window differs");
                     debug_assert_eq!(screened.kept, self.screen(&direct).kept);
                 }
@@ -1545,7 +1530,7 @@ impl<'a> Cycle<'a> {
             }
         }
         let reclaim = (entitled && fi != NO_FLAVOR).then_some(fi);
-        let candidates = self.window(own, reclaim, w.queue, flavor);
+        let candidates = self.window(&own, reclaim, w.queue, flavor);
         let screened = self.screen(&candidates);
         self.search(i, flavor, &candidates, &screened, place_failed)
     }
@@ -1556,38 +1541,55 @@ impl<'a> Cycle<'a> {
     /// reclaim list is already in cost order: the own jobs are merged in.
     fn window(
         &mut self,
-        own: Vec<(usize, PreemptReason)>,
+        own: &[(usize, PreemptReason)],
         reclaim: Option<u32>,
         queue: QueueId,
         flavor: &str,
     ) -> Vec<(usize, PreemptReason)> {
-        let mut candidates = Vec::new();
-        let mut own = own.into_iter().peekable();
-        if let Some(fi) = reclaim {
-            let list = self.reclaim_list(flavor);
-            for k in list.iter().copied() {
-                if candidates.len() >= MAX_CANDIDATES {
-                    break;
-                }
-                let q = self.run[k].queue;
-                if q == queue
-                    || !self.run[k].preemptible
-                    || self.run[k].victim
-                    || !self.queues.borrowing_at(q, fi as usize)
-                {
-                    continue;
-                }
-                while let Some(&(o, _)) = own.peek()
-                    && self.victim_cost(o, k).is_lt()
-                {
-                    candidates.extend(own.next());
-                }
-                candidates.push((k, PreemptReason::Reclaim));
+        let window = match reclaim {
+            Some(fi) => {
+                let list = self.reclaim_list(flavor);
+                let others = list.iter().copied().filter(|&k| {
+                    let q = self.run[k].queue;
+                    q != queue && self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize)
+                });
+                self.merge(own, (), others.map(|k| (k, ()))).0
             }
+            None => self.merge(own, (), std::iter::empty()).0,
+        };
+        window
+            .into_iter()
+            .map(|(k, reason, ())| (k, reason))
+            .collect()
+    }
+
+    /// The cheapest [`MAX_CANDIDATES`] of `own` and `reclaim` (both in cost
+    /// order), each with its tag (`own_tag` for the own ones), and whether
+    /// the window filled before the own jobs left over were added.
+    fn merge<T: Copy>(
+        &self,
+        own: &[(usize, PreemptReason)],
+        own_tag: T,
+        reclaim: impl Iterator<Item = (usize, T)>,
+    ) -> (Vec<(usize, PreemptReason, T)>, bool) {
+        let mut window = Vec::with_capacity(MAX_CANDIDATES);
+        let mut own = own.iter().peekable();
+        for (k, tag) in reclaim {
+            if window.len() >= MAX_CANDIDATES {
+                break;
+            }
+            while let Some(&&(o, reason)) = own.peek()
+                && self.victim_cost(o, k).is_lt()
+            {
+                window.push((o, reason, own_tag));
+                own.next();
+            }
+            window.push((k, PreemptReason::Reclaim, tag));
         }
-        candidates.extend(own);
-        candidates.truncate(MAX_CANDIDATES);
-        candidates
+        let filled = window.len() >= MAX_CANDIDATES;
+        window.extend(own.map(|&(o, reason)| (o, reason, own_tag)));
+        window.truncate(MAX_CANDIDATES);
+        (window, filled)
     }
 
     /// The search proper over a candidate window, cheapest first (see
@@ -1778,7 +1780,7 @@ impl<'a> Cycle<'a> {
                     Some((a, rest)) if rest.iter().all(|b| b.node == a.node) => a.node.0,
                     _ => u32::MAX,
                 };
-                self.run[k].gpus = allocations.iter().fold(0, |m, a| m | gpu_mask(a));
+                self.run[k].gpus = allocations.iter().fold(0, |m, a| m | a.gpu_mask());
             }
             let r = &self.run[k];
             if r.node != u32::MAX {
@@ -1788,7 +1790,7 @@ impl<'a> Cycle<'a> {
                     self.running[k]
                         .allocations
                         .iter()
-                        .map(|a| (a.node.0, gpu_mask(a), k)),
+                        .map(|a| (a.node.0, a.gpu_mask(), k)),
                 );
             }
         }
@@ -1813,10 +1815,7 @@ impl<'a> Cycle<'a> {
                 break;
             }
             let q = self.run[k].queue;
-            if self.run[k].preemptible
-                && !self.run[k].victim
-                && self.queues.borrowing_at(q, fi as usize)
-            {
+            if self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize) {
                 stream.push((k, q, self.keeps_guarantee(k)));
             }
         }
@@ -1838,30 +1837,17 @@ impl<'a> Cycle<'a> {
         own: &[(usize, PreemptReason)],
         queue: QueueId,
     ) -> Option<(Vec<(usize, PreemptReason)>, Screened)> {
-        let mut window: Vec<(usize, PreemptReason, bool)> = Vec::with_capacity(MAX_CANDIDATES);
-        let mut own = own.iter().peekable();
-        let mut full = false;
-        for &(k, q, ok) in &shared.stream {
-            if window.len() >= MAX_CANDIDATES {
-                full = true;
-                break;
-            }
-            if q == queue {
-                continue;
-            }
-            while let Some(&&(o, reason)) = own.peek()
-                && self.victim_cost(o, k).is_lt()
-            {
-                window.push((o, reason, true));
-                own.next();
-            }
-            window.push((k, PreemptReason::Reclaim, ok));
-        }
-        if !full && window.len() < MAX_CANDIDATES && shared.stream.len() >= SHARED_STREAM {
+        let others = shared
+            .stream
+            .iter()
+            .filter(|s| s.1 != queue)
+            .map(|&(k, _, ok)| (k, ok));
+        let (window, filled) = self.merge(own, true, others);
+        // The stream ran out before the window filled: the reclaim list may
+        // hold more than the stream kept.
+        if !filled && shared.stream.len() >= SHARED_STREAM {
             return None;
         }
-        window.extend(own.map(|&(o, reason)| (o, reason, true)));
-        window.truncate(MAX_CANDIDATES);
         let kept = window.iter().filter(|c| c.2).map(|c| c.0).collect();
         let candidates = window
             .into_iter()
@@ -1936,17 +1922,12 @@ impl<'a> Cycle<'a> {
         }
         let job = self.job_on(i, flavor);
         let req = &job.groups[0].request;
-        let need = match req.gpu {
-            GpuRequest::Whole { .. } | GpuRequest::Fraction { .. } => req.gpu.milli(),
-            _ => 0,
-        };
         let on = self.by_node(candidates);
-        let cluster = self.placer.cluster();
         let on_candidate_node = on.chunk_by(|a, b| a.0 == b.0).any(|at| {
             let node = crate::ids::NodeId(at[0].0);
-            // Each GPU the candidates hold gives back at most one GPU.
+            // From the packed records first, before reading any allocation.
             let gpus = at.iter().fold(0u64, |m, x| m | x.1);
-            if cluster.free_milli_total(node) + 1000 * u64::from(gpus.count_ones()) < need {
+            if !self.placer.may_fit_after_release(node, gpus, req) {
                 return false;
             }
             let mut ks: Vec<usize> = at.iter().map(|x| x.2).collect();
