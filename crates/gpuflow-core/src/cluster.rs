@@ -202,7 +202,7 @@ fn static_shape(node: &Node, reserved: bool) -> StaticShape {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ClassKey {
     shape: u32,
     cpu: u64,
@@ -241,12 +241,54 @@ pub struct Cluster {
     changes: Vec<ClassId>,
     /// Sequence number of `changes[0]`.
     changes_base: u64,
+    /// The key of each class, by id: ties between classes are broken by
+    /// state, not by when a class was first seen (see [`Cluster::class_cmp`]).
+    keys: Vec<ClassKey>,
+    /// Open trials (see [`Cluster::begin_trial`]) and the membership moves
+    /// made since the outermost one began.
+    trials: u32,
+    journal: Vec<Move>,
 }
+
+/// A node's move between classes, journaled during a trial so that ending
+/// the trial can put every list back in its old order.
+#[derive(Clone, Debug)]
+enum Move {
+    /// The node left `class` from position `pos`; `live_at`: the class left
+    /// the live list from there (the node was its last member).
+    Leave {
+        node: NodeId,
+        class: ClassId,
+        pos: u32,
+        live_at: Option<u32>,
+    },
+    /// The node joined the end of `class`, which became live if `made_live`.
+    Join { class: ClassId, made_live: bool },
+}
+
+/// Where a trial began: see [`Cluster::begin_trial`].
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a trial must be ended"]
+pub struct TrialMark(usize);
 
 /// Changes are kept up to this many; older ones are dropped and readers rescan.
 const MAX_CHANGES: usize = 1 << 20;
 
 const NOT_LIVE: u32 = u32::MAX;
+
+/// Undoes `v.swap_remove(at)` that removed `x`: `x` goes back to `at`, and the
+/// element that had moved there from the end goes back to the end
+/// (`moved(element, its new index)` is told).
+fn unswap<T: Copy>(v: &mut Vec<T>, at: usize, x: T, mut moved: impl FnMut(T, u32)) {
+    if at == v.len() {
+        v.push(x);
+    } else {
+        let m = v[at];
+        v.push(m);
+        moved(m, (v.len() - 1) as u32);
+        v[at] = x;
+    }
+}
 
 impl Cluster {
     /// Builds a cluster from its nodes, all idle.
@@ -303,6 +345,9 @@ impl Cluster {
             representative: Vec::new(),
             changes: Vec::new(),
             changes_base: 0,
+            keys: Vec::new(),
+            trials: 0,
+            journal: Vec::new(),
             free_total: vec![0; n],
             reserved: vec![false; n],
         };
@@ -438,7 +483,14 @@ impl Cluster {
             kinds: u.kinds_mask(),
         };
         let next = ClassId(self.members.len() as u32);
-        let class = *self.classes.entry(key).or_insert(next);
+        let class = match self.classes.get(&key) {
+            Some(&c) => c,
+            None => {
+                self.keys.push(key.clone());
+                self.classes.insert(key, next);
+                next
+            }
+        };
         if class == next {
             self.members.push(Vec::new());
             self.live_pos.push(NOT_LIVE);
@@ -452,10 +504,14 @@ impl Cluster {
         self.class_of[id.0 as usize] = class;
         self.pos_in_class[id.0 as usize] = self.members[c].len() as u32;
         self.members[c].push(id);
-        if self.live_pos[c] == NOT_LIVE {
+        let made_live = self.live_pos[c] == NOT_LIVE;
+        if made_live {
             self.live_pos[c] = self.live.len() as u32;
             self.live.push(class);
             self.record_change(class);
+        }
+        if self.trials > 0 {
+            self.journal.push(Move::Join { class, made_live });
         }
     }
 
@@ -467,6 +523,7 @@ impl Cluster {
         if let Some(&moved) = self.members[c].get(pos) {
             self.pos_in_class[moved.0 as usize] = pos as u32;
         }
+        let mut live_at = None;
         if self.members[c].is_empty() {
             let lp = self.live_pos[c] as usize;
             self.live.swap_remove(lp);
@@ -475,7 +532,88 @@ impl Cluster {
             }
             self.live_pos[c] = NOT_LIVE;
             self.record_change(class);
+            live_at = Some(lp as u32);
         }
+        if self.trials > 0 {
+            self.journal.push(Move::Leave {
+                node: id,
+                class,
+                pos: pos as u32,
+                live_at,
+            });
+        }
+    }
+
+    /// Begins a trial: applies and releases until the matching
+    /// [`Cluster::end_trial`] are journaled. Trials nest.
+    pub fn begin_trial(&mut self) -> TrialMark {
+        self.trials += 1;
+        TrialMark(self.journal.len())
+    }
+
+    /// Ends a trial. With `undo`, the caller has given back everything it
+    /// applied during the trial and taken again everything it released (so
+    /// usage is as it was), and every node goes back to its old place in its
+    /// class's member list, and every class to its old place in the live
+    /// list: a trial leaves no trace on later tie-breaks. Without `undo`, the
+    /// trial's changes stand (an outer trial may still undo them).
+    pub fn end_trial(&mut self, mark: TrialMark, undo: bool) {
+        debug_assert!(self.trials > 0 && mark.0 <= self.journal.len());
+        if undo {
+            while self.journal.len() > mark.0 {
+                match self.journal.pop().expect("journal is longer than the mark") {
+                    Move::Join { class, made_live } => {
+                        let c = class.0 as usize;
+                        self.members[c].pop();
+                        if made_live {
+                            let popped = self.live.pop();
+                            debug_assert_eq!(popped, Some(class));
+                            self.live_pos[c] = NOT_LIVE;
+                            self.record_change(class);
+                        }
+                    }
+                    Move::Leave {
+                        node,
+                        class,
+                        pos,
+                        live_at,
+                    } => {
+                        let c = class.0 as usize;
+                        if let Some(lp) = live_at {
+                            unswap(&mut self.live, lp as usize, class, |moved, at| {
+                                self.live_pos[moved.0 as usize] = at;
+                            });
+                            self.live_pos[c] = lp;
+                            self.record_change(class);
+                        }
+                        unswap(&mut self.members[c], pos as usize, node, |moved, at| {
+                            self.pos_in_class[moved.0 as usize] = at;
+                        });
+                        self.pos_in_class[node.0 as usize] = pos;
+                        self.class_of[node.0 as usize] = class;
+                    }
+                }
+            }
+        }
+        self.trials -= 1;
+        if self.trials == 0 {
+            self.journal.clear();
+        }
+    }
+
+    /// A hash of a class's state, the same however and whenever the class
+    /// was first seen: seeds choices that are remembered per class.
+    pub fn class_hash(&self, class: ClassId) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        self.keys[class.0 as usize].hash(&mut h);
+        h.finish()
+    }
+
+    /// Orders classes by their state (what they hold and of which static
+    /// shape), the same however and whenever they were first seen.
+    pub fn class_cmp(&self, a: ClassId, b: ClassId) -> std::cmp::Ordering {
+        self.keys[a.0 as usize].cmp(&self.keys[b.0 as usize])
     }
 
     /// Free milli-GPU on a node for whole and fractional work.
@@ -507,6 +645,17 @@ impl Cluster {
     /// allocations must have checked them with [`Cluster::fits`].
     pub fn apply(&mut self, a: &Allocation) {
         debug_assert!(self.fits(a), "allocation does not fit: {a:?}");
+        self.take(a);
+    }
+
+    /// Takes back an allocation given back during a trial, without checking
+    /// that it fits: it held these resources a moment ago, though its GPU
+    /// may have failed or its node been cordoned since it started.
+    pub fn restore(&mut self, a: &Allocation) {
+        self.take(a);
+    }
+
+    fn take(&mut self, a: &Allocation) {
         let node = &self.nodes[a.node.0 as usize];
         let u = &mut self.usage[a.node.0 as usize];
         u.cpu += a.cpu.0;
@@ -710,5 +859,68 @@ mod tests {
         );
         assert_eq!(c.class_members(idle).len(), 2);
         assert_eq!(c.live_classes().len(), 2);
+    }
+
+    fn whole(job: u64, node: u32, mask: u64) -> Allocation {
+        Allocation {
+            task: TaskId {
+                job: crate::ids::JobId(job),
+                group: 0,
+                index: 0,
+            },
+            node: NodeId(node),
+            cpu: CpuMilli(100),
+            mem: MemMib(0),
+            gpu: GpuRequest::Whole {
+                count: mask.count_ones() as u8,
+            },
+            pick: GpuPick::Whole(mask),
+        }
+    }
+
+    /// Member and live-list order after a trial, and the same without the
+    /// undo: a plain release moves nodes to the end of their class.
+    #[test]
+    fn an_undone_trial_restores_member_and_live_order() {
+        let nodes: Vec<Node> = (0..6).map(|i| node(i, &format!("n{i}"), 2)).collect();
+        let mut c = Cluster::new(nodes).unwrap();
+        // Some history first, so that the lists are not in id order.
+        let running = [whole(1, 4, 0b01), whole(2, 1, 0b11)];
+        for a in &running {
+            c.apply(a);
+        }
+        let order = |c: &Cluster| -> (Vec<Vec<NodeId>>, Vec<ClassId>) {
+            let classes = c.live_classes().to_vec();
+            let members = classes
+                .iter()
+                .map(|&k| c.class_members(k).to_vec())
+                .collect();
+            (members, classes)
+        };
+        let before = order(&c);
+        let trial = |c: &mut Cluster| {
+            // Release a running job, place two, take them back, restore it.
+            c.release(&running[1]);
+            let tried = [whole(3, 0, 0b01), whole(4, 1, 0b10), whole(5, 2, 0b11)];
+            for a in &tried {
+                c.apply(a);
+            }
+            for a in tried.iter().rev() {
+                c.release(a);
+            }
+            c.restore(&running[1]);
+        };
+        let mark = c.begin_trial();
+        trial(&mut c);
+        c.end_trial(mark, true);
+        assert_eq!(order(&c), before, "an undone trial left a trace");
+        let mark = c.begin_trial();
+        trial(&mut c);
+        c.end_trial(mark, false);
+        assert_ne!(order(&c), before, "without the undo the order moves");
+        for n in 0..6 {
+            let k = c.class_of(NodeId(n));
+            assert!(c.class_members(k).contains(&NodeId(n)));
+        }
     }
 }

@@ -43,7 +43,7 @@ fn lending_limit_keeps_part_of_an_idle_guarantee_for_its_owner() {
         cycle t=10
           start job 3 on H100: n1[0,1,2]
           start job 1 on H100: n1[3,4,5,6,7]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -120,7 +120,7 @@ fn a_queue_below_its_guarantee_reclaims_borrowed_capacity_without_pushing_the_bo
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[4,5]
-          pending job 11 (#1 in queue, eta unknown): needs 2 H100 GPUs of quota; org has 0 left to lend
+          pending job 11 (#1 in queue, eta unknown): needs 2 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -145,12 +145,12 @@ fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never(
           preempt job 12 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           preempt job 13 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 2 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[2,3]
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
-          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
-          pending job 13 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 13 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -173,11 +173,11 @@ fn preemption_respects_min_runtime_and_the_disruption_budget() {
         cycle t=1000
           preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=5000
           start job 1 on H100: n1[1]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; preempting would pass queue team's disruption budget: -0.00 of 1.00 GPU-hours already lost in the window
-          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue team's disruption budget: 0.00 of 1.00 GPU-hours already lost in the window
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -261,7 +261,7 @@ fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
         cycle t=10
           start job 2 on H100: n1[2]
           start job 3 on H100: n1[3]
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&fair);
 }
@@ -279,7 +279,7 @@ fn aging_lets_old_work_overtake_higher_priority_newcomers() {
     expect![[r#"
         cycle t=6000
           start job 1 on H100: n1[0]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&aged);
     let unaged = run("
@@ -293,7 +293,7 @@ fn aging_lets_old_work_overtake_higher_priority_newcomers() {
     expect![[r#"
         cycle t=6000
           start job 2 on H100: n1[0]
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&unaged);
 }
@@ -319,7 +319,7 @@ fn decayed_history_favours_the_queue_that_used_less_lately() {
         finish job 10
         cycle t=3660
           start job 2 on H100: n1[0,1,2,3]
-          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -372,7 +372,7 @@ fn two_reclaimers_in_one_cycle_never_take_a_borrower_below_its_guarantee_togethe
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.56 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -393,7 +393,7 @@ fn a_spent_budget_tapers_the_queue_weight_in_fair_share() {
     expect![[r#"
         cycle t=10
           start job 2 on H100: n1[1]
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -416,15 +416,15 @@ fn the_disruption_budget_caps_work_lost_per_window() {
         cycle t=1000
           preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[0]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; preempting would pass queue q's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
-          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue q's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
+          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1700
           preempt job 11 for job 2 (Priority): signal now, kill at t=1730, loses 0.47 GPU-h
           pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend
+          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -455,7 +455,7 @@ fn a_victim_search_checks_the_fit_after_its_last_candidate() {
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[4,5,6,7]
-          pending job 12 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend
+          pending job 12 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node lacks the selected labels, 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -488,4 +488,25 @@ fn the_backlog_is_ordered_by_class_then_aged_priority_then_submission() {
           pending job 6 (#4 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 7 (#5 in queue, eta unknown): queue org is held: it accepts work but starts none
     "#]].assert_eq(&out);
+}
+
+#[test]
+fn a_quota_blocked_job_is_also_told_when_it_would_not_fit() {
+    let out = run("
+        node n1 gpus=8*H100
+        node n2 gpus=8*H100
+        queue org H100=16
+        queue capped parent=org H100=4,cap=4
+        job 1 queue=capped gpu=whole:4 cpu=1
+        job 2 queue=capped gpu=whole:2 cpu=1     # fits a node, not the cap
+        job 3 queue=capped gpu=whole:16 cpu=1    # no node has 16 GPUs either
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 1 on H100: n1[0,1,2,3]
+          pending job 2 (#1 in queue, eta unknown): queue capped would use 6 H100 GPUs, above its cap of 4
+          pending job 3 (#2 in queue, eta unknown): queue capped would use 20 H100 GPUs, above its cap of 4; on H100: main: needs 16 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
 }

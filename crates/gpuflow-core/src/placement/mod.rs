@@ -62,8 +62,13 @@ pub struct Placer {
     /// Pressure per GPU model under the mix, for the scarcity scorer.
     pressure: Vec<(String, f64)>,
     rng: SplitMix64,
+    seed: u64,
     /// Interned (request, class-level constraints) pairs, for the cache key.
     requests: FxHashMap<(TaskRequest, ConstraintKey), u32>,
+    /// A hash of each interned request (by id), the same whenever it was
+    /// interned: with [`Cluster::class_hash`] it seeds a cached evaluation's
+    /// random GPU pick.
+    request_hash: Vec<u64>,
     cache: FxHashMap<(ClassId, u32), Eval>,
     /// Per request: the live classes that fit it, best first, kept in step with
     /// the cluster's class changes. A decision reads the top instead of
@@ -140,6 +145,29 @@ struct Scratch {
 /// Where the tasks of a job were placed.
 pub type Placement = Vec<Allocation>;
 
+/// Draws up to 32 nodes uniformly and takes the first whose class `fits`
+/// (with its pick): uniform over the fitting nodes, without walking the
+/// classes. `None` when every draw missed (few fit).
+fn draw_fitting(
+    rng: &mut SplitMix64,
+    cluster: &Cluster,
+    fits: impl Fn(ClassId) -> Option<GpuPick>,
+) -> Option<(NodeId, GpuPick)> {
+    let n = cluster.nodes().len() as u64;
+    (0..32).find_map(|_| {
+        let node = NodeId(rng.below(n) as u32);
+        fits(cluster.class_of(node)).map(|pick| (node, pick))
+    })
+}
+
+/// An open trial: see [`Placer::begin_trial`].
+#[derive(Debug)]
+#[must_use = "a trial must be ended with Placer::end_trial"]
+pub struct Trial {
+    mark: crate::cluster::TrialMark,
+    rng: SplitMix64,
+}
+
 impl Placer {
     /// A placer over an idle cluster.
     pub fn new(cluster: Cluster, policy: Policy, mix: WorkloadMix, seed: u64) -> Placer {
@@ -156,7 +184,9 @@ impl Placer {
             norm,
             pressure,
             rng: SplitMix64::new(seed),
+            seed,
             requests: FxHashMap::default(),
+            request_hash: Vec::new(),
             cache: FxHashMap::default(),
             ranked: Vec::new(),
             frag_memo: FxHashMap::default(),
@@ -195,6 +225,15 @@ impl Placer {
             self.cluster.apply(a);
         }
         Ok(())
+    }
+
+    /// Takes back allocations given back during a trial (see
+    /// [`Cluster::restore`]): unlike [`Placer::apply`] it cannot fail, so a
+    /// running job on a GPU that has failed since keeps its resources.
+    pub fn restore(&mut self, allocations: &[Allocation]) {
+        for a in allocations {
+            self.cluster.restore(a);
+        }
     }
 
     /// Gives a job's allocations back (it ended, was preempted or is being undone).
@@ -267,8 +306,28 @@ impl Placer {
         self.cluster.free_milli_total(id) + 1000 * u64::from(touched.count_ones()) >= need
     }
 
-    /// Places every task of `job` and commits the allocations to the working
-    /// state, or places none and says why.
+    /// Begins a trial: placements, releases and re-applications the caller
+    /// makes until [`Placer::end_trial`] leave no trace on later decisions
+    /// once the caller has put usage back as it was (released what it
+    /// placed, re-applied what it released). Without this, the order of
+    /// nodes inside their classes and the tie-break generator would depend on
+    /// which trials ran, so work done only to explain or to test (a memo hit
+    /// or miss) would change later placements.
+    pub fn begin_trial(&mut self) -> Trial {
+        Trial {
+            mark: self.cluster.begin_trial(),
+            rng: self.rng.clone(),
+        }
+    }
+
+    /// Ends a trial begun by [`Placer::begin_trial`], after the caller has put
+    /// usage back: node and class order and the tie-break generator are as
+    /// they were when it began.
+    pub fn end_trial(&mut self, t: Trial) {
+        self.cluster.end_trial(t.mark, true);
+        self.rng = t.rng;
+    }
+
     /// [`Placer::place_job`] without the explanation when it fails: cheaper,
     /// for trial placements (does preemption help? when could a gang start?).
     pub fn try_place_job(&mut self, job: &Job) -> Option<Placement> {
@@ -278,7 +337,23 @@ impl Placer {
         p
     }
 
+    /// Places every task of `job` and commits the allocations to the working
+    /// state, or places none and says why. A failure leaves no trace: a gang
+    /// placed in part is given back, and node order and the tie-break
+    /// generator are as before.
     pub fn place_job(&mut self, job: &Job) -> Result<Placement, Unplaced> {
+        let mark = self.cluster.begin_trial();
+        let rng = self.rng.clone();
+        let r = self.place_job_inner(job);
+        let failed = r.is_err();
+        self.cluster.end_trial(mark, failed);
+        if failed {
+            self.rng = rng;
+        }
+        r
+    }
+
+    fn place_job_inner(&mut self, job: &Job) -> Result<Placement, Unplaced> {
         // Biggest tasks first: they have the fewest places to go.
         let mut order: Vec<(usize, u32)> = Vec::with_capacity(job.task_count() as usize);
         for (g, group) in job.groups.iter().enumerate() {
@@ -514,14 +589,13 @@ impl Placer {
             // Every fitting class ties (e.g. the random policy): draw nodes
             // until one fits, which is uniform over the fitting nodes and
             // avoids walking every class. Few fit: fall through to the walk.
-            if self.policy.tie_break == TieBreak::Random && (first.0).0.0 - (last.0).0.0 <= TIE {
-                let n = self.cluster.nodes().len() as u64;
-                for _ in 0..32 {
-                    let node = NodeId(self.rng.below(n) as u32);
-                    if let Some(&(_, pick)) = ranked.fit.get(&self.cluster.class_of(node)) {
-                        return Ok((node, pick));
-                    }
-                }
+            if self.policy.tie_break == TieBreak::Random
+                && (first.0).0.0 - (last.0).0.0 <= TIE
+                && let Some(choice) = draw_fitting(&mut self.rng, &self.cluster, |c| {
+                    ranked.fit.get(&c).map(|f| f.1)
+                })
+            {
+                return Ok(choice);
             }
         }
         let ranked = &self.ranked[rid as usize];
@@ -534,7 +608,7 @@ impl Placer {
                 tied.push((*class, ranked.fit[class].1));
             }
         }
-        if let Some(choice) = self.choose_among_classes(&tied) {
+        if let Some(choice) = self.choose_among_classes(&mut tied) {
             return Ok(choice);
         }
         if !self.explain {
@@ -632,7 +706,7 @@ impl Placer {
         let mut ties = 0u64;
         for &id in members {
             let eval = match nvlink {
-                Some(_) => self.eval_node(id, req, cons, nvlink),
+                Some(_) => self.eval_node(id, req, cons, nvlink, None),
                 None => self.eval_class(self.cluster.class_of(id), rid, req, cons),
             };
             let (score, pick) = match eval {
@@ -670,10 +744,17 @@ impl Placer {
         choice.ok_or(rejections)
     }
 
-    fn choose_among_classes(&mut self, tied: &[(ClassId, GpuPick)]) -> Option<(NodeId, GpuPick)> {
+    /// One node among tied classes. The classes are taken in the order of
+    /// their state ([`Cluster::class_cmp`]), so the choice does not depend on
+    /// class ids, which follow the history of the cluster.
+    fn choose_among_classes(
+        &mut self,
+        tied: &mut [(ClassId, GpuPick)],
+    ) -> Option<(NodeId, GpuPick)> {
         if tied.is_empty() {
             return None;
         }
+        tied.sort_by(|a, b| self.cluster.class_cmp(a.0, b.0));
         match self.policy.tie_break {
             TieBreak::First => tied
                 .iter()
@@ -695,7 +776,7 @@ impl Placer {
                     .map(|(c, _)| self.cluster.class_members(*c).len() as u64)
                     .sum();
                 let mut k = self.rng.below(total) as usize;
-                for &(c, p) in tied {
+                for &(c, p) in tied.iter() {
                     let m = self.cluster.class_members(c);
                     if k < m.len() {
                         return Some((m[k], p));
@@ -708,9 +789,17 @@ impl Placer {
     }
 
     fn intern(&mut self, req: &TaskRequest, cons: &Constraints) -> u32 {
+        use std::hash::{Hash, Hasher};
         let key = (req.clone(), ConstraintKey::of(cons));
-        let next = self.requests.len() as u32;
-        *self.requests.entry(key).or_insert(next)
+        if let Some(&rid) = self.requests.get(&key) {
+            return rid;
+        }
+        let mut h = rustc_hash::FxHasher::default();
+        key.hash(&mut h);
+        self.request_hash.push(h.finish());
+        let rid = self.requests.len() as u32;
+        self.requests.insert(key, rid);
+        rid
     }
 
     /// Whether to keep a ranking for this request: yes while one is kept and
@@ -754,6 +843,7 @@ impl Placer {
         let mut rejections: Vec<(Reject, u32)> = Vec::new();
         let mut best = f64::NEG_INFINITY;
         let mut tied: Vec<(ClassId, GpuPick)> = Vec::new();
+        let mut fitting = 0usize;
         for i in 0..self.cluster.live_classes().len() {
             let class = self.cluster.live_classes()[i];
             match self.eval_class(class, rid, req, cons) {
@@ -763,6 +853,7 @@ impl Placer {
                     self.cluster.class_members(class).len() as u32,
                 ),
                 Eval::Fit { score, pick } => {
+                    fitting += 1;
                     if score > best + TIE {
                         best = score;
                         tied.clear();
@@ -773,10 +864,18 @@ impl Placer {
                 }
             }
         }
-        // Scan order follows the live list, which moves as classes come and go;
-        // sort the ties so the choice depends on the classes alone.
-        tied.sort_by_key(|(c, _)| *c);
-        self.choose_among_classes(&tied).ok_or(rejections)
+        // Every fitting class ties: draw nodes as the ranked path does, so
+        // that both paths choose alike.
+        if self.policy.tie_break == TieBreak::Random
+            && !tied.is_empty()
+            && tied.len() == fitting
+            && let Some(choice) = draw_fitting(&mut self.rng, &self.cluster, |c| {
+                tied.iter().find(|t| t.0 == c).map(|t| t.1)
+            })
+        {
+            return Ok(choice);
+        }
+        self.choose_among_classes(&mut tied).ok_or(rejections)
     }
 
     /// Brings a request's ranking in step with the cluster: classes that became
@@ -838,7 +937,11 @@ impl Placer {
             return *e;
         }
         let rep = self.cluster.class_representative(class);
-        let e = self.eval_node(rep, req, cons, None);
+        // The evaluation is remembered, so a random pick in it must not
+        // depend on when it was first made: it is drawn from the class's
+        // state and the request instead of the placer's stream.
+        let seed = self.seed ^ self.cluster.class_hash(class) ^ self.request_hash[rid as usize];
+        let e = self.eval_node(rep, req, cons, None, Some(seed));
         if self.cache.len() >= MAX_CACHE {
             self.cache.clear();
         }
@@ -847,13 +950,17 @@ impl Placer {
     }
 
     /// Stages 2-4 for one node: filters, GPU picks, state scorers.
+    /// `pick_seed`: where random GPU picks come from (the placer's stream
+    /// when `None`).
     fn eval_node(
         &mut self,
         id: NodeId,
         req: &TaskRequest,
         cons: &Constraints,
         nvlink: Option<&str>,
+        pick_seed: Option<u64>,
     ) -> Eval {
+        let mut local = pick_seed.map(SplitMix64::new);
         let node = self.cluster.node(id);
         let usage = self.cluster.usage(id);
         let view = NodeView {
@@ -953,7 +1060,11 @@ impl Placer {
                             PickChoice::Random => {
                                 // Each GPU equally likely: a pick stands for `weight` GPUs.
                                 ties += weight as u64;
-                                if self.rng.below(ties) < weight as u64 {
+                                let draw = match &mut local {
+                                    Some(r) => r.below(ties),
+                                    None => self.rng.below(ties),
+                                };
+                                if draw < weight as u64 {
                                     best = Some((score, pick, left));
                                 }
                             }

@@ -265,8 +265,8 @@ impl History {
         self.disruptions.get(&q).map_or(0.0, |v| {
             v.iter()
                 .filter(|(t, _)| now.saturating_sub(*t) < window)
-                .map(|(_, h)| h)
-                .sum()
+                // From +0.0: an empty float sum is -0.0, shown as "-0.00".
+                .fold(0.0, |sum, (_, h)| sum + h)
         })
     }
 }
@@ -643,6 +643,9 @@ struct Cycle<'a> {
     /// Placement problems a trial placement found no room for, outside any
     /// trial release (so, like `unplaceable`, they fail again this cycle).
     no_fit: rustc_hash::FxHashSet<PlaceKey>,
+    /// Placement problems that fitted, with the [`Cycle::epoch`] they
+    /// fitted in (see [`Cycle::unplaced_now`]).
+    fits_seen: rustc_hash::FxHashMap<PlaceKey, u64>,
     /// Shape numbers, and each pending job's (u32::MAX: not yet looked up).
     shapes: rustc_hash::FxHashMap<Shape<'a>, u32>,
     shape_of: Vec<u32>,
@@ -784,6 +787,7 @@ impl<'a> Cycle<'a> {
             shared: Default::default(),
             unplaceable: rustc_hash::FxHashMap::default(),
             no_fit: Default::default(),
+            fits_seen: Default::default(),
             shapes: Default::default(),
             quota_memo: Default::default(),
             no_gpu: Rc::from(vec![Arc::from("")]),
@@ -1133,6 +1137,11 @@ impl<'a> Cycle<'a> {
         for (fi, flavor) in flavors.iter().enumerate() {
             if let Err(r) = self.quota_check(i, flavor) {
                 reasons.push(r);
+                // Every reason, not the first.
+                if let Some(r) = self.unplaced_now(i, flavor) {
+                    place_failed[fi] = true;
+                    reasons.push(r);
+                }
                 continue;
             }
             match self.place_once(i, flavor) {
@@ -1198,6 +1207,32 @@ impl<'a> Cycle<'a> {
             self.reasons[i].push(r);
         }
         false
+    }
+
+    /// Why job `i` would not fit on `flavor` now, quota aside (`None` when
+    /// it would): so that a job quota blocks is not promised to start once
+    /// quota frees. Both outcomes are remembered (see
+    /// [`Cycle::fits_committed`]).
+    fn unplaced_now(&mut self, i: usize, flavor: &str) -> Option<PendingReason> {
+        let key = self.place_key(i, flavor);
+        if let Some(r) = self.unplaceable.get(&key) {
+            return Some(r.clone());
+        }
+        if self.no_fit.contains(&key) {
+            // Failed a trial without its explanation: fetch that once.
+        } else if self.fits_seen.get(&key) == Some(&self.epoch) {
+            return None;
+        }
+        // A success costs what a trial would; a failure is explained (and
+        // leaves no trace by itself).
+        let trial = self.placer.begin_trial();
+        let r = self.place_once(i, flavor);
+        if let Ok(p) = &r {
+            self.placer.release(p);
+            self.fits_seen.insert(key, self.epoch);
+        }
+        self.placer.end_trial(trial);
+        r.err()
     }
 
     fn wait(&mut self, i: usize, r: PendingReason) -> bool {
@@ -1394,15 +1429,19 @@ impl<'a> Cycle<'a> {
 
     /// Whether job `i` would fit on `flavor` now. Only for the committed
     /// state (no trial release in progress): failures are remembered, as
-    /// capacity only shrinks during a cycle.
+    /// capacity only shrinks during a cycle, and fits until the state
+    /// changes (the next [`Cycle::epoch`]).
     fn fits_committed(&mut self, i: usize, flavor: &str) -> bool {
         let key = self.place_key(i, flavor);
         if self.unplaceable.contains_key(&key) || self.no_fit.contains(&key) {
             return false;
         }
+        if self.fits_seen.get(&key) == Some(&self.epoch) {
+            return true;
+        }
         match self.fits_now(i, flavor) {
-            Some(p) => {
-                self.placer.release(&p);
+            Some(_) => {
+                self.fits_seen.insert(key, self.epoch);
                 true
             }
             None => {
@@ -1412,10 +1451,17 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// A trial placement: whether (and where) job `i` would fit now, without explanation.
+    /// A trial placement: where job `i` would fit now, without explanation.
+    /// Nothing stays placed, and it leaves no trace on later tie-breaks.
     fn fits_now(&mut self, i: usize, flavor: &str) -> Option<Placement> {
         let job = self.job_on(i, flavor);
-        self.placer.try_place_job(&job)
+        let trial = self.placer.begin_trial();
+        let p = self.placer.try_place_job(&job);
+        if let Some(p) = &p {
+            self.placer.release(p);
+        }
+        self.placer.end_trial(trial);
+        p
     }
 
     /// Places a job already restricted by [`Cycle::job_on`], explaining a failure.
@@ -1609,6 +1655,8 @@ impl<'a> Cycle<'a> {
         if !self.could_help(i, flavor, screened, place_failed) {
             return None;
         }
+        // Victims are released and taken back below: a trial.
+        let trial = self.placer.begin_trial();
         let last = candidates.len() - 1;
         for (n, &(k, reason)) in candidates.iter().enumerate() {
             let r = &self.running[k];
@@ -1640,11 +1688,7 @@ impl<'a> Cycle<'a> {
             // at doubling counts and after the last candidate, so a long
             // candidate list costs O(log n) tries.
             let worth = released >= demand || chosen.len().is_power_of_two() || n == last;
-            if worth
-                && self.quota_ok(i, flavor).is_ok()
-                && let Some(p) = self.fits_now(i, flavor)
-            {
-                self.placer.release(&p);
+            if worth && self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some() {
                 found = true;
                 break;
             }
@@ -1656,16 +1700,10 @@ impl<'a> Cycle<'a> {
             while k > 0 {
                 k -= 1;
                 let r = &self.running[chosen[k].0];
-                if self.placer.apply(&r.allocations).is_err() {
-                    continue;
-                }
+                self.placer.restore(&r.allocations);
                 self.queues
                     .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
-                let still = self.quota_ok(i, flavor).is_ok()
-                    && self
-                        .fits_now(i, flavor)
-                        .map(|p| self.placer.release(&p))
-                        .is_some();
+                let still = self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some();
                 if still {
                     chosen.remove(k);
                 } else {
@@ -1679,10 +1717,11 @@ impl<'a> Cycle<'a> {
         // Undo: the victims keep running until they stop.
         for (k, _) in chosen.iter().rev() {
             let r = &self.running[*k];
-            let _ = self.placer.apply(&r.allocations);
+            self.placer.restore(&r.allocations);
             self.queues
                 .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
         }
+        self.placer.end_trial(trial);
         if !found {
             return None;
         }
@@ -1982,20 +2021,22 @@ impl<'a> Cycle<'a> {
             })
             .collect();
         ending.sort();
+        // Running jobs are released and taken back below: a trial.
+        let trial = self.placer.begin_trial();
         let mut released = Vec::new();
         let mut found = None;
         for (end, k) in ending {
             self.placer.release(&self.running[k].allocations);
             released.push(k);
             if let Some(p) = self.fits_now(i, flavor) {
-                self.placer.release(&p);
                 found = Some((end, p));
                 break;
             }
         }
         for k in released.iter().rev() {
-            let _ = self.placer.apply(&self.running[*k].allocations);
+            self.placer.restore(&self.running[*k].allocations);
         }
+        self.placer.end_trial(trial);
         if let Some((start_at, p)) = found {
             let mut nodes: Vec<_> = p.iter().map(|a| a.node).collect();
             nodes.sort();
@@ -2003,6 +2044,8 @@ impl<'a> Cycle<'a> {
             for &n in &nodes {
                 self.placer.set_reserved(n, true);
             }
+            // Fits seen before may have used these nodes.
+            self.epoch += 1;
             self.reservation = Some(Reservation {
                 job: self.pending[i].job.id,
                 start_at,
