@@ -510,3 +510,29 @@ fn a_quota_blocked_job_is_also_told_when_it_would_not_fit() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_ready_preemptor_that_cannot_start_is_explained_once() {
+    let out = run("
+        node n1 gpus=8*H100
+        node n2 gpus=1*H100
+        queue org H100=9
+        queue team-a parent=org H100=5 users=running:1
+        queue team-b parent=org H100=4
+        run 10 queue=team-b class=batch gpu=whole:4 cpu=1 started=0
+        run 12 queue=team-b class=batch gpu=whole:4 cpu=1 started=0   # team-b uses 8: 4 borrowed
+        job 1 queue=team-a user=ann class=training gpu=whole:4 cpu=1
+        cycle 1000
+        run 11 queue=team-a user=ann class=notebook gpu=whole:1 cpu=1 started=1000  # ann is at her limit
+        cycle 1001
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 1.11 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        cycle t=1001
+          start job 10 on H100: n1[0,1,2,3]
+          pending job 1 (#1 in queue, eta unknown): user ann runs 1 jobs of a 1 job limit in this queue
+    "#]]
+    .assert_eq(&out);
+}

@@ -1070,6 +1070,9 @@ impl<'a> Cycle<'a> {
 
     /// Tries to start pending job `i`; records why not. Returns whether it started.
     fn try_admit(&mut self, i: usize) -> bool {
+        // A ready preemptor that could not start is tried again in order:
+        // its reasons are those of its last try, not both.
+        self.reasons[i].clear();
         let w = &self.pending[i];
         let q = self.queues.get(w.queue);
         // Queue state.
