@@ -536,3 +536,27 @@ fn a_ready_preemptor_that_cannot_start_is_explained_once() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_held_or_user_limited_job_is_also_told_about_quota_and_fit() {
+    let out = run("
+        node n1 gpus=4*H100
+        queue org H100=4
+        queue limited parent=org H100=2,cap=2 users=running:1
+        queue held parent=org H100=2,cap=2 state=held
+        run 10 queue=limited user=ann gpu=whole:2 cpu=1 started=0
+        job 1 queue=limited user=ann gpu=whole:3 cpu=1    # limit, cap and fit
+        job 2 queue=limited user=bob gpu=whole:1 cpu=1    # only the cap
+        job 3 queue=held gpu=whole:8 cpu=1                # held, cap and fit
+        job 4 queue=held gpu=whole:1 cpu=1                # only held
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 1 (#1 in queue, eta unknown): user ann runs 1 jobs of a 1 job limit in this queue; queue limited would use 5 H100 GPUs, above its cap of 2; on H100: main: needs 3 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta unknown): queue limited would use 3 H100 GPUs, above its cap of 2
+          pending job 3 (#1 in queue, eta unknown): queue held is held: it accepts work but starts none; queue held would use 8 H100 GPUs, above its cap of 2; on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 4 (#2 in queue, eta unknown): queue held is held: it accepts work but starts none
+    "#]]
+    .assert_eq(&out);
+}

@@ -1075,62 +1075,34 @@ impl<'a> Cycle<'a> {
         self.reasons[i].clear();
         let w = &self.pending[i];
         let q = self.queues.get(w.queue);
-        // Queue state.
-        match q.state {
-            QueueState::Held => {
-                return self.wait(
-                    i,
-                    PendingReason::QueueHeld {
-                        queue: q.name.clone(),
-                    },
-                );
-            }
-            QueueState::Draining => {
-                return self.wait(
-                    i,
-                    PendingReason::QueueDraining {
-                        queue: q.name.clone(),
-                    },
-                );
-            }
-            QueueState::Open => {}
-        }
         if self.history.waiting_for.contains_key(&w.job.id) {
             let n = self.history.waiting_for[&w.job.id].len();
             return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
         }
-        // Per-user limits.
-        let (used, count) = if has_user_limits(self.queues, w.queue) {
-            self.users
-                .get(&(w.queue, w.user.as_str()))
-                .copied()
-                .unwrap_or_default()
-        } else {
-            (0, 0)
+        // Gates before quota: the queue's state, then the user's limits.
+        let gate = match q.state {
+            QueueState::Held => Some(PendingReason::QueueHeld {
+                queue: q.name.clone(),
+            }),
+            QueueState::Draining => Some(PendingReason::QueueDraining {
+                queue: q.name.clone(),
+            }),
+            QueueState::Open => None,
         };
-        if let Some(limit) = q.user_limits.max_gpu_milli
-            && used + self.pend_milli[i] > limit
-        {
-            return self.wait(
-                i,
-                PendingReason::UserGpuLimit {
-                    user: w.user.clone(),
-                    used,
-                    limit,
-                },
-            );
-        }
-        if let Some(limit) = q.user_limits.max_running
-            && count + 1 > limit
-        {
-            return self.wait(
-                i,
-                PendingReason::UserRunningLimit {
-                    user: w.user.clone(),
-                    running: count,
-                    limit,
-                },
-            );
+        let gate = gate.or_else(|| self.user_limit(i));
+        if let Some(r) = gate {
+            self.reasons[i].push(r);
+            // Every reason: what else would hold it once the gate opens.
+            let flavors = self.flavors_for(&self.pending[i]);
+            for flavor in flavors.iter() {
+                if let Err(r) = self.quota_check(i, flavor) {
+                    self.reasons[i].push(r);
+                }
+                if let Some(r) = self.unplaced_now(i, flavor) {
+                    self.reasons[i].push(r);
+                }
+            }
+            return false;
         }
         // Flavors: the queue's order, restricted to what the job accepts.
         let flavors = self.flavors_for(w);
@@ -1210,6 +1182,39 @@ impl<'a> Cycle<'a> {
             self.reasons[i].push(r);
         }
         false
+    }
+
+    /// The per-user limit of its queue that job `i` would pass, if any.
+    fn user_limit(&self, i: usize) -> Option<PendingReason> {
+        let w = &self.pending[i];
+        let q = self.queues.get(w.queue);
+        let (used, count) = if has_user_limits(self.queues, w.queue) {
+            self.users
+                .get(&(w.queue, w.user.as_str()))
+                .copied()
+                .unwrap_or_default()
+        } else {
+            (0, 0)
+        };
+        if let Some(limit) = q.user_limits.max_gpu_milli
+            && used + self.pend_milli[i] > limit
+        {
+            return Some(PendingReason::UserGpuLimit {
+                user: w.user.clone(),
+                used,
+                limit,
+            });
+        }
+        if let Some(limit) = q.user_limits.max_running
+            && count + 1 > limit
+        {
+            return Some(PendingReason::UserRunningLimit {
+                user: w.user.clone(),
+                running: count,
+                limit,
+            });
+        }
+        None
     }
 
     /// Why job `i` would not fit on `flavor` now, quota aside (`None` when
