@@ -560,3 +560,64 @@ fn a_held_or_user_limited_job_is_also_told_about_quota_and_fit() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_victim_search_checks_the_fit_after_its_last_victim_when_later_candidates_are_skipped() {
+    // team-b borrows 3 GPUs in six 1-GPU jobs: only three may be reclaimed
+    // (it keeps its guarantee of 3). With one GPU free, those three make
+    // room for job 1's 4 GPUs; the candidates after them are skipped, and
+    // the search must still try the fit after the third.
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue team-a parent=org H100=5
+        queue team-b parent=org H100=3
+        run 20 queue=team-a class=training gpu=whole:1 cpu=1 started=0
+        run 10 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=100
+        run 11 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=200
+        run 12 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=300
+        run 13 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900
+        run 14 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900
+        run 15 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900
+        job 1 queue=team-a class=training gpu=whole:4 cpu=1
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 13 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
+          preempt job 14 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
+          preempt job 15 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 3 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn a_reclaim_that_could_only_help_past_the_borrowers_guarantee_is_not_tried() {
+    // team-b may give back 3 of its 6 GPUs: the three cheapest, on n1,
+    // where job 20 keeps a GPU, so 4 never come free on one node. Stopping
+    // all six would free n2, but that would take team-b below its
+    // guarantee: no preemption. (Debug builds also run the search the
+    // cheap test skips and check that it finds nothing.)
+    let out = run("
+        node n1 gpus=4*H100 labels=side:a
+        node n2 gpus=4*H100 labels=side:b
+        queue org H100=8
+        queue team-a parent=org H100=5
+        queue team-b parent=org H100=3
+        run 20 queue=team-a class=training gpu=whole:1 cpu=1 started=0 select=side:a
+        run 10 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900 select=side:a
+        run 11 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900 select=side:a
+        run 12 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=900 select=side:a
+        run 13 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=100 select=side:b
+        run 14 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=100 select=side:b
+        run 15 queue=team-b class=batch gpu=whole:1 cpu=1 started=0 checkpoint=100 select=side:b
+        job 1 queue=team-a class=training gpu=whole:4 cpu=1
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 1 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

@@ -1656,17 +1656,31 @@ impl<'a> Cycle<'a> {
         screened: &Screened,
         place_failed: bool,
     ) -> Option<Vec<Preemption>> {
+        if !self.could_help(i, flavor, candidates, screened, place_failed) {
+            return None;
+        }
+        let chosen = self.pick_victims(i, flavor, candidates)?;
+        Some(self.commit_victims(i, chosen))
+    }
+
+    /// The victims among `candidates` (cheapest first) whose removal lets
+    /// job `i` start on `flavor`, pruned to a minimal set; tried on the live
+    /// state and undone (a trial).
+    fn pick_victims(
+        &mut self,
+        i: usize,
+        flavor: &str,
+        candidates: &[(usize, PreemptReason)],
+    ) -> Option<Vec<(usize, PreemptReason)>> {
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut found = false;
         let mut released = 0u64;
         let demand = self.pend_milli[i];
-        if !self.could_help(i, flavor, screened, place_failed) {
-            return None;
-        }
+        // How many victims were released at the last fit test.
+        let mut tried = 0;
         // Victims are released and taken back below: a trial.
         let trial = self.placer.begin_trial();
-        let last = candidates.len() - 1;
-        for (n, &(k, reason)) in candidates.iter().enumerate() {
+        for &(k, reason) in candidates {
             let r = &self.running[k];
             let lost_h = self.run[k].lost / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
@@ -1693,13 +1707,25 @@ impl<'a> Cycle<'a> {
             chosen.push((k, reason));
             released += self.run[k].milli;
             // Placement is tried once enough is released, and otherwise only
-            // at doubling counts and after the last candidate, so a long
-            // candidate list costs O(log n) tries.
-            let worth = released >= demand || chosen.len().is_power_of_two() || n == last;
-            if worth && self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some() {
-                found = true;
-                break;
+            // at doubling counts and after the last victim (below), so a
+            // long candidate list costs O(log n) tries.
+            let worth = released >= demand || chosen.len().is_power_of_two();
+            if worth {
+                tried = chosen.len();
+                if self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some() {
+                    found = true;
+                    break;
+                }
             }
+        }
+        // The fit with every victim released, unless tried already (the
+        // candidates after the last victim may all have been skipped).
+        if !found
+            && tried < chosen.len()
+            && self.quota_ok(i, flavor).is_ok()
+            && self.fits_now(i, flavor).is_some()
+        {
+            found = true;
         }
         // Keep only the victims that are needed: put each back, latest first,
         // and keep it running if the job still fits without it.
@@ -1730,9 +1756,11 @@ impl<'a> Cycle<'a> {
                 .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
         }
         self.placer.end_trial(trial);
-        if !found {
-            return None;
-        }
+        found.then_some(chosen)
+    }
+
+    /// Tells the chosen victims of job `i` to stop.
+    fn commit_victims(&mut self, i: usize, chosen: Vec<(usize, PreemptReason)>) -> Vec<Preemption> {
         let by = self.pending[i].job.id;
         let mut out = Vec::new();
         self.epoch += 1;
@@ -1762,7 +1790,7 @@ impl<'a> Cycle<'a> {
                 reason,
             });
         }
-        Some(out)
+        out
     }
 
     /// Whether running job `k`'s queue keeps its guarantee of `flavor` if `k`
@@ -1784,6 +1812,42 @@ impl<'a> Cycle<'a> {
             .usage_at(q, fi as usize)
             .saturating_sub(leaving + milli);
         after >= self.queues.quota_at(q, fi as usize).guaranteed
+    }
+
+    /// The candidates a search over `window` would have released after its
+    /// last one, without disruption budgets: in order, each reclaim that
+    /// leaves its queue its guarantee once the earlier ones are gone
+    /// ([`Cycle::keeps_guarantee`] as the search sees it).
+    fn releasable(&self, window: &[(usize, PreemptReason)]) -> Vec<usize> {
+        // Released so far per victim queue and flavor (few queues per window).
+        let mut gone: Vec<(QueueId, u32, u64)> = Vec::new();
+        let mut out = Vec::with_capacity(window.len());
+        for &(k, reason) in window {
+            let RunInfo {
+                queue: q,
+                flavor: fi,
+                milli,
+                ..
+            } = self.run[k];
+            let slot = gone.iter().position(|g| g.0 == q && g.1 == fi);
+            let before = slot.map_or(0, |s| gone[s].2);
+            if reason == PreemptReason::Reclaim && fi != NO_FLAVOR {
+                let leaving = self.leaving.get(&(q, fi)).copied().unwrap_or(0);
+                let after = self
+                    .queues
+                    .usage_at(q, fi as usize)
+                    .saturating_sub(leaving + before + milli);
+                if after < self.queues.quota_at(q, fi as usize).guaranteed {
+                    continue;
+                }
+            }
+            match slot {
+                Some(s) => gone[s].2 += milli,
+                None => gone.push((q, fi, milli)),
+            }
+            out.push(k);
+        }
+        out
     }
 
     /// The candidates that pass the bounds now (they only tighten as a search
@@ -1919,18 +1983,44 @@ impl<'a> Cycle<'a> {
     ///   there stops, unless it already fits elsewhere (a job quota blocked
     ///   before placement was tried).
     ///
-    /// Quota is tested first, as it is the cheaper.
+    /// Quota is tested first, as it is the cheaper. Without disruption
+    /// budgets the tests are then repeated with the set the search would
+    /// end with ([`Cycle::releasable`]), when smaller: releases only loosen
+    /// quota and free capacity, so a set that does not help has no subset
+    /// that does, and the search would fail.
     fn could_help(
         &mut self,
         i: usize,
         flavor: &str,
+        window: &[(usize, PreemptReason)],
         screened: &Screened,
         place_failed: bool,
     ) -> bool {
         if let Some(b) = screened.budget_block {
             self.budget_block.get_or_insert(b);
         }
-        let candidates = &screened.kept;
+        // Every candidate that passes the bounds now first: most searches
+        // end there, and the set the search would end with is a subset.
+        if !self.helps(i, flavor, &screened.kept, place_failed) {
+            return false;
+        }
+        if self.cfg.disruption_budget.is_some() {
+            return true;
+        }
+        let last = self.releasable(window);
+        let helps = last.len() == screened.kept.len() || self.helps(i, flavor, &last, place_failed);
+        #[cfg(debug_assertions)]
+        if !helps {
+            debug_assert!(
+                self.pick_victims(i, flavor, window).is_none(),
+                "the search found victims where its last set does not help"
+            );
+        }
+        helps
+    }
+
+    /// [`Cycle::could_help`]'s two tests with `candidates` released.
+    fn helps(&mut self, i: usize, flavor: &str, candidates: &[usize], place_failed: bool) -> bool {
         if candidates.is_empty() {
             return false;
         }
