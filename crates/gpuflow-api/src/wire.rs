@@ -133,7 +133,9 @@ pub struct Why {
     pub id: u64,
     pub state: JobState,
     pub summary: String,
-    /// Every reason the last cycle found, in words.
+    /// Every reason the last cycle found, in words; for a job that cycle
+    /// did not reach, also what its turn would find now, diagnosed when
+    /// asked (lines starting "if its turn came now:").
     pub reasons: Vec<String>,
     /// 1-based position among its queue's pending jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]

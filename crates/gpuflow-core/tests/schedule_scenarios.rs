@@ -621,3 +621,37 @@ fn a_reclaim_that_could_only_help_past_the_borrowers_guarantee_is_not_tried() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_job_the_cycle_did_not_reach_is_diagnosed_on_demand() {
+    // One failed try per queue: jobs 2 and 3 are not reached. Asked why,
+    // each gets every reason its turn would find, and asking changes nothing
+    // (the fixture checks the next plan is the same).
+    let out = run("
+        node n1 gpus=4*H100
+        node n2 gpus=2*A100
+        queue org H100=4 A100=2
+        queue team parent=org H100=2,cap=2 A100=2 users=gpus:3
+        config tries=1
+        run 10 queue=team user=ann gpu=whole:2 cpu=1 models=H100 started=0
+        job 1 queue=team user=bob gpu=whole:4 cpu=1    # tried: cap, quota and fit
+        job 2 queue=team user=ann gpu=whole:2 cpu=1    # user limit; H100 cap
+        job 3 queue=team user=bob gpu=whole:1 cpu=1    # H100 cap; would start on A100
+        job 4 queue=team user=bob gpu=whole:3 cpu=1 models=H100    # cap and fit
+        cycle 1000
+        why 2 1000
+        why 3 1000
+        why 4 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): user bob holds 0 GPUs of a 3 GPU limit in this queue; needs 4 A100 GPUs of quota; org has 2 left to lend; on A100: main: needs 4 whole GPUs (A100) on one node, 1 CPU: 1 node has no GPU of an accepted model, 1 node has too few free GPUs in the requested sharing mode; queue team would use 6 H100 GPUs, above its cap of 2; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has no GPU of an accepted model, 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 3 (#3 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 4 (#4 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+        why job 2 at t=1000: user ann holds 2 GPUs of a 3 GPU limit in this queue
+        why job 3 at t=1000: it would start
+        why job 4 at t=1000: queue team would use 5 H100 GPUs, above its cap of 2; on H100: main: needs 3 whole GPUs (H100) on one node, 1 CPU: 1 node has no GPU of an accepted model, 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

@@ -68,6 +68,7 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
             world.why.insert(id, api::Why { state, ..why });
         }
     }
+    world.unreached = out.unreached;
     {
         tracing::info!(
             pending = out.pending,
@@ -88,6 +89,7 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
 struct Planned {
     change: Change,
     whys: Vec<(u64, api::Why)>,
+    unreached: std::collections::BTreeSet<u64>,
     pending: usize,
     admitted: usize,
     preempted: usize,
@@ -106,10 +108,7 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
     }
     let mut change = Change::default();
     let mut snap = snapshot(world, t);
-    let cfg = Config {
-        min_runtime,
-        ..Config::default()
-    };
+    let cfg = config(min_runtime);
     let mut history = world.history.to_core(&snap.queues);
     history.account(t, cfg.usage_half_life, &snap.running, &snap.queues);
     let plan = schedule::schedule(
@@ -174,6 +173,16 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         change.event(t, Some(j.id), &j.team, "preempted", j.reason.clone());
         change.job(j);
     }
+    let unreached = plan
+        .pending
+        .iter()
+        .filter(|p| {
+            p.reasons
+                .iter()
+                .all(|r| matches!(r, schedule::PendingReason::NotReached { .. }))
+        })
+        .map(|p| p.job.0)
+        .collect();
     let whys = plan
         .pending
         .iter()
@@ -200,11 +209,41 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
     Some(Planned {
         change,
         whys,
+        unreached,
         pending: pending_count,
         admitted: plan.admitted.len(),
         preempted: plan.preempted.len(),
         running: snap.running.len(),
     })
+}
+
+/// The core's configuration for the server's cycles.
+fn config(min_runtime: u64) -> Config {
+    Config {
+        min_runtime,
+        ..Config::default()
+    }
+}
+
+/// Every reason pending job `id` would wait for if its turn came now
+/// (`gpuflow_core::schedule::diagnose` on a fresh snapshot), in words; empty
+/// when it would start. `None` when the core is not asked about it (not
+/// pending, or blocked before scheduling).
+pub fn diagnose(world: &World, t: u64, min_runtime: u64, id: u64) -> Option<Vec<String>> {
+    let mut snap = snapshot(world, t);
+    let cfg = config(min_runtime);
+    let history = world.history.to_core(&snap.queues);
+    let reasons = schedule::diagnose(
+        t,
+        &mut snap.placer,
+        &mut snap.queues,
+        &snap.running,
+        &snap.pending,
+        &history,
+        &cfg,
+        JobId(id),
+    )?;
+    Some(reasons.iter().map(ToString::to_string).collect())
 }
 
 /// Node and job timers.

@@ -415,7 +415,23 @@ async fn why(
     if j.state == JobState::Pending
         && let Some(w) = world.why.get(&id)
     {
-        return Ok(Json(w.clone()));
+        let mut w = w.clone();
+        // Not reached by the last cycle: what its turn would find now.
+        if world.unreached.contains(&id)
+            && let Some(found) =
+                crate::cycle::diagnose(&world, crate::now(), shared.cfg.min_runtime_s, id)
+        {
+            if found.is_empty() {
+                w.reasons
+                    .push("if its turn came now: it would start".to_string());
+            }
+            w.reasons.extend(
+                found
+                    .into_iter()
+                    .map(|r| format!("if its turn came now: {r}")),
+            );
+        }
+        return Ok(Json(w));
     }
     let summary = match j.state {
         JobState::Pending => "waiting for the next scheduling cycle".to_string(),

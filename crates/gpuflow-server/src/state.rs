@@ -260,6 +260,9 @@ pub struct World {
     pub join_hash: String,
     /// The last cycle's explanation of each pending job.
     pub why: BTreeMap<u64, api::Why>,
+    /// Pending jobs the last cycle did not reach (explained by their
+    /// position alone): `why` diagnoses them when asked.
+    pub unreached: std::collections::BTreeSet<u64>,
     /// Scheduler memory between cycles (decayed usage, disruptions), by queue name.
     pub history: SavedHistory,
     /// When `history` was last written to the store.

@@ -986,3 +986,85 @@ async fn every_documented_route_is_served() {
         );
     }
 }
+
+#[tokio::test]
+async fn why_diagnoses_a_job_the_cycle_did_not_reach() {
+    let h = harness(None).await;
+    let a = &h.admin;
+    assert_eq!(
+        h.json("POST", "/v1/teams", a, json!({"name": "t"})).await.0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            a,
+            json!({"name": "q", "team": "t", "quotas": {"*": {"guaranteed": 8}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let gpu = |i: u32| json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920});
+    let (s, v) = h
+        .json("POST", "/v1/agent/register", &h.join, json!({"node": "n1", "inventory": {"cpu_milli": 64000, "memory_mib": 262144, "gpus": [gpu(0), gpu(1)], "emulated": true}}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let submit = async |gpus: u32| {
+        let spec = format!(
+            "name: j\nqueue: q\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '1']\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {{count: {gpus}}}}}\n"
+        );
+        let (s, v) = h
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(a),
+                "application/yaml",
+                spec.into_bytes(),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_u64().unwrap()
+    };
+    // Nine jobs too big for the node, then one that fits: a cycle gives up
+    // on a queue after 8 failed tries, so the last two are not reached.
+    let mut big = Vec::new();
+    for _ in 0..9 {
+        big.push(submit(4).await);
+    }
+    let small = submit(1).await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    let reasons = |v: &Value| -> Vec<String> {
+        v["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap().to_string())
+            .collect()
+    };
+    // A job that was tried: the cycle's reasons, nothing diagnosed.
+    let (s, v) = h.get(&format!("/v1/jobs/{}/why", big[0]), a).await;
+    assert_eq!(s, 200, "{v}");
+    let r = reasons(&v);
+    assert!(r.iter().any(|r| r.contains("too few free GPUs")), "{r:?}");
+    assert!(
+        !r.iter().any(|r| r.starts_with("if its turn came now")),
+        "{r:?}"
+    );
+    // Not reached: its position, and what its turn would find now.
+    let (_, v) = h.get(&format!("/v1/jobs/{}/why", big[8]), a).await;
+    let r = reasons(&v);
+    assert!(
+        r[0].starts_with("not reached this cycle: 8 job(s) ahead"),
+        "{r:?}"
+    );
+    assert!(
+        r.iter()
+            .any(|r| r.starts_with("if its turn came now: on H100:")
+                && r.contains("too few free GPUs")),
+        "{r:?}"
+    );
+    let (_, v) = h.get(&format!("/v1/jobs/{small}/why"), a).await;
+    let r = reasons(&v);
+    assert!(r[0].starts_with("not reached this cycle"), "{r:?}");
+    assert_eq!(r[1], "if its turn came now: it would start", "{r:?}");
+}

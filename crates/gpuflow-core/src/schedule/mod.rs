@@ -522,6 +522,51 @@ pub fn schedule(
     cycle.explain()
 }
 
+/// Every reason pending job `job` would wait for if its turn came now, as
+/// the next cycle would see it: its queue's state, its user's limits, a
+/// preemption it waits for, and quota (with numbers) and placement (with the
+/// filters' counts) on each flavor it accepts. Empty when it would start;
+/// `None` when `job` is not in `pending`. For the jobs a cycle did not reach
+/// ([`PendingReason::NotReached`]): a cycle stops trying a queue after
+/// `tries_per_queue` failures, so most of a long backlog is explained by its
+/// position alone. Changes nothing: placements are trials, and `history` is
+/// read, not aged.
+// The inputs of [`schedule`] and the job asked about.
+#[allow(clippy::too_many_arguments)]
+pub fn diagnose(
+    now: u64,
+    placer: &mut Placer,
+    queues: &mut Queues,
+    running: &[Running],
+    pending: &[Workload],
+    history: &History,
+    cfg: &Config,
+    job: JobId,
+) -> Option<Reasons> {
+    let i = pending.iter().position(|w| w.job.id == job)?;
+    let mut history = history.clone();
+    let mut cycle = Cycle::new(now, placer, queues, running, pending, &mut history, cfg);
+    let w = &cycle.pending[i];
+    let q = cycle.queues.get(w.queue);
+    let mut gates = Vec::new();
+    match q.state {
+        QueueState::Held => gates.push(PendingReason::QueueHeld {
+            queue: q.name.clone(),
+        }),
+        QueueState::Draining => gates.push(PendingReason::QueueDraining {
+            queue: q.name.clone(),
+        }),
+        QueueState::Open => {}
+    }
+    if let Some(v) = cycle.history.waiting_for.get(&w.job.id) {
+        gates.push(PendingReason::WaitingForPreemption { victims: v.len() });
+    }
+    gates.extend(cycle.user_limit(i));
+    cycle.reasons[i] = gates;
+    cycle.quota_and_fit_reasons(i);
+    Some(Reasons::from_vec(std::mem::take(&mut cycle.reasons[i])))
+}
+
 /// What victim searches read of a running job, packed so that scanning many
 /// candidates touches one small record each instead of the whole job.
 #[derive(Clone, Copy, Debug)]
@@ -1093,15 +1138,7 @@ impl<'a> Cycle<'a> {
         if let Some(r) = gate {
             self.reasons[i].push(r);
             // Every reason: what else would hold it once the gate opens.
-            let flavors = self.flavors_for(&self.pending[i]);
-            for flavor in flavors.iter() {
-                if let Err(r) = self.quota_check(i, flavor) {
-                    self.reasons[i].push(r);
-                }
-                if let Some(r) = self.unplaced_now(i, flavor) {
-                    self.reasons[i].push(r);
-                }
-            }
+            self.quota_and_fit_reasons(i);
             return false;
         }
         // Flavors: the queue's order, restricted to what the job accepts.
@@ -1182,6 +1219,23 @@ impl<'a> Cycle<'a> {
             self.reasons[i].push(r);
         }
         false
+    }
+
+    /// Adds to job `i`'s reasons every quota and placement reason on the
+    /// flavors it accepts, trying nothing for good (placements are trials);
+    /// none when one flavor has neither (the job would start there).
+    fn quota_and_fit_reasons(&mut self, i: usize) {
+        let flavors = self.flavors_for(&self.pending[i]);
+        let mut found = Vec::new();
+        for flavor in flavors.iter() {
+            let before = found.len();
+            found.extend(self.quota_check(i, flavor).err());
+            found.extend(self.unplaced_now(i, flavor));
+            if found.len() == before {
+                return;
+            }
+        }
+        self.reasons[i].extend(found);
     }
 
     /// The per-user limit of its queue that job `i` would pass, if any.

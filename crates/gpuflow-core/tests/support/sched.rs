@@ -7,10 +7,11 @@
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair preemption=off backfill=off quotas=off min_runtime=0
-//!        budget=2 window=3600 aging=3600 history=0.5
+//!        budget=2 window=3600 aging=3600 history=0.5 tries=8
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
 //! cycle 1000                                # one cycle at t=1000 s
+//! why 1 1000                                # diagnose job 1 at t=1000 s
 //! ```
 //! After a cycle, admitted jobs run, preempted ones stop at once (as if their
 //! grace were over by the next cycle), and everyone keeps the order.
@@ -184,6 +185,7 @@ pub fn run(fixture: &str) -> String {
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "aging" => cfg.aging_step = v.parse().unwrap(),
                         "history" => cfg.history_weight = v.parse().unwrap(),
+                        "tries" => cfg.tries_per_queue = v.parse().unwrap(),
                         _ => panic!("unknown config {k}"),
                     }
                 }
@@ -328,6 +330,41 @@ pub fn run(fixture: &str) -> String {
                     }
                     fx.pending.push(Workload { ..r.work });
                 }
+            }
+            "why" => {
+                // why JOB NOW: what diagnose says, checked to change nothing.
+                let id: u64 = toks[1].parse().unwrap();
+                let now: u64 = toks[2].parse().unwrap();
+                let (mut p0, mut q0, h0) = (placer.clone(), queues.clone(), history.clone());
+                let reasons = diagnose(
+                    now,
+                    &mut placer,
+                    &mut queues,
+                    &fx.running,
+                    &fx.pending,
+                    &history,
+                    &cfg,
+                    JobId(id),
+                )
+                .expect("a pending job");
+                assert_eq!(queues, q0, "diagnose changed the queues");
+                assert_eq!(history, h0, "diagnose changed the history");
+                let next = |p: &mut Placer, q: &mut Queues| {
+                    let mut h = history.clone();
+                    schedule(now, p, q, &fx.running, &fx.pending, &mut h, &cfg)
+                };
+                assert_eq!(
+                    next(&mut placer.clone(), &mut queues.clone()),
+                    next(&mut p0, &mut q0),
+                    "diagnose changed what the next cycle plans"
+                );
+                let reasons: Vec<String> = reasons.iter().map(|r| r.to_string()).collect();
+                let said = if reasons.is_empty() {
+                    "it would start".to_string()
+                } else {
+                    reasons.join("; ")
+                };
+                let _ = writeln!(out, "why job {id} at t={now}: {said}");
             }
             "finish" => {
                 let id: u64 = toks[1].parse().unwrap();
