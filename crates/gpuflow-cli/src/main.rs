@@ -8,6 +8,9 @@ mod sim;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "gpuflow",
