@@ -239,6 +239,7 @@ pub fn simulate(
                 milli as f64 / 1000.0 * (b - a) as f64 / 3600.0;
         }
     };
+    let mut budgets = Budgets::new(spec, &team_queue);
     loop {
         // 1. Jobs that finished or whose kill time came leave.
         let mut keep = Vec::new();
@@ -255,6 +256,8 @@ pub fn simulate(
                 queues.charge(r.work.queue, &r.flavor, -(r.work.gpu_milli() as i64));
             }
             account(&jobs[i].team, r.work.gpu_milli(), r.started, done_at);
+            budgets.charge(&r, done_at);
+            budgets.forget(r.work.job.id);
             let l = live.remove(&r.work.job.id).expect("live");
             if done_at >= l.end {
                 outcomes[i].finish = Some(l.end);
@@ -285,6 +288,10 @@ pub fn simulate(
             }
         }
         history.account(now, policy.config.usage_half_life, &running, &queues);
+        for r in &running {
+            budgets.charge(r, now);
+        }
+        budgets.apply(now, &mut queues);
         if !pending.is_empty() {
             cycles += 1;
             let plan = schedule::schedule(
@@ -341,6 +348,10 @@ pub fn simulate(
                     })
                 })
                 .min(),
+            // Work held back by a spent budget may start when it renews.
+            (!pending.is_empty())
+                .then(|| budgets.next_renewal(now))
+                .flatten(),
         ]
         .into_iter()
         .flatten()
@@ -384,6 +395,78 @@ pub fn simulate(
         cycles,
         unfinished,
     })
+}
+
+/// GPU-hours each queue with a budget has used in its current period, kept
+/// up to date as jobs run and handed to the core before each cycle.
+struct Budgets {
+    /// Per budgeted queue: (queue, budget, period index, GPU-hours used in it).
+    queues: Vec<(QueueId, crate::workload::BudgetSpec, u64, f64)>,
+    /// Up to when each running job was charged.
+    charged: BTreeMap<JobId, u64>,
+}
+
+impl Budgets {
+    fn new(spec: &ClusterSpec, team_queue: &BTreeMap<String, QueueId>) -> Budgets {
+        Budgets {
+            queues: spec
+                .queues
+                .iter()
+                .filter_map(|q| Some((team_queue[&q.name], q.budget.clone()?, 0, 0.0)))
+                .collect(),
+            charged: BTreeMap::new(),
+        }
+    }
+
+    /// Charges running job `r` up to `to` to its queue's current period (the
+    /// part before the period began counted in the period before, which is over).
+    fn charge(&mut self, r: &Running, to: u64) {
+        let Some(b) = self.queues.iter_mut().find(|b| b.0 == r.work.queue) else {
+            return;
+        };
+        let from = self
+            .charged
+            .get(&r.work.job.id)
+            .copied()
+            .unwrap_or(r.started);
+        let from = from.max(r.started);
+        self.charged.insert(r.work.job.id, to);
+        let period = b.1.period_s();
+        if to / period > b.2 {
+            b.2 = to / period;
+            b.3 = 0.0;
+        }
+        let from = from.max(b.2 * period);
+        if to > from {
+            b.3 += r.work.gpu_milli() as f64 / 1000.0 * (to - from) as f64 / 3600.0;
+        }
+    }
+
+    /// When the next period of any budget begins after `now`.
+    fn next_renewal(&self, now: u64) -> Option<u64> {
+        self.queues
+            .iter()
+            .map(|b| (now / b.1.period_s() + 1) * b.1.period_s())
+            .min()
+    }
+
+    /// A job that left: nothing more to charge.
+    fn forget(&mut self, id: JobId) {
+        self.charged.remove(&id);
+    }
+
+    /// Starts the periods that began by `now` and gives the core each
+    /// queue's budget as used so far.
+    fn apply(&mut self, now: u64, queues: &mut Queues) {
+        for (q, b, index, used) in &mut self.queues {
+            if now / b.period_s() > *index {
+                *index = now / b.period_s();
+                *used = 0.0;
+            }
+            let budget = b.budget(*used);
+            queues.update(*q, |t| t.budget = Some(budget));
+        }
+    }
 }
 
 /// Mean and 95th percentile (nearest rank) of a list; zeros for an empty one.

@@ -16,6 +16,11 @@
 //! weight = 1.0
 //! guaranteed = { H100 = 128 }   # GPUs per flavor
 //! borrow_limit = { H100 = 256 } # optional, GPUs
+//! # optional: a GPU-hour budget that renews every period_h hours; once
+//! # taper_from of it is used the fair-share weight falls linearly to
+//! # min_weight × weight, and when it is used up the queue stops borrowing
+//! # (or, with when_exhausted = "stop-admitting", starts nothing new)
+//! budget = { gpu_hours = 2000, period_h = 168, taper_from = 0.8, min_weight = 0.25 }
 //! ```
 //! Trace CSV columns: `id,submit_s,duration_s,tasks,gpus_per_task,sharing,team,kind,priority,max_runtime_s`,
 //! where `sharing` is `whole` or `frac:MILLI`, `kind` one of inference, notebook,
@@ -24,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues};
+use gpuflow_core::queue::{Budget, BudgetExhausted, FlavorQuota, Queue, QueueId, Queues};
 use gpuflow_core::{
     CpuMilli, Gpu, GpuMilli, GpuRequest, Job, JobId, MemMib, Node, SplitMix64, TaskGroup,
     TaskRequest,
@@ -55,6 +60,77 @@ pub struct QueueSpec {
     pub guaranteed: BTreeMap<String, u64>,
     #[serde(default)]
     pub borrow_limit: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub budget: Option<BudgetSpec>,
+}
+
+/// A queue's GPU-hour budget per period.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    pub gpu_hours: f64,
+    /// Hours per period: the budget renews at every multiple of it.
+    pub period_h: u64,
+    #[serde(default = "default_taper")]
+    pub taper_from: f64,
+    #[serde(default = "default_min_weight")]
+    pub min_weight: f64,
+    #[serde(default)]
+    pub when_exhausted: Exhausted,
+}
+
+fn default_taper() -> f64 {
+    0.8
+}
+
+fn default_min_weight() -> f64 {
+    0.25
+}
+
+/// What a queue does once its budget is used up.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Exhausted {
+    #[default]
+    StopBorrowing,
+    StopAdmitting,
+}
+
+impl BudgetSpec {
+    /// Seconds per period.
+    pub fn period_s(&self) -> u64 {
+        self.period_h * 3600
+    }
+
+    /// The core's budget with `used` GPU-hours of the current period.
+    pub fn budget(&self, used: f64) -> Budget {
+        Budget {
+            gpu_hours: self.gpu_hours,
+            used_gpu_hours: used,
+            taper_from: self.taper_from,
+            min_weight_factor: self.min_weight,
+            when_exhausted: match self.when_exhausted {
+                Exhausted::StopBorrowing => BudgetExhausted::StopBorrowing,
+                Exhausted::StopAdmitting => BudgetExhausted::StopAdmitting,
+            },
+        }
+    }
+
+    fn check(&self, queue: &str) -> Result<(), String> {
+        let ok = self.gpu_hours.is_finite()
+            && self.gpu_hours >= 0.0
+            && self.period_h > 0
+            && (0.0..=1.0).contains(&self.taper_from)
+            && self.min_weight > 0.0
+            && self.min_weight <= 1.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "queue {queue}: budget needs gpu_hours >= 0, period_h > 0, taper_from in [0, 1] and min_weight in (0, 1]"
+            ))
+        }
+    }
 }
 
 fn one() -> f64 {
@@ -97,6 +173,11 @@ impl ClusterSpec {
             return Err(
                 "a cluster needs at least one [[nodes]] group and one [[queues]] entry".into(),
             );
+        }
+        for q in &self.queues {
+            if let Some(b) = &q.budget {
+                b.check(&q.name)?;
+            }
         }
         for g in &self.nodes {
             if g.count == 0 || g.gpus > 64 || g.cpu == 0 {
@@ -149,6 +230,7 @@ impl ClusterSpec {
         for q in &self.queues {
             let mut leaf = Queue::new(&q.name, Some(QueueId(0)));
             leaf.weight = q.weight;
+            leaf.budget = q.budget.as_ref().map(|b| b.budget(0.0));
             for (f, g) in &q.guaranteed {
                 let borrow = q.borrow_limit.get(f).map(|b| b * 1000);
                 leaf.quotas.insert(
@@ -384,6 +466,7 @@ impl Synthetic {
                         (self.gpus as f64 * w / total).floor() as u64,
                     )]),
                     borrow_limit: BTreeMap::new(),
+                    budget: None,
                 })
                 .collect(),
         }

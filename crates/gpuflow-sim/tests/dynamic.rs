@@ -86,6 +86,18 @@ fn traces_round_trip_and_bad_rows_say_where() {
     .unwrap();
     let e = ClusterSpec::load(&c).unwrap_err().to_string();
     assert!(e.contains("colour"), "{e}");
+    std::fs::write(&c, "[[nodes]]\ncount = 2\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n[[queues]]\nname = \"a\"\nbudget = { gpu_hours = 10, period_h = 0 }\n").unwrap();
+    let e = ClusterSpec::load(&c).unwrap_err().to_string();
+    assert!(
+        e.contains("queue a: budget needs") && e.contains("period_h > 0"),
+        "{e}"
+    );
+    std::fs::write(&c, "[[nodes]]\ncount = 2\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n[[queues]]\nname = \"a\"\nbudget = { gpu_hours = 10, period_h = 24, when_exhausted = \"panic\" }\n").unwrap();
+    let e = ClusterSpec::load(&c).unwrap_err().to_string();
+    assert!(
+        e.contains("stop-borrowing") && e.contains("stop-admitting"),
+        "{e}"
+    );
     // A job naming a team without a queue is refused.
     let mut bad = jobs.clone();
     bad[0].team = "nobody".into();
@@ -133,4 +145,111 @@ fn when_one_team_over_submits_fair_share_keeps_the_others_waiting_less_than_qos_
     };
     assert!(share(&ours) < share(&qos));
     assert!(dynamic::jain(&ours) > dynamic::jain(&qos));
+}
+
+/// team-a alone on 8 GPUs with a 20 GPU-hour budget per 10-hour period,
+/// submitting a 1-GPU, 1-hour batch job every 15 minutes for 30 hours:
+/// (start, finish) of its jobs.
+fn budgeted_run(budget: &str) -> Vec<(u64, u64)> {
+    let text = format!(
+        "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
+         [[queues]]\nname = \"team-a\"\nguaranteed = {{ H100 = 2 }}\nbudget = {budget}\n\n\
+         [[queues]]\nname = \"team-b\"\nguaranteed = {{ H100 = 6 }}\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.toml");
+    std::fs::write(&path, text).unwrap();
+    let spec = ClusterSpec::load(&path).unwrap();
+    let jobs: Vec<workload::TraceJob> = (0..120)
+        .map(|i| workload::TraceJob {
+            id: i + 1,
+            submit: i * 900,
+            duration: 3600,
+            tasks: 1,
+            gpu: gpuflow_core::GpuRequest::Whole { count: 1 },
+            team: "team-a".into(),
+            kind: 3,
+            priority: 0,
+            max_runtime: Some(3600),
+        })
+        .collect();
+    let mut policy = SimPolicy::gpuflow();
+    policy.config.preemption = false;
+    let r = dynamic::simulate(&spec, &jobs, &policy, &SimConfig::default(), 1).unwrap();
+    r.outcomes
+        .iter()
+        .map(|o| (o.first_start.unwrap(), o.finish.unwrap()))
+        .collect()
+}
+
+/// GPU-hours the 1-GPU jobs used in `t`'s 10-hour period up to `t`.
+fn used_in_period(runs: &[(u64, u64)], t: u64) -> f64 {
+    let from = t - t % 36_000;
+    runs.iter()
+        .map(|&(s, f)| f.min(t).saturating_sub(s.max(from)) as f64 / 3600.0)
+        .sum()
+}
+
+#[test]
+fn a_spent_budget_stops_new_work_until_its_period_renews() {
+    let runs =
+        budgeted_run("{ gpu_hours = 20, period_h = 10, when_exhausted = \"stop-admitting\" }");
+    for &(s, _) in &runs {
+        let used = used_in_period(&runs, s);
+        assert!(
+            used < 20.0,
+            "a job started at {s} s with {used:.2} GPU-h of 20 used"
+        );
+    }
+    // Every period starts work again, and the budget held some back.
+    for period in 0..3u64 {
+        assert!(
+            runs.iter().any(|&(s, _)| s / 36_000 == period),
+            "nothing started in period {period}"
+        );
+    }
+    // Jobs submitted every 15 minutes wait for the next period: job k was
+    // submitted at k × 900 s.
+    let held = runs
+        .iter()
+        .enumerate()
+        .filter(|&(k, &(s, _))| s / 36_000 > (k as u64 * 900) / 36_000)
+        .count();
+    assert!(held > 10, "only {held} jobs waited for a later period");
+    let first: f64 = used_in_period(&runs, 35_999);
+    assert!(
+        (20.0..24.5).contains(&first),
+        "period 0 used {first:.2} GPU-h"
+    );
+}
+
+#[test]
+fn a_spent_budget_stops_borrowing_but_not_work_within_the_guarantee() {
+    let runs = budgeted_run("{ gpu_hours = 20, period_h = 10 }");
+    let running_at = |t: u64| runs.iter().filter(|&&(s, f)| s <= t && t < f).count();
+    // It borrows while the budget lasts (up to 4 at once: the demand)...
+    assert!(
+        runs.iter()
+            .any(|&(s, _)| used_in_period(&runs, s) < 20.0 && running_at(s) > 2)
+    );
+    // ...and once it is spent, starts only what fits its guarantee of 2.
+    let mut after = 0;
+    for &(s, _) in &runs {
+        if used_in_period(&runs, s) >= 20.0 {
+            after += 1;
+            assert!(
+                running_at(s) <= 2,
+                "{} running at {s} s with the budget spent",
+                running_at(s)
+            );
+        }
+    }
+    assert!(
+        after > 10,
+        "only {after} jobs started with the budget spent"
+    );
+    // A budget large enough never binds: it borrows up to its demand throughout.
+    let free = budgeted_run("{ gpu_hours = 1000, period_h = 10 }");
+    assert!(free.iter().all(|&(s, _)| used_in_period(&free, s) < 1000.0));
+    assert!(used_in_period(&free, 35_999) > 30.0);
 }
