@@ -655,3 +655,52 @@ fn a_job_the_cycle_did_not_reach_is_diagnosed_on_demand() {
     "#]]
     .assert_eq(&out);
 }
+
+#[test]
+fn a_gang_is_preempted_whole_and_requeued_whole() {
+    // Job 10 is a 2-task gang across both nodes; job 1 needs one node's
+    // GPUs. The gang is the only candidate: it stops whole (one order, both
+    // tasks' GPUs freed) and waits again as one job.
+    let out = run("
+        node n1 gpus=4*H100
+        node n2 gpus=4*H100
+        queue org H100=8
+        queue team parent=org H100=8
+        run 10 queue=team class=batch started=0 group=worker*2 gpu=whole:4 cpu=1
+        job 1 queue=team class=training gpu=whole:4 cpu=1
+        cycle 1000
+        cycle 1001
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 2.22 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        cycle t=1001
+          start job 1 on H100: n1[0,1,2,3]
+          pending job 10 (#1 in queue, eta unknown): needs 8 H100 GPUs of quota; org has 4 left to lend; on H100: worker: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn victims_lose_the_least_work_then_hold_the_fewest_gpus() {
+    // Since their last checkpoints, job 10 lost 2 GPUs × 500 s and job 11
+    // 1 GPU × 1000 s: the same work. Job 12 lost more. The one with fewer
+    // GPUs goes.
+    let out = run("
+        node n1 gpus=4*H100
+        queue org H100=4
+        queue team parent=org H100=4
+        run 10 queue=team class=batch gpu=whole:2 cpu=1 started=0 checkpoint=500
+        run 11 queue=team class=batch gpu=whole:1 cpu=1 started=0 checkpoint=0
+        run 12 queue=team class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=team class=training gpu=whole:1 cpu=1
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
