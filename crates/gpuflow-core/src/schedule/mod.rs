@@ -547,17 +547,7 @@ pub fn diagnose(
     let mut history = history.clone();
     let mut cycle = Cycle::new(now, placer, queues, running, pending, &mut history, cfg);
     let w = &cycle.pending[i];
-    let q = cycle.queues.get(w.queue);
-    let mut gates = Vec::new();
-    match q.state {
-        QueueState::Held => gates.push(PendingReason::QueueHeld {
-            queue: q.name.clone(),
-        }),
-        QueueState::Draining => gates.push(PendingReason::QueueDraining {
-            queue: q.name.clone(),
-        }),
-        QueueState::Open => {}
-    }
+    let mut gates: Vec<PendingReason> = cycle.queue_gate(i).into_iter().collect();
     if let Some(v) = cycle.history.waiting_for.get(&w.job.id) {
         gates.push(PendingReason::WaitingForPreemption { victims: v.len() });
     }
@@ -1119,22 +1109,12 @@ impl<'a> Cycle<'a> {
         // its reasons are those of its last try, not both.
         self.reasons[i].clear();
         let w = &self.pending[i];
-        let q = self.queues.get(w.queue);
         if self.history.waiting_for.contains_key(&w.job.id) {
             let n = self.history.waiting_for[&w.job.id].len();
             return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
         }
         // Gates before quota: the queue's state, then the user's limits.
-        let gate = match q.state {
-            QueueState::Held => Some(PendingReason::QueueHeld {
-                queue: q.name.clone(),
-            }),
-            QueueState::Draining => Some(PendingReason::QueueDraining {
-                queue: q.name.clone(),
-            }),
-            QueueState::Open => None,
-        };
-        let gate = gate.or_else(|| self.user_limit(i));
+        let gate = self.queue_gate(i).or_else(|| self.user_limit(i));
         if let Some(r) = gate {
             self.reasons[i].push(r);
             // Every reason: what else would hold it once the gate opens.
@@ -1236,6 +1216,20 @@ impl<'a> Cycle<'a> {
             }
         }
         self.reasons[i].extend(found);
+    }
+
+    /// Why job `i`'s queue starts nothing now (held or draining), if so.
+    fn queue_gate(&self, i: usize) -> Option<PendingReason> {
+        let q = self.queues.get(self.pending[i].queue);
+        match q.state {
+            QueueState::Held => Some(PendingReason::QueueHeld {
+                queue: q.name.clone(),
+            }),
+            QueueState::Draining => Some(PendingReason::QueueDraining {
+                queue: q.name.clone(),
+            }),
+            QueueState::Open => None,
+        }
     }
 
     /// The per-user limit of its queue that job `i` would pass, if any.
