@@ -400,10 +400,30 @@ pub fn simulate(
 /// GPU-hours each queue with a budget has used in its current period, kept
 /// up to date as jobs run and handed to the core before each cycle.
 struct Budgets {
-    /// Per budgeted queue: (queue, budget, period index, GPU-hours used in it).
-    queues: Vec<(QueueId, crate::workload::BudgetSpec, u64, f64)>,
+    queues: Vec<BudgetUse>,
     /// Up to when each running job was charged.
     charged: BTreeMap<JobId, u64>,
+}
+
+/// One budgeted queue's current period.
+struct BudgetUse {
+    queue: QueueId,
+    spec: crate::workload::BudgetSpec,
+    /// Which period (time / period length) `used` counts.
+    period: u64,
+    used: f64,
+}
+
+impl BudgetUse {
+    /// Moves on to the period of time `t` if it began since (its budget is
+    /// whole again); a time in a period already over changes nothing.
+    fn roll(&mut self, t: u64) {
+        let p = t / self.spec.period_s();
+        if p > self.period {
+            self.period = p;
+            self.used = 0.0;
+        }
+    }
 }
 
 impl Budgets {
@@ -412,7 +432,14 @@ impl Budgets {
             queues: spec
                 .queues
                 .iter()
-                .filter_map(|q| Some((team_queue[&q.name], q.budget.clone()?, 0, 0.0)))
+                .filter_map(|q| {
+                    Some(BudgetUse {
+                        queue: team_queue[&q.name],
+                        spec: q.budget.clone()?,
+                        period: 0,
+                        used: 0.0,
+                    })
+                })
                 .collect(),
             charged: BTreeMap::new(),
         }
@@ -421,24 +448,14 @@ impl Budgets {
     /// Charges running job `r` up to `to` to its queue's current period (the
     /// part before the period began counted in the period before, which is over).
     fn charge(&mut self, r: &Running, to: u64) {
-        let Some(b) = self.queues.iter_mut().find(|b| b.0 == r.work.queue) else {
+        let Some(b) = self.queues.iter_mut().find(|b| b.queue == r.work.queue) else {
             return;
         };
-        let from = self
-            .charged
-            .get(&r.work.job.id)
-            .copied()
-            .unwrap_or(r.started);
-        let from = from.max(r.started);
-        self.charged.insert(r.work.job.id, to);
-        let period = b.1.period_s();
-        if to / period > b.2 {
-            b.2 = to / period;
-            b.3 = 0.0;
-        }
-        let from = from.max(b.2 * period);
+        let from = self.charged.insert(r.work.job.id, to).unwrap_or(r.started);
+        b.roll(to);
+        let from = from.max(b.period * b.spec.period_s());
         if to > from {
-            b.3 += r.work.gpu_milli() as f64 / 1000.0 * (to - from) as f64 / 3600.0;
+            b.used += r.work.gpu_milli() as f64 / 1000.0 * (to - from) as f64 / 3600.0;
         }
     }
 
@@ -446,7 +463,7 @@ impl Budgets {
     fn next_renewal(&self, now: u64) -> Option<u64> {
         self.queues
             .iter()
-            .map(|b| (now / b.1.period_s() + 1) * b.1.period_s())
+            .map(|b| (now / b.spec.period_s() + 1) * b.spec.period_s())
             .min()
     }
 
@@ -458,13 +475,10 @@ impl Budgets {
     /// Starts the periods that began by `now` and gives the core each
     /// queue's budget as used so far.
     fn apply(&mut self, now: u64, queues: &mut Queues) {
-        for (q, b, index, used) in &mut self.queues {
-            if now / b.period_s() > *index {
-                *index = now / b.period_s();
-                *used = 0.0;
-            }
-            let budget = b.budget(*used);
-            queues.update(*q, |t| t.budget = Some(budget));
+        for b in &mut self.queues {
+            b.roll(now);
+            let budget = b.spec.budget(b.used);
+            queues.update(b.queue, |t| t.budget = Some(budget));
         }
     }
 }

@@ -1845,6 +1845,13 @@ impl<'a> Cycle<'a> {
     /// is reclaimed, counting the victims chosen earlier (this cycle or still
     /// stopping) as gone.
     fn keeps_guarantee(&self, k: usize) -> bool {
+        self.keeps_guarantee_with(k, 0)
+    }
+
+    /// [`Cycle::keeps_guarantee`] with `gone` more milli-GPU of `k`'s queue
+    /// and flavor released first (a search's earlier victims, counted
+    /// without releasing them).
+    fn keeps_guarantee_with(&self, k: usize, gone: u64) -> bool {
         let RunInfo {
             queue: q,
             flavor: fi,
@@ -1858,7 +1865,7 @@ impl<'a> Cycle<'a> {
         let after = self
             .queues
             .usage_at(q, fi as usize)
-            .saturating_sub(leaving + milli);
+            .saturating_sub(leaving + gone + milli);
         after >= self.queues.quota_at(q, fi as usize).guaranteed
     }
 
@@ -1879,15 +1886,8 @@ impl<'a> Cycle<'a> {
             } = self.run[k];
             let slot = gone.iter().position(|g| g.0 == q && g.1 == fi);
             let before = slot.map_or(0, |s| gone[s].2);
-            if reason == PreemptReason::Reclaim && fi != NO_FLAVOR {
-                let leaving = self.leaving.get(&(q, fi)).copied().unwrap_or(0);
-                let after = self
-                    .queues
-                    .usage_at(q, fi as usize)
-                    .saturating_sub(leaving + before + milli);
-                if after < self.queues.quota_at(q, fi as usize).guaranteed {
-                    continue;
-                }
+            if reason == PreemptReason::Reclaim && !self.keeps_guarantee_with(k, before) {
+                continue;
             }
             match slot {
                 Some(s) => gone[s].2 += milli,
