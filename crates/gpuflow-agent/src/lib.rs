@@ -13,6 +13,7 @@
 pub mod fake_nvml;
 pub mod gpu;
 pub mod task;
+pub mod user;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,6 +51,37 @@ pub struct Config {
     /// Leave tasks running when the agent exits (an upgrade); the next agent
     /// adopts them. Default: stop them.
     pub keep_tasks_on_exit: bool,
+    /// When the agent runs as root: the user tasks run as unless their team
+    /// names one (never root).
+    pub run_as: String,
+}
+
+/// The node token, kept so that a restarted agent proves it is the node
+/// that registered the name.
+const NODE_TOKEN: &str = "node.token";
+
+fn read_node_token(dir: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(NODE_TOKEN))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn write_node_token(dir: &std::path::Path, token: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!("{NODE_TOKEN}.tmp"));
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| writeln!(f, "{token}").and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(NODE_TOKEN)));
+    if let Err(e) = ok {
+        tracing::warn!(error = %e, "cannot keep the node token; a restart will need `gpuflow node replace`");
+    }
 }
 
 const RECORDS: &str = "tasks.json";
@@ -171,6 +203,19 @@ impl Client {
     }
 }
 
+/// A refusal the agent cannot get past by retrying.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Fatal(String);
+
+/// The `message` of an API error body, or the body itself.
+fn message(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.to_string())
+}
+
 /// Runs until `stop` is set; then kills the tasks it runs and returns.
 ///
 /// # Errors
@@ -182,8 +227,29 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Some(e) if cfg.emulate.is_some() => tracing::info!(reason = %e, "using emulated GPUs"),
         Some(e) => tracing::info!(reason = %e, "NVML not available: no GPUs on this node"),
     }
+    // Whatever the agent writes (records, tokens, logs) is its own.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
     std::fs::create_dir_all(&cfg.work_dir)
         .with_context(|| format!("cannot create {}", cfg.work_dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg.work_dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot restrict {}", cfg.work_dir.display()))?;
+    }
+    let launch = task::Launch {
+        run_as: cfg.run_as.clone(),
+    };
+    if user::agent_uid() == 0 {
+        match user::resolve(None, &cfg.run_as) {
+            Ok(_) => {
+                tracing::info!(user = %cfg.run_as, "running as root: tasks run as an unprivileged user")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "tasks cannot start until --run-as names a usable user")
+            }
+        }
+    }
     let client = Client {
         http: http_client(cfg.ca_cert.as_deref(), Duration::from_secs(10))?,
         base: cfg.server.trim_end_matches('/').to_string(),
@@ -218,6 +284,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     let reg = Register {
                         node: cfg.node.clone(),
                         inventory: inventory(),
+                        node_token: read_node_token(&cfg.work_dir),
                     };
                     match client.post::<_, Registered>(
                         "/v1/agent/register",
@@ -227,10 +294,18 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         Ok(r) => {
                             tracing::info!(node = %cfg.node, server = %client.base, "registered");
                             interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));
+                            write_node_token(&cfg.work_dir, &r.node_token);
                             node_token = Some(r.node_token.clone());
                             r.node_token
                         }
-                        Err((401, _)) => bail!("the server refused the join token"),
+                        Err((401, _)) => {
+                            return Err(Fatal("the server refused the join token".into()).into());
+                        }
+                        Err((409, m)) => {
+                            return Err(
+                                Fatal(format!("registration refused: {}", message(&m))).into()
+                            );
+                        }
                         Err((s, m)) => bail!("registration failed ({s}): {m}"),
                     }
                 }
@@ -249,7 +324,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         }
                     }
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
-                    soon = reconcile(&mut tasks, &d, &cfg.work_dir);
+                    soon = reconcile(&mut tasks, &d, &cfg.work_dir, &launch);
                 }
                 Err((401 | 404, _)) => {
                     // The server forgot us: register again next tick.
@@ -260,7 +335,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             Ok(())
         })();
         if let Err(e) = result {
-            if e.to_string().contains("join token") {
+            if e.downcast_ref::<Fatal>().is_some() {
                 for t in tasks.values_mut() {
                     t.kill();
                 }
@@ -303,7 +378,12 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
 
 /// Makes the node match the desired list. Returns whether it started or
 /// stopped anything.
-fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path::Path) -> bool {
+fn reconcile(
+    tasks: &mut BTreeMap<Key, Task>,
+    desired: &Desired,
+    dir: &std::path::Path,
+    launch: &task::Launch,
+) -> bool {
     let mut changed = false;
     let wanted: BTreeMap<Key, &gpuflow_api::DesiredTask> =
         desired.tasks.iter().map(|t| (task::key(t), t)).collect();
@@ -313,7 +393,7 @@ fn reconcile(tasks: &mut BTreeMap<Key, Task>, desired: &Desired, dir: &std::path
                 if d.command.is_empty() {
                     continue;
                 }
-                tasks.insert(*k, Task::start(d, dir));
+                tasks.insert(*k, Task::start(d, dir, launch));
                 changed = true;
             }
             None => {}

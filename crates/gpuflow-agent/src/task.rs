@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +19,43 @@ pub type Key = (u64, u32, u16, u32);
 
 pub fn key(t: &DesiredTask) -> Key {
     (t.job, t.attempt, t.group, t.index)
+}
+
+/// How the agent launches tasks.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// When the agent is root: the user tasks run as unless their team
+    /// names one.
+    pub run_as: String,
+}
+
+impl Default for Launch {
+    fn default() -> Launch {
+        Launch {
+            run_as: "nobody".into(),
+        }
+    }
+}
+
+/// The agent's own user name, for a task that runs as the agent.
+fn agent_user_name() -> String {
+    crate::user::lookup_uid(crate::user::agent_uid()).unwrap_or_else(|| "gpuflow".into())
+}
+
+/// Reads a small file the task controls, safely: no symlink is followed, a
+/// FIFO or device does not block the agent, at most 64 bytes are read.
+fn read_task_file(path: &Path) -> Option<String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(64);
+    f.take(64).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Log bytes sent with each report.
@@ -85,7 +123,12 @@ pub fn signal_number(name: &str) -> i32 {
 impl Task {
     /// Starts a task; a task that cannot start is returned in phase
     /// `FailedToStart` with the reason.
-    pub fn start(t: &DesiredTask, dir: &Path) -> Task {
+    ///
+    /// The task gets a clean environment: a plain `PATH`, `HOME` (its own
+    /// directory), `USER`, then the spec's variables and gpuflow's, never
+    /// the agent's (which may hold its tokens). When the agent is root, the
+    /// task runs as `launch.run_as` or its team's user, never as root.
+    pub fn start(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
         let (job, attempt, group, index) = key(t);
         let task_dir = dir
             .join(format!("job-{job}"))
@@ -106,24 +149,91 @@ impl Task {
             acked_log_len: 0,
             start_ticks: 0,
         };
-        let result = (|| -> std::io::Result<Child> {
-            std::fs::create_dir_all(&task_dir)?;
-            let out = File::create(&log)?;
-            let err = out.try_clone()?;
+        let result = (|| -> Result<Child, String> {
+            let user = crate::user::resolve(t.run_as.as_deref(), &launch.run_as)
+                .map_err(|e| e.to_string())?;
+            let io = |e: std::io::Error| e.to_string();
+            std::fs::create_dir_all(&task_dir).map_err(io)?;
+            std::fs::set_permissions(&task_dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(io)?;
+            if let Some(u) = &user {
+                std::os::unix::fs::chown(&task_dir, Some(u.uid), Some(u.gid)).map_err(io)?;
+            }
+            // The log belongs to the agent; the task writes it through the
+            // descriptor it inherits and cannot replace it.
+            let out = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&log)
+                .map_err(io)?;
+            let err = out.try_clone().map_err(io)?;
+            // A task user who cannot walk the agent's directories to its own
+            // finds its checkpoint file relative to where it starts.
+            let checkpoint_env = match &user {
+                Some(u) if t.working_dir.is_none() && !crate::user::can_reach(u, &task_dir) => {
+                    PathBuf::from("checkpoint")
+                }
+                _ => checkpoint.clone(),
+            };
+            let name = user
+                .as_ref()
+                .map_or_else(agent_user_name, |u| u.name.clone());
             let mut cmd = Command::new(&t.command[0]);
             cmd.args(&t.command[1..])
+                .env_clear()
+                .env(
+                    "PATH",
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                )
+                .env("HOME", &task_dir)
+                .env("USER", &name)
+                .env("LOGNAME", &name)
+                .env("LANG", "C.UTF-8")
                 .envs(&t.env)
-                .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint)
+                .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err)
-                .process_group(0);
-            cmd.current_dir(
-                t.working_dir
-                    .as_deref()
-                    .map_or(task_dir.as_path(), Path::new),
-            );
+                .process_group(0)
+                // As the agent: its own directory is made for it.
+                .current_dir(&task_dir);
+            let ids = user.as_ref().map(|u| (u.uid, u.gid));
+            let work = match &t.working_dir {
+                Some(w) => Some(
+                    std::ffi::CString::new(w.as_str())
+                        .map_err(|_| format!("working_dir {w:?} holds a NUL byte"))?,
+                ),
+                None => None,
+            };
+            // SAFETY: the closure runs in the forked child before exec and
+            // calls only async-signal-safe functions (setgroups, setgid,
+            // setuid, chdir, umask) on memory prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if let Some((uid, gid)) = ids {
+                        let groups = [gid];
+                        if libc::setgroups(1, groups.as_ptr()) != 0
+                            || libc::setgid(gid) != 0
+                            || libc::setuid(uid) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    // A working directory of the spec's is entered as the
+                    // task's user, so it grants nothing the user lacks.
+                    if let Some(w) = &work
+                        && libc::chdir(w.as_ptr()) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::umask(0o022);
+                    Ok(())
+                });
+            }
             cmd.spawn()
+                .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]))
         })();
         match result {
             Ok(child) => {
@@ -134,8 +244,8 @@ impl Task {
             }
             Err(e) => {
                 task.phase = TaskPhase::FailedToStart;
-                task.message = format!("cannot start {:?}: {e}", t.command[0]);
                 tracing::warn!(job, attempt, group, index, error = %e, "task failed to start");
+                task.message = e;
             }
         }
         task
@@ -280,9 +390,7 @@ impl Task {
             index,
             phase: self.phase,
             exit_code: self.exit_code,
-            checkpoint_at: std::fs::read_to_string(&self.checkpoint)
-                .ok()
-                .and_then(|s| s.trim().parse().ok()),
+            checkpoint_at: read_task_file(&self.checkpoint).and_then(|s| s.trim().parse().ok()),
             log_tail,
             message: self.message.clone(),
         }

@@ -199,6 +199,25 @@ impl Role {
 #[serde(deny_unknown_fields)]
 pub struct Team {
     pub name: String,
+    /// The system user the team's tasks run as on nodes whose agent runs as
+    /// root (set by an admin; never root). Default: the agent's `--run-as`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
+}
+
+/// The deepest queue tree the server accepts (organisation, team, project
+/// and a few levels below).
+pub const MAX_QUEUE_DEPTH: usize = 8;
+
+/// Whether `s` is a POSIX-style system user name that is not root.
+pub fn valid_run_as(s: &str) -> bool {
+    let mut chars = s.chars();
+    s != "root"
+        && s.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 /// A project of a team: what jobs are accounted to (GPU-hours, cost).
@@ -226,6 +245,10 @@ pub struct User {
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     pub user: String,
+    /// The token stops working this many seconds after it is made; default:
+    /// it works until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_s: Option<u64>,
 }
 
 /// A new API token: shown once, stored only as a hash.
@@ -233,7 +256,25 @@ pub struct TokenRequest {
 pub struct TokenCreated {
     pub user: String,
     pub token: String,
+    /// What the token is listed and revoked by (not a secret).
+    #[serde(default)]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
 }
+
+/// A token as listed: never the token itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TokenView {
+    pub id: String,
+    pub user: String,
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+/// At most this many live tokens per user: revoke old ones to make more.
+pub const MAX_TOKENS_PER_USER: usize = 20;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WhoAmI {
@@ -445,6 +486,11 @@ pub struct NodeView {
 pub struct Register {
     pub node: String,
     pub inventory: Inventory,
+    /// The node token this agent was given before, if any: a node name
+    /// belongs to the agent that first registered it, and registering it
+    /// again needs that token (or an admin's `gpuflow node replace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_token: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -518,6 +564,10 @@ pub struct DesiredTask {
     pub gpus: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopOrder>,
+    /// The system user the task runs as (its team's `run_as`); default:
+    /// the agent's choice (never root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -137,6 +137,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
         let body = serde_json::to_string(&Register {
             node: format!("node-{n:05}"),
             inventory: inv,
+            node_token: None,
         })?;
         let (s, v) = call("POST", "/v1/agent/register", "bench", body);
         if s != 200 {

@@ -121,7 +121,13 @@ pub enum NodeCmd {
     Cordon {
         name: String,
     },
+    /// Take a cordoned node back into service.
     Uncordon {
+        name: String,
+    },
+    /// The machine behind NAME is gone: requeue its work and let the next
+    /// agent that registers NAME (with the join token) take it.
+    Replace {
         name: String,
     },
 }
@@ -129,7 +135,13 @@ pub enum NodeCmd {
 #[derive(Subcommand)]
 pub enum TeamCmd {
     Ls,
-    Create { name: String },
+    Create {
+        name: String,
+        /// The system user the team's tasks run as on agents running as
+        /// root (never root); default: the agent's --run-as.
+        #[arg(long)]
+        run_as: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -159,7 +171,16 @@ pub enum UserCmd {
 #[derive(Subcommand)]
 pub enum TokenCmd {
     /// Create a token for a user; it is printed once.
-    Create { user: String },
+    Create {
+        user: String,
+        /// The token stops working after this long (e.g. 90d, 12h, 3600s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires_in: Option<std::time::Duration>,
+    },
+    /// The live tokens you manage: ids, users, when made and when they expire.
+    Ls,
+    /// Revoke a token by its id (from `token ls`).
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -669,6 +690,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
         NodeCmd::Drain { name } => ("drain", name),
         NodeCmd::Cordon { name } => ("cordon", name),
         NodeCmd::Uncordon { name } => ("uncordon", name),
+        NodeCmd::Replace { name } => ("replace", name),
     };
     let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
     print(conn.output, &v, |n| {
@@ -693,14 +715,15 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
                 )
             });
         }
-        TeamCmd::Create { name } => {
+        TeamCmd::Create { name, run_as } => {
+            let mut body = serde_json::json!({ "name": name });
+            if let Some(u) = run_as {
+                body["run_as"] = u.into();
+            }
             let v = c.call(
                 "POST",
                 "/v1/teams",
-                Some((
-                    "application/json",
-                    serde_json::to_vec(&serde_json::json!({"name": name}))?,
-                )),
+                Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
             print(conn.output, &v, |t| {
                 format!("team {} created\n", s(&t["name"]))
@@ -788,14 +811,48 @@ pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
 
 pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let TokenCmd::Create { user } = cmd;
-    let body = serde_json::json!({ "user": user });
-    let v = c.call(
-        "POST",
-        "/v1/tokens",
-        Some(("application/json", serde_json::to_vec(&body)?)),
-    )?;
-    print(conn.output, &v, |t| format!("{}\n", s(&t["token"])));
+    match cmd {
+        TokenCmd::Create { user, expires_in } => {
+            let mut body = serde_json::json!({ "user": user });
+            if let Some(d) = expires_in {
+                body["expires_in_s"] = d.as_secs().max(1).into();
+            }
+            let v = c.call(
+                "POST",
+                "/v1/tokens",
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |t| format!("{}\n", s(&t["token"])));
+        }
+        TokenCmd::Ls => {
+            let v = c.call("GET", "/v1/tokens", None)?;
+            print(conn.output, &v, |v| {
+                columns(
+                    &["id", "user", "created", "expires"],
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|t| {
+                            vec![
+                                s(&t["id"]),
+                                s(&t["user"]),
+                                s(&t["created_at"]),
+                                t["expires_at"]
+                                    .as_u64()
+                                    .map_or_else(|| "never".into(), |e| e.to_string()),
+                            ]
+                        })
+                        .collect(),
+                )
+            });
+        }
+        TokenCmd::Revoke { id } => {
+            c.call("DELETE", &format!("/v1/tokens/{id}"), None)?;
+            if matches!(conn.output, Format::Table) {
+                println!("token {id} revoked");
+            }
+        }
+    }
     Ok(())
 }
 

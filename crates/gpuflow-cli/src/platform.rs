@@ -22,9 +22,11 @@ pub struct ServerArgs {
     /// `postgres://USER@HOST:PORT/DB` for PostgreSQL; default: SQLite in the data directory.
     #[arg(long, env = "GPUFLOW_STORE")]
     pub store: Option<String>,
-    /// The token agents join with; default: generated once, kept in the data directory.
-    #[arg(long, env = "GPUFLOW_JOIN_TOKEN")]
-    pub join_token: Option<String>,
+    /// A file holding the token agents join with (or set GPUFLOW_JOIN_TOKEN);
+    /// default: generated once, kept in the data directory. Never on the
+    /// command line, which every process of the machine can read.
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
     /// Seconds without a heartbeat before a node is lost and its work requeued.
     #[arg(long, default_value_t = 30)]
     pub node_timeout: u64,
@@ -50,8 +52,11 @@ pub struct AgentArgs {
     /// The server, e.g. http://10.0.0.1:7070.
     #[arg(long, env = "GPUFLOW_SERVER")]
     pub server: String,
-    #[arg(long, env = "GPUFLOW_JOIN_TOKEN")]
-    pub join_token: String,
+    /// A file holding the join token (the server's `join.token`), or set
+    /// GPUFLOW_JOIN_TOKEN. Never on the command line, which every process of
+    /// the node can read.
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
     /// PEM certificate to trust for an https server (e.g. its self-signed one).
     #[arg(long, env = "GPUFLOW_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
@@ -82,6 +87,30 @@ pub struct NodeArgs {
     /// The address other nodes reach this one at.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: String,
+    /// When the agent runs as root: the system user tasks run as unless
+    /// their team names one (`run_as`). Tasks never run as root.
+    #[arg(long, default_value = "nobody")]
+    pub run_as: String,
+}
+
+/// The join token from `file`, else from GPUFLOW_JOIN_TOKEN (read once and
+/// removed from the environment, so nothing the process starts inherits it).
+fn join_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let from_env = std::env::var("GPUFLOW_JOIN_TOKEN").ok();
+    // SAFETY: called at start-up, before any thread that reads the environment.
+    unsafe { std::env::remove_var("GPUFLOW_JOIN_TOKEN") };
+    if let Some(f) = file {
+        let t = std::fs::read_to_string(f)
+            .with_context(|| format!("--join-token-file: cannot read {}", f.display()))?;
+        let t = t.trim().to_string();
+        if t.is_empty() {
+            return Err(anyhow!("--join-token-file: {} is empty", f.display()));
+        }
+        return Ok(Some(t));
+    }
+    Ok(from_env
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
 }
 
 pub fn default_data_dir() -> PathBuf {
@@ -100,16 +129,16 @@ fn init_logging() {
         .try_init();
 }
 
-fn server_config(a: &ServerArgs) -> gpuflow_server::Config {
+fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     let mut c = gpuflow_server::Config::new(a.listen, a.data_dir.clone());
     c.store_url = a.store.clone();
-    c.join_token = a.join_token.clone();
+    c.join_token = join_token(a.join_token_file.as_deref())?;
     c.node_timeout_s = a.node_timeout.max(1);
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());
-    c
+    Ok(c)
 }
 
 fn agent_config(
@@ -142,6 +171,7 @@ fn agent_config(
         address: n.address.clone(),
         ca_cert,
         keep_tasks_on_exit: false,
+        run_as: n.run_as.clone(),
     })
 }
 
@@ -157,7 +187,7 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
     init_logging();
     let rt = runtime()?;
     rt.block_on(async {
-        let running = gpuflow_server::start(server_config(&a)).await?;
+        let running = gpuflow_server::start(server_config(&a)?).await?;
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -185,7 +215,10 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     init_logging();
     let data = default_data_dir();
-    let mut cfg = agent_config(a.server, a.join_token, &a.node, &data, a.ca_cert)?;
+    let join = join_token(a.join_token_file.as_deref())?.ok_or_else(|| {
+        anyhow!("no join token: pass --join-token-file FILE (the server's join.token) or set GPUFLOW_JOIN_TOKEN")
+    })?;
+    let mut cfg = agent_config(a.server, join, &a.node, &data, a.ca_cert)?;
     cfg.keep_tasks_on_exit = a.keep_tasks_on_exit;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -223,7 +256,7 @@ pub struct UpArgs {
 pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     init_logging();
     let rt = runtime()?;
-    let running = rt.block_on(gpuflow_server::start(server_config(&a.server)))?;
+    let running = rt.block_on(gpuflow_server::start(server_config(&a.server)?))?;
     let join = running
         .join_token
         .clone()

@@ -26,18 +26,11 @@ fn https_server_with_agent_and_cli() {
                 "--data-dir",
             ])
             .arg(dir.path().join("data"))
-            .args([
-                "--join-token",
-                JOIN,
-                "--heartbeat",
-                "1",
-                "--cycle-ms",
-                "200",
-                "--tls-cert",
-            ])
+            .args(["--heartbeat", "1", "--cycle-ms", "200", "--tls-cert"])
             .arg(&cert_path)
             .arg("--tls-key")
             .arg(&key_path)
+            .env("GPUFLOW_JOIN_TOKEN", JOIN)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -68,8 +61,6 @@ fn https_server_with_agent_and_cli() {
                 "agent",
                 "--server",
                 &url,
-                "--join-token",
-                JOIN,
                 "--node",
                 "n1",
                 "--emulate",
@@ -79,6 +70,7 @@ fn https_server_with_agent_and_cli() {
             .arg(&cert_path)
             .arg("--work-dir")
             .arg(dir.path().join("work"))
+            .env("GPUFLOW_JOIN_TOKEN", JOIN)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -54,25 +54,61 @@ fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Reads a request's body once its sender is known to be trusted: tokens
+/// are checked before a byte of the body is read.
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, Error> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            413,
+            "too_large",
+            format!("the body is larger than {limit} bytes or was cut off"),
+        )
+        .into()
+    })
+}
+
+/// The largest agent message (a heartbeat carries every task of a node).
+const AGENT_BODY_LIMIT: usize = 16 << 20;
+
 /// `POST /v1/agent/register`: the join token in, a node token out.
+///
+/// A node name belongs to the agent that first registered it: registering
+/// it again needs the node token that agent was given (kept in its work
+/// directory), or an admin's `gpuflow node replace NAME` first.
 pub async fn register(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Result<Json<Registered>, Error> {
-    let t = token(&headers)?;
+    let t = token(request.headers())?;
+    {
+        let world = shared.world.lock().await;
+        if world.join_hash.is_empty() || hash(&t) != world.join_hash {
+            return Err(
+                ApiError::new(401, "unauthenticated", "the join token is not valid").into(),
+            );
+        }
+    }
+    let body = read_body(request.into_body(), AGENT_BODY_LIMIT).await?;
     let req: Register = parse_json(&body)?;
     crate::http::check_name("node", &req.node, "node name")?;
     check_inventory(&req.inventory)?;
     let mut world = shared.world.lock().await;
-    if world.join_hash.is_empty() || hash(&t) != world.join_hash {
-        return Err(ApiError::new(401, "unauthenticated", "the join token is not valid").into());
-    }
     let at = now();
     let node_token = new_token("gfn");
     let mut change = Change::default();
     let node = match world.nodes.get(&req.node) {
         Some(n) => {
+            let proven = req
+                .node_token
+                .as_deref()
+                .is_some_and(|old| hash(old) == n.token_hash);
+            if !proven && !n.token_hash.is_empty() {
+                return Err(ApiError::conflict(format!(
+                    "node {:?} is registered by another agent; if this machine replaces it, an admin runs `gpuflow node replace {}` first",
+                    n.name, n.name
+                ))
+                .into());
+            }
             let mut n = n.clone();
             n.state = n.admin_state;
             n.inventory = req.inventory.clone();
@@ -131,21 +167,41 @@ pub async fn register(
     }))
 }
 
-/// `POST /v1/agent/heartbeat`: reports in, the desired tasks out.
+/// `POST /v1/agent/heartbeat`: reports in, the desired tasks out. The node
+/// token names the node; a heartbeat about another node is refused.
 pub async fn heartbeat(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Result<Json<Desired>, Error> {
-    let t = token(&headers)?;
+    let t = token(request.headers())?;
+    let name = {
+        let world = shared.world.lock().await;
+        world.node_by_token.get(&hash(&t)).cloned()
+    };
+    let Some(name) = name else {
+        return Err(ApiError::new(
+            401,
+            "unauthenticated",
+            "the node token is not valid: register again",
+        )
+        .into());
+    };
+    let body = read_body(request.into_body(), AGENT_BODY_LIMIT).await?;
     let hb: Heartbeat = parse_json(&body)?;
     check_inventory(&hb.inventory)?;
+    if hb.node != name {
+        return Err(ApiError::forbidden(format!(
+            "node: this token belongs to node {name:?}, not {:?}",
+            hb.node
+        ))
+        .into());
+    }
     let mut world = shared.world.lock().await;
-    let Some(node) = world.nodes.get(&hb.node).cloned() else {
+    let Some(node) = world.nodes.get(&name).cloned() else {
         return Err(ApiError::new(
-            404,
-            "unknown_node",
-            format!("node {:?} is not registered: register first", hb.node),
+            401,
+            "unauthenticated",
+            "the node token is not valid: register again",
         )
         .into());
     };
@@ -174,7 +230,6 @@ pub async fn heartbeat(
     n.inventory = hb.inventory.clone();
     n.address = hb.inventory.address.clone();
     n.last_heartbeat = at;
-    let name = n.name.clone();
     // Heartbeat times are not events; store the node only when something else
     // changed or every tenth of the timeout, to keep write load low.
     let stale = at >= world.nodes[&name].last_heartbeat + shared.cfg.node_timeout_s / 4;
@@ -468,6 +523,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let mut command = g.command.clone();
             command.extend(g.args.iter().cloned());
             out.push(DesiredTask {
+                run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
                 job: j.id,
                 attempt: j.attempts,
                 group: a.group,

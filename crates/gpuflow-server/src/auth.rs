@@ -54,9 +54,11 @@ pub async fn bootstrap(
             hash: hash(&token),
             user: "admin".into(),
             created_at: now(),
+            expires_at: None,
         };
         let team = Team {
             name: "default".into(),
+            run_as: None,
         };
         let queue = gpuflow_api::QueueSpec {
             name: "default".into(),
@@ -196,12 +198,12 @@ impl FromRequestParts<Arc<Shared>> for Caller {
         };
         let h = hash(token);
         let world = shared.world.lock().await;
-        match world.principal(&h) {
+        match world.principal(&h, now()) {
             Some(u) => Ok(Caller { user: u.clone() }),
             None => Err(ApiError::new(
                 401,
                 "unauthenticated",
-                "the token is not valid (unknown or revoked)",
+                "the token is not valid (unknown, revoked or expired)",
             )
             .into()),
         }

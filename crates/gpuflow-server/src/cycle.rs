@@ -41,8 +41,25 @@ pub async fn run_loop(shared: Arc<Shared>) {
     loop {
         let _ = tokio::time::timeout(shared.cfg.cycle_interval, shared.wake.notified()).await;
         let started = Instant::now();
-        if let Err(e) = run_once(&shared).await {
-            tracing::error!(error = %e, "scheduling cycle failed; retrying next cycle");
+        // Each cycle runs as its own task, so that a panic in it (a bug, or
+        // input the edge should have refused) is caught, logged and counted,
+        // and the next cycle runs: nothing a caller sends stops scheduling.
+        let s = shared.clone();
+        let failed = match tokio::spawn(async move { run_once(&s).await }).await {
+            Ok(Ok(())) => false,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "scheduling cycle failed; retrying next cycle");
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "scheduling cycle panicked; retrying next cycle");
+                true
+            }
+        };
+        if failed {
+            shared
+                .cycle_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         tokio::time::sleep(started.elapsed().max(min_gap)).await;
     }
@@ -69,6 +86,7 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
         }
     }
     world.unreached = out.unreached;
+    world.diagnosed.clear();
     {
         tracing::info!(
             pending = out.pending,
@@ -225,25 +243,45 @@ fn config(min_runtime: u64) -> Config {
     }
 }
 
-/// Every reason pending job `id` would wait for if its turn came now
-/// (`gpuflow_core::schedule::diagnose` on a fresh snapshot), in words; empty
-/// when it would start. `None` when the core is not asked about it (not
-/// pending, or blocked before scheduling).
-pub fn diagnose(world: &World, t: u64, min_runtime: u64, id: u64) -> Option<Vec<String>> {
-    let mut snap = snapshot(world, t);
-    let cfg = config(min_runtime);
-    let history = world.history.to_core(&snap.queues);
-    let reasons = schedule::diagnose(
-        t,
-        &mut snap.placer,
-        &mut snap.queues,
-        &snap.running,
-        &snap.pending,
-        &history,
-        &cfg,
-        JobId(id),
-    )?;
-    Some(reasons.iter().map(ToString::to_string).collect())
+/// What a diagnosis runs on: a snapshot of the committed state, taken
+/// under the lock, then examined without it.
+pub struct Diagnosis {
+    snap: Snapshot,
+    history: schedule::History,
+    cfg: Config,
+    t: u64,
+}
+
+impl Diagnosis {
+    /// Takes the snapshot (the only part that needs the state lock).
+    pub fn take(world: &World, t: u64, min_runtime: u64) -> Diagnosis {
+        let snap = snapshot(world, t);
+        let history = world.history.to_core(&snap.queues);
+        Diagnosis {
+            snap,
+            history,
+            cfg: config(min_runtime),
+            t,
+        }
+    }
+
+    /// Every reason pending job `id` would wait for if its turn came now
+    /// (`gpuflow_core::schedule::diagnose`), in words; empty when it would
+    /// start. `None` when the core is not asked about it (not pending, or
+    /// blocked before scheduling). CPU work: run it off the async runtime.
+    pub fn run(mut self, id: u64) -> Option<Vec<String>> {
+        let reasons = schedule::diagnose(
+            self.t,
+            &mut self.snap.placer,
+            &mut self.snap.queues,
+            &self.snap.running,
+            &self.snap.pending,
+            &self.history,
+            &self.cfg,
+            JobId(id),
+        )?;
+        Some(reasons.iter().map(ToString::to_string).collect())
+    }
 }
 
 /// Node and job timers.
@@ -426,7 +464,8 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
         }
         nodes.push(node);
     }
-    let queues = build_queues(world, &capacity);
+    let aside = set_aside_queues(world);
+    let queues = build_queues(world, &capacity, &aside);
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
     let requests: Vec<TaskRequest> = world
         .jobs
@@ -444,13 +483,11 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
     for j in world.jobs.values() {
         let Some(work) = workload(j, &queues, &classes) else {
             if j.state == JobState::Pending {
-                blocked.push((
-                    j.id,
-                    why(
-                        j,
-                        format!("queue {:?} does not exist (any more)", j.spec.queue),
-                    ),
-                ));
+                let reason = match aside.get(&j.spec.queue) {
+                    Some(r) => format!("queue {:?} is set aside: {r}", j.spec.queue),
+                    None => format!("queue {:?} does not exist (any more)", j.spec.queue),
+                };
+                blocked.push((j.id, why(j, reason)));
             }
             continue;
         };
@@ -524,21 +561,87 @@ fn milli(gpus: f64) -> u64 {
     (gpus * 1000.0).round() as u64
 }
 
-/// The queue tree, parents before children, with quotas in milli-GPU.
-fn build_queues(world: &World, capacity: &BTreeMap<String, u64>) -> Queues {
-    let depth = |name: &str| {
-        let mut name = name.to_string();
-        let mut d = 0;
-        while let Some(p) = world.queues.get(&name).and_then(|q| q.parent.clone()) {
-            d += 1;
-            name = p;
-            if d > 16 {
+/// Why each queue that cannot be scheduled is set aside (a broken parent
+/// chain, a tree deeper than [`api::MAX_QUEUE_DEPTH`], a spec that no longer
+/// validates), by name. The edge refuses such queues; this guards the cycle
+/// against stored state from older versions or bugs, so one bad queue never
+/// stops scheduling for everyone else.
+pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for q in world.queues.values() {
+        if let Err(e) = q.validate() {
+            out.insert(
+                q.name.clone(),
+                format!("its spec is invalid ({})", e.message),
+            );
+            continue;
+        }
+        let mut name = q.name.as_str();
+        let mut depth = 1;
+        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+            depth += 1;
+            if !world.queues.contains_key(p) {
+                out.insert(
+                    q.name.clone(),
+                    format!("its parent queue {p:?} does not exist"),
+                );
                 break;
             }
+            if depth > api::MAX_QUEUE_DEPTH {
+                out.insert(
+                    q.name.clone(),
+                    format!(
+                        "the queue tree above it is deeper than {} levels (or loops)",
+                        api::MAX_QUEUE_DEPTH
+                    ),
+                );
+                break;
+            }
+            name = p;
+        }
+    }
+    // Below a set-aside queue, everything is set aside too (the walks above
+    // ended within MAX_QUEUE_DEPTH for every queue not yet in `out`).
+    let mut below = BTreeMap::new();
+    for q in world.queues.values().filter(|q| !out.contains_key(&q.name)) {
+        let mut p = q.parent.as_deref();
+        while let Some(name) = p {
+            if out.contains_key(name) {
+                below.insert(
+                    q.name.clone(),
+                    format!("its ancestor queue {name:?} is set aside"),
+                );
+                break;
+            }
+            p = world.queues.get(name).and_then(|q| q.parent.as_deref());
+        }
+    }
+    out.extend(below);
+    out
+}
+
+/// The queue tree, parents before children, with quotas in milli-GPU.
+/// Queues set aside (see [`set_aside_queues`]) are left out, with their
+/// subtrees, so their jobs wait with that reason.
+fn build_queues(
+    world: &World,
+    capacity: &BTreeMap<String, u64>,
+    aside: &BTreeMap<String, String>,
+) -> Queues {
+    let depth = |name: &str| {
+        let mut name = name;
+        let mut d = 0;
+        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+            d += 1;
+            name = p;
         }
         d
     };
-    let mut specs: Vec<&api::QueueSpec> = world.queues.values().collect();
+    let mut specs: Vec<&api::QueueSpec> = world
+        .queues
+        .values()
+        .filter(|q| !aside.contains_key(&q.name))
+        .collect();
     specs.sort_by_key(|q| (depth(&q.name), q.name.clone()));
     let index: BTreeMap<&str, QueueId> = specs
         .iter()
@@ -578,7 +681,13 @@ fn build_queues(world: &World, capacity: &BTreeMap<String, u64>) -> Queues {
             q
         })
         .collect();
-    Queues::new(list, capacity.clone()).expect("queue specs are validated and ordered")
+    // Set-aside queues are gone, so every parent left is built before its
+    // children; should that ever not hold, no queue is scheduled this cycle
+    // rather than the loop stopping.
+    Queues::new(list, capacity.clone()).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "the queue tree does not build; no queue is scheduled this cycle");
+        Queues::new(Vec::new(), capacity.clone()).expect("an empty tree builds")
+    })
 }
 
 /// A task group's request as the core sees it.

@@ -95,7 +95,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/teams", get(list_teams).post(create_team))
         .route("/v1/projects", get(list_projects).post(create_project))
         .route("/v1/users", get(list_users).post(create_user))
-        .route("/v1/tokens", post(create_token))
+        .route("/v1/tokens", post(create_token).get(list_tokens))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         // A heartbeat carries every task of a node: it may be larger.
         .route(
             "/v1/agent/register",
@@ -164,6 +165,26 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
         ),
     )
     .into())
+}
+
+/// The most items one page of a list holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// A page size from the `limit` parameter: 1 to [`MAX_PAGE`], default the most.
+fn page_limit(v: Option<&String>) -> Result<usize, Error> {
+    match v {
+        None => Ok(MAX_PAGE),
+        Some(l) => match l.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => Ok(n),
+            _ => Err(ApiError::bad_request(
+                "bad_query",
+                format!(
+                    "limit: {l:?} is not a page size: 1 to {MAX_PAGE}; page on with `before` (jobs, the last id seen) or `after` (events, audit: the last seq seen)"
+                ),
+            )
+            .into()),
+        },
+    }
 }
 
 fn job_id(s: &str) -> Result<u64, Error> {
@@ -347,10 +368,14 @@ async fn list_jobs(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::Job>> {
     for k in q.keys() {
-        if !["team", "queue", "state", "user", "project", "limit"].contains(&k.as_str()) {
+        if ![
+            "team", "queue", "state", "user", "project", "limit", "before",
+        ]
+        .contains(&k.as_str())
+        {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, limit"),
+                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, limit, before"),
             )
             .into());
         }
@@ -365,19 +390,16 @@ async fn list_jobs(
         })?),
         None => None,
     };
-    let limit = match q.get("limit") {
-        Some(l) => l.parse::<usize>().map_err(|_| {
-            Error(ApiError::bad_request(
-                "bad_query",
-                "limit: must be a positive number",
-            ))
-        })?,
-        None => 1000,
+    let limit = page_limit(q.get("limit"))?;
+    let before = match q.get("before") {
+        Some(b) => job_id(b)?,
+        None => u64::MAX,
     };
     let world = shared.world.lock().await;
     let jobs = world
         .jobs
-        .values()
+        .range(..before)
+        .map(|(_, j)| j)
         .rev()
         .filter(|j| caller.sees(&j.team))
         .filter(|j| q.get("team").is_none_or(|t| &j.team == t))
@@ -410,43 +432,84 @@ async fn why(
     Path(id): Path<String>,
 ) -> Reply<api::Why> {
     let id = job_id(&id)?;
-    let world = shared.world.lock().await;
-    let j = visible(&world, &caller, id)?;
-    if j.state == JobState::Pending
-        && let Some(w) = world.why.get(&id)
-    {
-        let mut w = w.clone();
-        // Not reached by the last cycle: what its turn would find now.
-        if world.unreached.contains(&id)
-            && let Some(found) =
-                crate::cycle::diagnose(&world, crate::now(), shared.cfg.min_runtime_s, id)
-        {
-            if found.is_empty() {
-                w.reasons
-                    .push("if its turn came now: it would start".to_string());
+    // Diagnoses take turns: however many callers poll `why`, at most one
+    // snapshot is taken and examined at a time, and never under the lock
+    // that submissions need.
+    let _turn = shared.diagnoses.acquire().await;
+    let (mut w, diagnosis) = {
+        let world = shared.world.lock().await;
+        let j = visible(&world, &caller, id)?;
+        match world.why.get(&id) {
+            Some(w) if j.state == JobState::Pending => {
+                let w = w.clone();
+                // Not reached by the last cycle: what its turn would find now,
+                // worked out once per cycle.
+                let d = match world.diagnosed.get(&id) {
+                    Some(found) => Err(found.clone()),
+                    None if world.unreached.contains(&id) => Ok(crate::cycle::Diagnosis::take(
+                        &world,
+                        crate::now(),
+                        shared.cfg.min_runtime_s,
+                    )),
+                    None => Err(None),
+                };
+                (w, Some(d))
             }
-            w.reasons.extend(
-                found
-                    .into_iter()
-                    .map(|r| format!("if its turn came now: {r}")),
-            );
+            _ => {
+                let summary = match j.state {
+                    JobState::Pending => "waiting for the next scheduling cycle".to_string(),
+                    JobState::Held => format!("held by an admin: {}", j.reason),
+                    JobState::Suspended => {
+                        "suspended by its owner: resume it to queue it again".into()
+                    }
+                    _ => j.reason.clone(),
+                };
+                return Ok(Json(api::Why {
+                    id,
+                    state: j.state,
+                    summary: summary.clone(),
+                    reasons: vec![summary],
+                    position: None,
+                    eta: None,
+                }));
+            }
         }
-        return Ok(Json(w));
-    }
-    let summary = match j.state {
-        JobState::Pending => "waiting for the next scheduling cycle".to_string(),
-        JobState::Held => format!("held by an admin: {}", j.reason),
-        JobState::Suspended => "suspended by its owner: resume it to queue it again".into(),
-        _ => j.reason.clone(),
     };
-    Ok(Json(api::Why {
-        id,
-        state: j.state,
-        summary: summary.clone(),
-        reasons: vec![summary],
-        position: None,
-        eta: None,
-    }))
+    let found = match diagnosis {
+        None | Some(Err(None)) => None,
+        Some(Err(Some(found))) => Some(found),
+        Some(Ok(d)) => {
+            let found = tokio::task::spawn_blocking(move || d.run(id))
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, job = id, "diagnosis failed");
+                    Error(ApiError::new(
+                        500,
+                        "internal",
+                        "internal error; the server log has the details",
+                    ))
+                })?;
+            shared
+                .world
+                .lock()
+                .await
+                .diagnosed
+                .insert(id, found.clone());
+            found
+        }
+    };
+    if let Some(found) = found {
+        if found.is_empty() {
+            w.reasons
+                .push("if its turn came now: it would start".to_string());
+        }
+        w.reasons.extend(
+            found
+                .into_iter()
+                .map(|r| format!("if its turn came now: {r}")),
+        );
+    }
+    Ok(Json(w))
 }
 
 #[derive(Serialize)]
@@ -622,7 +685,7 @@ async fn events(
         job,
         team: (!caller.admin()).then(|| caller.user.team.clone()),
         after: num("after")?.unwrap_or(0),
-        limit: num("limit")?.unwrap_or(1000),
+        limit: page_limit(q.get("limit"))? as i64,
     };
     let rows = shared
         .store
@@ -649,10 +712,28 @@ async fn audit(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::AuditEntry>> {
     caller.need_admin("reading the audit log")?;
-    let after = q.get("after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    for k in q.keys() {
+        if !["after", "limit"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown filter {k:?}; allowed: after, limit"),
+            )
+            .into());
+        }
+    }
+    let after = match q.get("after") {
+        Some(v) => v.parse::<i64>().map_err(|_| {
+            Error(ApiError::bad_request(
+                "bad_query",
+                "after: must be a number",
+            ))
+        })?,
+        None => 0,
+    };
+    let limit = page_limit(q.get("limit"))?;
     let rows = shared
         .store
-        .audit(after, 10_000)
+        .audit(after, limit as i64)
         .await
         .map_err(crate::ServerError::from)?;
     Ok(Json(
@@ -699,31 +780,49 @@ async fn node_action(
     let Some(n) = world.nodes.get(&name) else {
         return Err(ApiError::not_found(format!("node {name:?} not found")).into());
     };
-    let state = match action.as_str() {
-        "drain" => NodeState::Draining,
-        "cordon" => NodeState::Cordoned,
-        "uncordon" => NodeState::Ready,
-        other => {
-            return Err(ApiError::not_found(format!(
-                "no node action {other:?}; actions: drain, cordon, uncordon"
-            ))
-            .into());
-        }
-    };
     let mut n = n.clone();
-    n.admin_state = state;
-    if n.state != NodeState::Lost {
-        n.state = state;
-    }
     let at = now();
     let mut change = Change::default();
-    change.event(
-        at,
-        None,
-        "",
-        &format!("node-{action}"),
-        format!("node {name} {action}ed by {}", caller.user.name),
-    );
+    if action == "replace" {
+        // The machine behind the name is gone: its token no longer works,
+        // its work is requeued as for a lost node, and the next agent that
+        // registers the name with the join token takes it.
+        n.token_hash.clear();
+        n.state = NodeState::Lost;
+        change.event(
+            at,
+            None,
+            "",
+            "node-replace",
+            format!(
+                "node {name} released for replacement by {}; its work is requeued",
+                caller.user.name
+            ),
+        );
+    } else {
+        let state = match action.as_str() {
+            "drain" => NodeState::Draining,
+            "cordon" => NodeState::Cordoned,
+            "uncordon" => NodeState::Ready,
+            other => {
+                return Err(ApiError::not_found(format!(
+                    "no node action {other:?}; actions: drain, cordon, uncordon, replace"
+                ))
+                .into());
+            }
+        };
+        n.admin_state = state;
+        if n.state != NodeState::Lost {
+            n.state = state;
+        }
+        change.event(
+            at,
+            None,
+            "",
+            &format!("node-{action}"),
+            format!("node {name} {action}ed by {}", caller.user.name),
+        );
+    }
     change.audit(
         at,
         &caller.user.name,
@@ -849,7 +948,32 @@ async fn create_queue(
     if world.queues.contains_key(&q.name) {
         return Err(ApiError::conflict(format!("queue {:?} already exists", q.name)).into());
     }
+    if q.parent.is_none() && !caller.admin() {
+        return Err(ApiError::forbidden(
+            "only an admin creates top-level queues; team leads create queues under their team's queue (set parent)",
+        )
+        .into());
+    }
     if let Some(p) = &q.parent {
+        let mut depth = 2;
+        let mut up = world.queues.get(p).and_then(|q| q.parent.as_deref());
+        while let Some(name) = up {
+            depth += 1;
+            up = world.queues.get(name).and_then(|q| q.parent.as_deref());
+            if depth > api::MAX_QUEUE_DEPTH {
+                break;
+            }
+        }
+        if depth > api::MAX_QUEUE_DEPTH {
+            return Err(ApiError::bad_request(
+                "too_deep",
+                format!(
+                    "parent: a queue under {p:?} would be more than {} levels deep; attach it higher up",
+                    api::MAX_QUEUE_DEPTH
+                ),
+            )
+            .into());
+        }
         match world.queues.get(p) {
             None => {
                 return Err(ApiError::bad_request(
@@ -913,6 +1037,13 @@ async fn patch_queue(
     if !caller.leads(&q.team) {
         return Err(ApiError::forbidden(format!(
             "changing queue {name:?} needs the admin role or its team's lead"
+        ))
+        .into());
+    }
+    if q.parent.is_none() && !caller.admin() {
+        // A team's top-level queue is what the admins granted it.
+        return Err(ApiError::forbidden(format!(
+            "queue {name:?} is a top-level queue: only an admin changes it; team leads change the queues below it"
         ))
         .into());
     }
@@ -1017,6 +1148,15 @@ async fn create_team(
     caller.need_admin("creating a team")?;
     let t: Team = json_body(body, shared.cfg.max_body_bytes)?;
     check_name("name", &t.name, "name")?;
+    if let Some(u) = &t.run_as
+        && !api::valid_run_as(u)
+    {
+        return Err(ApiError::bad_request(
+            "invalid_team",
+            format!("run_as: {u:?} is not a system user name tasks may run as (lowercase letters, digits, '_', '-'; at most 32; not root)"),
+        )
+        .into());
+    }
     let mut world = shared.world.lock().await;
     if world.teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
@@ -1155,12 +1295,30 @@ async fn create_user(
     Ok((StatusCode::CREATED, Json(u)))
 }
 
+/// Whether `caller` may make, list and revoke tokens of user `u`: their own,
+/// a team lead those of their team's non-admin users, an admin anyone's.
+fn manages_tokens_of(caller: &Caller, u: &User) -> bool {
+    caller.admin()
+        || u.name == caller.user.name
+        || (caller.leads(&u.team) && u.role != Role::Admin && !u.team.is_empty())
+}
+
 async fn create_token(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<TokenCreated>), Error> {
     let r: TokenRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    let expires_in = match r.expires_in_s {
+        Some(0) | Some(315_360_001..) => {
+            return Err(ApiError::bad_request(
+                "invalid_token_request",
+                "expires_in_s: 1 to 315360000 seconds (ten years); leave it out for a token that lasts until revoked",
+            )
+            .into());
+        }
+        e => e,
+    };
     let mut world = shared.world.lock().await;
     let Some(u) = world.users.get(&r.user).cloned() else {
         return Err(ApiError::bad_request(
@@ -1169,36 +1327,112 @@ async fn create_token(
         )
         .into());
     };
-    let allowed = caller.admin()
-        || r.user == caller.user.name
-        || (caller.leads(&u.team) && u.role != Role::Admin && !u.team.is_empty());
-    if !allowed {
+    if !manages_tokens_of(&caller, &u) {
         return Err(
             ApiError::forbidden(format!("you may not create tokens for {:?}", r.user)).into(),
         );
+    }
+    let at = now();
+    let live = world
+        .tokens
+        .values()
+        .filter(|t| t.user == r.user && t.live(at))
+        .count();
+    if live >= api::MAX_TOKENS_PER_USER {
+        return Err(ApiError::conflict(format!(
+            "user {:?} has {live} live tokens, the most allowed; revoke one first (`gpuflow token ls`, `gpuflow token revoke ID`)",
+            r.user
+        ))
+        .into());
     }
     let token = new_token("gft");
     let rec = TokenRec {
         hash: hash(&token),
         user: r.user.clone(),
-        created_at: now(),
+        created_at: at,
+        expires_at: expires_in.map(|e| at + e),
     };
     let mut change = Change::default();
     change.batch.put.push(token_rec(&rec));
     change.audit(
-        now(),
+        at,
         &caller.user.name,
         "token.create",
         &format!("user/{}", r.user),
-        "",
+        rec.id(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
+    let created = TokenCreated {
+        user: r.user,
+        token,
+        id: rec.id().to_string(),
+        expires_at: rec.expires_at,
+    };
     world.tokens.insert(rec.hash.clone(), rec);
-    Ok((
-        StatusCode::CREATED,
-        Json(TokenCreated {
-            user: r.user,
-            token,
-        }),
-    ))
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// `GET /v1/tokens`: the tokens the caller manages (never the tokens
+/// themselves), live ones only.
+async fn list_tokens(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+) -> Reply<Vec<api::TokenView>> {
+    let world = shared.world.lock().await;
+    let at = now();
+    let mut out: Vec<api::TokenView> = world
+        .tokens
+        .values()
+        .filter(|t| t.live(at))
+        .filter(|t| {
+            world
+                .users
+                .get(&t.user)
+                .is_some_and(|u| manages_tokens_of(&caller, u))
+        })
+        .map(TokenRec::view)
+        .collect();
+    out.sort_by(|a, b| (&a.user, a.created_at, &a.id).cmp(&(&b.user, b.created_at, &b.id)));
+    Ok(Json(out))
+}
+
+/// `DELETE /v1/tokens/{id}`: revokes a token the caller manages.
+async fn revoke_token(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Error> {
+    let mut world = shared.world.lock().await;
+    let found = world
+        .tokens
+        .values()
+        .find(|t| t.id() == id)
+        .filter(|t| {
+            world
+                .users
+                .get(&t.user)
+                .is_some_and(|u| manages_tokens_of(&caller, u))
+        })
+        .cloned();
+    let Some(t) = found else {
+        return Err(ApiError::not_found(format!(
+            "token {id:?} not found among the tokens you manage (`gpuflow token ls`)"
+        ))
+        .into());
+    };
+    let mut change = Change::default();
+    change
+        .batch
+        .delete
+        .push((gpuflow_store::Table::Tokens, t.hash.clone()));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "token.revoke",
+        &format!("user/{}", t.user),
+        t.id(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.tokens.remove(&t.hash);
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -87,6 +87,10 @@ pub struct Shared {
     pub cfg: Config,
     /// Wakes the scheduling loop.
     pub wake: Notify,
+    /// One diagnosis (`why` of a job the cycle did not reach) at a time.
+    pub diagnoses: tokio::sync::Semaphore,
+    /// Cycles that failed or panicked since the start (each is retried).
+    pub cycle_failures: std::sync::atomic::AtomicU64,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -176,7 +180,9 @@ pub async fn commit(
         world.why.remove(&id);
         world.jobs.insert(id, j);
     }
-    world.nodes.extend(nodes);
+    for n in nodes.into_values() {
+        world.put_node(n);
+    }
     Ok(())
 }
 
@@ -208,12 +214,30 @@ pub struct Opened {
 /// On a store that does not open or a data directory that cannot be written.
 pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     use anyhow::Context;
+    // The database, its WAL (job environments) and the token files are the
+    // server's alone: files it creates are 0600, the directory 0700, and
+    // files an older version left readable are closed.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}",
             cfg.data_dir.display()
         )
     })?;
+    restrict(&cfg.data_dir, 0o700)?;
+    for f in [
+        "gpuflow.db",
+        "gpuflow.db-wal",
+        "gpuflow.db-shm",
+        "admin.token",
+        "join.token",
+    ] {
+        let p = cfg.data_dir.join(f);
+        if p.exists() {
+            restrict(&p, 0o600)?;
+        }
+    }
     let url = cfg
         .store_url
         .clone()
@@ -237,6 +261,8 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             store,
             cfg,
             wake: Notify::new(),
+            cycle_failures: Default::default(),
+            diagnoses: tokio::sync::Semaphore::new(1),
         }),
         new_admin_token,
         join_token,
@@ -299,6 +325,13 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         join_token: opened.join_token,
         shared,
     })
+}
+
+fn restrict(path: &std::path::Path, mode: u32) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot restrict the permissions of {}", path.display()))
 }
 
 /// A database URL without its password, for messages.

@@ -240,6 +240,28 @@ pub struct TokenRec {
     pub hash: String,
     pub user: String,
     pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+impl TokenRec {
+    /// What the token is listed and revoked by: the start of its hash.
+    pub fn id(&self) -> &str {
+        &self.hash[..self.hash.len().min(16)]
+    }
+
+    pub fn live(&self, now: u64) -> bool {
+        self.expires_at.is_none_or(|e| now < e)
+    }
+
+    pub fn view(&self) -> api::TokenView {
+        api::TokenView {
+            id: self.id().to_string(),
+            user: self.user.clone(),
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
 }
 
 /// Everything the server knows.
@@ -252,6 +274,8 @@ pub struct World {
     pub tokens: BTreeMap<String, TokenRec>,
     pub queues: BTreeMap<String, QueueSpec>,
     pub nodes: BTreeMap<String, NodeRec>,
+    /// Node token hash → node name (kept in step with `nodes` by `commit`).
+    pub node_by_token: BTreeMap<String, String>,
     pub jobs: BTreeMap<u64, JobRec>,
     pub next_job: u64,
     /// (user, idempotency key) → job.
@@ -263,6 +287,9 @@ pub struct World {
     /// Pending jobs the last cycle did not reach (explained by their
     /// position alone): `why` diagnoses them when asked.
     pub unreached: std::collections::BTreeSet<u64>,
+    /// Diagnoses of unreached jobs made since the last cycle (`None`: the
+    /// core was not asked), so polling `why` costs one per job per cycle.
+    pub diagnosed: BTreeMap<u64, Option<Vec<String>>>,
     /// Scheduler memory between cycles (decayed usage, disruptions), by queue name.
     pub history: SavedHistory,
     /// When `history` was last written to the store.
@@ -390,7 +417,7 @@ impl World {
         }
         for r in store.load(Table::Nodes).await? {
             let n: NodeRec = parse(&r)?;
-            w.nodes.insert(n.name.clone(), n);
+            w.put_node(n);
         }
         for r in store.load(Table::Jobs).await? {
             let j: JobRec = parse(&r)?;
@@ -411,9 +438,24 @@ impl World {
         Ok(w)
     }
 
+    /// Puts a node, keeping the token index in step.
+    pub fn put_node(&mut self, n: NodeRec) {
+        if let Some(old) = self.nodes.get(&n.name) {
+            self.node_by_token.remove(&old.token_hash);
+        }
+        if !n.token_hash.is_empty() {
+            self.node_by_token
+                .insert(n.token_hash.clone(), n.name.clone());
+        }
+        self.nodes.insert(n.name.clone(), n);
+    }
+
     /// The caller's user record for a token hash.
-    pub fn principal(&self, hash: &str) -> Option<&api::User> {
-        self.tokens.get(hash).and_then(|t| self.users.get(&t.user))
+    pub fn principal(&self, hash: &str, now: u64) -> Option<&api::User> {
+        self.tokens
+            .get(hash)
+            .filter(|t| t.live(now))
+            .and_then(|t| self.users.get(&t.user))
     }
 
     /// GPU indices in use per node, from the allocations of jobs that hold GPUs.

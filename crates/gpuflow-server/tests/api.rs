@@ -4,131 +4,15 @@
 //! endpoint × role × own or other team, and the OpenAPI route table.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::Request;
-use gpuflow_server::{Config, Shared};
-use gpuflow_store::pgtest::TempPostgres;
-use gpuflow_store::{EventQuery, Table};
+use gpuflow_store::Table;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-struct H {
-    shared: Arc<Shared>,
-    router: axum::Router,
-    admin: String,
-    join: String,
-    _dir: tempfile::TempDir,
-}
-
-async fn harness(store: Option<String>) -> H {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
-    cfg.store_url = store;
-    let opened = gpuflow_server::open(cfg).await.unwrap();
-    H {
-        router: gpuflow_server::http::router(opened.shared.clone()),
-        shared: opened.shared,
-        admin: opened.new_admin_token.unwrap(),
-        join: opened.join_token.unwrap(),
-        _dir: dir,
-    }
-}
-
-impl H {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        ct: &str,
-        body: Vec<u8>,
-    ) -> (u16, Value) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("content-type", ct);
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        let resp = self
-            .router
-            .clone()
-            .oneshot(req.body(Body::from(body)).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    async fn json(&self, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
-        self.call(
-            method,
-            path,
-            Some(token),
-            "application/json",
-            body.to_string().into_bytes(),
-        )
-        .await
-    }
-
-    async fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        self.call("GET", path, Some(token), "application/json", vec![])
-            .await
-    }
-
-    async fn submit(&self, token: &str, queue: &str) -> (u16, Value) {
-        let spec = format!(
-            "name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '1']\n"
-        );
-        self.call(
-            "POST",
-            "/v1/jobs",
-            Some(token),
-            "application/yaml",
-            spec.into_bytes(),
-        )
-        .await
-    }
-
-    /// A new pending job of a queue, submitted by the admin.
-    async fn job(&self, queue: &str) -> u64 {
-        let (s, v) = self.submit(&self.admin, queue).await;
-        assert_eq!(s, 201, "{v}");
-        v["id"].as_u64().unwrap()
-    }
-
-    async fn stored_jobs(&self) -> usize {
-        self.shared.store.load(Table::Jobs).await.unwrap().len()
-    }
-
-    async fn stored_events(&self) -> usize {
-        self.shared
-            .store
-            .events(&EventQuery {
-                limit: 10_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .len()
-    }
-}
-
-async fn with_postgres(f: impl AsyncFnOnce(Option<String>)) {
-    match TempPostgres::start() {
-        Ok(Some(pg)) => f(Some(pg.url.clone())).await,
-        Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),
-        Err(e) => panic!("{e}"),
-    }
-}
+mod support;
+use support::*;
 
 // ---------------------------------------------------------------- bad input
 
@@ -669,7 +553,8 @@ async fn isolation(store: Option<String>) {
                 h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1["state"],
                 if admin { "pending" } else { "held" }
             );
-            // Queues: change weight (team lead of the team, or admin).
+            // Queues: the weight of a top-level queue is the admin's (a team
+            // lead raising it would take from every other team).
             let (s, _) = h
                 .json(
                     "PATCH",
@@ -680,14 +565,14 @@ async fn isolation(store: Option<String>) {
                 .await;
             assert_eq!(
                 s,
-                if admin || (own && lead) {
+                if admin {
                     200
                 } else if own {
                     403
                 } else {
                     404
                 },
-                "{ctx} queue patch"
+                "{ctx} top-level queue patch"
             );
             // Top-level quotas are the admin's.
             let (s, _) = h
@@ -719,6 +604,18 @@ async fn isolation(store: Option<String>) {
                 if admin || (own && lead) { 201 } else { 403 },
                 "{ctx} queue create"
             );
+            // The weight of a queue below the team's (team lead, or admin).
+            if s == 201 {
+                let (s, _) = h
+                    .json(
+                        "PATCH",
+                        &format!("/v1/queues/{child}"),
+                        tok,
+                        json!({"weight": 2}),
+                    )
+                    .await;
+                assert_eq!(s, 200, "{ctx} child queue patch");
+            }
             let scratch = format!("{team}-scratch-{role}");
             assert_eq!(
                 h.json(

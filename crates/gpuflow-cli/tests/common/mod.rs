@@ -85,8 +85,6 @@ pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
         ])
         .arg(dir.join("data"))
         .args([
-            "--join-token",
-            JOIN,
             "--min-runtime",
             "0",
             "--cycle-ms",
@@ -98,6 +96,7 @@ pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
         ])
         .args(extra)
         .env("RUST_LOG", "info")
+        .env("GPUFLOW_JOIN_TOKEN", JOIN)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -127,6 +126,11 @@ pub fn admin_token(dir: &Path) -> String {
 
 /// Starts `gpuflow agent` with emulated GPUs.
 pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
+    agent_env(dir, url, node, gpus, &[])
+}
+
+/// [`agent`] with more environment variables.
+pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &str)]) -> Proc {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -138,8 +142,6 @@ pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
                 "agent",
                 "--server",
                 url,
-                "--join-token",
-                JOIN,
                 "--node",
                 node,
                 "--emulate",
@@ -148,6 +150,8 @@ pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
             ])
             .arg(dir.join(format!("work-{node}")))
             .env("RUST_LOG", "info")
+            .env("GPUFLOW_JOIN_TOKEN", JOIN)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

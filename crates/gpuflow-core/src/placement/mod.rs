@@ -80,7 +80,7 @@ pub struct Placer {
     /// Whether a failed placement tallies rejections (off for trial placements).
     explain: bool,
     /// Topology domains per level: name → nodes.
-    domains: BTreeMap<TopologyLevel, std::rc::Rc<BTreeMap<String, Vec<NodeId>>>>,
+    domains: BTreeMap<TopologyLevel, std::sync::Arc<BTreeMap<String, Vec<NodeId>>>>,
     scratch: Scratch,
 }
 
@@ -431,7 +431,7 @@ impl Placer {
     fn domain_members(
         &mut self,
         level: TopologyLevel,
-    ) -> std::rc::Rc<BTreeMap<String, Vec<NodeId>>> {
+    ) -> std::sync::Arc<BTreeMap<String, Vec<NodeId>>> {
         if let Some(m) = self.domains.get(&level) {
             return m.clone();
         }
@@ -454,7 +454,7 @@ impl Placer {
                     .for_each(&mut add),
             }
         }
-        let m = std::rc::Rc::new(by_name);
+        let m = std::sync::Arc::new(by_name);
         self.domains.insert(level, m.clone());
         m
     }

@@ -1,0 +1,166 @@
+//! Tenant-escape tests: a member's job on a separate agent and on
+//! `gpuflow up` tries every route to the platform's secrets that worked
+//! before (the agent's command line and environment, the data directory by
+//! absolute and relative paths, the database and its WAL, the agent's
+//! records, another team's job's environment), and all of them fail.
+//!
+//! The privilege drop needs the agent to run as root (as CI does); without
+//! it the tests say so and check only what holds for any user.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Prints what a hostile task can reach, one line per attempt.
+const ATTACK: &str = r#"
+echo "uid=$(id -u)"
+echo "cmdline: $(tr '\0' ' ' </proc/$PPID/cmdline 2>&1)"
+echo "environ: $(tr '\0' ' ' </proc/$PPID/environ 2>&1)"
+echo "env: $(env | tr '\n' ' ')"
+d=$(tr '\0' '\n' </proc/$PPID/cmdline | grep -A1 -- --data-dir | tail -1)
+for f in "$d/admin.token" "$d/join.token" "$d/gpuflow.db" "$d/gpuflow.db-wal" \
+         "$SERVER_DATA/admin.token" "$SERVER_DATA/join.token" "$SERVER_DATA/gpuflow.db" "$SERVER_DATA/gpuflow.db-wal" \
+         ../../node.token ../../tasks.json ../../../admin.token ../../../join.token ../../../gpuflow.db-wal; do
+  echo "read $f: $(head -c 300 "$f" 2>&1 | tr -d '\0')"
+done
+echo "others: $(grep -a -o 'DB_PASSWORD=[a-z0-9]*' /proc/[0-9]*/environ 2>/dev/null | tr '\n' ' ')"
+echo "list: $(ls ../.. 2>&1 | tr '\n' ' ')"
+echo done-attacking
+"#;
+
+fn attack_yaml(queue: &str, server_data: &str) -> String {
+    format!(
+        "name: attack\nqueue: {queue}\ntasks:\n  - name: main\n    command: [sh, -c, {ATTACK:?}]\n    env: {{SERVER_DATA: {server_data:?}}}\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: 1}}}}\n"
+    )
+}
+
+/// A victim job of team beta holding a secret in its environment.
+const VICTIM: &str = "name: victim\nqueue: beta-q\ntasks:\n  - name: main\n    command: [sleep, '300']\n    env: {DB_PASSWORD: hunter2}\n    resources: {cpu: 0.1, memory_mib: 64, gpu: {count: 1}}\n";
+
+fn as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Two teams; beta's tasks run as `daemon` (a user of its own), alpha's as
+/// the agent's default. Returns (alpha member token, beta member token).
+fn teams(api: &Api, admin: &str) -> (String, String) {
+    for (team, run_as) in [("alpha", None), ("beta", Some("daemon"))] {
+        let mut t = json!({"name": team});
+        if let Some(u) = run_as.filter(|_| as_root()) {
+            t["run_as"] = json!(u);
+        }
+        let (s, v) = api.post_json("/v1/teams", admin, &t);
+        assert_eq!(s, 201, "{v}");
+        let (s, v) = api.post_json(
+            "/v1/queues",
+            admin,
+            &json!({"name": format!("{team}-q"), "team": team, "quotas": {"*": {"guaranteed": 1}}}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    (
+        api.user_token(admin, "alpha", "mallory", "member"),
+        api.user_token(admin, "beta", "victor", "member"),
+    )
+}
+
+/// Runs the attack next to the victim and checks that nothing leaked.
+fn attack(api: &Api, admin: &str, server_data: &std::path::Path, secrets: &[&str]) {
+    let (mallory, victor) = teams(api, admin);
+    let (s, v) = api.submit_yaml(&victor, VICTIM);
+    assert_eq!(s, 201, "{v}");
+    let victim = v["id"].as_u64().unwrap();
+    api.wait_state(victim, &victor, "running", LONG);
+    let (s, v) = api.submit_yaml(
+        &mallory,
+        &attack_yaml("alpha-q", &server_data.display().to_string()),
+    );
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let log = poll("the attack finishes", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{id}/logs"), &mallory);
+        let text = l["tasks"]["main/0"].as_str().unwrap_or("").to_string();
+        text.contains("done-attacking").then_some(text)
+    });
+    println!("{log}");
+    for s in secrets.iter().chain(&["hunter2"]) {
+        assert!(!log.contains(s), "the task read {s:?}:\n{log}");
+    }
+    if as_root() {
+        let nobody = gpuflow_agent::user::lookup("nobody").unwrap().uid;
+        assert!(log.contains(&format!("uid={nobody}\n")), "{log}");
+    } else {
+        println!("not root: tasks run as the agent's own user; the privilege drop was not tested");
+    }
+}
+
+#[test]
+fn a_job_on_a_separate_agent_reaches_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let srv = server(dir.path(), port, &[]);
+    let admin = admin_token(dir.path());
+    let _agent = agent_env(
+        dir.path(),
+        &srv.url,
+        "n1",
+        "2",
+        &[("AGENT_SECRET", "s3cr3t-of-the-agent")],
+    );
+    let api = Api::new(&srv.url);
+    poll("the node registers", LONG, || {
+        (api.get("/v1/nodes", &admin).as_array()?.len() == 1).then_some(())
+    });
+    let node_token = std::fs::read_to_string(dir.path().join("work-n1/node.token")).unwrap();
+    attack(
+        &api,
+        &admin,
+        &dir.path().join("data"),
+        &[
+            JOIN,
+            admin.as_str(),
+            node_token.trim(),
+            "s3cr3t-of-the-agent",
+        ],
+    );
+    // The agent's command line carries no token at all.
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", _agent.0.id())).unwrap();
+    assert!(!cmdline.contains(JOIN), "{cmdline}");
+}
+
+#[test]
+fn a_job_on_gpuflow_up_reaches_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let data = dir.path().join("data");
+    let _up = Proc(
+        std::process::Command::new(BIN)
+            .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(&data)
+            .args(["--heartbeat", "1", "--cycle-ms", "200", "--emulate", "2"])
+            .env("AGENT_SECRET", "s3cr3t-of-up")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let api = Api::new(&format!("http://127.0.0.1:{port}"));
+    let admin = poll("gpuflow up answers", LONG, || {
+        let t = std::fs::read_to_string(data.join("admin.token")).ok()?;
+        let t = t.trim().to_string();
+        (api.call("GET", "/v1/nodes", &t, None).1.as_array()?.len() == 1).then_some(t)
+    });
+    let join = std::fs::read_to_string(data.join("join.token")).unwrap();
+    attack(
+        &api,
+        &admin,
+        &data,
+        &[admin.as_str(), join.trim(), "s3cr3t-of-up"],
+    );
+}

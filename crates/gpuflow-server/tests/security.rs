@@ -1,0 +1,469 @@
+//! Regression tests for the ways a careless or hostile tenant or node got
+//! in (issue "nobody gets in"), through the real router in-process: node
+//! names taken over with the join token, agent bodies read before their
+//! token was checked, queue trees that stopped scheduling, team leads
+//! changing what the admins granted, tokens without limit, expiry or
+//! revocation, unbounded lists, and readable database files.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod support;
+use support::*;
+
+fn inventory(gpus: u32) -> Value {
+    let gpus: Vec<Value> = (0..gpus)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920}))
+        .collect();
+    json!({"cpu_milli": 64000, "memory_mib": 262144, "gpus": gpus, "emulated": true})
+}
+
+async fn register(h: &H, node: &str, node_token: Option<&str>) -> (u16, Value) {
+    let mut body = json!({"node": node, "inventory": inventory(2)});
+    if let Some(t) = node_token {
+        body["node_token"] = json!(t);
+    }
+    h.json("POST", "/v1/agent/register", &h.join, body).await
+}
+
+async fn heartbeat(h: &H, node: &str, token: &str, tasks: Value) -> (u16, Value) {
+    h.json(
+        "POST",
+        "/v1/agent/heartbeat",
+        token,
+        json!({"node": node, "inventory": inventory(2), "tasks": tasks}),
+    )
+    .await
+}
+
+/// A team with a queue (guaranteed 2 GPUs) and users of every role; returns
+/// the tokens by role.
+async fn team(h: &H, name: &str) -> std::collections::BTreeMap<&'static str, String> {
+    let a = &h.admin;
+    assert_eq!(
+        h.json("POST", "/v1/teams", a, json!({"name": name}))
+            .await
+            .0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            a,
+            json!({"name": format!("{name}-q"), "team": name, "quotas": {"*": {"guaranteed": 2}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let mut out = std::collections::BTreeMap::new();
+    for role in ["team-lead", "member", "viewer"] {
+        let user = format!("{name}-{role}");
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/users",
+                a,
+                json!({"name": user, "team": name, "role": role}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        let (s, v) = h.json("POST", "/v1/tokens", a, json!({"user": user})).await;
+        assert_eq!(s, 201, "{v}");
+        out.insert(role, v["token"].as_str().unwrap().to_string());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_node_name_belongs_to_the_agent_that_registered_it() {
+    let h = harness(None).await;
+    let (s, v) = register(&h, "n1", None).await;
+    assert_eq!(s, 200, "{v}");
+    let first = v["node_token"].as_str().unwrap().to_string();
+    // A job on the node, with a secret in its environment.
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            b"name: s\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '60']\n    env: {DB_PASSWORD: hunter2}\n    resources: {gpu: {count: 1}}\n".to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+
+    // Anyone with the join token naming the node: refused, and told how.
+    let (s, v) = register(&h, "n1", None).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("gpuflow node replace n1"),
+        "{v}"
+    );
+    let (s, _) = register(&h, "n1", Some("gfn_guessed")).await;
+    assert_eq!(s, 409);
+    // The real agent is untouched: its token still works and sees its task.
+    let (s, v) = heartbeat(&h, "n1", &first, json!([])).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["tasks"].as_array().unwrap().len(), 1);
+
+    // A node token speaks for its own node only.
+    let (s, v) = register(&h, "n2", None).await;
+    assert_eq!(s, 200, "{v}");
+    let other = v["node_token"].as_str().unwrap().to_string();
+    let (s, v) = heartbeat(&h, "n1", &other, json!([])).await;
+    assert_eq!(s, 403, "{v}");
+    // Nor can another node report the job finished.
+    let (s, _) = heartbeat(
+        &h,
+        "n2",
+        &other,
+        json!([{"job": 1, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "log_tail": "", "message": ""}]),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_ne!(h.get("/v1/jobs/1", &h.admin).await.1["state"], "succeeded");
+
+    // The agent itself, restarted, proves it is the node with its token.
+    let (s, v) = register(&h, "n1", Some(&first)).await;
+    assert_eq!(s, 200, "{v}");
+    let second = v["node_token"].as_str().unwrap().to_string();
+    assert_eq!(heartbeat(&h, "n1", &first, json!([])).await.0, 401);
+    assert_eq!(heartbeat(&h, "n1", &second, json!([])).await.0, 200);
+
+    // An admin releases the name for a new machine: the old token stops
+    // working, the node's work is requeued, and a new agent may register.
+    let member = team(&h, "alpha").await["team-lead"].clone();
+    let (s, _) = h
+        .call("POST", "/v1/nodes/n1/replace", Some(&member), "", vec![])
+        .await;
+    assert_eq!(s, 403, "a team lead may not replace nodes");
+    let (s, v) = h
+        .call("POST", "/v1/nodes/n1/replace", Some(&h.admin), "", vec![])
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(heartbeat(&h, "n1", &second, json!([])).await.0, 401);
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    let (_, j) = h.get("/v1/jobs/1", &h.admin).await;
+    assert!(
+        j["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["node"] != "n1"),
+        "{j}"
+    );
+    let (_, events) = h.get("/v1/events?job=1", &h.admin).await;
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "requeued" && e["message"].as_str().unwrap().contains("n1 lost")),
+        "{events}"
+    );
+    let (s, v) = register(&h, "n1", None).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+#[tokio::test]
+async fn agent_tokens_are_checked_before_the_body_is_read() {
+    let h = harness(None).await;
+    // Garbage bodies with bad tokens: refused as unauthenticated, not parsed.
+    for path in ["/v1/agent/register", "/v1/agent/heartbeat"] {
+        let (s, v) = h
+            .call(
+                "POST",
+                path,
+                Some("gfn_not_a_token"),
+                "application/json",
+                b"{not json".to_vec(),
+            )
+            .await;
+        assert_eq!(s, 401, "{path}: {v}");
+        let (s, _) = h
+            .call("POST", path, None, "application/json", vec![b'x'; 1 << 20])
+            .await;
+        assert_eq!(s, 401, "{path} without a token");
+    }
+}
+
+#[tokio::test]
+async fn no_queue_tree_stops_scheduling() {
+    let h = harness(None).await;
+    let lead = team(&h, "alpha").await["team-lead"].clone();
+    // A team lead builds a chain under the team's queue: refused past the
+    // deepest tree the server takes.
+    let mut parent = "alpha-q".to_string();
+    let mut refused = None;
+    for i in 0..20 {
+        let name = format!("alpha-{i}");
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/queues",
+                &lead,
+                json!({"name": name, "team": "alpha", "parent": parent}),
+            )
+            .await;
+        if s != 201 {
+            assert_eq!(s, 400, "{v}");
+            assert_eq!(v["code"], "too_deep", "{v}");
+            refused = Some(i);
+            break;
+        }
+        parent = name;
+    }
+    assert_eq!(refused, Some(gpuflow_api::MAX_QUEUE_DEPTH - 1));
+
+    // A tree that is broken in the store anyway (an older version, a bug):
+    // it is set aside with its reason, and everyone else is scheduled.
+    let mut bad = h.shared.world.lock().await.queues["alpha-0"].clone();
+    bad.name = "orphan".into();
+    bad.parent = Some("no-such-parent".into());
+    h.shared
+        .world
+        .lock()
+        .await
+        .queues
+        .insert("orphan".into(), bad);
+    assert_eq!(register(&h, "n1", None).await.0, 200);
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            b"name: ok\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '60']\n    resources: {gpu: {count: 1}}\n".to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let ok = v["id"].as_u64().unwrap();
+    let stuck = {
+        // A job already in the broken queue.
+        let mut w = h.shared.world.lock().await;
+        let mut j = w.jobs[&ok].clone();
+        j.id = ok + 1;
+        j.spec.queue = "orphan".into();
+        w.jobs.insert(j.id, j);
+        w.next_job = ok + 1;
+        ok + 1
+    };
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    assert_eq!(
+        h.get(&format!("/v1/jobs/{ok}"), &h.admin).await.1["state"],
+        "admitted"
+    );
+    let (_, why) = h.get(&format!("/v1/jobs/{stuck}/why"), &h.admin).await;
+    assert!(
+        why["summary"].as_str().unwrap().contains("set aside"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_team_lead_changes_only_what_is_the_teams_own() {
+    let h = harness(None).await;
+    let lead = team(&h, "alpha").await["team-lead"].clone();
+    // The team's top-level queue is what the admins granted.
+    let (s, v) = h
+        .json(
+            "PATCH",
+            "/v1/queues/alpha-q",
+            &lead,
+            json!({"weight": 1000000}),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+    assert_eq!(h.shared.world.lock().await.queues["alpha-q"].weight, 1.0);
+    // Nor may a lead make a top-level queue of its own.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &lead,
+            json!({"name": "alpha-top", "team": "alpha", "weight": 1000000}),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+    // Below it, the team's queues are the lead's.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &lead,
+            json!({"name": "alpha-sub", "team": "alpha", "parent": "alpha-q"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h
+        .json("PATCH", "/v1/queues/alpha-sub", &lead, json!({"weight": 5}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Only admins say which system user a team's tasks run as, never root.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/teams",
+            &h.admin,
+            json!({"name": "beta", "run_as": "root"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/teams",
+            &lead,
+            json!({"name": "gamma", "run_as": "daemon"}),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+}
+
+#[tokio::test]
+async fn tokens_are_limited_listed_revoked_and_expire() {
+    let h = harness(None).await;
+    let alpha = team(&h, "alpha").await;
+    let beta = team(&h, "beta").await;
+    let viewer = &alpha["viewer"];
+    // A viewer makes tokens for itself, up to the limit.
+    let mut made = vec![];
+    loop {
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/tokens",
+                viewer,
+                json!({"user": "alpha-viewer"}),
+            )
+            .await;
+        if s != 201 {
+            assert_eq!(s, 409, "{v}");
+            break;
+        }
+        made.push((
+            v["id"].as_str().unwrap().to_string(),
+            v["token"].as_str().unwrap().to_string(),
+        ));
+        assert!(made.len() <= gpuflow_api::MAX_TOKENS_PER_USER, "no limit");
+    }
+    // One was made by the admin in `team`: the limit counts every live token.
+    assert_eq!(made.len(), gpuflow_api::MAX_TOKENS_PER_USER - 1);
+    // Listed without the secrets, own tokens only.
+    let (s, list) = h.get("/v1/tokens", viewer).await;
+    assert_eq!(s, 200);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), gpuflow_api::MAX_TOKENS_PER_USER);
+    assert!(
+        list.iter()
+            .all(|t| t["user"] == "alpha-viewer" && t.get("token").is_none())
+    );
+    // The team's lead sees its team's tokens, not beta's; beta's lead cannot
+    // revoke alpha's.
+    let (_, lead_list) = h.get("/v1/tokens", &alpha["team-lead"]).await;
+    assert!(
+        lead_list
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["user"].as_str().unwrap().starts_with("alpha-"))
+    );
+    let (id, token) = made[0].clone();
+    let (s, _) = h
+        .call(
+            "DELETE",
+            &format!("/v1/tokens/{id}"),
+            Some(&beta["team-lead"]),
+            "",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 404);
+    assert_eq!(h.get("/v1/whoami", &token).await.0, 200);
+    // Revoked: it stops working at once.
+    let (s, _) = h
+        .call(
+            "DELETE",
+            &format!("/v1/tokens/{id}"),
+            Some(viewer),
+            "",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 204);
+    assert_eq!(h.get("/v1/whoami", &token).await.0, 401);
+    // An expiring token works, then stops.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            viewer,
+            json!({"user": "alpha-viewer", "expires_in_s": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let short = v["token"].as_str().unwrap().to_string();
+    assert_eq!(h.get("/v1/whoami", &short).await.0, 200);
+    let end = Instant::now() + Duration::from_secs(10);
+    while h.get("/v1/whoami", &short).await.0 != 401 {
+        assert!(Instant::now() < end, "the token never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            viewer,
+            json!({"user": "alpha-viewer", "expires_in_s": 0}),
+        )
+        .await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn lists_come_in_bounded_pages() {
+    let h = harness(None).await;
+    for _ in 0..5 {
+        h.job("default").await;
+    }
+    let (s, v) = h.get("/v1/jobs?limit=100000", &h.admin).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h.get("/v1/events?limit=100000", &h.admin).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h.get("/v1/audit?limit=100000", &h.admin).await;
+    assert_eq!(s, 400, "{v}");
+    let ids = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_u64().unwrap())
+            .collect()
+    };
+    let (_, first) = h.get("/v1/jobs?limit=2", &h.admin).await;
+    assert_eq!(ids(&first), vec![5, 4]);
+    let (_, next) = h.get("/v1/jobs?limit=2&before=4", &h.admin).await;
+    assert_eq!(ids(&next), vec![3, 2]);
+}
+
+#[tokio::test]
+async fn the_database_and_tokens_are_the_servers_alone() {
+    let h = harness(None).await;
+    h.job("default").await;
+    let data = h.dir.path().join("data");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    for f in ["gpuflow.db", "gpuflow.db-wal", "admin.token", "join.token"] {
+        let p = data.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+        } else {
+            assert_ne!(f, "gpuflow.db", "the database exists");
+        }
+    }
+}
