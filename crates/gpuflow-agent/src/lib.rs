@@ -12,6 +12,7 @@
 
 pub mod fake_nvml;
 pub mod gpu;
+pub mod keeper;
 pub mod task;
 pub mod user;
 
@@ -97,7 +98,7 @@ fn adopt_all(dir: &std::path::Path) -> BTreeMap<Key, Task> {
     });
     records
         .iter()
-        .filter_map(Task::adopt)
+        .map(Task::adopt)
         .map(|t| (t.key, t))
         .collect()
 }
@@ -237,8 +238,24 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         std::fs::set_permissions(&cfg.work_dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot restrict {}", cfg.work_dir.display()))?;
     }
+    let lease = keeper::Lease::open(&cfg.work_dir)
+        .with_context(|| format!("cannot open the lease file in {}", cfg.work_dir.display()))?;
     let launch = task::Launch {
         run_as: cfg.run_as.clone(),
+        lease_fd: {
+            use std::os::fd::AsRawFd;
+            lease.file().as_raw_fd()
+        },
+    };
+    // A reply to a request sent at `sent` (boot clock) renews the lease
+    // from then: tasks are signalled half-way through it and killed at five
+    // sixths, before the server, counting from when it answered, takes the
+    // node for lost.
+    let renew = |sent: u64, lease_s: u64| {
+        if lease_s > 0 {
+            let l = lease_s * 1000;
+            lease.renew(sent + l / 2, sent + l * 5 / 6);
+        }
     };
     if user::agent_uid() == 0 {
         match user::resolve(None, &cfg.run_as) {
@@ -286,12 +303,14 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         inventory: inventory(),
                         node_token: read_node_token(&cfg.work_dir),
                     };
+                    let sent = keeper::boot_ms();
                     match client.post::<_, Registered>(
                         "/v1/agent/register",
                         &cfg.join_token,
                         &reg,
                     )? {
                         Ok(r) => {
+                            renew(sent, r.lease_s);
                             tracing::info!(node = %cfg.node, server = %client.base, "registered");
                             interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));
                             write_node_token(&cfg.work_dir, &r.node_token);
@@ -316,8 +335,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 inventory: inventory(),
                 tasks: tasks.values().map(Task::report).collect(),
             };
+            let sent = keeper::boot_ms();
             match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
                 Ok(d) => {
+                    renew(sent, d.lease_s);
                     for (k, len) in sizes {
                         if let Some(t) = tasks.get_mut(&k) {
                             t.acked_log_len = len;
@@ -393,7 +414,7 @@ fn reconcile(
                 if d.command.is_empty() {
                     continue;
                 }
-                tasks.insert(*k, Task::start(d, dir, launch));
+                tasks.insert(*k, Task::start_once(d, dir, launch));
                 changed = true;
             }
             None => {}

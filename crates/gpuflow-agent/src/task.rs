@@ -1,8 +1,14 @@
-//! Running tasks as process trees. Each task is the leader of its own process
-//! group, so a stop reaches everything it started: the stop signal goes to
-//! the group, and after the grace period SIGKILL does. Output goes to a log
-//! file per task; the task may write a Unix time to the file named by
-//! `GPUFLOW_CHECKPOINT_FILE` to report a checkpoint.
+//! Running tasks as process trees. Each task runs under its keeper (see
+//! `keeper.rs`), which leads the task's own process group, so a stop reaches
+//! everything it started: the stop signal goes to the group, and after the
+//! grace period SIGKILL does. Output goes to a log file per task; the task
+//! may write a Unix time to the file named by `GPUFLOW_CHECKPOINT_FILE` to
+//! report a checkpoint.
+//!
+//! A task is started at most once per work directory: its directory
+//! (`job-J/aA-gG-iI`) is made when it starts, and a task whose directory
+//! exists is never started again, only reported as it ended (from its
+//! keeper's exit record), whatever happened to the agent meanwhile.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -27,12 +33,16 @@ pub struct Launch {
     /// When the agent is root: the user tasks run as unless their team
     /// names one.
     pub run_as: String,
+    /// The node's lease file, open, which the tasks' keepers read (-1: none,
+    /// no fencing).
+    pub lease_fd: i32,
 }
 
 impl Default for Launch {
     fn default() -> Launch {
         Launch {
             run_as: "nobody".into(),
+            lease_fd: -1,
         }
     }
 }
@@ -79,6 +89,10 @@ pub struct Task {
     /// The leader's start time (clock ticks since boot), to recognise it
     /// after an agent restart even if its pid has been reused since.
     start_ticks: u64,
+    /// Where its keeper records how it ended.
+    exit: PathBuf,
+    /// When it started (Unix seconds).
+    pub started_at: u64,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -90,6 +104,31 @@ pub struct Record {
     pub start_ticks: u64,
     pub log: PathBuf,
     pub checkpoint: PathBuf,
+    #[serde(default)]
+    pub exit: PathBuf,
+    #[serde(default)]
+    pub started_at: u64,
+}
+
+/// A task's directory under the work directory.
+pub fn task_dir(dir: &Path, k: Key) -> PathBuf {
+    let (job, attempt, group, index) = k;
+    dir.join(format!("job-{job}"))
+        .join(format!("a{attempt}-g{group}-i{index}"))
+}
+
+/// A task's exit record, in the agent's own state directory (out of the
+/// task's reach).
+pub fn exit_path(dir: &Path, k: Key) -> PathBuf {
+    let (job, attempt, group, index) = k;
+    dir.join("state")
+        .join(format!("job-{job}-a{attempt}-g{group}-i{index}.exit"))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A process's start time from `/proc/PID/stat` (field 22), if it exists.
@@ -121,38 +160,71 @@ pub fn signal_number(name: &str) -> i32 {
 }
 
 impl Task {
-    /// Starts a task; a task that cannot start is returned in phase
-    /// `FailedToStart` with the reason.
-    ///
-    /// The task gets a clean environment: a plain `PATH`, `HOME` (its own
-    /// directory), `USER`, then the spec's variables and gpuflow's, never
-    /// the agent's (which may hold its tokens). When the agent is root, the
-    /// task runs as `launch.run_as` or its team's user, never as root.
-    pub fn start(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
-        let (job, attempt, group, index) = key(t);
-        let task_dir = dir
-            .join(format!("job-{job}"))
-            .join(format!("a{attempt}-g{group}-i{index}"));
-        let log = task_dir.join("output.log");
-        let checkpoint = task_dir.join("checkpoint");
-        let mut task = Task {
-            key: key(t),
+    /// A task in its first moments, before it is started or recovered.
+    fn new(k: Key, dir: &Path) -> Task {
+        let task_dir = task_dir(dir, k);
+        Task {
+            key: k,
             child: None,
             pgid: 0,
             phase: TaskPhase::Running,
             exit_code: None,
             kill_at: None,
             killed: false,
-            log: log.clone(),
-            checkpoint: checkpoint.clone(),
+            log: task_dir.join("output.log"),
+            checkpoint: task_dir.join("checkpoint"),
             message: String::new(),
             acked_log_len: 0,
             start_ticks: 0,
-        };
+            exit: exit_path(dir, k),
+            started_at: unix_now(),
+        }
+    }
+
+    /// Starts a desired task, unless it was started before on this work
+    /// directory (by this agent or an earlier one): then it is only
+    /// reported as it ended, never run twice.
+    pub fn start_once(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
+        if task_dir(dir, key(t)).exists() {
+            return Task::recover(key(t), dir);
+        }
+        Task::start(t, dir, launch)
+    }
+
+    /// A task that was started before and is not running under this agent:
+    /// how it ended, from its keeper's record.
+    fn recover(k: Key, dir: &Path) -> Task {
+        let mut task = Task::new(k, dir);
+        task.started_at = std::fs::metadata(task_dir(dir, k))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        task.ended(crate::keeper::read_exit(&task.exit), None);
+        tracing::info!(job = k.0, attempt = k.1, phase = ?task.phase, "task already ran; not starting it again");
+        task
+    }
+
+    /// Starts a task; a task that cannot start is returned in phase
+    /// `FailedToStart` with the reason.
+    ///
+    /// The task gets a clean environment: a plain `PATH`, `HOME` (its own
+    /// directory), `USER`, then the spec's variables and gpuflow's, never
+    /// the agent's (which may hold its tokens). When the agent is root, the
+    /// task runs as `launch.run_as` or its team's user, never as root. It
+    /// runs under its keeper, which fences it with the node's lease and
+    /// records how it ended.
+    fn start(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
+        let (job, attempt, group, index) = key(t);
+        let task_dir = task_dir(dir, key(t));
+        let mut task = Task::new(key(t), dir);
+        let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
             let user = crate::user::resolve(t.run_as.as_deref(), &launch.run_as)
                 .map_err(|e| e.to_string())?;
             let io = |e: std::io::Error| e.to_string();
+            std::fs::create_dir_all(dir.join("state")).map_err(io)?;
+            let exit = crate::keeper::create_exit(&task.exit).map_err(io)?;
             std::fs::create_dir_all(&task_dir).map_err(io)?;
             std::fs::set_permissions(&task_dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(io)?;
@@ -207,11 +279,26 @@ impl Task {
                 ),
                 None => None,
             };
+            let lease_fd = launch.lease_fd;
+            let exit_fd = {
+                use std::os::fd::AsRawFd;
+                exit.as_raw_fd()
+            };
+            let stop_signal = signal_number(&t.stop_signal);
             // SAFETY: the closure runs in the forked child before exec and
-            // calls only async-signal-safe functions (setgroups, setgid,
-            // setuid, chdir, umask) on memory prepared before the fork.
+            // calls only async-signal-safe functions (fork, setgroups,
+            // setgid, setuid, chdir, umask, and the keeper's loop) on memory
+            // prepared before the fork.
             unsafe {
                 cmd.pre_exec(move || {
+                    // This process becomes the task's keeper; its child the task.
+                    let pid = libc::fork();
+                    if pid < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if pid > 0 {
+                        crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal);
+                    }
                     if let Some((uid, gid)) = ids {
                         let groups = [gid];
                         if libc::setgroups(1, groups.as_ptr()) != 0
@@ -232,8 +319,11 @@ impl Task {
                     Ok(())
                 });
             }
-            cmd.spawn()
-                .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]))
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]));
+            drop(exit);
+            child
         })();
         match result {
             Ok(child) => {
@@ -251,19 +341,11 @@ impl Task {
         task
     }
 
-    /// Takes over a task a previous agent process started, if its process
-    /// group still runs and its leader is the same process.
-    pub fn adopt(r: &Record) -> Option<Task> {
-        let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
-        if !same || !group_alive(r.pgid) {
-            return None;
-        }
-        tracing::info!(
-            job = r.key.0,
-            pid = r.pgid,
-            "task adopted after an agent restart"
-        );
-        Some(Task {
+    /// Takes over a task a previous agent process started: running, if its
+    /// keeper still runs (the same process, by its start time), else ended
+    /// as its keeper recorded.
+    pub fn adopt(r: &Record) -> Task {
+        let mut task = Task {
             key: r.key,
             child: None,
             pgid: r.pgid,
@@ -276,7 +358,22 @@ impl Task {
             message: String::new(),
             acked_log_len: 0,
             start_ticks: r.start_ticks,
-        })
+            exit: r.exit.clone(),
+            started_at: r.started_at,
+        };
+        let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
+        if same && group_alive(r.pgid) {
+            tracing::info!(
+                job = r.key.0,
+                pid = r.pgid,
+                "task adopted after an agent restart"
+            );
+        } else {
+            task.pgid = 0;
+            task.ended(crate::keeper::read_exit(&r.exit), None);
+            tracing::info!(job = r.key.0, phase = ?task.phase, "task ended while the agent was away");
+        }
+        task
     }
 
     /// The record to keep on disk while it runs.
@@ -287,6 +384,8 @@ impl Task {
             start_ticks: self.start_ticks,
             log: self.log.clone(),
             checkpoint: self.checkpoint.clone(),
+            exit: self.exit.clone(),
+            started_at: self.started_at,
         })
     }
 
@@ -315,45 +414,83 @@ impl Task {
         }
     }
 
+    /// Settles how the task ended from its keeper's record, or, without
+    /// one, from the keeper's own status (`status`: what waitpid said of
+    /// the keeper, when it was our child).
+    fn ended(&mut self, record: Option<crate::keeper::Ended>, status: Option<i32>) {
+        use crate::keeper::Ended;
+        let stopped = self.kill_at.is_some();
+        let (phase, code, message) = match record {
+            Some(Ended::Exited(c)) => (
+                if stopped {
+                    TaskPhase::Stopped
+                } else {
+                    TaskPhase::Exited
+                },
+                Some(c),
+                String::new(),
+            ),
+            Some(Ended::Signalled(s)) => (
+                if stopped {
+                    TaskPhase::Stopped
+                } else {
+                    TaskPhase::Exited
+                },
+                Some(128 + s),
+                String::new(),
+            ),
+            Some(Ended::Fenced) => (
+                TaskPhase::Stopped,
+                None,
+                "stopped on the node: its agent could not renew the node's lease with the server"
+                    .to_string(),
+            ),
+            None if stopped => (TaskPhase::Stopped, status, String::new()),
+            None => (
+                TaskPhase::Stopped,
+                status,
+                "its keeper was killed (the agent stopped or crashed); exit status unknown"
+                    .to_string(),
+            ),
+        };
+        self.phase = phase;
+        self.exit_code = code;
+        if !message.is_empty() {
+            self.message = message;
+        }
+    }
+
     /// Reaps an exit and enforces the kill time.
     pub fn poll(&mut self) {
-        let Some(child) = self.child.as_mut() else {
-            // Adopted: not our child, so its exit status is not ours to read.
-            if self.phase == TaskPhase::Running && !group_alive(self.pgid) {
-                self.phase = if self.kill_at.is_some() {
-                    TaskPhase::Stopped
-                } else {
-                    TaskPhase::Exited
-                };
-                self.message = "exit status unknown: the agent restarted while the task ran".into();
-            } else if self.phase == TaskPhase::Running
-                && let Some(k) = self.kill_at
-                && Instant::now() >= k
-                && !self.killed
-            {
-                self.killed = true;
-                self.signal(libc::SIGKILL);
-            }
+        if self.phase != TaskPhase::Running {
             return;
+        }
+        let status = match self.child.as_mut() {
+            // Ours: its keeper's exit is ours to read.
+            Some(child) => match child.try_wait() {
+                Ok(Some(status)) => {
+                    Some(status.code().or_else(|| status.signal().map(|s| 128 + s)))
+                }
+                _ => None,
+            },
+            // Adopted: its keeper is not our child; its record tells.
+            None => (!group_alive(self.pgid)).then_some(None),
         };
-        if self.phase == TaskPhase::Running {
-            if let Ok(Some(status)) = child.try_wait() {
-                let stopped = self.kill_at.is_some();
-                self.phase = if stopped {
-                    TaskPhase::Stopped
-                } else {
-                    TaskPhase::Exited
-                };
-                self.exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));
+        match status {
+            Some(status) => {
+                self.ended(crate::keeper::read_exit(&self.exit), status);
                 // The leader is gone; make sure the rest of its tree is too.
                 self.signal(libc::SIGKILL);
-                tracing::info!(job = self.key.0, code = ?self.exit_code, "task ended");
-            } else if let Some(k) = self.kill_at
-                && Instant::now() >= k
-                && !self.killed
-            {
-                self.killed = true;
-                self.signal(libc::SIGKILL);
+                tracing::info!(job = self.key.0, code = ?self.exit_code, phase = ?self.phase, "task ended");
+            }
+            None => {
+                if let Some(k) = self.kill_at
+                    && Instant::now() >= k
+                    && !self.killed
+                {
+                    self.killed = true;
+                    self.signal(libc::SIGKILL);
+                }
             }
         }
     }
@@ -361,6 +498,7 @@ impl Task {
     /// Kills the tree now.
     pub fn kill(&mut self) {
         if self.running() {
+            self.kill_at.get_or_insert_with(Instant::now);
             self.signal(libc::SIGKILL);
             if let Some(c) = self.child.as_mut() {
                 let _ = c.wait();
@@ -390,6 +528,7 @@ impl Task {
             index,
             phase: self.phase,
             exit_code: self.exit_code,
+            started_at: Some(self.started_at).filter(|&t| t > 0),
             checkpoint_at: read_task_file(&self.checkpoint).and_then(|s| s.trim().parse().ok()),
             log_tail,
             message: self.message.clone(),

@@ -498,6 +498,9 @@ pub struct Registered {
     /// The node's own credential for heartbeats.
     pub node_token: String,
     pub heartbeat_s: u64,
+    /// As [`Desired::lease_s`].
+    #[serde(default)]
+    pub lease_s: u64,
 }
 
 /// Where a task is on the node.
@@ -523,6 +526,9 @@ pub struct TaskReport {
     pub phase: TaskPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// When it started on the node (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
     /// The last checkpoint the task reported (Unix seconds), via the file
     /// named by `GPUFLOW_CHECKPOINT_FILE`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -568,12 +574,26 @@ pub struct DesiredTask {
     /// the agent's choice (never root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
+    /// The job's checkpoint signal: what the task is sent when it must stop,
+    /// also when its node's lease runs out.
+    #[serde(default = "default_signal")]
+    pub stop_signal: String,
+}
+
+fn default_signal() -> String {
+    "SIGTERM".into()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Desired {
     pub tasks: Vec<DesiredTask>,
     pub heartbeat_s: u64,
+    /// The node's lease, renewed by this reply: unless another heartbeat is
+    /// answered within it, the server takes the node for lost and places its
+    /// work elsewhere, so the agent stops its tasks before it runs out
+    /// (0: no lease).
+    #[serde(default)]
+    pub lease_s: u64,
 }
 
 /// Job lists are filtered by these.

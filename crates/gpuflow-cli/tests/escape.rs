@@ -139,23 +139,7 @@ fn a_job_on_gpuflow_up_reaches_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let data = dir.path().join("data");
-    let _up = Proc(
-        std::process::Command::new(BIN)
-            .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(&data)
-            .args(["--heartbeat", "1", "--cycle-ms", "200", "--emulate", "2"])
-            .env("AGENT_SECRET", "s3cr3t-of-up")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let api = Api::new(&format!("http://127.0.0.1:{port}"));
-    let admin = poll("gpuflow up answers", LONG, || {
-        let t = std::fs::read_to_string(data.join("admin.token")).ok()?;
-        let t = t.trim().to_string();
-        (api.call("GET", "/v1/nodes", &t, None).1.as_array()?.len() == 1).then_some(t)
-    });
+    let (_up, api, admin) = up(&data, port, "2", &[("AGENT_SECRET", "s3cr3t-of-up")]);
     let join = std::fs::read_to_string(data.join("join.token")).unwrap();
     attack(
         &api,

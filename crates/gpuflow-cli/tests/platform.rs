@@ -242,7 +242,7 @@ fn a_job_over_its_max_runtime_is_stopped_and_fails() {
 }
 
 #[test]
-fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
+fn a_lost_node_is_fenced_before_its_work_is_requeued() {
     let dir = tempfile::tempdir().unwrap();
     let srv = server(dir.path(), free_port(), &[]);
     let api = Api::new(&srv.url);
@@ -270,7 +270,8 @@ fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
     let pid: u32 = poll("the task writes its pid", LONG, || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
-    // The agent freezes (as on a network partition); its task keeps running.
+    // The agent freezes: its task's keeper stops the task before the lease
+    // runs out, and only then is the work requeued.
     agent1.signal("-STOP");
     let j = api.wait_state(id, &admin, "pending", LONG);
     assert!(
@@ -278,20 +279,20 @@ fn a_lost_node_has_its_work_requeued_and_stopped_when_it_returns() {
         "{j}"
     );
     assert_eq!(api.get("/v1/nodes", &admin)[0]["state"], "lost");
-    assert!(alive(pid));
+    assert!(
+        !alive(pid),
+        "the frozen node's task still runs after its lease"
+    );
     // A second node takes the work.
     let _agent2 = agent(dir.path(), &srv.url, "n2", "2");
     let j = api.wait_state(id, &admin, "running", LONG);
     assert_eq!(j["tasks"][0]["node"], "n2");
     assert_eq!(j["attempts"], 2);
-    // n1 comes back: it is ready again, the server no longer wants the old
-    // task there, so the agent stops it; the job stays on n2.
+    // n1 comes back: it is ready again, its fenced task stays gone and the
+    // job stays on n2.
     agent1.signal("-CONT");
     poll("n1 is back", LONG, || {
         (api.get("/v1/nodes", &admin)[0]["state"] == "ready").then_some(())
-    });
-    poll("the stale task on n1 is stopped", LONG, || {
-        (!alive(pid)).then_some(())
     });
     let j = api.job(id, &admin);
     assert_eq!(

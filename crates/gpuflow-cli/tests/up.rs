@@ -73,7 +73,11 @@ fn up_runs_a_job_on_nvml_gpus() {
     let id = v["id"].as_u64().unwrap();
     api.wait_state(id, &token, "succeeded", Duration::from_secs(60));
     let logs = api.get(&format!("/v1/jobs/{id}/logs"), &token);
-    assert_eq!(logs["tasks"]["main/0"], "visible=0,1\n");
+    // Real GPUs are made visible by UUID, whatever CUDA's enumeration order.
+    assert_eq!(
+        logs["tasks"]["main/0"],
+        "visible=GPU-fa4e0000-0000-0000-0000-000000000000,GPU-fa4e0000-0000-0000-0000-000000000001\n"
+    );
 }
 
 #[test]

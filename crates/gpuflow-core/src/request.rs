@@ -22,6 +22,14 @@ pub enum GpuRequest {
     TimeSlice { mem: MemMib },
 }
 
+/// What one time slice counts in quota and fair share: a GPU's default
+/// number of slices ([`crate::model::Gpu`]'s `time_slices`, 4) share it.
+pub const TIME_SLICE_QUOTA_MILLI: u64 = 250;
+
+/// Compute slices of a whole MIG-capable GPU (A100, H100, H200): a MIG
+/// `Ng.*` instance counts N sevenths of a GPU in quota and fair share.
+pub const MIG_SLICES_PER_GPU: u64 = 7;
+
 impl GpuRequest {
     /// GPU compute asked for, in milli-GPU (a MIG instance or a time slice counts 0:
     /// neither takes capacity from whole-GPU accounting in milli).
@@ -30,6 +38,25 @@ impl GpuRequest {
             GpuRequest::Whole { count } => *count as u64 * 1000,
             GpuRequest::Fraction { milli, .. } => milli.0 as u64,
             _ => 0,
+        }
+    }
+
+    /// What the request counts in quota and fair share, in milli-GPU: its
+    /// [`milli`](GpuRequest::milli), except that a MIG instance counts its
+    /// compute slices (`3g.40gb`: 3/7 of a GPU, rounded up) and a time slice
+    /// [`TIME_SLICE_QUOTA_MILLI`], so that neither is free.
+    pub fn quota_milli(&self) -> u64 {
+        match self {
+            GpuRequest::Mig { profile } => {
+                let slices = profile
+                    .split_once('g')
+                    .and_then(|(n, _)| n.parse::<u64>().ok())
+                    .unwrap_or(MIG_SLICES_PER_GPU)
+                    .clamp(1, MIG_SLICES_PER_GPU);
+                (slices * 1000).div_ceil(MIG_SLICES_PER_GPU)
+            }
+            GpuRequest::TimeSlice { .. } => TIME_SLICE_QUOTA_MILLI,
+            r => r.milli(),
         }
     }
 }
@@ -140,5 +167,30 @@ impl Job {
 
     pub fn task_count(&self) -> u64 {
         self.groups.iter().map(|g| g.replicas as u64).sum()
+    }
+}
+
+#[cfg(test)]
+mod quota_tests {
+    use super::*;
+
+    #[test]
+    fn mig_instances_and_time_slices_count_in_quota() {
+        let mig = |p: &str| GpuRequest::Mig { profile: p.into() }.quota_milli();
+        assert_eq!(mig("1g.10gb"), 143);
+        assert_eq!(mig("3g.40gb"), 429);
+        assert_eq!(mig("7g.80gb"), 1000);
+        // A profile that names no slice count counts a whole GPU, never 0.
+        assert_eq!(mig("odd"), 1000);
+        assert_eq!(GpuRequest::TimeSlice { mem: MemMib(0) }.quota_milli(), 250);
+        assert_eq!(GpuRequest::Whole { count: 2 }.quota_milli(), 2000);
+        // Placement accounting is unchanged: neither takes whole-GPU milli.
+        assert_eq!(
+            GpuRequest::Mig {
+                profile: "1g.10gb".into()
+            }
+            .milli(),
+            0
+        );
     }
 }

@@ -164,6 +164,7 @@ pub async fn register(
     Ok(Json(Registered {
         node_token,
         heartbeat_s: shared.cfg.heartbeat_s,
+        lease_s: shared.cfg.node_timeout_s,
     }))
 }
 
@@ -246,6 +247,7 @@ pub async fn heartbeat(
     Ok(Json(Desired {
         tasks: desired(&world, &name, at),
         heartbeat_s: shared.cfg.heartbeat_s,
+        lease_s: shared.cfg.node_timeout_s,
     }))
 }
 
@@ -318,12 +320,23 @@ fn apply_reports(
                 Some(t) => *t = st,
                 None => next.tasks.push(st),
             }
+            if let Some(started) = r.started_at {
+                // The node's word for when the task started, not when the
+                // server heard of it (a short task may end between reports).
+                next.started_at.get_or_insert(started.min(at));
+            }
             if let Some(c) = r.checkpoint_at {
                 next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
             }
             if !r.log_tail.is_empty() {
+                // Kept per attempt (`attempt/group/index`), the last few only.
+                next.logs.insert(
+                    format!("{}/{}/{}", r.attempt, r.group, r.index),
+                    r.log_tail.clone(),
+                );
+                let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
                 next.logs
-                    .insert(format!("{}/{}", r.group, r.index), r.log_tail.clone());
+                    .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
             }
         }
         if next.state == JobState::Stopping {
@@ -420,6 +433,22 @@ fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
         }
         return Some("stopping");
     }
+    // A task stopped on its node without the server's order (its agent
+    // stopped or crashed, the node's lease ran out): this attempt is over
+    // and the job runs again, as a new attempt.
+    if let Some(f) = j.tasks.iter().find(|t| t.phase == TaskPhase::Stopped) {
+        let mut what = format!("task {}/{} was stopped on its node", f.group, f.index);
+        if !f.message.is_empty() {
+            what = format!("{what} ({})", f.message);
+        }
+        stop(j, at, AfterStop::Requeue, what);
+        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
+            let why = j.reason.clone();
+            finish_stop(j, at, &why);
+            return Some("requeued");
+        }
+        return Some("stopping");
+    }
     let exited = j
         .tasks
         .iter()
@@ -482,12 +511,25 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 continue;
             }
             let g = &j.spec.tasks[a.group as usize];
-            let gpus = a.pick.gpus();
-            let list = gpus
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
+            let Some(inv) = world.nodes.get(node).map(|n| &n.inventory) else {
+                continue;
+            };
+            // A GPU the node no longer reports: the cycle evicts the job;
+            // nothing is started on whatever took its place.
+            let Ok(pick) = a.current_pick(inv) else {
+                continue;
+            };
+            let gpus = pick.gpus();
+            // Real GPUs by UUID (stable whatever CUDA's enumeration order),
+            // emulated ones by position.
+            let list = if inv.emulated || a.gpu_uuids.is_empty() {
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            } else {
+                a.gpu_uuids.join(",")
+            };
             let mut env = g.env.clone();
             let mut set = |k: &str, v: String| {
                 env.insert(k.to_string(), v);
@@ -497,6 +539,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 "NVIDIA_VISIBLE_DEVICES",
                 if list.is_empty() { "void".into() } else { list },
             );
+            set("CUDA_DEVICE_ORDER", "PCI_BUS_ID".into());
             set("GPUFLOW_JOB_ID", j.id.to_string());
             set("GPUFLOW_JOB_NAME", j.spec.name.clone());
             set("GPUFLOW_TASK_GROUP", g.name.clone());
@@ -523,6 +566,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let mut command = g.command.clone();
             command.extend(g.args.iter().cloned());
             out.push(DesiredTask {
+                stop_signal: j.spec.checkpoint.signal.clone(),
                 run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
                 job: j.id,
                 attempt: j.attempts,

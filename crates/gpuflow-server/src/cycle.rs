@@ -87,15 +87,19 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
     }
     world.unreached = out.unreached;
     world.diagnosed.clear();
-    {
+    let ms = started.elapsed().as_millis() as u64;
+    // One line per cycle that decided something; quiet cycles at debug.
+    if out.admitted + out.preempted > 0 {
         tracing::info!(
             pending = out.pending,
             admitted = out.admitted,
             preempted = out.preempted,
             running = out.running,
-            ms = started.elapsed().as_millis() as u64,
+            ms,
             "cycle"
         );
+    } else {
+        tracing::debug!(pending = out.pending, running = out.running, ms, "cycle");
     }
     if out.admitted > 0 {
         shared.wake.notify_one();
@@ -121,7 +125,9 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         .values()
         .filter(|j| j.state == JobState::Pending)
         .count();
-    if pending_count == 0 {
+    // Fair share charges what runs whether or not anything waits; nothing to
+    // do only when nothing runs either.
+    if pending_count == 0 && !world.jobs.values().any(|j| j.state.allocated()) {
         return None;
     }
     let mut change = Change::default();
@@ -129,6 +135,33 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
     let cfg = config(min_runtime);
     let mut history = world.history.to_core(&snap.queues);
     history.account(t, cfg.usage_half_life, &snap.running, &snap.queues);
+    for (id, _, reason) in &snap.evicted {
+        let Some(mut j) = world.jobs.get(id).cloned() else {
+            continue;
+        };
+        if j.state == JobState::Stopping {
+            continue;
+        }
+        stop(&mut j, t, AfterStop::Requeue, format!("evicted: {reason}"));
+        change.event(t, Some(j.id), &j.team, "evicted", j.reason.clone());
+        change.job(j);
+    }
+    if pending_count == 0 {
+        world.history = crate::state::SavedHistory::from_core(&history, &snap.queues);
+        if t >= world.history_saved_at + 60 {
+            change.batch.put.push(world.history.record());
+            world.history_saved_at = t;
+        }
+        return Some(Planned {
+            change,
+            whys: Vec::new(),
+            unreached: Default::default(),
+            pending: 0,
+            admitted: 0,
+            preempted: 0,
+            running: snap.running.len(),
+        });
+    }
     let plan = schedule::schedule(
         t,
         &mut snap.placer,
@@ -154,13 +187,23 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         j.attempts += 1;
         j.allocs = placement
             .iter()
-            .map(|a| Alloc {
-                group: a.task.group,
-                index: a.task.index,
-                node: snap.node_names[a.node.0 as usize].clone(),
-                cpu_milli: a.cpu.0,
-                mem_mib: a.mem.0,
-                pick: a.pick.into(),
+            .map(|a| {
+                let node = snap.node_names[a.node.0 as usize].clone();
+                let pick: crate::state::Pick = a.pick.into();
+                let gpu_uuids = world
+                    .nodes
+                    .get(&node)
+                    .map(|n| Alloc::uuids_of(&pick, &n.inventory))
+                    .unwrap_or_default();
+                Alloc {
+                    group: a.task.group,
+                    index: a.task.index,
+                    node,
+                    cpu_milli: a.cpu.0,
+                    mem_mib: a.mem.0,
+                    pick,
+                    gpu_uuids,
+                }
             })
             .collect();
         j.tasks.clear();
@@ -417,11 +460,31 @@ pub struct Snapshot {
     pub node_names: Vec<String>,
     /// Pending jobs the core is not asked about, with the reason.
     pub blocked: Vec<(u64, api::Why)>,
+    /// Allocated jobs whose allocation no longer fits their node: (job,
+    /// node, reason).
+    pub evicted: Vec<(u64, String, String)>,
 }
 
 /// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single
 /// server runs, and never out of step with the committed state.
+///
+/// Committed allocations are never treated as free: one that no longer fits
+/// its node (the node reports less memory, a GPU vanished) keeps what it
+/// could claim, its node takes no new work in this snapshot, and the job is
+/// listed in `evicted` so the cycle stops and requeues it with the reason.
 pub fn snapshot(world: &World, t: u64) -> Snapshot {
+    let mut shrunk = std::collections::BTreeSet::new();
+    loop {
+        let snap = snapshot_with(world, t, &shrunk);
+        let before = shrunk.len();
+        shrunk.extend(snap.evicted.iter().map(|(_, node, _)| node.clone()));
+        if shrunk.len() == before {
+            return snap;
+        }
+    }
+}
+
+fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<String>) -> Snapshot {
     // Nodes, in name order; the core's node id is the index.
     let node_names: Vec<String> = world.nodes.keys().cloned().collect();
     let node_id: BTreeMap<&str, NodeId> = node_names
@@ -452,6 +515,7 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
         };
         node.labels = inv.labels.clone();
         node.state = match n.state {
+            _ if shrunk.contains(&n.name) => model::NodeState::Cordoned,
             NodeState::Ready => model::NodeState::Ready,
             NodeState::Cordoned => model::NodeState::Cordoned,
             NodeState::Draining => model::NodeState::Draining,
@@ -480,40 +544,64 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
     let mut running = Vec::new();
     let mut pending = Vec::new();
     let mut blocked = Vec::new();
+    let mut evicted = Vec::new();
     for j in world.jobs.values() {
-        let Some(work) = workload(j, &queues, &classes) else {
-            if j.state == JobState::Pending {
-                let reason = match aside.get(&j.spec.queue) {
-                    Some(r) => format!("queue {:?} is set aside: {r}", j.spec.queue),
-                    None => format!("queue {:?} does not exist (any more)", j.spec.queue),
-                };
-                blocked.push((j.id, why(j, reason)));
-            }
-            continue;
-        };
+        let work = workload(j, &queues, &classes);
         if j.state.allocated() {
+            // GPUs are found by UUID: one the node no longer reports evicts
+            // the job; one that moved in the inventory is followed.
+            let mut gone = None;
             let allocations: Vec<Allocation> = j
                 .allocs
                 .iter()
                 .filter_map(|a| {
+                    let node = *node_id.get(a.node.as_str())?;
+                    let pick = match a.current_pick(&world.nodes[&a.node].inventory) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            gone.get_or_insert((a.node.clone(), e));
+                            return None;
+                        }
+                    };
                     Some(Allocation {
                         task: TaskId {
                             job: JobId(j.id),
                             group: a.group,
                             index: a.index,
                         },
-                        node: *node_id.get(a.node.as_str())?,
+                        node,
                         cpu: CpuMilli(a.cpu_milli),
                         mem: MemMib(a.mem_mib),
                         gpu: task_request(&j.spec.tasks[a.group as usize]).gpu,
-                        pick: a.pick.clone().into(),
+                        pick: pick.into(),
                     })
                 })
                 .collect();
-            if let Err(a) = placer.apply(&allocations) {
-                tracing::error!(job = j.id, task = %a.task, "committed allocation does not fit its node; left out of this cycle");
+            if let Some((node, reason)) = gone {
+                // What it still holds elsewhere stays held until it stops.
+                let _ = placer.apply(&allocations);
+                tracing::warn!(job = j.id, %reason, "evicting");
+                evicted.push((j.id, node, reason));
                 continue;
             }
+            if let Err(a) = placer.apply(&allocations) {
+                let node = node_names[a.node.0 as usize].clone();
+                let inv = &world.nodes[&node].inventory;
+                let reason = format!(
+                    "node {node} no longer holds its allocation: it reports {} GPUs, {} milli-CPU and {} MiB",
+                    inv.gpus.len(),
+                    inv.cpu_milli,
+                    inv.memory_mib
+                );
+                tracing::warn!(job = j.id, task = %a.task, %reason, "evicting");
+                evicted.push((j.id, node, reason));
+                continue;
+            }
+            // A running job whose queue is gone still holds its GPUs (applied
+            // above); it is just not the core's to preempt.
+            let Some(work) = work else {
+                continue;
+            };
             if !j.flavor.is_empty() {
                 queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
             }
@@ -526,6 +614,14 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
                 stopping_at: (j.state == JobState::Stopping).then(|| j.kill_at.unwrap_or(t)),
             });
         } else if j.state == JobState::Pending {
+            let Some(work) = work else {
+                let reason = match aside.get(&j.spec.queue) {
+                    Some(r) => format!("queue {:?} is set aside: {r}", j.spec.queue),
+                    None => format!("queue {:?} does not exist (any more)", j.spec.queue),
+                };
+                blocked.push((j.id, why(j, reason)));
+                continue;
+            };
             if let Some(nb) = j.not_before.filter(|&nb| nb > t) {
                 blocked.push((
                     j.id,
@@ -543,6 +639,7 @@ pub fn snapshot(world: &World, t: u64) -> Snapshot {
         pending,
         node_names,
         blocked,
+        evicted,
     }
 }
 
@@ -688,6 +785,15 @@ fn build_queues(
         tracing::error!(error = %e, "the queue tree does not build; no queue is scheduled this cycle");
         Queues::new(Vec::new(), capacity.clone()).expect("an empty tree builds")
     })
+}
+
+/// What a job counts in quota and fair share, in milli-GPU (MIG instances
+/// and time slices by their equivalents, as the core counts them).
+pub fn quota_milli(spec: &api::JobSpec) -> u64 {
+    spec.tasks
+        .iter()
+        .map(|g| task_request(g).gpu.quota_milli() * g.replicas as u64)
+        .sum()
 }
 
 /// A task group's request as the core sees it.

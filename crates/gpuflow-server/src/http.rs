@@ -112,7 +112,27 @@ pub fn router(shared: Arc<Shared>) -> Router {
             ))
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(detached))
         .with_state(shared)
+}
+
+/// Runs each request's handler as a task of its own, so that a client that
+/// disconnects cannot cancel it between the store's commit and the change
+/// in memory (commit, then publish, always both), and a handler that
+/// panics answers 500 instead of taking its connection down unanswered.
+async fn detached(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "request handler panicked");
+            Error(ApiError::new(
+                500,
+                "internal",
+                "internal error; the server log has the details",
+            ))
+            .into_response()
+        }
+    }
 }
 
 async fn openapi() -> Json<serde_json::Value> {
@@ -515,8 +535,10 @@ async fn why(
 #[derive(Serialize)]
 struct Logs {
     id: u64,
-    /// `group/index` → the end of that task's output.
+    /// The latest attempt's tasks: `group/index` → the end of its output.
     tasks: BTreeMap<String, String>,
+    /// Every kept attempt (the last five), by attempt number.
+    attempts: BTreeMap<u32, BTreeMap<String, String>>,
 }
 
 async fn logs(
@@ -527,20 +549,28 @@ async fn logs(
     let id = job_id(&id)?;
     let world = shared.world.lock().await;
     let j = visible(&world, &caller, id)?;
-    let tasks = j
-        .logs
-        .iter()
-        .map(|(k, v)| {
-            let (g, i) = k.split_once('/').unwrap_or((k, "0"));
-            let name = g
-                .parse::<usize>()
-                .ok()
-                .and_then(|g| j.spec.tasks.get(g))
-                .map_or(g.to_string(), |t| t.name.clone());
-            (format!("{name}/{i}"), v.clone())
-        })
-        .collect();
-    Ok(Json(Logs { id, tasks }))
+    let mut attempts: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
+    for (k, v) in &j.logs {
+        let Some((a, g, i)) = crate::state::log_key(k) else {
+            continue;
+        };
+        let a = if a == u32::MAX { j.attempts } else { a };
+        let name = j
+            .spec
+            .tasks
+            .get(g as usize)
+            .map_or_else(|| g.to_string(), |t| t.name.clone());
+        attempts
+            .entry(a)
+            .or_default()
+            .insert(format!("{name}/{i}"), v.clone());
+    }
+    let tasks = attempts.values().next_back().cloned().unwrap_or_default();
+    Ok(Json(Logs {
+        id,
+        tasks,
+        attempts,
+    }))
 }
 
 async fn job_action(
@@ -878,7 +908,8 @@ async fn list_queues(
             }
             if j.state.allocated() {
                 running += 1;
-                *used.entry(j.flavor.clone()).or_default() += j.spec.gpu_milli() as f64 / 1000.0;
+                *used.entry(j.flavor.clone()).or_default() +=
+                    crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
             }
         }
         out.push(api::QueueView {

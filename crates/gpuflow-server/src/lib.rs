@@ -91,6 +91,8 @@ pub struct Shared {
     pub diagnoses: tokio::sync::Semaphore,
     /// Cycles that failed or panicked since the start (each is retried).
     pub cycle_failures: std::sync::atomic::AtomicU64,
+    /// Held while the server runs: the data directory's exclusive lock.
+    pub data_lock: std::fs::File,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -226,6 +228,26 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
         )
     })?;
     restrict(&cfg.data_dir, 0o700)?;
+    // One server per data directory: a second one would schedule the same
+    // jobs again and its agent would adopt the first one's tasks.
+    let lock_path = cfg.data_dir.join("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another gpuflow server is running on the data directory {} (it holds {}); stop it first, or give this one its own --data-dir",
+            cfg.data_dir.display(),
+            lock_path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", lock_path.display()));
+        }
+    }
     for f in [
         "gpuflow.db",
         "gpuflow.db-wal",
@@ -263,6 +285,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             wake: Notify::new(),
             cycle_failures: Default::default(),
             diagnoses: tokio::sync::Semaphore::new(1),
+            data_lock: lock,
         }),
         new_admin_token,
         join_token,

@@ -66,7 +66,50 @@ pub struct Alloc {
     pub node: String,
     pub cpu_milli: u64,
     pub mem_mib: u64,
+    /// By position in the node's inventory when it was admitted; read it
+    /// through [`Alloc::current_pick`], which follows the UUIDs.
     pub pick: Pick,
+    /// The UUIDs of the picked GPUs: what identifies them, whatever their
+    /// position in the node's inventory becomes (records of older versions
+    /// have none and go by position).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_uuids: Vec<String>,
+}
+
+impl Alloc {
+    /// The UUIDs of `pick`'s GPUs in `inv`.
+    pub fn uuids_of(pick: &Pick, inv: &api::Inventory) -> Vec<String> {
+        pick.gpus()
+            .iter()
+            .filter_map(|&i| inv.gpus.get(i as usize).map(|g| g.uuid.clone()))
+            .collect()
+    }
+
+    /// The pick by the GPUs' positions in `inv` now, found by UUID.
+    ///
+    /// # Errors
+    /// Names the first GPU the node no longer reports.
+    pub fn current_pick(&self, inv: &api::Inventory) -> Result<Pick, String> {
+        if self.gpu_uuids.is_empty() {
+            return Ok(self.pick.clone());
+        }
+        let mut at = Vec::with_capacity(self.gpu_uuids.len());
+        for u in &self.gpu_uuids {
+            match inv.gpus.iter().position(|g| &g.uuid == u) {
+                Some(i) => at.push(i as u8),
+                None => return Err(format!("its GPU {u} is gone from node {}", self.node)),
+            }
+        }
+        Ok(match self.pick {
+            Pick::None => Pick::None,
+            Pick::Whole(_) => Pick::Whole(at.iter().fold(0u64, |m, &i| m | (1 << i))),
+            Pick::Shared(_) => Pick::Shared(at[0]),
+            Pick::Mig { instance, .. } => Pick::Mig {
+                gpu: at[0],
+                instance,
+            },
+        })
+    }
 }
 
 /// What happens to a stopping job once its tasks are gone.
@@ -123,7 +166,9 @@ pub struct JobRec {
     pub flavor: String,
     pub allocs: Vec<Alloc>,
     pub tasks: Vec<TaskState>,
-    /// The end of each task's output, `group/index` → text.
+    /// The end of each task's output per attempt, `attempt/group/index` →
+    /// text (the last [`LOG_ATTEMPTS`] attempts; records of older versions
+    /// hold `group/index` keys, read as the latest attempt's).
     pub logs: BTreeMap<String, String>,
 }
 
@@ -202,6 +247,20 @@ pub fn phase_name(p: api::TaskPhase) -> &'static str {
         api::TaskPhase::Exited => "exited",
         api::TaskPhase::Stopped => "stopped",
         api::TaskPhase::FailedToStart => "failed-to-start",
+    }
+}
+
+/// How many attempts' logs a job keeps.
+pub const LOG_ATTEMPTS: u32 = 5;
+
+/// `(attempt, group, index)` of a log key; a key without an attempt (an
+/// older version's) has attempt `u32::MAX`: the latest.
+pub fn log_key(k: &str) -> Option<(u32, u16, u32)> {
+    let parts: Vec<&str> = k.split('/').collect();
+    match parts[..] {
+        [a, g, i] => Some((a.parse().ok()?, g.parse().ok()?, i.parse().ok()?)),
+        [g, i] => Some((u32::MAX, g.parse().ok()?, i.parse().ok()?)),
+        _ => None,
     }
 }
 

@@ -159,6 +159,38 @@ pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &s
     )
 }
 
+/// Starts `gpuflow up` on `data` with `--emulate gpus` and fast timers;
+/// waits until its API answers and its node has joined. Returns the process,
+/// a client and the admin token.
+pub fn up(data: &Path, port: u16, gpus: &str, env: &[(&str, &str)]) -> (Proc, Api, String) {
+    let proc = Proc(
+        Command::new(BIN)
+            .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(data)
+            .args([
+                "--heartbeat",
+                "1",
+                "--cycle-ms",
+                "200",
+                "--node-timeout",
+                "6",
+            ])
+            .args(["--min-runtime", "0", "--emulate", gpus])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let api = Api::new(&format!("http://127.0.0.1:{port}"));
+    let admin = poll("gpuflow up answers", Duration::from_secs(60), || {
+        let t = std::fs::read_to_string(data.join("admin.token")).ok()?;
+        let t = t.trim().to_string();
+        (api.call("GET", "/v1/nodes", &t, None).1.as_array()?.len() == 1).then_some(t)
+    });
+    (proc, api, admin)
+}
+
 /// Calls `f` until it returns `Some`, failing the test after `limit`.
 pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + limit;

@@ -115,12 +115,14 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// GPU demand in milli-GPU.
+    /// GPU demand in milli-GPU, as quota and fair share count it (MIG
+    /// instances and time slices by their equivalents, see
+    /// [`GpuRequest::quota_milli`](crate::request::GpuRequest::quota_milli)).
     pub fn gpu_milli(&self) -> u64 {
         self.job
             .groups
             .iter()
-            .map(|g| g.request.gpu.milli() * g.replicas as u64)
+            .map(|g| g.request.gpu.quota_milli() * g.replicas as u64)
             .sum()
     }
 
@@ -2424,7 +2426,7 @@ impl<'a> Cycle<'a> {
     fn admitted_milli(&self) -> u64 {
         self.admitted
             .iter()
-            .map(|(_, _, p)| p.iter().map(|a| a.gpu.milli()).sum::<u64>())
+            .map(|(_, _, p)| p.iter().map(|a| a.gpu.quota_milli()).sum::<u64>())
             .sum()
     }
 }

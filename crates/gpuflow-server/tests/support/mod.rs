@@ -23,9 +23,19 @@ pub struct H {
 }
 
 pub async fn harness(store: Option<String>) -> H {
+    harness_on(store, |_| {}).await
+}
+
+/// A harness on SQLite with changed settings.
+pub async fn harness_with(f: impl FnOnce(&mut Config)) -> H {
+    harness_on(None, f).await
+}
+
+async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
     cfg.store_url = store;
+    f(&mut cfg);
     let opened = gpuflow_server::open(cfg).await.unwrap();
     H {
         router: gpuflow_server::http::router(opened.shared.clone()),

@@ -1,0 +1,312 @@
+//! Each task's keeper: a small process between the agent and the task that
+//! outlives the agent. It does two things the agent cannot promise while it
+//! is down, frozen or cut off:
+//!
+//! 1. **Fencing.** The agent writes its node lease to one lease file after
+//!    every heartbeat the server answered: when to signal and when to kill.
+//!    Every keeper reads it every 100 ms; once the kill time passes it kills
+//!    its task's process group, so a node that cannot renew its lease has
+//!    stopped its work before the server's lease expires and the work is
+//!    placed elsewhere. A SIGSTOPped or crashed agent cannot keep its tasks
+//!    running past the lease.
+//! 2. **The true exit status.** It waits for the task and writes how it
+//!    ended to an exit record the task cannot reach, so an agent that
+//!    restarts learns how a task it did not start (or that ended while it
+//!    was down) ended.
+//!
+//! The keeper is the process group leader (the task is its child, in the
+//! same group); it ignores the stop signals the agent sends the group and
+//! dies with SIGKILL like the rest of it. It is forked from the task's
+//! launcher before exec, so it runs only async-signal-safe code on memory
+//! prepared before the fork.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Milliseconds on the boot clock (counts suspend, never jumps).
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into `ts`; CLOCK_BOOTTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The lease record: `TERM KILL TERM KILL\n`, two 20-digit boot-clock
+/// times in milliseconds (0: no deadline), written twice in one write, so
+/// that a read torn between an old and a new record is recognised (its
+/// halves differ) and skipped.
+const LEASE_LEN: usize = 84;
+
+fn lease_record(term_ms: u64, kill_ms: u64) -> [u8; LEASE_LEN] {
+    let text = format!("{term_ms:020} {kill_ms:020} {term_ms:020} {kill_ms:020}\n");
+    let mut out = [0u8; LEASE_LEN];
+    out.copy_from_slice(text.as_bytes());
+    out
+}
+
+/// The node's lease as the agent keeps it: one file, rewritten in place (the
+/// keepers hold it open, so it is never replaced).
+pub struct Lease {
+    file: File,
+}
+
+impl Lease {
+    /// Opens (or creates, with no deadline) the lease file in `dir`. An
+    /// existing file keeps its deadline: keepers left by a previous agent
+    /// go on counting from the last renewal.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or created.
+    pub fn open(dir: &Path) -> std::io::Result<Lease> {
+        let path = dir.join("lease");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)?;
+        if file.metadata()?.len() != LEASE_LEN as u64 {
+            file.set_len(0)?;
+            file.write_all_at(&lease_record(0, 0), 0)?;
+        }
+        Ok(Lease { file })
+    }
+
+    /// Renews the lease: tasks are signalled at `term_ms` and killed at
+    /// `kill_ms` on the boot clock unless it is renewed again.
+    pub fn renew(&self, term_ms: u64, kill_ms: u64) {
+        if let Err(e) = self.file.write_all_at(&lease_record(term_ms, kill_ms), 0) {
+            tracing::warn!(error = %e, "cannot renew the lease file");
+        }
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+/// How a task ended, as its keeper recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Exited by itself with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signalled(i32),
+    /// Killed by its keeper: the node's lease ran out.
+    Fenced,
+}
+
+/// Reads an exit record; `None` when there is none (the task still runs,
+/// or its keeper was killed before it could write one).
+pub fn read_exit(path: &Path) -> Option<Ended> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut words = text.split_whitespace();
+    let kind = words.next()?;
+    let n = words.next().and_then(|w| w.parse::<i32>().ok());
+    match (kind, n) {
+        ("x", Some(c)) => Some(Ended::Exited(c)),
+        ("s", Some(s)) => Some(Ended::Signalled(s)),
+        ("f", _) => Some(Ended::Fenced),
+        _ => None,
+    }
+}
+
+/// Creates the exit record file, empty, for the keeper to fill.
+///
+/// # Errors
+/// When it cannot be created.
+pub fn create_exit(path: &Path) -> std::io::Result<File> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.flush()?;
+    Ok(f)
+}
+
+/// Parses a 20-digit decimal field; `None` on anything else.
+fn digits(b: &[u8]) -> Option<u64> {
+    let mut v: u64 = 0;
+    for &c in b {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+    }
+    Some(v)
+}
+
+/// The lease deadlines in a record, if it is whole.
+fn parse_lease(buf: &[u8; LEASE_LEN]) -> Option<(u64, u64)> {
+    let half = LEASE_LEN / 2;
+    if buf[..half - 1] != buf[half..LEASE_LEN - 1] || buf[20] != b' ' || buf[half - 1] != b' ' {
+        return None;
+    }
+    Some((digits(&buf[0..20])?, digits(&buf[21..41])?))
+}
+
+/// Writes `kind code\n` to the exit record without allocating.
+///
+/// # Safety
+/// `fd` must be a file descriptor open for writing.
+unsafe fn write_exit(fd: libc::c_int, kind: u8, code: i32) {
+    let mut buf = [0u8; 16];
+    buf[0] = kind;
+    buf[1] = b' ';
+    let mut n = code.unsigned_abs();
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut at = 2;
+    if code < 0 {
+        buf[at] = b'-';
+        at += 1;
+    }
+    for i in (0..len).rev() {
+        buf[at] = digits[i];
+        at += 1;
+    }
+    buf[at] = b'\n';
+    at += 1;
+    // SAFETY: `buf` holds `at` initialised bytes; the caller vouches for `fd`.
+    unsafe {
+        libc::pwrite(fd, buf.as_ptr().cast(), at, 0);
+        libc::fsync(fd);
+    }
+}
+
+/// The keeper's loop: waits for `task`, enforces the lease, records how the
+/// task ended, and exits with the task's status. Never returns.
+///
+/// # Safety
+/// Call only in a freshly forked child (the keeper), with `task` its child,
+/// `lease` and `exit` open descriptors. Uses only async-signal-safe calls.
+pub unsafe fn keep(
+    task: libc::pid_t,
+    lease: libc::c_int,
+    exit: libc::c_int,
+    stop_signal: i32,
+) -> ! {
+    // SAFETY (whole body): async-signal-safe libc calls on stack memory.
+    unsafe {
+        // The agent's stop signal is for the task; the keeper stays to see it end.
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Hold nothing of the agent's but the two files: above all not the
+        // pipe its launcher waits on, which must close when the task execs.
+        for fd in 3..4096 {
+            if fd != lease && fd != exit {
+                libc::close(fd);
+            }
+        }
+        // Once the lease has run out far enough to signal the task, however
+        // it ends is the fence's doing (it may exit 0 after saving a
+        // checkpoint): the record says fenced.
+        let mut fenced = false;
+        let mut last = (0u64, 0u64);
+        loop {
+            let mut status = 0;
+            let r = libc::waitpid(task, &mut status, libc::WNOHANG);
+            if r == task {
+                if fenced {
+                    write_exit(exit, b'f', 0);
+                    libc::_exit(128 + stop_signal);
+                }
+                if libc::WIFEXITED(status) {
+                    let code = libc::WEXITSTATUS(status);
+                    write_exit(exit, b'x', code);
+                    libc::_exit(code);
+                }
+                if libc::WIFSIGNALED(status) {
+                    let sig = libc::WTERMSIG(status);
+                    write_exit(exit, b's', sig);
+                    libc::_exit(128 + sig);
+                }
+            } else if r < 0 {
+                libc::_exit(127);
+            }
+            let mut buf = [0u8; LEASE_LEN];
+            if libc::pread(lease, buf.as_mut_ptr().cast(), LEASE_LEN, 0) == LEASE_LEN as isize
+                && let Some(l) = parse_lease(&buf)
+            {
+                last = l;
+            }
+            let (term_ms, kill_ms) = last;
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+            let now = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000;
+            if kill_ms != 0 && now >= kill_ms {
+                write_exit(exit, b'f', 0);
+                // The whole group, the keeper with it.
+                libc::kill(0, libc::SIGKILL);
+            }
+            if term_ms != 0 && now >= term_ms && !fenced {
+                fenced = true;
+                libc::kill(0, stop_signal);
+            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_records_round_trip_and_torn_ones_are_refused() {
+        let r = lease_record(123, 4_567_890);
+        assert_eq!(parse_lease(&r), Some((123, 4_567_890)));
+        let mut torn = r;
+        torn[5] = b'9';
+        assert_eq!(parse_lease(&torn), None);
+        assert_eq!(parse_lease(&lease_record(0, 0)), Some((0, 0)));
+    }
+
+    #[test]
+    fn exit_records_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("exit");
+        let f = create_exit(&p).unwrap();
+        assert_eq!(read_exit(&p), None);
+        use std::os::fd::AsRawFd;
+        // SAFETY: `f` is open for writing.
+        unsafe { write_exit(f.as_raw_fd(), b'x', 42) };
+        assert_eq!(read_exit(&p), Some(Ended::Exited(42)));
+        unsafe { write_exit(f.as_raw_fd(), b's', 9) };
+        assert_eq!(read_exit(&p), Some(Ended::Signalled(9)));
+        unsafe { write_exit(f.as_raw_fd(), b'f', 0) };
+        assert_eq!(read_exit(&p), Some(Ended::Fenced));
+    }
+}

@@ -1,0 +1,469 @@
+//! Every job runs once, on GPUs nobody else holds, through the real router
+//! and agent protocol in-process: nodes that shrink or lose a GPU evict the
+//! work that no longer fits instead of booking its GPUs again, GPUs are
+//! followed by UUID, time-sliced work counts in quota, and a
+//! property test drives random submissions, cancels, node changes, losses
+//! and cycles, checking after every step that no GPU is held twice.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+mod support;
+use support::*;
+
+fn gpu(uuid: &str, i: usize) -> Value {
+    json!({"index": i, "uuid": uuid, "model": "H100", "memory_mib": 81920})
+}
+
+fn inventory(uuids: &[&str], memory_mib: u64) -> Value {
+    let gpus: Vec<Value> = uuids.iter().enumerate().map(|(i, u)| gpu(u, i)).collect();
+    json!({"cpu_milli": 64000, "memory_mib": memory_mib, "gpus": gpus, "emulated": false})
+}
+
+async fn register(h: &H, node: &str, inv: Value) -> String {
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/register",
+            &h.join,
+            json!({"node": node, "inventory": inv}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v["node_token"].as_str().unwrap().to_string()
+}
+
+/// A heartbeat reporting `tasks` (job, attempt, phase); returns the reply.
+async fn heartbeat(
+    h: &H,
+    node: &str,
+    token: &str,
+    inv: Value,
+    tasks: &[(u64, u64, &str)],
+) -> Value {
+    let tasks: Vec<Value> = tasks
+        .iter()
+        .map(|(j, a, p)| json!({"job": j, "attempt": a, "group": 0, "index": 0, "phase": p, "exit_code": if *p == "exited" { Some(0) } else { None }}))
+        .collect();
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/heartbeat",
+            token,
+            json!({"node": node, "inventory": inv, "tasks": tasks}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+async fn submit(h: &H, queue: &str, gpu: &str, memory_mib: u64) -> u64 {
+    let spec = format!(
+        "name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {{cpu: 1, memory_mib: {memory_mib}, gpu: {gpu}}}\n"
+    );
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_u64().unwrap()
+}
+
+async fn cycle(h: &H) {
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+}
+
+/// Every allocated job's GPUs, by UUID: whole GPUs held once, shares within
+/// one GPU, never both, never two sharing modes. Panics with the culprit.
+async fn check_no_gpu_held_twice(h: &H) {
+    let w = h.shared.world.lock().await;
+    let mut whole: BTreeMap<String, u64> = BTreeMap::new();
+    let mut shared: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    for j in w.jobs.values().filter(|j| j.state.allocated()) {
+        for a in &j.allocs {
+            let uuids = if a.gpu_uuids.is_empty() {
+                a.pick
+                    .gpus()
+                    .iter()
+                    .map(|i| format!("{}#{i}", a.node))
+                    .collect()
+            } else {
+                a.gpu_uuids.clone()
+            };
+            let spec = j.spec.tasks[a.group as usize].resources.gpu.clone();
+            for u in uuids {
+                match &a.pick {
+                    gpuflow_server::state::Pick::Whole(_) => {
+                        if let Some(other) = whole.insert(u.clone(), j.id) {
+                            panic!("GPU {u} held whole by jobs {other} and {}", j.id);
+                        }
+                    }
+                    _ => {
+                        let s = spec.as_ref().unwrap();
+                        let mode = format!("{:?}", s.mode);
+                        let e = shared.entry(u.clone()).or_insert((0, mode.clone()));
+                        assert_eq!(e.1, mode, "GPU {u} shared in two modes");
+                        e.0 += s.milli();
+                        assert!(e.0 <= 1000, "GPU {u} shared beyond its capacity");
+                    }
+                }
+            }
+        }
+    }
+    for u in shared.keys() {
+        assert!(!whole.contains_key(u), "GPU {u} both whole and shared");
+    }
+}
+
+fn job_state(v: &Value) -> String {
+    v["state"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_node_that_shrinks_evicts_its_work_instead_of_booking_its_gpus_twice() {
+    let h = harness(None).await;
+    let uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"];
+    let tok = register(&h, "n1", inventory(&uuids, 65536)).await;
+    let mut ids = vec![];
+    for _ in 0..3 {
+        ids.push(submit(&h, "default", "{count: 1}", 16384).await);
+    }
+    cycle(&h).await;
+    for id in &ids {
+        assert_eq!(
+            job_state(&h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1),
+            "admitted"
+        );
+    }
+    // The node now reports less memory than its jobs hold.
+    heartbeat(&h, "n1", &tok, inventory(&uuids, 20000), &[]).await;
+    cycle(&h).await;
+    let mut evicted = 0;
+    for id in &ids {
+        let (_, j) = h.get(&format!("/v1/jobs/{id}"), &h.admin).await;
+        if j["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("evicted: node n1 no longer holds")
+        {
+            evicted += 1;
+            assert_eq!(job_state(&j), "stopping", "{j}");
+        }
+    }
+    assert_eq!(evicted, 2, "the allocations that no longer fit are evicted");
+    // New work does not get the GPUs the evicted jobs still hold.
+    for _ in 0..3 {
+        submit(&h, "default", "{count: 1}", 1024).await;
+    }
+    cycle(&h).await;
+    check_no_gpu_held_twice(&h).await;
+    let (_, events) = h.get("/v1/events?limit=1000", &h.admin).await;
+    assert_eq!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "evicted")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn gpus_are_followed_by_uuid_and_a_vanished_one_evicts_its_job() {
+    let h = harness(None).await;
+    let tok = register(&h, "n1", inventory(&["GPU-a", "GPU-b", "GPU-c"], 65536)).await;
+    let ids = [
+        submit(&h, "default", "{count: 1}", 1024).await,
+        submit(&h, "default", "{count: 1}", 1024).await,
+        submit(&h, "default", "{count: 1}", 1024).await,
+    ];
+    cycle(&h).await;
+    let holder = |uuid: &'static str| {
+        let h = &h;
+        async move {
+            let w = h.shared.world.lock().await;
+            w.jobs
+                .values()
+                .find(|j| j.allocs.iter().any(|a| a.gpu_uuids == [uuid]))
+                .map(|j| j.id)
+                .unwrap()
+        }
+    };
+    let (on_b, on_c) = (holder("GPU-b").await, holder("GPU-c").await);
+    let running: Vec<(u64, u64, &str)> = ids.iter().map(|&id| (id, 1, "running")).collect();
+    // GPU-b falls off the bus: GPU-c is now second in the inventory.
+    let shrunk = inventory(&["GPU-a", "GPU-c"], 65536);
+    let reply = heartbeat(&h, "n1", &tok, shrunk.clone(), &running).await;
+    let task_of = |reply: &Value, id: u64| {
+        reply["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["job"] == id)
+            .cloned()
+    };
+    // The job on GPU-c is told its GPU by UUID and by its new position.
+    let t = task_of(&reply, on_c).unwrap();
+    assert_eq!(t["gpus"], json!([1]), "{t}");
+    assert_eq!(t["env"]["CUDA_VISIBLE_DEVICES"], "GPU-c", "{t}");
+    assert_eq!(t["env"]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID", "{t}");
+    cycle(&h).await;
+    let (_, j) = h.get(&format!("/v1/jobs/{on_b}"), &h.admin).await;
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU-b is gone from node n1"),
+        "{j}"
+    );
+    // Its task stops; a new job finds no free GPU (both are held).
+    let mut reports = running.clone();
+    reports.retain(|r| r.0 != on_b);
+    reports.push((on_b, 1, "stopped"));
+    heartbeat(&h, "n1", &tok, shrunk, &reports).await;
+    let late = submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    check_no_gpu_held_twice(&h).await;
+    assert_eq!(
+        job_state(&h.get(&format!("/v1/jobs/{late}"), &h.admin).await.1),
+        "pending"
+    );
+}
+
+#[tokio::test]
+async fn time_sliced_work_counts_in_quota_and_is_reclaimed() {
+    let h = harness_with(|c| c.min_runtime_s = 0).await;
+    let a = &h.admin;
+    for (team, guaranteed) in [("free", 0.0), ("owner", 2.0)] {
+        assert_eq!(
+            h.json("POST", "/v1/teams", a, json!({"name": team}))
+                .await
+                .0,
+            201
+        );
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/queues",
+                a,
+                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
+    // A queue with no guarantee fills every GPU with time slices...
+    let mut slices = vec![];
+    for _ in 0..8 {
+        slices.push(submit(&h, "free", "{mode: time-slice}", 1024).await);
+    }
+    cycle(&h).await;
+    let (_, q) = h.get("/v1/queues", a).await;
+    let used = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "free")
+        .unwrap()["used"]["H100"]
+        .clone();
+    assert_eq!(used, json!(2.0), "8 time slices count 2 GPUs: {q}");
+    // ...which it borrowed: the queue guaranteed 2 GPUs reclaims them.
+    let whole = submit(&h, "owner", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let (_, events) = h.get("/v1/events?limit=1000", a).await;
+    let preempted = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "preempted")
+        .count();
+    assert!(preempted >= 1, "no borrower was reclaimed: {events}");
+    let _ = whole;
+}
+
+// ------------------------------------------------------------ the property
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit {
+        gpu: u8,
+        queue: u8,
+    },
+    Cancel(u8),
+    /// Node `n` reports `gpus` GPUs (drops or adds at the end) and memory.
+    Inventory {
+        node: u8,
+        drop_first: bool,
+        gpus: u8,
+        memory_gib: u8,
+    },
+    /// Node `n` reports its tasks running, or stopped.
+    Report {
+        node: u8,
+        stopped: bool,
+    },
+    Lose(u8),
+    Cycle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..5, 0u8..2).prop_map(|(gpu, queue)| Op::Submit { gpu, queue }),
+        any::<u8>().prop_map(Op::Cancel),
+        (0u8..2, any::<bool>(), 0u8..5, 1u8..64).prop_map(
+            |(node, drop_first, gpus, memory_gib)| {
+                Op::Inventory {
+                    node,
+                    drop_first,
+                    gpus,
+                    memory_gib,
+                }
+            }
+        ),
+        (0u8..2, any::<bool>()).prop_map(|(node, stopped)| Op::Report { node, stopped }),
+        (0u8..2).prop_map(Op::Lose),
+        Just(Op::Cycle),
+        Just(Op::Cycle),
+    ]
+}
+
+const GPU_SPECS: [&str; 5] = [
+    "{count: 1}",
+    "{count: 2}",
+    "{mode: fraction, fraction: 0.5}",
+    "{mode: time-slice}",
+    "{mode: fraction, fraction: 0.25}",
+];
+
+async fn run_ops(ops: Vec<Op>) {
+    let h = harness_with(|c| c.min_runtime_s = 0).await;
+    let a = h.admin.clone();
+    assert_eq!(
+        h.json("POST", "/v1/teams", &a, json!({"name": "t"}))
+            .await
+            .0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &a,
+            json!({"name": "t", "team": "t", "quotas": {"H100": {"guaranteed": 1}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let queues = ["default", "t"];
+    let mut nodes: Vec<(String, String, Vec<String>, u64)> = vec![];
+    for n in 0..2 {
+        let name = format!("n{n}");
+        let uuids: Vec<String> = (0..4).map(|i| format!("GPU-{n}-{i}")).collect();
+        let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        let tok = register(&h, &name, inventory(&refs, 65536)).await;
+        nodes.push((name, tok, uuids, 65536));
+    }
+    let mut next_uuid = 100;
+    let mut ids: Vec<u64> = vec![];
+    for op in ops {
+        match op {
+            Op::Submit { gpu, queue } => {
+                ids.push(submit(&h, queues[queue as usize], GPU_SPECS[gpu as usize], 1024).await)
+            }
+            Op::Cancel(i) => {
+                if !ids.is_empty() {
+                    let id = ids[i as usize % ids.len()];
+                    let _ = h
+                        .call(
+                            "POST",
+                            &format!("/v1/jobs/{id}/cancel"),
+                            Some(&a),
+                            "",
+                            vec![],
+                        )
+                        .await;
+                }
+            }
+            Op::Inventory {
+                node,
+                drop_first,
+                gpus,
+                memory_gib,
+            } => {
+                let (name, tok, uuids, mem) = &mut nodes[node as usize];
+                if drop_first && !uuids.is_empty() {
+                    uuids.remove(0);
+                }
+                while uuids.len() > gpus as usize {
+                    uuids.pop();
+                }
+                while uuids.len() < gpus as usize {
+                    next_uuid += 1;
+                    uuids.push(format!("GPU-new-{next_uuid}"));
+                }
+                *mem = memory_gib as u64 * 1024;
+                let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+                heartbeat(&h, name, tok, inventory(&refs, *mem), &[]).await;
+            }
+            Op::Report { node, stopped } => {
+                let (name, tok, uuids, mem) = &nodes[node as usize];
+                let reports: Vec<(u64, u64, &str)> = {
+                    let w = h.shared.world.lock().await;
+                    w.jobs
+                        .values()
+                        .filter(|j| {
+                            j.state.allocated() && j.allocs.iter().any(|al| &al.node == name)
+                        })
+                        .map(|j| {
+                            (
+                                j.id,
+                                j.attempts as u64,
+                                if stopped || j.state == gpuflow_api::JobState::Stopping {
+                                    "stopped"
+                                } else {
+                                    "running"
+                                },
+                            )
+                        })
+                        .collect()
+                };
+                let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+                heartbeat(&h, name, tok, inventory(&refs, *mem), &reports).await;
+            }
+            Op::Lose(n) => {
+                let name = nodes[n as usize].0.clone();
+                let mut w = h.shared.world.lock().await;
+                if let Some(node) = w.nodes.get_mut(&name) {
+                    node.last_heartbeat = 0;
+                }
+            }
+            Op::Cycle => cycle(&h).await,
+        }
+        check_no_gpu_held_twice(&h).await;
+        assert_eq!(
+            h.shared
+                .cycle_failures
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn no_gpu_is_ever_held_twice_whatever_nodes_report(ops in proptest::collection::vec(op(), 1..40)) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(run_ops(ops));
+    }
+}
