@@ -151,6 +151,21 @@ pub struct Submitted {
     pub state: JobState,
 }
 
+/// What a submission with `?test_only=true` would meet now (like
+/// `sbatch --test-only`); nothing is stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TestOnly {
+    /// It would be admitted by a cycle run now.
+    pub would_start: bool,
+    /// Where it would run, when it would start.
+    pub nodes: Vec<String>,
+    /// Why it would wait, when it would.
+    pub reasons: Vec<String>,
+    /// Estimated start, Unix seconds; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Event {
     pub seq: i64,

@@ -42,6 +42,10 @@ pub enum JobCmd {
     Submit {
         #[arg(short = 'f', long)]
         file: PathBuf,
+        /// Store nothing: say whether it would start now, where, or why it
+        /// would wait and when it would start (like sbatch --test-only).
+        #[arg(long)]
+        test_only: bool,
     },
     /// List jobs.
     Ls {
@@ -379,16 +383,48 @@ fn job_rows(v: &Value) -> String {
     )
 }
 
+/// An estimated start in words: "unknown" without one (running work
+/// declares no max runtime), "now" when it is due.
+fn eta_text(eta: Option<&Value>) -> String {
+    let Some(e) = eta.and_then(Value::as_u64) else {
+        return "unknown (the work it waits for declares no max runtime)".into();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match e.saturating_sub(now) {
+        0 => "now (at the next cycle)".into(),
+        secs => format!("in {}", human(secs)),
+    }
+}
+
 pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
-        JobCmd::Submit { file } => {
+        JobCmd::Submit { file, test_only } => {
             let body = read_file(&file)?;
             let ct = if file.extension().is_some_and(|e| e == "json") {
                 "application/json"
             } else {
                 "application/yaml"
             };
+            if test_only {
+                let v = c.call("POST", "/v1/jobs?test_only=true", Some((ct, body)))?;
+                print(conn.output, &v, |v| {
+                    if v["would_start"] == true {
+                        let nodes: Vec<String> =
+                            v["nodes"].as_array().into_iter().flatten().map(s).collect();
+                        return format!("would start now on {}\n", nodes.join(", "));
+                    }
+                    let mut out = String::from("would wait:\n");
+                    for r in v["reasons"].as_array().into_iter().flatten() {
+                        out += &format!("  {}\n", s(r));
+                    }
+                    out += &format!("  estimated start: {}\n", eta_text(v.get("eta")));
+                    out
+                });
+                return Ok(());
+            }
             // Retried on connection failures with one idempotency key: the job
             // is stored once however often it is sent.
             let key = idempotency_key();
@@ -486,12 +522,8 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 if let Some(p) = w.get("position") {
                     out += &format!("  position in its queue: {}\n", s(p));
                 }
-                if let Some(e) = w.get("eta") {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    let secs = e.as_u64().unwrap_or(now).saturating_sub(now);
-                    out += &format!("  estimated start: in {}\n", human(secs));
+                if w["state"] == "pending" {
+                    out += &format!("  estimated start: {}\n", eta_text(w.get("eta")));
                 }
                 out
             });

@@ -91,6 +91,21 @@ pub struct NodeArgs {
     /// their team names one (`run_as`). Tasks never run as root.
     #[arg(long, default_value = "nobody")]
     pub run_as: String,
+    /// A node label, KEY=VALUE (repeatable); `rack` and `block` place the
+    /// node in the topology jobs may ask for.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if gpuflow_api::valid_name(k) && !v.is_empty() && v.len() <= 63 => {
+            Ok((k.to_string(), v.to_string()))
+        }
+        _ => Err(format!(
+            "{s:?} is not a label: KEY=VALUE, KEY a name (lowercase letters, digits, '-', '_', '.'), VALUE 1 to 63 characters"
+        )),
+    }
 }
 
 /// The join token from `file`, else from GPUFLOW_JOIN_TOKEN (read once and
@@ -167,7 +182,7 @@ fn agent_config(
             .map_err(|e| anyhow!("--emulate: {e}"))?,
         nvml_lib: n.nvml_lib.clone(),
         pool: n.pool.clone(),
-        labels: Default::default(),
+        labels: n.labels.iter().cloned().collect(),
         address: n.address.clone(),
         ca_cert,
         keep_tasks_on_exit: false,

@@ -273,10 +273,12 @@ fn a_lost_node_is_fenced_before_its_work_is_requeued() {
     // The agent freezes: its task's keeper stops the task before the lease
     // runs out, and only then is the work requeued.
     agent1.signal("-STOP");
-    let j = api.wait_state(id, &admin, "pending", LONG);
+    api.wait_state(id, &admin, "pending", LONG);
+    let events = api.get(&format!("/v1/events?job={id}"), &admin);
     assert!(
-        j["reason"].as_str().unwrap().contains("node n1 lost"),
-        "{j}"
+        events.as_array().unwrap().iter().any(|e| e["kind"] == "requeued"
+            && e["message"].as_str().unwrap().contains("node n1 lost")),
+        "{events}"
     );
     assert_eq!(api.get("/v1/nodes", &admin)[0]["state"], "lost");
     assert!(

@@ -327,6 +327,70 @@ impl Diagnosis {
     }
 }
 
+/// A submission tried against a snapshot (`?test_only=true`): the cycle
+/// the server would run now, with the job added, changing nothing.
+pub struct TestRun {
+    snap: Snapshot,
+    history: schedule::History,
+    cfg: Config,
+    t: u64,
+    job: JobId,
+}
+
+impl TestRun {
+    /// Takes the snapshot with `candidate` (not stored) among the pending jobs.
+    pub fn take(world: &World, t: u64, min_runtime: u64, candidate: &JobRec) -> TestRun {
+        let mut snap = snapshot(world, t);
+        let classes = schedule::default_classes();
+        if let Some(w) = workload(candidate, &snap.queues, &classes) {
+            snap.pending.push(w);
+        }
+        let history = world.history.to_core(&snap.queues);
+        TestRun {
+            snap,
+            history,
+            cfg: config(min_runtime),
+            t,
+            job: JobId(candidate.id),
+        }
+    }
+
+    /// Runs the cycle on the snapshot. CPU work: run it off the async runtime.
+    pub fn run(mut self) -> api::TestOnly {
+        let plan = schedule::schedule(
+            self.t,
+            &mut self.snap.placer,
+            &mut self.snap.queues,
+            &self.snap.running,
+            &self.snap.pending,
+            &mut self.history,
+            &self.cfg,
+        );
+        if let Some((_, _, placement)) = plan.admitted.iter().find(|(id, _, _)| *id == self.job) {
+            let mut nodes: Vec<String> = placement
+                .iter()
+                .map(|a| self.snap.node_names[a.node.0 as usize].clone())
+                .collect();
+            nodes.dedup();
+            return api::TestOnly {
+                would_start: true,
+                nodes,
+                reasons: vec![],
+                eta: Some(self.t),
+            };
+        }
+        let pending = plan.pending.iter().find(|p| p.job == self.job);
+        api::TestOnly {
+            would_start: false,
+            nodes: vec![],
+            reasons: pending.map_or_else(Vec::new, |p| {
+                p.reasons.iter().map(ToString::to_string).collect()
+            }),
+            eta: pending.and_then(|p| p.eta),
+        }
+    }
+}
+
 /// Node and job timers.
 fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     let mut change = Change::default();
@@ -514,6 +578,9 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             inv.pool.clone()
         };
         node.labels = inv.labels.clone();
+        // Topology from the agent's labels (`--label rack=r1 --label block=b1`).
+        node.rack = inv.labels.get("rack").cloned();
+        node.block = inv.labels.get("block").cloned();
         node.state = match n.state {
             _ if shrunk.contains(&n.name) => model::NodeState::Cordoned,
             NodeState::Ready => model::NodeState::Ready,

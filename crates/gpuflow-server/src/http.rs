@@ -217,6 +217,18 @@ fn job_id(s: &str) -> Result<u64, Error> {
     })
 }
 
+/// A job as the API shows it: a pending job's reason is the one the last
+/// cycle gave it, not the one it was left with.
+fn view_of(world: &World, j: &JobRec) -> api::Job {
+    let mut v = j.view();
+    if j.state == JobState::Pending
+        && let Some(w) = world.why.get(&j.id)
+    {
+        v.reason = w.summary.clone();
+    }
+    v
+}
+
 /// A job the caller may see, or 404 (also for other teams' jobs: their ids are not disclosed).
 fn visible<'w>(world: &'w World, caller: &Caller, id: u64) -> Result<&'w JobRec, Error> {
     match world.jobs.get(&id) {
@@ -229,8 +241,23 @@ async fn submit(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::Submitted>), Error> {
+) -> Result<Response, Error> {
+    let test_only = match q.get("test_only").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::bad_request("bad_query", "test_only: true or false").into());
+        }
+    };
+    if let Some(k) = q.keys().find(|k| *k != "test_only") {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("unknown parameter {k:?}; allowed: test_only"),
+        )
+        .into());
+    }
     let body = body_or_413(body, shared.cfg.max_body_bytes)?;
     let json = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -256,7 +283,7 @@ async fn submit(
     {
         // A retry of a submission that was stored: the same job, not a second one.
         let state = world.jobs.get(&id).map_or(JobState::Pending, |j| j.state);
-        return Ok((StatusCode::OK, Json(api::Submitted { id, state })));
+        return Ok((StatusCode::OK, Json(api::Submitted { id, state })).into_response());
     }
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
@@ -298,6 +325,16 @@ async fn submit(
             ),
         )
         .into());
+    }
+    if spec.idle.is_some() {
+        return Err(ApiError::bad_request(
+            "not_supported",
+            "idle: not supported yet (idle reclamation needs the agent's GPU utilisation, which is still to come); leave it out",
+        )
+        .into());
+    }
+    if let Some(why) = crate::feasible::never_fits(&world, &spec) {
+        return Err(ApiError::bad_request("never_fits", why).into());
     }
     let team = queue.team.clone();
     if let Some(p) = &spec.project {
@@ -350,6 +387,24 @@ async fn submit(
         tasks: vec![],
         logs: BTreeMap::new(),
     };
+    if test_only {
+        // The cycle the server would run now, with this job in it, on a
+        // snapshot; nothing is stored and no id is used up.
+        let run = crate::cycle::TestRun::take(&world, at, shared.cfg.min_runtime_s, &j);
+        drop(world);
+        let _turn = shared.diagnoses.acquire().await;
+        let answer = tokio::task::spawn_blocking(move || run.run())
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "test-only run failed");
+                Error(ApiError::new(
+                    500,
+                    "internal",
+                    "internal error; the server log has the details",
+                ))
+            })?;
+        return Ok((StatusCode::OK, Json(answer)).into_response());
+    }
     let mut change = Change::default();
     change.event(
         at,
@@ -379,7 +434,8 @@ async fn submit(
             id,
             state: JobState::Pending,
         }),
-    ))
+    )
+        .into_response())
 }
 
 async fn list_jobs(
@@ -431,7 +487,7 @@ async fn list_jobs(
         })
         .filter(|j| state.is_none_or(|s| j.state == s))
         .take(limit)
-        .map(JobRec::view)
+        .map(|j| view_of(&world, j))
         .collect();
     Ok(Json(jobs))
 }
@@ -443,7 +499,7 @@ async fn get_job(
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
     let world = shared.world.lock().await;
-    Ok(Json(visible(&world, &caller, id)?.view()))
+    Ok(Json(view_of(&world, visible(&world, &caller, id)?)))
 }
 
 async fn why(

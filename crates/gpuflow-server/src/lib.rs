@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod auth;
 pub mod cycle;
+pub mod feasible;
 pub mod http;
 pub mod openapi;
 pub mod state;

@@ -54,7 +54,7 @@ pub const ROUTES: &[Route] = &[
         "post",
         "/v1/jobs",
         "member, team lead, admin",
-        "Submit a job (YAML, or JSON with Content-Type application/json)",
+        "Submit a job (YAML, or JSON with Content-Type application/json); ?test_only=true answers where it would start or why it would wait, storing nothing; a job no node could ever hold is refused",
         Some("JobSpec"),
         Some("Submitted"),
     ),
@@ -273,6 +273,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
     add!(
         api::JobSpec,
         api::Submitted,
+        api::TestOnly,
         api::Job,
         api::Why,
         api::Event,

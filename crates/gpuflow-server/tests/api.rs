@@ -903,7 +903,7 @@ async fn why_diagnoses_a_job_the_cycle_did_not_reach() {
     assert_eq!(s, 201, "{v}");
     let gpu = |i: u32| json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920});
     let (s, v) = h
-        .json("POST", "/v1/agent/register", &h.join, json!({"node": "n1", "inventory": {"cpu_milli": 64000, "memory_mib": 262144, "gpus": [gpu(0), gpu(1)], "emulated": true}}))
+        .json("POST", "/v1/agent/register", &h.join, json!({"node": "n1", "inventory": {"cpu_milli": 64000, "memory_mib": 262144, "gpus": [gpu(0), gpu(1), gpu(2), gpu(3)], "emulated": true}}))
         .await;
     assert_eq!(s, 200, "{v}");
     let submit = async |gpus: u32| {
@@ -922,11 +922,14 @@ async fn why_diagnoses_a_job_the_cycle_did_not_reach() {
         assert_eq!(s, 201, "{v}");
         v["id"].as_u64().unwrap()
     };
-    // Nine jobs too big for the node, then one that fits: a cycle gives up
-    // on a queue after 8 failed tries, so the last two are not reached.
+    // Three of the four GPUs taken; then nine jobs too big for what is
+    // left, and one that fits: a cycle gives up on a queue after 8 failed
+    // tries, so the last two are not reached.
+    submit(3).await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
     let mut big = Vec::new();
     for _ in 0..9 {
-        big.push(submit(4).await);
+        big.push(submit(2).await);
     }
     let small = submit(1).await;
     gpuflow_server::cycle::run_once(&h.shared).await.unwrap();

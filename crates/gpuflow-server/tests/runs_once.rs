@@ -375,7 +375,25 @@ async fn run_ops(ops: Vec<Op>) {
     for op in ops {
         match op {
             Op::Submit { gpu, queue } => {
-                ids.push(submit(&h, queues[queue as usize], GPU_SPECS[gpu as usize], 1024).await)
+                let spec = format!(
+                    "name: j\nqueue: {}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {}}}\n",
+                    queues[queue as usize], GPU_SPECS[gpu as usize]
+                );
+                let (s, v) = h
+                    .call(
+                        "POST",
+                        "/v1/jobs",
+                        Some(&a),
+                        "application/yaml",
+                        spec.into_bytes(),
+                    )
+                    .await;
+                // Refused only when no node, as nodes are now, could ever hold it.
+                match s {
+                    201 => ids.push(v["id"].as_u64().unwrap()),
+                    400 if v["code"] == "never_fits" => {}
+                    _ => panic!("submit: {s} {v}"),
+                }
             }
             Op::Cancel(i) => {
                 if !ids.is_empty() {
@@ -457,7 +475,11 @@ async fn run_ops(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn no_gpu_is_ever_held_twice_whatever_nodes_report(ops in proptest::collection::vec(op(), 1..40)) {
         tokio::runtime::Builder::new_current_thread()
@@ -466,4 +488,140 @@ proptest! {
             .unwrap()
             .block_on(run_ops(ops));
     }
+}
+
+#[tokio::test]
+async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
+    let h = harness(None).await;
+    // No node yet: nothing is refused for its size (nodes may still join).
+    let early = submit(&h, "default", "{count: 16}", 1024).await;
+    register(
+        &h,
+        "n1",
+        inventory(&["GPU-a", "GPU-b", "GPU-c", "GPU-d"], 65536),
+    )
+    .await;
+    let try_submit = async |resources: &str, extra: &str| {
+        let spec = format!(
+            "name: j\nqueue: default\n{extra}tasks:\n  - name: main\n    replicas: 1\n    command: [sleep, '1']\n    resources: {resources}\n"
+        );
+        h.call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await
+    };
+    for (resources, extra, says) in [
+        (
+            "{gpu: {count: 16}}",
+            "",
+            "the largest node has 4 GPUs (H100)",
+        ),
+        (
+            "{gpu: {count: 1, models: [A10]}}",
+            "",
+            "no node has GPU model A10; the cluster has H100",
+        ),
+        (
+            "{gpu: {mode: mig, profile: 1g.10gb}}",
+            "",
+            "MIG is not supported yet",
+        ),
+        ("{memory_mib: 100000}", "", "65536 MiB"),
+        (
+            "{gpu: {count: 1}}",
+            "topology: {level: rack, required: true}\n",
+            "no node reports a rack",
+        ),
+        (
+            "{gpu: {count: 1}}",
+            "topology: {level: nvlink, required: true}\n",
+            "NVLink",
+        ),
+        (
+            "{gpu: {count: 1}}",
+            "idle: {after_s: 600, action: suspend}\n",
+            "not supported yet",
+        ),
+    ] {
+        let (s, v) = try_submit(resources, extra).await;
+        assert_eq!(s, 400, "{resources} {extra}: {v}");
+        assert!(
+            v["message"].as_str().unwrap().contains(says),
+            "{resources}: {v}"
+        );
+    }
+    // A gang larger than the cluster.
+    let spec = "name: g\nqueue: default\ntasks:\n  - name: w\n    replicas: 5\n    command: [sleep, '1']\n    resources: {gpu: {count: 1}}\n";
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("4 of its 5 replicas"),
+        "{v}"
+    );
+    // What fits is accepted; the early job waits with the cycle's reason.
+    let (s, v) = try_submit("{gpu: {count: 4}}", "").await;
+    assert_eq!(s, 201, "{v}");
+    cycle(&h).await;
+    let (_, j) = h.get(&format!("/v1/jobs/{early}"), &h.admin).await;
+    assert_ne!(
+        j["reason"], "submitted; waiting for the next scheduling cycle",
+        "{j}"
+    );
+}
+
+#[tokio::test]
+async fn test_only_says_where_a_job_would_start_and_stores_nothing() {
+    let h = harness(None).await;
+    register(
+        &h,
+        "n1",
+        inventory(&["GPU-a", "GPU-b", "GPU-c", "GPU-d"], 65536),
+    )
+    .await;
+    let busy = submit(&h, "default", "{count: 3}", 1024).await;
+    cycle(&h).await;
+    let ask = async |gpus: u32| {
+        let spec = format!(
+            "name: t\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n    resources: {{gpu: {{count: {gpus}}}}}\n"
+        );
+        h.call(
+            "POST",
+            "/v1/jobs?test_only=true",
+            Some(&h.admin),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await
+    };
+    let (s, v) = ask(1).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["would_start"].as_bool(), v["nodes"].clone()),
+        (Some(true), json!(["n1"])),
+        "{v}"
+    );
+    let (s, v) = ask(2).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["would_start"], false, "{v}");
+    assert!(!v["reasons"].as_array().unwrap().is_empty(), "{v}");
+    // Nothing was stored, no id used up.
+    let (_, jobs) = h.get("/v1/jobs", &h.admin).await;
+    assert_eq!(jobs.as_array().unwrap().len(), 1);
+    let next = submit(&h, "default", "{count: 1}", 1024).await;
+    assert_eq!(next, busy + 1);
 }

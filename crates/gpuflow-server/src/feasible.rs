@@ -1,0 +1,169 @@
+//! What the submit path refuses because no node of the registered cluster
+//! could ever hold it, whatever else runs (as `sbatch` refuses a job no
+//! partition can hold): a task bigger than every node, a GPU model the
+//! cluster lacks, a gang larger than the cluster, a required topology
+//! domain no node reports, a MIG profile no node offers. Only the static
+//! shape of nodes is read (all nodes, in any state); whether a job fits
+//! *now* is the scheduler's question. With no node registered yet, every
+//! job is accepted: nodes may still join.
+
+use gpuflow_api::{self as api, JobSpec, job::TopologyLevel};
+use gpuflow_core::request::GpuRequest;
+
+use crate::cycle::task_request;
+use crate::state::World;
+
+/// Why no node could ever hold `spec`, naming what the cluster has; `None`
+/// when some could.
+pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
+    let nodes: Vec<&api::Inventory> = world.nodes.values().map(|n| &n.inventory).collect();
+    if nodes.is_empty() {
+        return None;
+    }
+    if let Some(t) = &spec.topology
+        && t.required
+    {
+        match t.level {
+            TopologyLevel::Node => {}
+            TopologyLevel::Nvlink => {
+                return Some(
+                    "topology: NVLink domains are not reported by agents yet; a required nvlink topology cannot be met (use node, or required: false)".into(),
+                );
+            }
+            TopologyLevel::Rack | TopologyLevel::Block => {
+                let key = if t.level == TopologyLevel::Rack {
+                    "rack"
+                } else {
+                    "block"
+                };
+                if !nodes.iter().any(|n| n.labels.contains_key(key)) {
+                    return Some(format!(
+                        "topology: no node reports a {key} (agents label it with --label {key}=NAME); a required {key} topology cannot be met"
+                    ));
+                }
+            }
+        }
+    }
+    for (gi, g) in spec.tasks.iter().enumerate() {
+        let at = format!("tasks[{gi}] ({})", g.name);
+        let req = task_request(g);
+        let models = &req.models;
+        let model_ok = |m: &str| models.is_empty() || models.iter().any(|x| x == m);
+        if let GpuRequest::Mig { profile } = &req.gpu {
+            return Some(format!(
+                "{at}: no node of this cluster offers MIG instances (profile {profile}); MIG is not supported yet"
+            ));
+        }
+        if !models.is_empty()
+            && !nodes
+                .iter()
+                .any(|n| n.gpus.iter().any(|gpu| model_ok(&gpu.model)))
+        {
+            return Some(format!(
+                "{at}: no node has GPU model {}; the cluster has {}",
+                models.join(" or "),
+                list_models(&nodes)
+            ));
+        }
+        // How many replicas of this task each node could hold on its own.
+        let holds = |n: &api::Inventory| -> u64 {
+            if req.cpu.0 > n.cpu_milli || req.mem.0 > n.memory_mib {
+                return 0;
+            }
+            let by_cpu = n.cpu_milli / req.cpu.0.max(1);
+            let by_mem = n.memory_mib / req.mem.0.max(1);
+            let gpus = n.gpus.iter().filter(|gpu| model_ok(&gpu.model));
+            let by_gpu = match &req.gpu {
+                GpuRequest::None => u64::MAX,
+                GpuRequest::Whole { count } => gpus.count() as u64 / (*count).max(1) as u64,
+                GpuRequest::Fraction { milli, mem } => {
+                    gpus.filter(|gpu| gpu.memory_mib >= mem.0).count() as u64
+                        * (1000 / milli.0.max(1) as u64)
+                }
+                // The core's default slices per GPU (`Gpu::time_slices`).
+                GpuRequest::TimeSlice { mem } => {
+                    gpus.filter(|gpu| gpu.memory_mib >= mem.0).count() as u64 * 4
+                }
+                GpuRequest::Mig { .. } => 0,
+            };
+            by_cpu.min(by_mem).min(by_gpu)
+        };
+        let per_node: Vec<u64> = nodes.iter().map(|n| holds(n)).collect();
+        if per_node.iter().all(|&h| h == 0) {
+            return Some(format!(
+                "{at}: no node could ever hold one task of {} CPU, {} MiB and {}; the largest node has {}",
+                g.resources.cpu,
+                g.resources.memory_mib,
+                req.gpu,
+                largest(&nodes)
+            ));
+        }
+        let total: u64 = per_node.iter().fold(0u64, |a, &h| a.saturating_add(h));
+        if total < g.replicas as u64 {
+            return Some(format!(
+                "{at}: the whole cluster could hold {total} of its {} replicas at most ({} nodes)",
+                g.replicas,
+                nodes.len()
+            ));
+        }
+    }
+    // A gang that must share one node: all of it on the biggest.
+    if let Some(t) = &spec.topology
+        && t.required
+        && t.level == TopologyLevel::Node
+    {
+        let need = |n: &api::Inventory| -> bool {
+            let gpus: u64 = spec
+                .tasks
+                .iter()
+                .map(|g| task_request(g).gpu.milli() * g.replicas as u64)
+                .sum();
+            let cpu: u64 = spec
+                .tasks
+                .iter()
+                .map(|g| task_request(g).cpu.0 * g.replicas as u64)
+                .sum();
+            let mem: u64 = spec
+                .tasks
+                .iter()
+                .map(|g| g.resources.memory_mib * g.replicas as u64)
+                .sum();
+            gpus <= n.gpus.len() as u64 * 1000 && cpu <= n.cpu_milli && mem <= n.memory_mib
+        };
+        if !nodes.iter().any(|n| need(n)) {
+            return Some(format!(
+                "topology: the job must fit on one node and no node is large enough; the largest node has {}",
+                largest(&nodes)
+            ));
+        }
+    }
+    None
+}
+
+fn list_models(nodes: &[&api::Inventory]) -> String {
+    let mut models: Vec<&str> = nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(|g| g.model.as_str()))
+        .collect();
+    models.sort_unstable();
+    models.dedup();
+    if models.is_empty() {
+        "no GPUs".into()
+    } else {
+        models.join(", ")
+    }
+}
+
+fn largest(nodes: &[&api::Inventory]) -> String {
+    let n = nodes
+        .iter()
+        .max_by_key(|n| (n.gpus.len(), n.memory_mib, n.cpu_milli))
+        .expect("nodes is not empty");
+    format!(
+        "{} GPUs ({}), {} CPU and {} MiB",
+        n.gpus.len(),
+        list_models(&[n]),
+        n.cpu_milli as f64 / 1000.0,
+        n.memory_mib
+    )
+}
