@@ -213,6 +213,7 @@ impl Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Team {
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub name: String,
     /// The system user the team's tasks run as on nodes whose agent runs as
     /// root (set by an admin; never root). Default: the agent's `--run-as`.
@@ -239,7 +240,9 @@ pub fn valid_run_as(s: &str) -> bool {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Project {
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub name: String,
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub team: String,
     /// The finance cost centre its usage is reported under.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -249,6 +252,7 @@ pub struct Project {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct User {
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub name: String,
     /// Empty for admins, who belong to no team.
     #[serde(default)]
@@ -259,6 +263,7 @@ pub struct User {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub user: String,
     /// The token stops working this many seconds after it is made; default:
     /// it works until revoked.
@@ -336,7 +341,9 @@ pub struct UserLimitsSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSpec {
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub name: String,
+    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub team: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,

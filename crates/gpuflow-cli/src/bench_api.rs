@@ -8,10 +8,33 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
-pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
+pub fn submit(jobs: usize, clients: usize, store: &str, readers: usize) -> anyhow::Result<()> {
     if jobs == 0 || clients == 0 {
         bail!("--jobs and --clients must be above 0");
     }
+    let alone = run_submissions(jobs, clients, store, 0)?;
+    if readers > 0 {
+        // The same submissions on a fresh server, while `readers` clients
+        // poll `why` of a job the cycle does not reach (a diagnosis each)
+        // and list jobs, as dashboards and impatient users do.
+        let with = run_submissions(jobs, clients, store, readers)?;
+        println!(
+            "with {readers} readers polling why and listing jobs: {:.0} submissions/s against {alone:.0} alone, ratio {:.2}",
+            with,
+            with / alone
+        );
+    }
+    Ok(())
+}
+
+/// Submissions per second on a fresh in-process server, with `readers`
+/// clients reading meanwhile.
+fn run_submissions(
+    jobs: usize,
+    clients: usize,
+    store: &str,
+    readers: usize,
+) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
         "sqlite" => None,
@@ -34,12 +57,48 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
         .new_admin_token
         .clone()
         .context("a new installation has an admin token")?;
-    let url = format!("http://{}/v1/jobs", running.addr);
+    let base = format!("http://{}/v1", running.addr);
+    let url = format!("{base}/jobs");
     let spec = "name: bench\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    replicas: 2\n    command: [python, train.py]\n    resources: {cpu: 4, memory_mib: 16384, gpu: {count: 1}}\n";
+    let http = || -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into()
+    };
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader_threads: Vec<_> = (0..readers)
+        .map(|r| {
+            let (base, token, done, reads) =
+                (base.clone(), token.clone(), done.clone(), reads.clone());
+            std::thread::spawn(move || {
+                let http = http();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let path = if r % 2 == 0 {
+                        format!("{base}/jobs/20/why")
+                    } else {
+                        format!("{base}/jobs?limit=100")
+                    };
+                    let _ = http
+                        .get(&path)
+                        .header("Authorization", format!("Bearer {token}"))
+                        .call()
+                        .and_then(|mut r| r.body_mut().read_to_vec());
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
     eprintln!(
-        "submitting {jobs} jobs from {clients} clients to {} ({store})",
-        running.addr
+        "submitting {jobs} jobs from {clients} clients to {} ({store}){}",
+        running.addr,
+        if readers > 0 {
+            format!(", {readers} readers")
+        } else {
+            String::new()
+        }
     );
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
@@ -47,10 +106,7 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
             let (url, token, lat) = (url.clone(), token.clone(), latencies.clone());
             let n = jobs / clients + usize::from(c < jobs % clients);
             std::thread::spawn(move || -> anyhow::Result<()> {
-                let http: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .build()
-                    .into();
+                let http = http();
                 let mut mine = Vec::with_capacity(n);
                 for _ in 0..n {
                     let t = Instant::now();
@@ -74,12 +130,17 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
             .map_err(|_| anyhow!("a client thread panicked"))??;
     }
     let wall = start.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in reader_threads {
+        let _ = t.join();
+    }
     let mut l = latencies.lock().expect("not poisoned").clone();
     l.sort();
     let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1];
+    let rate = jobs as f64 / wall.as_secs_f64();
     println!(
-        "store {store}: {jobs} submissions, {clients} clients: {:.0} submissions/s; latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        jobs as f64 / wall.as_secs_f64(),
+        "store {store}: {jobs} submissions, {clients} clients, {readers} readers ({} reads): {rate:.0} submissions/s; latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        reads.load(std::sync::atomic::Ordering::Relaxed),
         pct(0.50).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,
         l.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
@@ -87,7 +148,7 @@ pub fn submit(jobs: usize, clients: usize, store: &str) -> anyhow::Result<()> {
     drop(running);
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(pg);
-    Ok(())
+    Ok(rate)
 }
 
 /// `gpuflow bench server-cycle`: nodes registered through the agent protocol,

@@ -121,6 +121,10 @@ pub enum BenchCommand {
         /// `sqlite` or `postgres` (started from the installed binaries).
         #[arg(long, default_value = "sqlite")]
         store: String,
+        /// Also run the submissions again while this many clients poll
+        /// `why` and list jobs, and print the ratio of the two rates.
+        #[arg(long, default_value_t = 0)]
+        readers: usize,
     },
     /// Placement decisions per second on a synthetic cluster (one thread), with
     /// departures that hold the cluster near --target allocation.
@@ -443,7 +447,8 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             jobs,
             clients,
             store,
-        } => crate::bench_api::submit(jobs, clients, &store),
+            readers,
+        } => crate::bench_api::submit(jobs, clients, &store, readers),
         BenchCommand::ServerCycle {
             nodes,
             pending,

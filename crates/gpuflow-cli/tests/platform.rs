@@ -276,8 +276,12 @@ fn a_lost_node_is_fenced_before_its_work_is_requeued() {
     api.wait_state(id, &admin, "pending", LONG);
     let events = api.get(&format!("/v1/events?job={id}"), &admin);
     assert!(
-        events.as_array().unwrap().iter().any(|e| e["kind"] == "requeued"
-            && e["message"].as_str().unwrap().contains("node n1 lost")),
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "requeued"
+                && e["message"].as_str().unwrap().contains("node n1 lost")),
         "{events}"
     );
     assert_eq!(api.get("/v1/nodes", &admin)[0]["state"], "lost");

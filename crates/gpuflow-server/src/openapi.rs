@@ -305,6 +305,105 @@ fn schema_ref(name: &str) -> Value {
     }
 }
 
+/// The pattern every name (team, user, queue, project, node) matches.
+pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,62}$";
+
+/// The schema of a path parameter of `path`.
+fn path_param(path: &str, name: &str) -> Value {
+    let schema = match (name, path) {
+        ("id", p) if p.starts_with("/v1/jobs/") => json!({"type": "integer", "minimum": 1}),
+        ("id", _) => json!({"type": "string", "pattern": "^[0-9a-f]{16}$"}),
+        ("action", p) if p.starts_with("/v1/jobs/") => {
+            json!({"type": "string", "enum": ["cancel", "suspend", "resume", "hold", "release"]})
+        }
+        ("action", _) => {
+            json!({"type": "string", "enum": ["drain", "cordon", "uncordon", "replace"]})
+        }
+        _ => json!({"type": "string", "pattern": NAME_PATTERN}),
+    };
+    json!({"name": name, "in": "path", "required": true, "schema": schema})
+}
+
+/// The query parameters a route takes.
+fn query_params(method: &str, path: &str) -> Vec<Value> {
+    let q = |name: &str, schema: Value, what: &str| json!({"name": name, "in": "query", "required": false, "description": what, "schema": schema});
+    let limit = || {
+        q(
+            "limit",
+            json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+            "page size (at most 1000)",
+        )
+    };
+    let name = || json!({"type": "string", "pattern": NAME_PATTERN});
+    match (method, path) {
+        ("get", "/v1/jobs") => vec![
+            q("team", name(), "only this team's"),
+            q("queue", name(), "only this queue's"),
+            q(
+                "state",
+                json!({"type": "string", "enum": gpuflow_api::ALL_STATES.iter().map(|s| s.as_str()).collect::<Vec<_>>()}),
+                "only jobs in this state",
+            ),
+            q("user", name(), "only this user's"),
+            q("project", name(), "only this project's"),
+            limit(),
+            q(
+                "before",
+                json!({"type": "integer", "minimum": 1}),
+                "jobs with smaller ids (the next page: the last id seen)",
+            ),
+        ],
+        ("get", "/v1/events") => vec![
+            q(
+                "job",
+                json!({"type": "integer", "minimum": 1}),
+                "only this job's",
+            ),
+            q(
+                "after",
+                json!({"type": "integer", "minimum": 0}),
+                "events after this seq (the next page)",
+            ),
+            limit(),
+        ],
+        ("get", "/v1/audit") => vec![
+            q(
+                "after",
+                json!({"type": "integer", "minimum": 0}),
+                "lines after this seq (the next page)",
+            ),
+            limit(),
+        ],
+        ("post", "/v1/jobs") => vec![q(
+            "test_only",
+            json!({"type": "boolean"}),
+            "store nothing; answer where it would start or why it would wait (TestOnly)",
+        )],
+        _ => vec![],
+    }
+}
+
+/// The status of a route's success.
+fn success(method: &str, path: &str) -> &'static str {
+    match method {
+        "delete" => "204",
+        "post"
+            if [
+                "/v1/jobs",
+                "/v1/queues",
+                "/v1/teams",
+                "/v1/projects",
+                "/v1/users",
+                "/v1/tokens",
+            ]
+            .contains(&path) =>
+        {
+            "201"
+        }
+        _ => "200",
+    }
+}
+
 pub fn document() -> Value {
     let mut paths = serde_json::Map::new();
     for route in ROUTES {
@@ -312,13 +411,14 @@ pub fn document() -> Value {
             .path
             .split('/')
             .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .map(|p| path_param(route.path, p))
             .collect();
+        params.extend(query_params(route.method, route.path));
         if (route.method, route.path) == ("post", "/v1/jobs") {
             params.push(json!({
                 "name": "Idempotency-Key", "in": "header", "required": false,
                 "description": "A retry with the same key (same user) returns the job already stored, with 200",
-                "schema": {"type": "string", "maxLength": 128}
+                "schema": {"type": "string", "minLength": 1, "maxLength": 128}
             }));
         }
         let ok = match route.response {
@@ -327,15 +427,29 @@ pub fn document() -> Value {
             }
             None => json!({"description": "success"}),
         };
+        let err = |what: &str| json!({"description": what, "content": {"application/json": {"schema": schema_ref("ApiError")}}});
+        let mut responses = serde_json::Map::new();
+        responses.insert(success(route.method, route.path).into(), ok);
+        if (route.method, route.path) == ("post", "/v1/jobs") {
+            responses.insert(
+                "200".into(),
+                json!({"description": "a retried submission (same Idempotency-Key): the stored job; or the TestOnly answer", "content": {"application/json": {"schema": {"oneOf": [schema_ref("Submitted"), schema_ref("TestOnly")]}}}}),
+            );
+        }
+        if route.who != "anyone" {
+            responses.insert("400".into(), err("bad input: the message says what to fix"));
+            responses.insert("401".into(), err("no token, or not a valid one"));
+            responses.insert("403".into(), err("the caller's role does not allow it"));
+            responses.insert("404".into(), err("no such thing (or another team's)"));
+            responses.insert("409".into(), err("conflicts with the current state"));
+            responses.insert("413".into(), err("the body is too large"));
+        }
         let mut op = json!({
             "summary": route.summary,
             "description": format!("Allowed: {}.", route.who),
             "parameters": params,
             "security": if route.who == "anyone" { json!([]) } else { json!([{"bearer": []}]) },
-            "responses": {
-                "200": ok,
-                "4XX": {"description": "bad input or not allowed", "content": {"application/json": {"schema": schema_ref("ApiError")}}},
-            }
+            "responses": responses,
         });
         if let Some(t) = route.request {
             let mut content = json!({"application/json": {"schema": schema_ref(t)}});

@@ -467,3 +467,318 @@ async fn the_database_and_tokens_are_the_servers_alone() {
         }
     }
 }
+
+// ------------------------------------------------------------ the property
+
+use proptest::prelude::*;
+
+const PRINCIPALS: [(&str, &str); 7] = [
+    ("admin", ""),
+    ("alpha-team-lead", "alpha"),
+    ("alpha-member", "alpha"),
+    ("alpha-viewer", "alpha"),
+    ("beta-team-lead", "beta"),
+    ("beta-member", "beta"),
+    ("beta-viewer", "beta"),
+];
+
+#[derive(Clone, Debug)]
+enum Call {
+    CreateQueue {
+        team: u8,
+        parent: u8,
+        weight: u32,
+    },
+    PatchQueue {
+        queue: u8,
+        weight: u32,
+        guaranteed: Option<u8>,
+    },
+    CreateToken {
+        user: u8,
+    },
+    RevokeToken {
+        pick: u8,
+    },
+    Submit {
+        queue: u8,
+    },
+    Cancel {
+        pick: u8,
+    },
+    Node {
+        action: u8,
+    },
+}
+
+fn call() -> impl Strategy<Value = (u8, Call)> {
+    let c = prop_oneof![
+        (0u8..2, any::<u8>(), 1u32..2_000_000).prop_map(|(team, parent, weight)| {
+            Call::CreateQueue {
+                team,
+                parent,
+                weight,
+            }
+        }),
+        (any::<u8>(), 1u32..2_000_000, proptest::option::of(0u8..20)).prop_map(
+            |(queue, weight, guaranteed)| Call::PatchQueue {
+                queue,
+                weight,
+                guaranteed
+            }
+        ),
+        (0u8..7).prop_map(|user| Call::CreateToken { user }),
+        any::<u8>().prop_map(|pick| Call::RevokeToken { pick }),
+        any::<u8>().prop_map(|queue| Call::Submit { queue }),
+        any::<u8>().prop_map(|pick| Call::Cancel { pick }),
+        (0u8..3).prop_map(|action| Call::Node { action }),
+    ];
+    (0u8..7, c)
+}
+
+/// What a change may touch, as one comparable value.
+async fn digest(h: &H) -> String {
+    let w = h.shared.world.lock().await;
+    format!(
+        "{:?}|{:?}|{:?}|{:?}",
+        w.queues,
+        w.nodes
+            .values()
+            .map(|n| (&n.name, n.admin_state))
+            .collect::<Vec<_>>(),
+        w.jobs.values().map(|j| (j.id, j.state)).collect::<Vec<_>>(),
+        w.tokens.keys().collect::<Vec<_>>()
+    )
+}
+
+async fn run_calls(calls: Vec<(u8, Call)>) {
+    let h = harness(None).await;
+    let mut tokens = std::collections::BTreeMap::new();
+    tokens.insert("admin", h.admin.clone());
+    for t in ["alpha", "beta"] {
+        for (role, tok) in team(&h, t).await {
+            let name: &'static str = PRINCIPALS
+                .iter()
+                .find(|(n, _)| *n == format!("{t}-{role}"))
+                .unwrap()
+                .0;
+            tokens.insert(name, tok);
+        }
+    }
+    assert_eq!(register(&h, "n1", None).await.0, 200);
+    let mut created = 0;
+    for (who, c) in calls {
+        let (name, team_of) = PRINCIPALS[who as usize];
+        let tok = tokens[name].clone();
+        let admin = name == "admin";
+        let role = name.rsplit('-').next().unwrap();
+        let lead = role == "lead";
+        let acts = lead || role == "member";
+        let before = digest(&h).await;
+        let (allowed, (s, v)) = match c {
+            Call::CreateQueue {
+                team,
+                parent,
+                weight,
+            } => {
+                let team = ["alpha", "beta"][team as usize];
+                let queues: Vec<String> = h
+                    .shared
+                    .world
+                    .lock()
+                    .await
+                    .queues
+                    .values()
+                    .filter(|q| q.team == team)
+                    .map(|q| q.name.clone())
+                    .collect();
+                let parent =
+                    (parent % 3 != 0).then(|| queues[parent as usize % queues.len()].clone());
+                created += 1;
+                let body = json!({"name": format!("q{created}"), "team": team, "parent": parent, "weight": weight as f64 / 1000.0});
+                let allowed = admin || (lead && team_of == team && parent.is_some());
+                (allowed, h.json("POST", "/v1/queues", &tok, body).await)
+            }
+            Call::PatchQueue {
+                queue,
+                weight,
+                guaranteed,
+            } => {
+                let qs: Vec<gpuflow_api::QueueSpec> = h
+                    .shared
+                    .world
+                    .lock()
+                    .await
+                    .queues
+                    .values()
+                    .cloned()
+                    .collect();
+                let q = &qs[queue as usize % qs.len()];
+                let allowed = admin || (lead && team_of == q.team && q.parent.is_some());
+                let mut body = json!({"weight": weight as f64 / 1000.0});
+                if let Some(g) = guaranteed {
+                    body["quotas"] = json!({"*": {"guaranteed": g}});
+                }
+                (
+                    allowed,
+                    h.json("PATCH", &format!("/v1/queues/{}", q.name), &tok, body)
+                        .await,
+                )
+            }
+            Call::CreateToken { user } => {
+                let (u, ut) = PRINCIPALS[user as usize];
+                let allowed = admin || u == name || (lead && ut == team_of && u != "admin");
+                (
+                    allowed,
+                    h.json("POST", "/v1/tokens", &tok, json!({"user": u})).await,
+                )
+            }
+            Call::RevokeToken { pick } => {
+                let all: Vec<(String, String)> = h
+                    .shared
+                    .world
+                    .lock()
+                    .await
+                    .tokens
+                    .values()
+                    .map(|t| (t.id().to_string(), t.user.clone()))
+                    .collect();
+                let (id, owner) = all[pick as usize % all.len()].clone();
+                // Never the caller's own last means of calling: keep the harness working.
+                if tokens
+                    .values()
+                    .any(|t| gpuflow_server::auth::hash(t).starts_with(&id))
+                {
+                    continue;
+                }
+                let ot = PRINCIPALS
+                    .iter()
+                    .find(|(n, _)| *n == owner)
+                    .map_or("", |p| p.1);
+                let allowed = admin || owner == name || (lead && ot == team_of && owner != "admin");
+                (
+                    allowed,
+                    h.call(
+                        "DELETE",
+                        &format!("/v1/tokens/{id}"),
+                        Some(&tok),
+                        "",
+                        vec![],
+                    )
+                    .await,
+                )
+            }
+            Call::Submit { queue } => {
+                let qs: Vec<gpuflow_api::QueueSpec> = h
+                    .shared
+                    .world
+                    .lock()
+                    .await
+                    .queues
+                    .values()
+                    .cloned()
+                    .collect();
+                let q = &qs[queue as usize % qs.len()];
+                let allowed = admin || (acts && team_of == q.team);
+                (allowed, h.submit(&tok, &q.name).await)
+            }
+            Call::Cancel { pick } => {
+                let jobs: Vec<(u64, String)> = h
+                    .shared
+                    .world
+                    .lock()
+                    .await
+                    .jobs
+                    .values()
+                    .map(|j| (j.id, j.team.clone()))
+                    .collect();
+                if jobs.is_empty() {
+                    continue;
+                }
+                let (id, team) = &jobs[pick as usize % jobs.len()];
+                let allowed = admin || (acts && team_of == team);
+                (
+                    allowed,
+                    h.call(
+                        "POST",
+                        &format!("/v1/jobs/{id}/cancel"),
+                        Some(&tok),
+                        "",
+                        vec![],
+                    )
+                    .await,
+                )
+            }
+            Call::Node { action } => {
+                let action = ["drain", "cordon", "uncordon"][action as usize];
+                (
+                    admin,
+                    h.call(
+                        "POST",
+                        &format!("/v1/nodes/n1/{action}"),
+                        Some(&tok),
+                        "",
+                        vec![],
+                    )
+                    .await,
+                )
+            }
+        };
+        assert!(s < 500, "{name}: {s} {v}");
+        if !allowed {
+            assert!(
+                matches!(s, 400 | 403 | 404),
+                "{name} was let through ({s}): {v}"
+            );
+            assert_eq!(before, digest(&h).await, "{name} changed what it may not");
+        }
+        // Scheduling never stops.
+        gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+        assert_eq!(
+            h.shared
+                .cycle_failures
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        // Nobody sees another team's data.
+        if !admin {
+            let (_, jobs) = h.get("/v1/jobs", &tok).await;
+            assert!(
+                jobs.as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|j| j["team"] == team_of),
+                "{name} sees {jobs}"
+            );
+            let (_, queues) = h.get("/v1/queues", &tok).await;
+            assert!(
+                queues
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|q| q["team"] == team_of),
+                "{name} sees {queues}"
+            );
+            let (_, toks) = h.get("/v1/tokens", &tok).await;
+            assert!(
+                toks.as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|t| t["user"].as_str().unwrap().starts_with(team_of)),
+                "{name} sees {toks}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn no_role_reaches_past_its_rights_and_scheduling_never_stops(calls in proptest::collection::vec(call(), 1..30)) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(run_calls(calls));
+    }
+}
