@@ -225,6 +225,16 @@ pub struct Team {
 /// and a few levels below).
 pub const MAX_QUEUE_DEPTH: usize = 8;
 
+/// An admin's change to a team.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TeamPatch {
+    /// The system user the team's tasks run as from now on; empty: the
+    /// agents' default again. Running tasks keep their user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
+}
+
 /// Whether `s` is a POSIX-style system user name that is not root.
 pub fn valid_run_as(s: &str) -> bool {
     let mut chars = s.chars();

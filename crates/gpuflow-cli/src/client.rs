@@ -146,6 +146,13 @@ pub enum TeamCmd {
         #[arg(long)]
         run_as: Option<String>,
     },
+    /// Change a team: who its tasks run as from now on (admins).
+    Set {
+        name: String,
+        /// The system user; "" for the agents' default.
+        #[arg(long)]
+        run_as: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -759,6 +766,21 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
             )?;
             print(conn.output, &v, |t| {
                 format!("team {} created\n", s(&t["name"]))
+            });
+        }
+        TeamCmd::Set { name, run_as } => {
+            let body = serde_json::json!({ "run_as": run_as });
+            let v = c.call(
+                "PATCH",
+                &format!("/v1/teams/{name}"),
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |t| {
+                format!(
+                    "team {}: tasks run as {}\n",
+                    s(&t["name"]),
+                    t["run_as"].as_str().unwrap_or("the agents' default")
+                )
             });
         }
     }

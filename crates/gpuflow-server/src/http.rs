@@ -93,6 +93,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/queues", get(list_queues).post(create_queue))
         .route("/v1/queues/{name}", patch(patch_queue).delete(delete_queue))
         .route("/v1/teams", get(list_teams).post(create_team))
+        .route("/v1/teams/{name}", patch(patch_team))
         .route("/v1/projects", get(list_projects).post(create_project))
         .route("/v1/users", get(list_users).post(create_user))
         .route("/v1/tokens", post(create_token).get(list_tokens))
@@ -189,6 +190,43 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
 
 /// The most items one page of a list holds.
 pub const MAX_PAGE: usize = 1000;
+
+/// A page of a list ordered by name (or id): `limit` items after `after`.
+struct NamePage {
+    limit: usize,
+    after: Option<String>,
+}
+
+impl NamePage {
+    /// # Errors
+    /// A 400 for an unknown parameter or a bad page size.
+    fn parse(q: &BTreeMap<String, String>) -> Result<NamePage, Error> {
+        if let Some(k) = q.keys().find(|k| !["limit", "after"].contains(&k.as_str())) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: limit, after (the last name seen)"),
+            )
+            .into());
+        }
+        Ok(NamePage {
+            limit: page_limit(q.get("limit"))?,
+            after: q.get("after").cloned(),
+        })
+    }
+
+    /// The page of a map ordered by its keys.
+    fn of<'m, V>(
+        &self,
+        map: &'m BTreeMap<String, V>,
+    ) -> impl Iterator<Item = (&'m String, &'m V)> + use<'m, V> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = match &self.after {
+            Some(a) => Excluded(a.clone()),
+            None => Unbounded,
+        };
+        map.range((from, Unbounded))
+    }
+}
 
 /// A page size from the `limit` parameter: 1 to [`MAX_PAGE`], default the most.
 fn page_limit(v: Option<&String>) -> Result<usize, Error> {
@@ -848,11 +886,16 @@ fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> ap
 async fn list_nodes(
     State(shared): State<Arc<Shared>>,
     _caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::NodeView>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let used = world.gpus_in_use();
     Ok(Json(
-        world.nodes.values().map(|n| node_view(n, &used)).collect(),
+        page.of(&world.nodes)
+            .take(page.limit)
+            .map(|(_, n)| node_view(n, &used))
+            .collect(),
     ))
 }
 
@@ -952,30 +995,41 @@ async fn pools(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<
 async fn list_queues(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::QueueView>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
-    let mut out = Vec::new();
-    for q in world.queues.values().filter(|q| caller.sees(&q.team)) {
-        let mut used: BTreeMap<String, f64> = BTreeMap::new();
-        let (mut pending, mut running) = (0, 0);
-        for j in world.jobs.values().filter(|j| j.spec.queue == q.name) {
-            if j.state == JobState::Pending {
-                pending += 1;
-            }
-            if j.state.allocated() {
-                running += 1;
-                *used.entry(j.flavor.clone()).or_default() +=
-                    crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
-            }
+    let mut out: BTreeMap<&str, api::QueueView> = page
+        .of(&world.queues)
+        .filter(|(_, q)| caller.sees(&q.team))
+        .take(page.limit)
+        .map(|(name, q)| {
+            (
+                name.as_str(),
+                api::QueueView {
+                    spec: q.clone(),
+                    used: BTreeMap::new(),
+                    pending: 0,
+                    running: 0,
+                },
+            )
+        })
+        .collect();
+    // One pass over the jobs for the whole page.
+    for j in world.jobs.values() {
+        let Some(v) = out.get_mut(j.spec.queue.as_str()) else {
+            continue;
+        };
+        if j.state == JobState::Pending {
+            v.pending += 1;
         }
-        out.push(api::QueueView {
-            spec: q.clone(),
-            used,
-            pending,
-            running,
-        });
+        if j.state.allocated() {
+            v.running += 1;
+            *v.used.entry(j.flavor.clone()).or_default() +=
+                crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+        }
     }
-    Ok(Json(out))
+    Ok(Json(out.into_values().collect()))
 }
 
 /// Team leads may shape their team's queues below an admin-made top queue:
@@ -1215,13 +1269,18 @@ async fn delete_queue(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_teams(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<Team>> {
+async fn list_teams(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<Team>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
-        world
-            .teams
-            .values()
+        page.of(&world.teams)
+            .map(|(_, t)| t)
             .filter(|t| caller.sees(&t.name))
+            .take(page.limit)
             .cloned()
             .collect(),
     ))
@@ -1262,16 +1321,56 @@ async fn create_team(
     Ok((StatusCode::CREATED, Json(t)))
 }
 
+/// `PATCH /v1/teams/{name}`: who the team's tasks run as (admins only).
+async fn patch_team(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<Team> {
+    caller.need_admin("changing a team")?;
+    let p: api::TeamPatch = json_body(body, shared.cfg.max_body_bytes)?;
+    let mut world = shared.world.lock().await;
+    let Some(t) = world.teams.get(&name) else {
+        return Err(ApiError::not_found(format!("team {name:?} not found")).into());
+    };
+    let mut t = t.clone();
+    if let Some(u) = p.run_as {
+        if !u.is_empty() && !api::valid_run_as(&u) {
+            return Err(ApiError::bad_request(
+                "invalid_team",
+                format!("run_as: {u:?} is not a system user name tasks may run as (lowercase letters, digits, '_', '-'; at most 32; not root); empty for the agents' default"),
+            )
+            .into());
+        }
+        t.run_as = (!u.is_empty()).then_some(u);
+    }
+    let mut change = Change::default();
+    change.batch.put.push(team_rec(&t));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "team.update",
+        &format!("team/{name}"),
+        t.run_as.clone().unwrap_or_default(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.teams.insert(name, t.clone());
+    Ok(Json(t))
+}
+
 async fn list_projects(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::Project>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
-        world
-            .projects
-            .values()
+        page.of(&world.projects)
+            .map(|(_, p)| p)
             .filter(|p| caller.sees(&p.team))
+            .take(page.limit)
             .cloned()
             .collect(),
     ))
@@ -1321,13 +1420,18 @@ async fn create_project(
     Ok((StatusCode::CREATED, Json(p)))
 }
 
-async fn list_users(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<User>> {
+async fn list_users(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<User>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
-        world
-            .users
-            .values()
+        page.of(&world.users)
+            .map(|(_, u)| u)
             .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
+            .take(page.limit)
             .cloned()
             .collect(),
     ))
@@ -1464,7 +1568,9 @@ async fn create_token(
 async fn list_tokens(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::TokenView>> {
+    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let at = now();
     let mut out: Vec<api::TokenView> = world
@@ -1478,8 +1584,10 @@ async fn list_tokens(
                 .is_some_and(|u| manages_tokens_of(&caller, u))
         })
         .map(TokenRec::view)
+        .filter(|t| page.after.as_ref().is_none_or(|a| &t.id > a))
         .collect();
-    out.sort_by(|a, b| (&a.user, a.created_at, &a.id).cmp(&(&b.user, b.created_at, &b.id)));
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out.truncate(page.limit);
     Ok(Json(out))
 }
 

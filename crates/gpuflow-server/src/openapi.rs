@@ -219,6 +219,14 @@ pub const ROUTES: &[Route] = &[
         Some("User"),
     ),
     r(
+        "patch",
+        "/v1/teams/{name}",
+        "admin",
+        "Change who a team's tasks run as (run_as; empty for the agents' default)",
+        Some("TeamPatch"),
+        Some("Team"),
+    ),
+    r(
         "post",
         "/v1/tokens",
         "admin; team lead for their team; anyone for themselves",
@@ -283,6 +291,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::QueueSpec,
         api::QueuePatch,
         api::Team,
+        api::TeamPatch,
         api::Project,
         api::User,
         api::TokenRequest,
@@ -374,6 +383,19 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
             ),
             limit(),
         ],
+        (
+            "get",
+            "/v1/nodes" | "/v1/queues" | "/v1/teams" | "/v1/projects" | "/v1/users" | "/v1/tokens",
+        ) => {
+            vec![
+                limit(),
+                q(
+                    "after",
+                    json!({"type": "string", "maxLength": 64}),
+                    "items after this name or id (the next page: the last one seen)",
+                ),
+            ]
+        }
         ("post", "/v1/jobs") => vec![q(
             "test_only",
             json!({"type": "boolean"}),

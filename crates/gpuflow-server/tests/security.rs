@@ -324,6 +324,50 @@ async fn a_team_lead_changes_only_what_is_the_teams_own() {
         )
         .await;
     assert_eq!(s, 403, "{v}");
+    let (s, v) = h
+        .json(
+            "PATCH",
+            "/v1/teams/alpha",
+            &lead,
+            json!({"run_as": "daemon"}),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+    let (s, v) = h
+        .json(
+            "PATCH",
+            "/v1/teams/alpha",
+            &h.admin,
+            json!({"run_as": "root"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h
+        .json(
+            "PATCH",
+            "/v1/teams/alpha",
+            &h.admin,
+            json!({"run_as": "daemon"}),
+        )
+        .await;
+    assert_eq!((s, v["run_as"].as_str()), (200, Some("daemon")), "{v}");
+    // The team's tasks are sent with their user.
+    let (s, v) = register(&h, "n1", None).await;
+    assert_eq!(s, 200, "{v}");
+    let node = v["node_token"].as_str().unwrap().to_string();
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            b"name: r\nqueue: alpha-sub\ntasks:\n  - name: main\n    command: [sleep, '60']\n    resources: {gpu: {count: 1}}\n".to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    let (_, reply) = heartbeat(&h, "n1", &node, json!([])).await;
+    assert_eq!(reply["tasks"][0]["run_as"], "daemon", "{reply}");
 }
 
 #[tokio::test]
@@ -449,6 +493,33 @@ async fn lists_come_in_bounded_pages() {
     assert_eq!(ids(&first), vec![5, 4]);
     let (_, next) = h.get("/v1/jobs?limit=2&before=4", &h.admin).await;
     assert_eq!(ids(&next), vec![3, 2]);
+    // Every other list pages by name.
+    team(&h, "alpha").await;
+    team(&h, "beta").await;
+    for path in [
+        "/v1/users",
+        "/v1/teams",
+        "/v1/queues",
+        "/v1/projects",
+        "/v1/nodes",
+        "/v1/tokens",
+    ] {
+        let (s, v) = h.get(&format!("{path}?limit=100000"), &h.admin).await;
+        assert_eq!(s, 400, "{path}: {v}");
+        let (s, v) = h.get(&format!("{path}?bogus=1"), &h.admin).await;
+        assert_eq!(s, 400, "{path}: {v}");
+    }
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, first) = h.get("/v1/teams?limit=2", &h.admin).await;
+    assert_eq!(names(&first), ["alpha", "beta"]);
+    let (_, next) = h.get("/v1/teams?limit=2&after=beta", &h.admin).await;
+    assert_eq!(names(&next), ["default"]);
 }
 
 #[tokio::test]
