@@ -16,13 +16,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use gpuflow_api::{
     self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register,
-    Registered, StopOrder, TaskPhase, TaskReport,
+    Registered, StopOrder, TaskReport,
 };
 
 use crate::auth::{hash, new_token};
-use crate::cycle::{finish_stop, stop};
 use crate::http::{Error, parse_json};
-use crate::state::{AfterStop, JobRec, NodeRec, TaskState, World};
+use crate::state::{NodeRec, World};
 use crate::{Change, Shared, commit, now};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
@@ -281,92 +280,11 @@ fn apply_reports(
         if !j.state.allocated() {
             continue;
         }
-        let mine: Vec<&TaskReport> = by_job
-            .get(&id)
-            .map(|v| {
-                v.iter()
-                    .copied()
-                    .filter(|r| r.attempt == j.attempts)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mine: Vec<&TaskReport> = by_job.get(&id).cloned().unwrap_or_default();
         let mut next = j.clone();
-        let before = (
-            next.state,
-            next.tasks.clone(),
-            next.last_checkpoint,
-            next.logs.clone(),
-        );
-        for r in &mine {
-            if !next
-                .allocs
-                .iter()
-                .any(|a| a.node == node && a.group == r.group && a.index == r.index)
-            {
-                continue;
-            }
-            let st = TaskState {
-                group: r.group,
-                index: r.index,
-                phase: r.phase,
-                exit_code: r.exit_code,
-                message: r.message.clone(),
-            };
-            match next
-                .tasks
-                .iter_mut()
-                .find(|t| t.group == r.group && t.index == r.index)
-            {
-                Some(t) => *t = st,
-                None => next.tasks.push(st),
-            }
-            if let Some(started) = r.started_at {
-                // The node's word for when the task started, not when the
-                // server heard of it (a short task may end between reports).
-                next.started_at.get_or_insert(started.min(at));
-            }
-            if let Some(c) = r.checkpoint_at {
-                next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
-            }
-            if !r.log_tail.is_empty() {
-                // Kept per attempt (`attempt/group/index`), the last few only.
-                next.logs.insert(
-                    format!("{}/{}/{}", r.attempt, r.group, r.index),
-                    r.log_tail.clone(),
-                );
-                let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
-                next.logs
-                    .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
-            }
-        }
-        if next.state == JobState::Stopping {
-            // Tasks of this node the agent no longer runs are gone.
-            for a in j.allocs.iter().filter(|a| a.node == node) {
-                let running = mine.iter().any(|r| {
-                    r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running
-                });
-                if !running {
-                    match next
-                        .tasks
-                        .iter_mut()
-                        .find(|t| t.group == a.group && t.index == a.index)
-                    {
-                        Some(t) if t.phase == TaskPhase::Running => t.phase = TaskPhase::Stopped,
-                        Some(_) => {}
-                        None => next.tasks.push(TaskState {
-                            group: a.group,
-                            index: a.index,
-                            phase: TaskPhase::Stopped,
-                            exit_code: None,
-                            message: String::new(),
-                        }),
-                    }
-                }
-            }
-        }
-        let kind = transition(&mut next, at);
+        let kind = crate::lifecycle::report(&mut next, node, &mine, at);
         if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
-            != (before.0, &before.1, before.2, &before.3)
+            != (j.state, &j.tasks, j.last_checkpoint, &j.logs)
         {
             if let Some(kind) = kind {
                 change.event(at, Some(next.id), &next.team, kind, next.reason.clone());
@@ -376,109 +294,6 @@ fn apply_reports(
         }
     }
     any
-}
-
-/// A job's next state from its tasks' states; the event kind when it moved.
-fn transition(j: &mut JobRec, at: u64) -> Option<&'static str> {
-    let total = j.allocs.len();
-    let done = |p: TaskPhase| p != TaskPhase::Running;
-    if j.state == JobState::Stopping {
-        let gone = j.tasks.iter().filter(|t| done(t.phase)).count();
-        if gone >= total {
-            let why = j.reason.clone();
-            finish_stop(j, at, &why);
-            return Some(match j.state {
-                JobState::Cancelled => "cancelled",
-                JobState::Failed => "failed",
-                JobState::Suspended => "suspended",
-                _ => "requeued",
-            });
-        }
-        return None;
-    }
-    let failed = j.tasks.iter().find(|t| {
-        t.phase == TaskPhase::FailedToStart
-            || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
-    });
-    if let Some(f) = failed {
-        let mut what = match f.phase {
-            TaskPhase::FailedToStart => format!("task {}/{} could not start", f.group, f.index),
-            _ => format!(
-                "task {}/{} exited with {}",
-                f.group,
-                f.index,
-                f.exit_code
-                    .map_or("an unknown status".into(), |c| format!("code {c}"))
-            ),
-        };
-        if !f.message.is_empty() {
-            what = format!("{what} ({})", f.message);
-        }
-        j.failures += 1;
-        let retry = j.failures <= j.spec.retry.limit;
-        stop(
-            j,
-            at,
-            if retry {
-                AfterStop::Retry
-            } else {
-                AfterStop::Fail
-            },
-            what,
-        );
-        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
-            let why = j.reason.clone();
-            finish_stop(j, at, &why);
-            return Some(if retry { "retry" } else { "failed" });
-        }
-        return Some("stopping");
-    }
-    // A task stopped on its node without the server's order (its agent
-    // stopped or crashed, the node's lease ran out): this attempt is over
-    // and the job runs again, as a new attempt.
-    if let Some(f) = j.tasks.iter().find(|t| t.phase == TaskPhase::Stopped) {
-        let mut what = format!("task {}/{} was stopped on its node", f.group, f.index);
-        if !f.message.is_empty() {
-            what = format!("{what} ({})", f.message);
-        }
-        stop(j, at, AfterStop::Requeue, what);
-        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
-            let why = j.reason.clone();
-            finish_stop(j, at, &why);
-            return Some("requeued");
-        }
-        return Some("stopping");
-    }
-    let exited = j
-        .tasks
-        .iter()
-        .filter(|t| t.phase == TaskPhase::Exited)
-        .count();
-    if exited == total {
-        j.state = JobState::Succeeded;
-        j.finished_at = Some(at);
-        j.reason = "all tasks exited with code 0".into();
-        j.allocs.clear();
-        return Some("succeeded");
-    }
-    let running = j
-        .tasks
-        .iter()
-        .filter(|t| t.phase == TaskPhase::Running)
-        .count();
-    if running + exited == total && j.state != JobState::Running {
-        j.state = JobState::Running;
-        j.started_at.get_or_insert(at);
-        j.reason = format!("{total} task{} running", if total == 1 { "" } else { "s" });
-        return Some("running");
-    }
-    if running > 0 && j.state == JobState::Admitted {
-        j.state = JobState::Starting;
-        j.started_at.get_or_insert(at);
-        j.reason = format!("{running} of {total} tasks started");
-        return Some("starting");
-    }
-    None
 }
 
 /// The tasks the server wants on a node, with their environment.

@@ -24,7 +24,8 @@ use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
 use gpuflow_core::request::{self, Constraints, GpuRequest, Job, TaskGroup, TaskRequest};
 use gpuflow_core::schedule::{self, Config, Running, Workload};
 
-use crate::state::{AfterStop, Alloc, JobRec, World};
+use crate::lifecycle;
+use crate::state::{Alloc, JobRec, World};
 use crate::{Change, Shared, commit, now};
 
 /// Runs cycles until the process ends.
@@ -139,12 +140,10 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         let Some(mut j) = world.jobs.get(id).cloned() else {
             continue;
         };
-        if j.state == JobState::Stopping {
-            continue;
+        if let Some(kind) = lifecycle::evict(&mut j, t, reason) {
+            change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+            change.job(j);
         }
-        stop(&mut j, t, AfterStop::Requeue, format!("evicted: {reason}"));
-        change.event(t, Some(j.id), &j.team, "evicted", j.reason.clone());
-        change.job(j);
     }
     if pending_count == 0 {
         world.history = crate::state::SavedHistory::from_core(&history, &snap.queues);
@@ -182,10 +181,7 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
         let Some(mut j) = world.jobs.get(&id.0).cloned() else {
             continue;
         };
-        j.state = JobState::Admitted;
-        j.flavor = flavor.clone();
-        j.attempts += 1;
-        j.allocs = placement
+        let allocs = placement
             .iter()
             .map(|a| {
                 let node = snap.node_names[a.node.0 as usize].clone();
@@ -206,32 +202,22 @@ fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
                 }
             })
             .collect();
-        j.tasks.clear();
-        let mut nodes: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).collect();
-        nodes.dedup();
-        j.reason = format!("admitted to {} (attempt {})", nodes.join(", "), j.attempts);
-        change.event(t, Some(j.id), &j.team, "admitted", j.reason.clone());
+        let kind = lifecycle::admit(&mut j, flavor, allocs);
+        change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
         change.job(j);
     }
     for p in &plan.preempted {
         let Some(mut j) = world.jobs.get(&p.victim.0).cloned() else {
             continue;
         };
-        j.state = JobState::Stopping;
-        j.kill_at = Some(p.kill_at);
-        j.after_stop = Some(AfterStop::Requeue);
-        j.preemptions += 1;
         let why = match p.reason {
             schedule::PreemptReason::Reclaim => "its queue's guarantee is reclaimed",
             schedule::PreemptReason::Priority => {
                 "a higher-priority job of its queue needs the GPUs"
             }
         };
-        j.reason = format!(
-            "preempted by job {}: {why}; signalled now, killed at {} ({:.2} GPU-hours since the last checkpoint)",
-            p.by.0, p.kill_at, p.lost_gpu_hours
-        );
-        change.event(t, Some(j.id), &j.team, "preempted", j.reason.clone());
+        let kind = lifecycle::preempt(&mut j, p.by.0, why, p.kill_at, p.lost_gpu_hours);
+        change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
         change.job(j);
     }
     let unreached = plan
@@ -421,39 +407,13 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     };
     let mut jobs = Vec::new();
     for j in world.jobs.values().filter(|j| j.state.allocated()) {
-        let on_lost: Vec<&str> = j
-            .allocs
-            .iter()
-            .map(|a| a.node.as_str())
-            .filter(|n| lost(n))
-            .collect();
-        if !on_lost.is_empty() {
-            let mut j = j.clone();
-            let msg = format!("node {} lost", on_lost[0]);
-            if j.state == JobState::Stopping {
-                finish_stop(&mut j, t, &msg);
-            } else {
-                release(&mut j);
-                j.state = JobState::Pending;
-                j.reason = format!("{msg}; requeued");
-            }
-            jobs.push((j, "requeued"));
-            continue;
-        }
-        if let (Some(max), Some(start), true) = (
-            j.spec.max_runtime_s,
-            j.started_at,
-            matches!(j.state, JobState::Running | JobState::Starting),
-        ) && start + max <= t
-        {
-            let mut j = j.clone();
-            stop(
-                &mut j,
-                t,
-                AfterStop::Fail,
-                format!("exceeded its max runtime of {max} s"),
-            );
-            jobs.push((j, "stopping"));
+        let mut next = j.clone();
+        let kind = match j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n)) {
+            Some(node) => Some(lifecycle::node_lost(&mut next, node, t)),
+            None => lifecycle::max_runtime(&mut next, t),
+        };
+        if let Some(kind) = kind {
+            jobs.push((next, kind));
         }
     }
     for (j, kind) in jobs {
@@ -461,58 +421,6 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         change.job(j);
     }
     change
-}
-
-/// Tells a job to stop; it keeps its GPUs until its tasks are gone.
-pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
-    j.state = JobState::Stopping;
-    j.kill_at = Some(t + j.spec.checkpoint.grace_s);
-    j.after_stop = Some(after);
-    j.reason = reason;
-}
-
-fn release(j: &mut JobRec) {
-    j.allocs.clear();
-    j.tasks.clear();
-    j.kill_at = None;
-    j.after_stop = None;
-    j.flavor.clear();
-}
-
-/// A stopping job whose tasks are gone: release its GPUs and move on.
-pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
-    let after = j.after_stop.unwrap_or(AfterStop::Requeue);
-    release(j);
-    let (state, reason) = match after {
-        AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
-        AfterStop::Suspend => (
-            JobState::Suspended,
-            "suspended by its owner; GPUs released".into(),
-        ),
-        AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
-        AfterStop::Fail => (JobState::Failed, j.reason.clone()),
-        AfterStop::Retry => {
-            let backoff = j
-                .spec
-                .retry
-                .backoff_s
-                .saturating_mul(1 << (j.failures.saturating_sub(1)).min(12))
-                .min(3600);
-            j.not_before = Some(t + backoff);
-            (
-                JobState::Pending,
-                format!(
-                    "{}; retry {} of {} in {backoff} s",
-                    j.reason, j.failures, j.spec.retry.limit
-                ),
-            )
-        }
-    };
-    if state.finished() {
-        j.finished_at = Some(t);
-    }
-    j.state = state;
-    j.reason = reason;
 }
 
 /// The committed state as the core sees it.

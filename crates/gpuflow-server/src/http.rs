@@ -21,9 +21,8 @@ use gpuflow_api::{
 use serde::Serialize;
 
 use crate::auth::{Caller, hash, new_token};
-use crate::cycle::stop;
 use crate::state::{
-    AfterStop, JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
+    JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
 };
 use crate::{Change, Shared, commit, now};
 
@@ -681,88 +680,23 @@ async fn job_action(
     let conflict = |what: &str| -> Error {
         ApiError::conflict(format!("job {id} is {}: {what}", j.state.as_str())).into()
     };
-    let kind = match action.as_str() {
-        "cancel" | "suspend" | "resume" => {
-            if !caller.acts_on_jobs(&j.team) {
-                return Err(ApiError::forbidden(format!(
-                    "your role ({}) may not {action} jobs of team {:?}",
-                    caller.user.role.as_str(),
-                    j.team
-                ))
-                .into());
-            }
-            match (action.as_str(), j.state) {
-                (_, s) if s.finished() => return Err(conflict("it has finished")),
-                ("cancel", JobState::Pending | JobState::Held | JobState::Suspended) => {
-                    next.state = JobState::Cancelled;
-                    next.finished_at = Some(at);
-                    next.reason = format!("cancelled by {who}");
-                    "cancelled"
-                }
-                ("cancel", JobState::Stopping) => {
-                    next.after_stop = Some(AfterStop::Cancel);
-                    next.reason = format!("cancelled by {who}; stopping");
-                    "stopping"
-                }
-                ("cancel", _) => {
-                    stop(
-                        &mut next,
-                        at,
-                        AfterStop::Cancel,
-                        format!("cancelled by {who}"),
-                    );
-                    "stopping"
-                }
-                ("suspend", JobState::Pending) => {
-                    next.state = JobState::Suspended;
-                    next.reason = format!("suspended by {who}");
-                    "suspended"
-                }
-                ("suspend", s) if s.allocated() && s != JobState::Stopping => {
-                    stop(
-                        &mut next,
-                        at,
-                        AfterStop::Suspend,
-                        format!("suspended by {who}"),
-                    );
-                    "stopping"
-                }
-                ("suspend", _) => {
-                    return Err(conflict("only pending or running jobs can be suspended"));
-                }
-                ("resume", JobState::Suspended) => {
-                    next.state = JobState::Pending;
-                    next.reason = format!("resumed by {who}");
-                    "resumed"
-                }
-                ("resume", _) => return Err(conflict("only suspended jobs can be resumed")),
-                _ => unreachable!("matched above"),
-            }
-        }
-        "hold" | "release" => {
-            caller.need_admin(&format!("{action} of a job"))?;
-            match (action.as_str(), j.state) {
-                ("hold", JobState::Pending) => {
-                    next.state = JobState::Held;
-                    next.reason = format!("held by {who}");
-                    "held"
-                }
-                ("hold", _) => return Err(conflict("only pending jobs can be held")),
-                ("release", JobState::Held) => {
-                    next.state = JobState::Pending;
-                    next.reason = format!("released by {who}");
-                    "released"
-                }
-                _ => return Err(conflict("only held jobs can be released")),
-            }
-        }
-        other => {
-            return Err(ApiError::not_found(format!(
-                "no job action {other:?}; actions: cancel, suspend, resume, hold, release"
-            ))
-            .into());
-        }
+    let Some(act) = crate::lifecycle::Action::parse(&action) else {
+        return Err(ApiError::not_found(format!(
+            "no job action {action:?}; actions: cancel, suspend, resume, hold, release"
+        ))
+        .into());
     };
+    if act.admins_only() {
+        caller.need_admin(&format!("{action} of a job"))?;
+    } else if !caller.acts_on_jobs(&j.team) {
+        return Err(ApiError::forbidden(format!(
+            "your role ({}) may not {action} jobs of team {:?}",
+            caller.user.role.as_str(),
+            j.team
+        ))
+        .into());
+    }
+    let kind = crate::lifecycle::act(&mut next, act, who, at).map_err(|what| conflict(&what))?;
     let mut change = Change::default();
     change.event(at, Some(id), &next.team, kind, next.reason.clone());
     change.audit(at, who, &format!("job.{action}"), &format!("job/{id}"), "");

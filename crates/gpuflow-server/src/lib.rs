@@ -14,6 +14,7 @@ pub mod auth;
 pub mod cycle;
 pub mod feasible;
 pub mod http;
+pub mod lifecycle;
 pub mod openapi;
 pub mod state;
 

@@ -1,0 +1,418 @@
+//! Every job transition, in one place: a job and what happened (a cycle's
+//! admission or preemption, an eviction, a lost node, a timer, an owner's or
+//! admin's action, a node's task reports) in; the job's new state and the
+//! event kind out. Pure: no store, no lock, no clock (callers pass `at`).
+//! The HTTP handlers, the agent protocol and the scheduling cycle call these
+//! functions and commit what they return; none of them sets a state itself.
+//!
+//! ```text
+//!   submitted ─► pending ──admit──► admitted ──report──► starting ─► running ─► succeeded
+//!                 ▲  │ ▲                │                    │           │
+//!      resume/    │  │ └── requeue ◄────┴── stopping ◄────────┴───────────┘ preempt, evict,
+//!      release    │  ▼                    (grace, then kill)             cancel, suspend,
+//!   suspended/held   cancelled                 │                          max runtime, failure
+//!                                              ▼
+//!                       pending (requeue, retry after backoff) | suspended | cancelled | failed
+//! ```
+//! A lost node requeues at once (its keepers have stopped its tasks by the
+//! end of its lease); a task stopped on its node without an order ends the
+//! attempt and requeues it.
+
+use gpuflow_api::{JobState, TaskPhase, TaskReport};
+
+use crate::state::{AfterStop, Alloc, JobRec, TaskState};
+
+/// The kind of the event a transition records.
+pub type Kind = &'static str;
+
+/// A cycle admitted the job with these allocations: a new attempt.
+pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>) -> Kind {
+    j.state = JobState::Admitted;
+    j.flavor = flavor.to_string();
+    j.attempts += 1;
+    j.allocs = allocs;
+    j.tasks.clear();
+    let mut nodes: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).collect();
+    nodes.dedup();
+    j.reason = format!("admitted to {} (attempt {})", nodes.join(", "), j.attempts);
+    "admitted"
+}
+
+/// A cycle preempted the job for job `by`: it is signalled now and killed
+/// at `kill_at`, then requeued.
+pub fn preempt(j: &mut JobRec, by: u64, why: &str, kill_at: u64, lost_gpu_hours: f64) -> Kind {
+    j.state = JobState::Stopping;
+    j.kill_at = Some(kill_at);
+    j.after_stop = Some(AfterStop::Requeue);
+    j.preemptions += 1;
+    j.reason = format!(
+        "preempted by job {by}: {why}; signalled now, killed at {kill_at} ({lost_gpu_hours:.2} GPU-hours since the last checkpoint)"
+    );
+    "preempted"
+}
+
+/// Its node no longer holds its allocation: stopped and requeued. `None`
+/// when it is stopping already.
+pub fn evict(j: &mut JobRec, at: u64, reason: &str) -> Option<Kind> {
+    if j.state == JobState::Stopping {
+        return None;
+    }
+    stop(j, at, AfterStop::Requeue, format!("evicted: {reason}"));
+    Some("evicted")
+}
+
+/// A node it runs on is lost (its lease ran out): requeued, or, if it was
+/// stopping, finished as its stop said.
+pub fn node_lost(j: &mut JobRec, node: &str, at: u64) -> Kind {
+    let msg = format!("node {node} lost");
+    if j.state == JobState::Stopping {
+        finish_stop(j, at, &msg);
+    } else {
+        release(j);
+        j.state = JobState::Pending;
+        j.reason = format!("{msg}; requeued");
+    }
+    "requeued"
+}
+
+/// Stops a job that ran past its max runtime; `None` when it has not.
+pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
+    let (Some(max), Some(start)) = (j.spec.max_runtime_s, j.started_at) else {
+        return None;
+    };
+    if !matches!(j.state, JobState::Running | JobState::Starting) || start + max > at {
+        return None;
+    }
+    stop(
+        j,
+        at,
+        AfterStop::Fail,
+        format!("exceeded its max runtime of {max} s"),
+    );
+    Some("stopping")
+}
+
+/// What an owner or an admin asks of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Cancel,
+    Suspend,
+    Resume,
+    Hold,
+    Release,
+}
+
+impl Action {
+    pub fn parse(s: &str) -> Option<Action> {
+        Some(match s {
+            "cancel" => Action::Cancel,
+            "suspend" => Action::Suspend,
+            "resume" => Action::Resume,
+            "hold" => Action::Hold,
+            "release" => Action::Release,
+            _ => return None,
+        })
+    }
+
+    /// Hold and release are the admins'; the others the owners'.
+    pub fn admins_only(self) -> bool {
+        matches!(self, Action::Hold | Action::Release)
+    }
+}
+
+/// An action by `who`.
+///
+/// # Errors
+/// What the job's state does not allow, in words (a 409).
+pub fn act(j: &mut JobRec, action: Action, who: &str, at: u64) -> Result<Kind, String> {
+    use Action::*;
+    if j.state.finished() {
+        return Err("it has finished".into());
+    }
+    Ok(match (action, j.state) {
+        (Cancel, JobState::Pending | JobState::Held | JobState::Suspended) => {
+            j.state = JobState::Cancelled;
+            j.finished_at = Some(at);
+            j.reason = format!("cancelled by {who}");
+            "cancelled"
+        }
+        (Cancel, JobState::Stopping) => {
+            j.after_stop = Some(AfterStop::Cancel);
+            j.reason = format!("cancelled by {who}; stopping");
+            "stopping"
+        }
+        (Cancel, _) => {
+            stop(j, at, AfterStop::Cancel, format!("cancelled by {who}"));
+            "stopping"
+        }
+        (Suspend, JobState::Pending) => {
+            j.state = JobState::Suspended;
+            j.reason = format!("suspended by {who}");
+            "suspended"
+        }
+        (Suspend, s) if s.allocated() && s != JobState::Stopping => {
+            stop(j, at, AfterStop::Suspend, format!("suspended by {who}"));
+            "stopping"
+        }
+        (Suspend, _) => return Err("only pending or running jobs can be suspended".into()),
+        (Resume, JobState::Suspended) => {
+            j.state = JobState::Pending;
+            j.reason = format!("resumed by {who}");
+            "resumed"
+        }
+        (Resume, _) => return Err("only suspended jobs can be resumed".into()),
+        (Hold, JobState::Pending) => {
+            j.state = JobState::Held;
+            j.reason = format!("held by {who}");
+            "held"
+        }
+        (Hold, _) => return Err("only pending jobs can be held".into()),
+        (Release, JobState::Held) => {
+            j.state = JobState::Pending;
+            j.reason = format!("released by {who}");
+            "released"
+        }
+        (Release, _) => return Err("only held jobs can be released".into()),
+    })
+}
+
+/// Folds `node`'s reports of this job's current attempt into it (reports of
+/// tasks not placed on that node, or of another attempt, change nothing),
+/// then settles its state. Returns the event kind when the state moved.
+pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> Option<Kind> {
+    if !j.state.allocated() {
+        return None;
+    }
+    let mine: Vec<&TaskReport> = reports
+        .iter()
+        .copied()
+        .filter(|r| r.attempt == j.attempts)
+        .collect();
+    let next = j;
+    let j = next.clone();
+    for r in &mine {
+        if !next
+            .allocs
+            .iter()
+            .any(|a| a.node == node && a.group == r.group && a.index == r.index)
+        {
+            continue;
+        }
+        let st = TaskState {
+            group: r.group,
+            index: r.index,
+            phase: r.phase,
+            exit_code: r.exit_code,
+            message: r.message.clone(),
+        };
+        match next
+            .tasks
+            .iter_mut()
+            .find(|t| t.group == r.group && t.index == r.index)
+        {
+            Some(t) => *t = st,
+            None => next.tasks.push(st),
+        }
+        if let Some(started) = r.started_at {
+            // The node's word for when the task started, not when the
+            // server heard of it (a short task may end between reports).
+            next.started_at.get_or_insert(started.min(at));
+        }
+        if let Some(c) = r.checkpoint_at {
+            next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
+        }
+        if !r.log_tail.is_empty() {
+            // Kept per attempt (`attempt/group/index`), the last few only.
+            next.logs.insert(
+                format!("{}/{}/{}", r.attempt, r.group, r.index),
+                r.log_tail.clone(),
+            );
+            let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
+            next.logs
+                .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
+        }
+    }
+    if next.state == JobState::Stopping {
+        // Tasks of this node the agent no longer runs are gone.
+        for a in j.allocs.iter().filter(|a| a.node == node) {
+            let running = mine
+                .iter()
+                .any(|r| r.group == a.group && r.index == a.index && r.phase == TaskPhase::Running);
+            if !running {
+                match next
+                    .tasks
+                    .iter_mut()
+                    .find(|t| t.group == a.group && t.index == a.index)
+                {
+                    Some(t) if t.phase == TaskPhase::Running => t.phase = TaskPhase::Stopped,
+                    Some(_) => {}
+                    None => next.tasks.push(TaskState {
+                        group: a.group,
+                        index: a.index,
+                        phase: TaskPhase::Stopped,
+                        exit_code: None,
+                        message: String::new(),
+                    }),
+                }
+            }
+        }
+    }
+    settle(next, at)
+}
+
+/// A job's next state from its tasks' states; the event kind when it moved.
+fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
+    let total = j.allocs.len();
+    let done = |p: TaskPhase| p != TaskPhase::Running;
+    if j.state == JobState::Stopping {
+        let gone = j.tasks.iter().filter(|t| done(t.phase)).count();
+        if gone >= total {
+            let why = j.reason.clone();
+            let after = j.after_stop;
+            finish_stop(j, at, &why);
+            return Some(match (j.state, after) {
+                (JobState::Cancelled, _) => "cancelled",
+                (JobState::Failed, _) => "failed",
+                (JobState::Suspended, _) => "suspended",
+                (_, Some(AfterStop::Retry)) => "retry",
+                _ => "requeued",
+            });
+        }
+        return None;
+    }
+    let failed = j.tasks.iter().find(|t| {
+        t.phase == TaskPhase::FailedToStart
+            || (t.phase == TaskPhase::Exited && t.exit_code != Some(0))
+    });
+    if let Some(f) = failed {
+        let mut what = match f.phase {
+            TaskPhase::FailedToStart => format!("task {}/{} could not start", f.group, f.index),
+            _ => format!(
+                "task {}/{} exited with {}",
+                f.group,
+                f.index,
+                f.exit_code
+                    .map_or("an unknown status".into(), |c| format!("code {c}"))
+            ),
+        };
+        if !f.message.is_empty() {
+            what = format!("{what} ({})", f.message);
+        }
+        j.failures += 1;
+        let retry = j.failures <= j.spec.retry.limit;
+        stop(
+            j,
+            at,
+            if retry {
+                AfterStop::Retry
+            } else {
+                AfterStop::Fail
+            },
+            what,
+        );
+        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
+            let why = j.reason.clone();
+            finish_stop(j, at, &why);
+            return Some(if retry { "retry" } else { "failed" });
+        }
+        return Some("stopping");
+    }
+    // A task stopped on its node without the server's order (its agent
+    // stopped or crashed, the node's lease ran out): this attempt is over
+    // and the job runs again, as a new attempt.
+    if let Some(f) = j.tasks.iter().find(|t| t.phase == TaskPhase::Stopped) {
+        let mut what = format!("task {}/{} was stopped on its node", f.group, f.index);
+        if !f.message.is_empty() {
+            what = format!("{what} ({})", f.message);
+        }
+        stop(j, at, AfterStop::Requeue, what);
+        if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
+            let why = j.reason.clone();
+            finish_stop(j, at, &why);
+            return Some("requeued");
+        }
+        return Some("stopping");
+    }
+    let exited = j
+        .tasks
+        .iter()
+        .filter(|t| t.phase == TaskPhase::Exited)
+        .count();
+    if exited == total {
+        j.state = JobState::Succeeded;
+        j.finished_at = Some(at);
+        j.reason = "all tasks exited with code 0".into();
+        j.allocs.clear();
+        return Some("succeeded");
+    }
+    let running = j
+        .tasks
+        .iter()
+        .filter(|t| t.phase == TaskPhase::Running)
+        .count();
+    if running + exited == total && j.state != JobState::Running {
+        j.state = JobState::Running;
+        j.started_at.get_or_insert(at);
+        j.reason = format!("{total} task{} running", if total == 1 { "" } else { "s" });
+        return Some("running");
+    }
+    if running > 0 && j.state == JobState::Admitted {
+        j.state = JobState::Starting;
+        j.started_at.get_or_insert(at);
+        j.reason = format!("{running} of {total} tasks started");
+        return Some("starting");
+    }
+    None
+}
+
+/// Tells a job to stop; it keeps its GPUs until its tasks are gone.
+pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
+    j.state = JobState::Stopping;
+    j.kill_at = Some(t + j.spec.checkpoint.grace_s);
+    j.after_stop = Some(after);
+    j.reason = reason;
+}
+
+fn release(j: &mut JobRec) {
+    j.allocs.clear();
+    j.tasks.clear();
+    j.kill_at = None;
+    j.after_stop = None;
+    j.flavor.clear();
+}
+
+/// A stopping job whose tasks are gone: release its GPUs and move on.
+pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
+    let after = j.after_stop.unwrap_or(AfterStop::Requeue);
+    release(j);
+    let (state, reason) = match after {
+        AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
+        AfterStop::Suspend => (
+            JobState::Suspended,
+            "suspended by its owner; GPUs released".into(),
+        ),
+        AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
+        AfterStop::Fail => (JobState::Failed, j.reason.clone()),
+        AfterStop::Retry => {
+            let backoff = j
+                .spec
+                .retry
+                .backoff_s
+                .saturating_mul(1 << (j.failures.saturating_sub(1)).min(12))
+                .min(3600);
+            j.not_before = Some(t + backoff);
+            (
+                JobState::Pending,
+                format!(
+                    "{}; retry {} of {} in {backoff} s",
+                    j.reason, j.failures, j.spec.retry.limit
+                ),
+            )
+        }
+    };
+    if state.finished() {
+        j.finished_at = Some(t);
+    }
+    j.state = state;
+    j.reason = reason;
+}
