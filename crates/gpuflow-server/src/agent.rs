@@ -264,12 +264,7 @@ fn apply_reports(
     }
     let mut any = false;
     // Jobs with work on this node, and jobs the node reports.
-    let mut ids: Vec<u64> = world
-        .jobs
-        .values()
-        .filter(|j| j.state.allocated() && j.allocs.iter().any(|a| a.node == node))
-        .map(|j| j.id)
-        .collect();
+    let mut ids: Vec<u64> = world.jobs_on(node).map(|j| j.id).collect();
     ids.extend(by_job.keys().copied());
     ids.sort_unstable();
     ids.dedup();
@@ -299,10 +294,7 @@ fn apply_reports(
 /// The tasks the server wants on a node, with their environment.
 pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
     let mut out = Vec::new();
-    for j in world.jobs.values().filter(|j| j.state.allocated()) {
-        if !j.allocs.iter().any(|a| a.node == node) {
-            continue;
-        }
+    for j in world.jobs_on(node) {
         let world_size = j.allocs.len();
         // Rank 0's node is the rendezvous for gangs (PyTorch's env:// init).
         let master = j

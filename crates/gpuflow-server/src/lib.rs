@@ -182,7 +182,7 @@ pub async fn commit(
     store.commit(&batch).await?;
     for (id, j) in jobs {
         world.why.remove(&id);
-        world.jobs.insert(id, j);
+        world.put_job(j);
     }
     for n in nodes.into_values() {
         world.put_node(n);

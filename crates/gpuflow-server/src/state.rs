@@ -336,6 +336,10 @@ pub struct World {
     /// Node token hash → node name (kept in step with `nodes` by `commit`).
     pub node_by_token: BTreeMap<String, String>,
     pub jobs: BTreeMap<u64, JobRec>,
+    /// Node name → the allocated jobs with a task there (kept in step with
+    /// `jobs` by [`World::put_job`]), so a heartbeat reads its node's jobs
+    /// only, not every job ever submitted.
+    pub on_node: BTreeMap<String, std::collections::BTreeSet<u64>>,
     pub next_job: u64,
     /// (user, idempotency key) → job.
     pub idempotency: BTreeMap<(String, String), u64>,
@@ -484,7 +488,7 @@ impl World {
             if let Some(k) = &j.idempotency_key {
                 w.idempotency.insert((j.user.clone(), k.clone()), j.id);
             }
-            w.jobs.insert(j.id, j);
+            w.put_job(j);
         }
         for r in store.load(Table::Meta).await? {
             if r.key == "join_hash" {
@@ -495,6 +499,32 @@ impl World {
             }
         }
         Ok(w)
+    }
+
+    /// Puts a job, keeping the index by node in step.
+    pub fn put_job(&mut self, j: JobRec) {
+        if let Some(old) = self.jobs.get(&j.id) {
+            for a in &old.allocs {
+                if let Some(ids) = self.on_node.get_mut(&a.node) {
+                    ids.remove(&old.id);
+                }
+            }
+        }
+        if j.state.allocated() {
+            for a in &j.allocs {
+                self.on_node.entry(a.node.clone()).or_default().insert(j.id);
+            }
+        }
+        self.jobs.insert(j.id, j);
+    }
+
+    /// The allocated jobs with a task on `node`, in id order.
+    pub fn jobs_on<'w>(&'w self, node: &str) -> impl Iterator<Item = &'w JobRec> + 'w {
+        self.on_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id))
     }
 
     /// Puts a node, keeping the token index in step.

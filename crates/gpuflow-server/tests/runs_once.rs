@@ -120,6 +120,16 @@ async fn check_no_gpu_held_twice(h: &H) {
     for u in shared.keys() {
         assert!(!whole.contains_key(u), "GPU {u} both whole and shared");
     }
+    // The index heartbeats read agrees with the jobs.
+    let mut recount: BTreeMap<String, std::collections::BTreeSet<u64>> = BTreeMap::new();
+    for j in w.jobs.values().filter(|j| j.state.allocated()) {
+        for a in &j.allocs {
+            recount.entry(a.node.clone()).or_default().insert(j.id);
+        }
+    }
+    let mut index = w.on_node.clone();
+    index.retain(|_, ids| !ids.is_empty());
+    assert_eq!(index, recount, "the jobs-by-node index drifted");
 }
 
 fn job_state(v: &Value) -> String {
