@@ -66,20 +66,61 @@ pub async fn run_loop(shared: Arc<Shared>) {
     }
 }
 
-/// One cycle (timers, schedule, commit).
+/// One cycle, in three phases:
+/// 1. under the state lock: timers (committed), then a snapshot of the
+///    committed state;
+/// 2. without the lock, off the async runtime: the core's `schedule()` on
+///    the snapshot, while submissions, heartbeats and reads go on;
+/// 3. under the lock again, the applier: each decision is re-checked against
+///    what changed since the snapshot (an admitted job must still be pending
+///    in the same attempt and its nodes unchanged; a victim or an evicted job
+///    still in the attempt it was in), committed, then published.
+///
+/// One cycle runs at a time (`Shared::applier`), so the applier is the only
+/// writer of allocations.
 ///
 /// # Errors
-/// On a store error; nothing of the cycle is applied then.
+/// On a store error; nothing of the cycle's plan is applied then.
 pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
-    let mut world = shared.world.lock().await;
+    run_once_with(shared, async || {}).await
+}
+
+/// [`run_once`], running `meanwhile` between the computation and the
+/// applier, as requests and heartbeats may: tests use it to change what the
+/// plan was made on.
+///
+/// # Errors
+/// As [`run_once`].
+pub async fn run_once_with(
+    shared: &Shared,
+    meanwhile: impl AsyncFnOnce(),
+) -> Result<(), crate::ServerError> {
+    let _one_at_a_time = shared.applier.lock().await;
     let t = now();
     let started = Instant::now();
-    let change = timers(&world, &shared.cfg, t);
-    commit(shared.store.as_ref(), &mut world, change).await?;
-    let Some(out) = plan(&mut world, t, shared.cfg.min_runtime_s) else {
+    // Phase 1.
+    let taken = {
+        let mut world = shared.world.lock().await;
+        let change = timers(&world, &shared.cfg, t);
+        commit(shared.store.as_ref(), &mut world, change).await?;
+        Taken::take(&world, t, shared.cfg.min_runtime_s)
+    };
+    let Some(taken) = taken else {
         return Ok(());
     };
+    // Phase 2.
+    let computed = tokio::task::spawn_blocking(move || taken.compute())
+        .await
+        .map_err(|e| crate::ServerError::Cycle(e.to_string()))?;
+    meanwhile().await;
+    // Phase 3.
+    let mut world = shared.world.lock().await;
+    let out = computed.apply(&world, t);
     commit(shared.store.as_ref(), &mut world, out.change).await?;
+    world.history = out.history;
+    if out.history_saved {
+        world.history_saved_at = t;
+    }
     // Explanations are recomputed every cycle: kept in memory, not stored.
     for (id, why) in out.whys {
         if let Some(state) = world.jobs.get(&id).map(|j| j.state) {
@@ -88,13 +129,15 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
     }
     world.unreached = out.unreached;
     world.diagnosed.clear();
+    drop(world);
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
-    if out.admitted + out.preempted > 0 {
+    if out.admitted + out.preempted > 0 || out.stale > 0 {
         tracing::info!(
             pending = out.pending,
             admitted = out.admitted,
             preempted = out.preempted,
+            stale = out.stale,
             running = out.running,
             ms,
             "cycle"
@@ -102,166 +145,288 @@ pub async fn run_once(shared: &Shared) -> Result<(), crate::ServerError> {
     } else {
         tracing::debug!(pending = out.pending, running = out.running, ms, "cycle");
     }
-    if out.admitted > 0 {
+    if out.admitted > 0 || out.stale > 0 {
         shared.wake.notify_one();
     }
     Ok(())
 }
 
-/// What a cycle decided, ready to commit.
-struct Planned {
+/// What a node is, for the applier's re-check: its state and what it has
+/// (not its heartbeat time or utilisation).
+#[derive(Clone, Debug, PartialEq)]
+struct Shape {
+    state: NodeState,
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpus: Vec<(String, String, u64)>,
+    labels: BTreeMap<String, String>,
+    pool: String,
+}
+
+fn shape(n: &crate::state::NodeRec) -> Shape {
+    Shape {
+        state: n.state,
+        cpu_milli: n.inventory.cpu_milli,
+        memory_mib: n.inventory.memory_mib,
+        gpus: n
+            .inventory
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.model.clone(), g.memory_mib))
+            .collect(),
+        labels: n.inventory.labels.clone(),
+        pool: n.inventory.pool.clone(),
+    }
+}
+
+/// Phase 1's output: the snapshot and what the applier will re-check.
+struct Taken {
+    snap: Snapshot,
+    history: schedule::History,
+    cfg: Config,
+    t: u64,
+    pending: usize,
+    shapes: BTreeMap<String, Shape>,
+    /// Job → (state, attempt) at the snapshot, for pending and allocated jobs.
+    versions: BTreeMap<u64, (JobState, u32)>,
+    history_saved_at: u64,
+}
+
+impl Taken {
+    /// `None` when nothing waits and nothing runs.
+    fn take(world: &World, t: u64, min_runtime: u64) -> Option<Taken> {
+        let pending = world
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending)
+            .count();
+        // Fair share charges what runs whether or not anything waits;
+        // nothing to do only when nothing runs either.
+        if pending == 0 && !world.jobs.values().any(|j| j.state.allocated()) {
+            return None;
+        }
+        let snap = snapshot(world, t);
+        let history = world.history.to_core(&snap.queues);
+        Some(Taken {
+            snap,
+            history,
+            cfg: config(min_runtime),
+            t,
+            pending,
+            shapes: world
+                .nodes
+                .iter()
+                .map(|(name, n)| (name.clone(), shape(n)))
+                .collect(),
+            versions: world
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending || j.state.allocated())
+                .map(|j| (j.id, (j.state, j.attempts)))
+                .collect(),
+            history_saved_at: world.history_saved_at,
+        })
+    }
+
+    /// Phase 2: the core's cycle. CPU work: run it off the async runtime.
+    fn compute(mut self) -> Computed {
+        let t = self.t;
+        self.history.account(
+            t,
+            self.cfg.usage_half_life,
+            &self.snap.running,
+            &self.snap.queues,
+        );
+        let plan = (self.pending > 0).then(|| {
+            schedule::schedule(
+                t,
+                &mut self.snap.placer,
+                &mut self.snap.queues,
+                &self.snap.running,
+                &self.snap.pending,
+                &mut self.history,
+                &self.cfg,
+            )
+        });
+        let history = crate::state::SavedHistory::from_core(&self.history, &self.snap.queues);
+        Computed {
+            plan,
+            history,
+            taken: self,
+        }
+    }
+}
+
+/// Phase 2's output.
+struct Computed {
+    plan: Option<schedule::Plan>,
+    history: crate::state::SavedHistory,
+    taken: Taken,
+}
+
+/// What a cycle decided and the applier kept, ready to commit.
+struct Applied {
     change: Change,
+    history: crate::state::SavedHistory,
+    history_saved: bool,
     whys: Vec<(u64, api::Why)>,
     unreached: std::collections::BTreeSet<u64>,
     pending: usize,
     admitted: usize,
     preempted: usize,
+    /// Decisions dropped because what they were made on changed meanwhile.
+    stale: usize,
     running: usize,
 }
 
-/// Snapshot, schedule, and the plan as a change. `None` when nothing waits.
-fn plan(world: &mut World, t: u64, min_runtime: u64) -> Option<Planned> {
-    let pending_count = world
-        .jobs
-        .values()
-        .filter(|j| j.state == JobState::Pending)
-        .count();
-    // Fair share charges what runs whether or not anything waits; nothing to
-    // do only when nothing runs either.
-    if pending_count == 0 && !world.jobs.values().any(|j| j.state.allocated()) {
-        return None;
-    }
-    let mut change = Change::default();
-    let mut snap = snapshot(world, t);
-    let cfg = config(min_runtime);
-    let mut history = world.history.to_core(&snap.queues);
-    history.account(t, cfg.usage_half_life, &snap.running, &snap.queues);
-    for (id, _, reason) in &snap.evicted {
-        let Some(mut j) = world.jobs.get(id).cloned() else {
-            continue;
+impl Computed {
+    /// Phase 3: the decisions that still hold, as a change.
+    fn apply(self, world: &World, t: u64) -> Applied {
+        let Computed {
+            plan,
+            history,
+            taken,
+        } = self;
+        let mut change = Change::default();
+        let mut stale = 0;
+        // The job as it was at the snapshot, if it still is.
+        let same = |id: u64| -> Option<JobRec> {
+            let j = world.jobs.get(&id)?;
+            (taken.versions.get(&id) == Some(&(j.state, j.attempts))).then(|| j.clone())
         };
-        if let Some(kind) = lifecycle::evict(&mut j, t, reason) {
+        let unchanged =
+            |node: &str| world.nodes.get(node).map(shape).as_ref() == taken.shapes.get(node);
+        for (id, _, reason) in &taken.snap.evicted {
+            let Some(mut j) = same(*id) else {
+                continue;
+            };
+            if let Some(kind) = lifecycle::evict(&mut j, t, reason) {
+                change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+                change.job(j);
+            }
+        }
+        let preempting = plan.as_ref().is_some_and(|p| !p.preempted.is_empty());
+        // Decayed usage is written now and then (and with every preemption,
+        // which disruption budgets count), so a restart keeps fair share.
+        let history_saved = preempting || t >= taken.history_saved_at + 60;
+        if history_saved {
+            change.batch.put.push(history.record());
+        }
+        let Some(plan) = plan else {
+            return Applied {
+                change,
+                history,
+                history_saved,
+                whys: taken.snap.blocked,
+                unreached: Default::default(),
+                pending: 0,
+                admitted: 0,
+                preempted: 0,
+                stale,
+                running: taken.snap.running.len(),
+            };
+        };
+        let snap = &taken.snap;
+        let mut admitted = 0;
+        for (id, flavor, placement) in &plan.admitted {
+            let nodes_unchanged = placement
+                .iter()
+                .all(|a| unchanged(&snap.node_names[a.node.0 as usize]));
+            let Some(mut j) =
+                same(id.0).filter(|j| j.state == JobState::Pending && nodes_unchanged)
+            else {
+                stale += 1;
+                continue;
+            };
+            let allocs = placement
+                .iter()
+                .map(|a| {
+                    let node = snap.node_names[a.node.0 as usize].clone();
+                    let pick: crate::state::Pick = a.pick.into();
+                    let gpu_uuids = world
+                        .nodes
+                        .get(&node)
+                        .map(|n| Alloc::uuids_of(&pick, &n.inventory))
+                        .unwrap_or_default();
+                    Alloc {
+                        group: a.task.group,
+                        index: a.task.index,
+                        node,
+                        cpu_milli: a.cpu.0,
+                        mem_mib: a.mem.0,
+                        pick,
+                        gpu_uuids,
+                    }
+                })
+                .collect();
+            let kind = lifecycle::admit(&mut j, flavor, allocs);
             change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
             change.job(j);
+            admitted += 1;
         }
-    }
-    if pending_count == 0 {
-        world.history = crate::state::SavedHistory::from_core(&history, &snap.queues);
-        if t >= world.history_saved_at + 60 {
-            change.batch.put.push(world.history.record());
-            world.history_saved_at = t;
-        }
-        return Some(Planned {
-            change,
-            whys: Vec::new(),
-            unreached: Default::default(),
-            pending: 0,
-            admitted: 0,
-            preempted: 0,
-            running: snap.running.len(),
-        });
-    }
-    let plan = schedule::schedule(
-        t,
-        &mut snap.placer,
-        &mut snap.queues,
-        &snap.running,
-        &snap.pending,
-        &mut history,
-        &cfg,
-    );
-    world.history = crate::state::SavedHistory::from_core(&history, &snap.queues);
-    // Decayed usage is written now and then (and with every preemption, which
-    // disruption budgets count), so a restart keeps fair share.
-    if !plan.preempted.is_empty() || t >= world.history_saved_at + 60 {
-        change.batch.put.push(world.history.record());
-        world.history_saved_at = t;
-    }
-    for (id, flavor, placement) in &plan.admitted {
-        let Some(mut j) = world.jobs.get(&id.0).cloned() else {
-            continue;
-        };
-        let allocs = placement
-            .iter()
-            .map(|a| {
-                let node = snap.node_names[a.node.0 as usize].clone();
-                let pick: crate::state::Pick = a.pick.into();
-                let gpu_uuids = world
-                    .nodes
-                    .get(&node)
-                    .map(|n| Alloc::uuids_of(&pick, &n.inventory))
-                    .unwrap_or_default();
-                Alloc {
-                    group: a.task.group,
-                    index: a.task.index,
-                    node,
-                    cpu_milli: a.cpu.0,
-                    mem_mib: a.mem.0,
-                    pick,
-                    gpu_uuids,
+        let mut preempted = 0;
+        for p in &plan.preempted {
+            let Some(mut j) = same(p.victim.0).filter(|j| j.state != JobState::Stopping) else {
+                stale += 1;
+                continue;
+            };
+            let why = match p.reason {
+                schedule::PreemptReason::Reclaim => "its queue's guarantee is reclaimed",
+                schedule::PreemptReason::Priority => {
+                    "a higher-priority job of its queue needs the GPUs"
                 }
+            };
+            let kind = lifecycle::preempt(&mut j, p.by.0, why, p.kill_at, p.lost_gpu_hours);
+            change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+            change.job(j);
+            preempted += 1;
+        }
+        let unreached = plan
+            .pending
+            .iter()
+            .filter(|p| {
+                p.reasons
+                    .iter()
+                    .all(|r| matches!(r, schedule::PendingReason::NotReached { .. }))
             })
+            .map(|p| p.job.0)
             .collect();
-        let kind = lifecycle::admit(&mut j, flavor, allocs);
-        change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
-        change.job(j);
+        let whys = plan
+            .pending
+            .iter()
+            .map(|p| {
+                let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+                let summary = reasons
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "waiting for the next cycle".into());
+                (
+                    p.job.0,
+                    api::Why {
+                        id: p.job.0,
+                        state: JobState::Pending,
+                        summary,
+                        reasons,
+                        position: Some(p.position),
+                        eta: p.eta,
+                    },
+                )
+            })
+            .chain(taken.snap.blocked.iter().cloned())
+            .collect();
+        Applied {
+            change,
+            history,
+            history_saved,
+            whys,
+            unreached,
+            pending: taken.pending,
+            admitted,
+            preempted,
+            stale,
+            running: taken.snap.running.len(),
+        }
     }
-    for p in &plan.preempted {
-        let Some(mut j) = world.jobs.get(&p.victim.0).cloned() else {
-            continue;
-        };
-        let why = match p.reason {
-            schedule::PreemptReason::Reclaim => "its queue's guarantee is reclaimed",
-            schedule::PreemptReason::Priority => {
-                "a higher-priority job of its queue needs the GPUs"
-            }
-        };
-        let kind = lifecycle::preempt(&mut j, p.by.0, why, p.kill_at, p.lost_gpu_hours);
-        change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
-        change.job(j);
-    }
-    let unreached = plan
-        .pending
-        .iter()
-        .filter(|p| {
-            p.reasons
-                .iter()
-                .all(|r| matches!(r, schedule::PendingReason::NotReached { .. }))
-        })
-        .map(|p| p.job.0)
-        .collect();
-    let whys = plan
-        .pending
-        .iter()
-        .map(|p| {
-            let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
-            let summary = reasons
-                .first()
-                .cloned()
-                .unwrap_or_else(|| "waiting for the next cycle".into());
-            (
-                p.job.0,
-                api::Why {
-                    id: p.job.0,
-                    state: JobState::Pending,
-                    summary,
-                    reasons,
-                    position: Some(p.position),
-                    eta: p.eta,
-                },
-            )
-        })
-        .chain(snap.blocked)
-        .collect();
-    Some(Planned {
-        change,
-        whys,
-        unreached,
-        pending: pending_count,
-        admitted: plan.admitted.len(),
-        preempted: plan.preempted.len(),
-        running: snap.running.len(),
-    })
 }
 
 /// The core's configuration for the server's cycles.

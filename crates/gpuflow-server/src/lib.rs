@@ -38,6 +38,8 @@ pub enum ServerError {
     Corrupt { what: String, message: String },
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("the scheduling cycle's computation failed: {0}")]
+    Cycle(String),
 }
 
 /// Server settings.
@@ -89,6 +91,8 @@ pub struct Shared {
     pub cfg: Config,
     /// Wakes the scheduling loop.
     pub wake: Notify,
+    /// Held by the cycle from its snapshot to its commit: one at a time.
+    pub applier: Mutex<()>,
     /// One diagnosis (`why` of a job the cycle did not reach) at a time.
     pub diagnoses: tokio::sync::Semaphore,
     /// Cycles that failed or panicked since the start (each is retried).
@@ -287,6 +291,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             wake: Notify::new(),
             cycle_failures: Default::default(),
             diagnoses: tokio::sync::Semaphore::new(1),
+            applier: Mutex::new(()),
             data_lock: lock,
         }),
         new_admin_token,

@@ -635,3 +635,43 @@ async fn test_only_says_where_a_job_would_start_and_stores_nothing() {
     let next = submit(&h, "default", "{count: 1}", 1024).await;
     assert_eq!(next, busy + 1);
 }
+
+#[tokio::test]
+async fn the_applier_drops_decisions_whose_ground_changed_while_the_cycle_ran() {
+    let h = harness(None).await;
+    let uuids = ["GPU-a", "GPU-b"];
+    let tok = register(&h, "n1", inventory(&uuids, 65536)).await;
+    let cancelled = submit(&h, "default", "{count: 1}", 1024).await;
+    let other = submit(&h, "default", "{count: 1}", 1024).await;
+    // While the cycle computes, the first job is cancelled: it stays cancelled.
+    gpuflow_server::cycle::run_once_with(&h.shared, async || {
+        let (s, v) = h
+            .call(
+                "POST",
+                &format!("/v1/jobs/{cancelled}/cancel"),
+                Some(&h.admin),
+                "",
+                vec![],
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    })
+    .await
+    .unwrap();
+    let state = |id: u64| {
+        let h = &h;
+        async move { job_state(&h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1) }
+    };
+    assert_eq!(state(cancelled).await, "cancelled");
+    assert_eq!(state(other).await, "admitted");
+    // While the cycle computes, the node loses a GPU: nothing is admitted
+    // onto what it was before; the next cycle places the job on what is left.
+    let late = submit(&h, "default", "{count: 1}", 1024).await;
+    gpuflow_server::cycle::run_once_with(&h.shared, async || {
+        heartbeat(&h, "n1", &tok, inventory(&uuids[..1], 65536), &[]).await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(state(late).await, "pending");
+    check_no_gpu_held_twice(&h).await;
+}
