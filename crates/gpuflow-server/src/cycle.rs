@@ -237,17 +237,7 @@ impl Taken {
             &self.snap.running,
             &self.snap.queues,
         );
-        let plan = (self.pending > 0).then(|| {
-            schedule::schedule(
-                t,
-                &mut self.snap.placer,
-                &mut self.snap.queues,
-                &self.snap.running,
-                &self.snap.pending,
-                &mut self.history,
-                &self.cfg,
-            )
-        });
+        let plan = (self.pending > 0).then(|| self.snap.schedule(t, &mut self.history, &self.cfg));
         let history = crate::state::SavedHistory::from_core(&self.history, &self.snap.queues);
         Computed {
             plan,
@@ -437,21 +427,22 @@ fn config(min_runtime: u64) -> Config {
     }
 }
 
-/// What a diagnosis runs on: a snapshot of the committed state, taken
-/// under the lock, then examined without it.
-pub struct Diagnosis {
+/// A snapshot of the committed state to examine without changing anything:
+/// taken under the lock, examined without it (off the async runtime), by
+/// `why`'s diagnosis and by test-only submissions.
+pub struct Trial {
     snap: Snapshot,
     history: schedule::History,
     cfg: Config,
     t: u64,
 }
 
-impl Diagnosis {
+impl Trial {
     /// Takes the snapshot (the only part that needs the state lock).
-    pub fn take(world: &World, t: u64, min_runtime: u64) -> Diagnosis {
+    pub fn take(world: &World, t: u64, min_runtime: u64) -> Trial {
         let snap = snapshot(world, t);
         let history = world.history.to_core(&snap.queues);
-        Diagnosis {
+        Trial {
             snap,
             history,
             cfg: config(min_runtime),
@@ -462,8 +453,8 @@ impl Diagnosis {
     /// Every reason pending job `id` would wait for if its turn came now
     /// (`gpuflow_core::schedule::diagnose`), in words; empty when it would
     /// start. `None` when the core is not asked about it (not pending, or
-    /// blocked before scheduling). CPU work: run it off the async runtime.
-    pub fn run(mut self, id: u64) -> Option<Vec<String>> {
+    /// blocked before scheduling).
+    pub fn diagnose(mut self, id: u64) -> Option<Vec<String>> {
         let reasons = schedule::diagnose(
             self.t,
             &mut self.snap.placer,
@@ -476,48 +467,17 @@ impl Diagnosis {
         )?;
         Some(reasons.iter().map(ToString::to_string).collect())
     }
-}
 
-/// A submission tried against a snapshot (`?test_only=true`): the cycle
-/// the server would run now, with the job added, changing nothing.
-pub struct TestRun {
-    snap: Snapshot,
-    history: schedule::History,
-    cfg: Config,
-    t: u64,
-    job: JobId,
-}
-
-impl TestRun {
-    /// Takes the snapshot with `candidate` (not stored) among the pending jobs.
-    pub fn take(world: &World, t: u64, min_runtime: u64, candidate: &JobRec) -> TestRun {
-        let mut snap = snapshot(world, t);
+    /// The cycle the server would run now with `candidate` (not stored)
+    /// among the pending jobs: where it would start, or why it would wait.
+    pub fn test_only(mut self, candidate: &JobRec) -> api::TestOnly {
         let classes = schedule::default_classes();
-        if let Some(w) = workload(candidate, &snap.queues, &classes) {
-            snap.pending.push(w);
+        if let Some(w) = workload(candidate, &self.snap.queues, &classes) {
+            self.snap.pending.push(w);
         }
-        let history = world.history.to_core(&snap.queues);
-        TestRun {
-            snap,
-            history,
-            cfg: config(min_runtime),
-            t,
-            job: JobId(candidate.id),
-        }
-    }
-
-    /// Runs the cycle on the snapshot. CPU work: run it off the async runtime.
-    pub fn run(mut self) -> api::TestOnly {
-        let plan = schedule::schedule(
-            self.t,
-            &mut self.snap.placer,
-            &mut self.snap.queues,
-            &self.snap.running,
-            &self.snap.pending,
-            &mut self.history,
-            &self.cfg,
-        );
-        if let Some((_, _, placement)) = plan.admitted.iter().find(|(id, _, _)| *id == self.job) {
+        let plan = self.snap.schedule(self.t, &mut self.history, &self.cfg);
+        let job = JobId(candidate.id);
+        if let Some((_, _, placement)) = plan.admitted.iter().find(|(id, _, _)| *id == job) {
             let mut nodes: Vec<String> = placement
                 .iter()
                 .map(|a| self.snap.node_names[a.node.0 as usize].clone())
@@ -530,7 +490,7 @@ impl TestRun {
                 eta: Some(self.t),
             };
         }
-        let pending = plan.pending.iter().find(|p| p.job == self.job);
+        let pending = plan.pending.iter().find(|p| p.job == job);
         api::TestOnly {
             would_start: false,
             nodes: vec![],
@@ -600,6 +560,26 @@ pub struct Snapshot {
     /// Allocated jobs whose allocation no longer fits their node: (job,
     /// node, reason).
     pub evicted: Vec<(u64, String, String)>,
+}
+
+impl Snapshot {
+    /// The core's cycle on this snapshot.
+    fn schedule(
+        &mut self,
+        t: u64,
+        history: &mut schedule::History,
+        cfg: &Config,
+    ) -> schedule::Plan {
+        schedule::schedule(
+            t,
+            &mut self.placer,
+            &mut self.queues,
+            &self.running,
+            &self.pending,
+            history,
+            cfg,
+        )
+    }
 }
 
 /// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single

@@ -401,36 +401,14 @@ async fn submit(
     }
     let at = now();
     let id = world.next_job + 1;
-    let j = JobRec {
-        id,
-        spec,
-        team: team.clone(),
-        user: caller.user.name.clone(),
-        idempotency_key: key.clone(),
-        state: JobState::Pending,
-        reason: "submitted; waiting for the next scheduling cycle".into(),
-        submitted_at: at,
-        started_at: None,
-        finished_at: None,
-        attempts: 0,
-        preemptions: 0,
-        failures: 0,
-        not_before: None,
-        last_checkpoint: None,
-        kill_at: None,
-        after_stop: None,
-        flavor: String::new(),
-        allocs: vec![],
-        tasks: vec![],
-        logs: BTreeMap::new(),
-    };
+    let j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, key.clone(), at);
     if test_only {
         // The cycle the server would run now, with this job in it, on a
         // snapshot; nothing is stored and no id is used up.
-        let run = crate::cycle::TestRun::take(&world, at, shared.cfg.min_runtime_s, &j);
+        let trial = crate::cycle::Trial::take(&world, at, shared.cfg.min_runtime_s);
         drop(world);
         let _turn = shared.diagnoses.acquire().await;
-        let answer = tokio::task::spawn_blocking(move || run.run())
+        let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
             .await
             .map_err(|e| {
                 tracing::error!(error = %e, "test-only run failed");
@@ -559,7 +537,7 @@ async fn why(
                 // worked out once per cycle.
                 let d = match world.diagnosed.get(&id) {
                     Some(found) => Err(found.clone()),
-                    None if world.unreached.contains(&id) => Ok(crate::cycle::Diagnosis::take(
+                    None if world.unreached.contains(&id) => Ok(crate::cycle::Trial::take(
                         &world,
                         crate::now(),
                         shared.cfg.min_runtime_s,
@@ -592,7 +570,7 @@ async fn why(
         None | Some(Err(None)) => None,
         Some(Err(Some(found))) => Some(found),
         Some(Ok(d)) => {
-            let found = tokio::task::spawn_blocking(move || d.run(id))
+            let found = tokio::task::spawn_blocking(move || d.diagnose(id))
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, job = id, "diagnosis failed");

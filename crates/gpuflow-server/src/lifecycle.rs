@@ -18,12 +18,46 @@
 //! end of its lease); a task stopped on its node without an order ends the
 //! attempt and requeues it.
 
-use gpuflow_api::{JobState, TaskPhase, TaskReport};
+use gpuflow_api::{JobSpec, JobState, TaskPhase, TaskReport};
 
 use crate::state::{AfterStop, Alloc, JobRec, TaskState};
 
 /// The kind of the event a transition records.
 pub type Kind = &'static str;
+
+/// A new job, pending, as submitted by `user` to a queue of `team`.
+pub fn submitted(
+    id: u64,
+    spec: JobSpec,
+    team: &str,
+    user: &str,
+    idempotency_key: Option<String>,
+    at: u64,
+) -> JobRec {
+    JobRec {
+        id,
+        spec,
+        team: team.to_string(),
+        user: user.to_string(),
+        idempotency_key,
+        state: JobState::Pending,
+        reason: "submitted; waiting for the next scheduling cycle".into(),
+        submitted_at: at,
+        started_at: None,
+        finished_at: None,
+        attempts: 0,
+        preemptions: 0,
+        failures: 0,
+        not_before: None,
+        last_checkpoint: None,
+        kill_at: None,
+        after_stop: None,
+        flavor: String::new(),
+        allocs: vec![],
+        tasks: vec![],
+        logs: Default::default(),
+    }
+}
 
 /// A cycle admitted the job with these allocations: a new attempt.
 pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>) -> Kind {

@@ -10,29 +10,8 @@ use gpuflow_server::lifecycle::{self, Action};
 use gpuflow_server::state::{Alloc, JobRec, Pick};
 
 fn job(yaml: &str) -> JobRec {
-    JobRec {
-        id: 1,
-        spec: JobSpec::parse(yaml.as_bytes(), false).unwrap(),
-        team: "t".into(),
-        user: "ana".into(),
-        idempotency_key: None,
-        state: gpuflow_api::JobState::Pending,
-        reason: "submitted".into(),
-        submitted_at: 0,
-        started_at: None,
-        finished_at: None,
-        attempts: 0,
-        preemptions: 0,
-        failures: 0,
-        not_before: None,
-        last_checkpoint: None,
-        kill_at: None,
-        after_stop: None,
-        flavor: String::new(),
-        allocs: vec![],
-        tasks: vec![],
-        logs: Default::default(),
-    }
+    let spec = JobSpec::parse(yaml.as_bytes(), false).unwrap();
+    lifecycle::submitted(1, spec, "t", "ana", None, 0)
 }
 
 fn phase(s: &str) -> (TaskPhase, Option<i32>) {
