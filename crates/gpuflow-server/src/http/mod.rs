@@ -1,0 +1,231 @@
+//! The `/v1` HTTP API: one module per resource, each with its `router()`,
+//! merged in [`router`] with the agent protocol's routes, the body limits and
+//! the `detached` layer. Every handler checks the caller's role and team
+//! before it reads or changes anything; every change is committed (with an
+//! event or an audit line) before the reply. Bad input gets a 4xx with
+//! `{code, message}` naming the problem; a store failure gets a bare 500 and
+//! one log line. Job transitions are the lifecycle's (`lifecycle.rs`).
+
+mod events;
+mod jobs;
+mod nodes;
+mod projects;
+mod queues;
+mod teams;
+mod tokens;
+mod users;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use gpuflow_api::{
+    self as api, ApiError, JobSpec, JobState, NodeState, QueuePatch, QueueSpec, Role, Team,
+    TokenCreated, TokenRequest, User,
+};
+use serde::Serialize;
+
+use crate::auth::{Caller, hash, new_token};
+use crate::state::{
+    JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
+};
+use crate::{Change, Shared, commit, now};
+
+/// An error reply.
+#[derive(Debug)]
+pub struct Error(pub ApiError);
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Error {
+        Error(e)
+    }
+}
+impl From<crate::ServerError> for Error {
+    fn from(e: crate::ServerError) -> Error {
+        tracing::error!(error = ?e, "request failed inside the server");
+        Error(ApiError::new(
+            500,
+            "internal",
+            "internal error; the server log has the details",
+        ))
+    }
+}
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.0)).into_response()
+    }
+}
+type Reply<T> = Result<Json<T>, Error>;
+/// Parses a JSON body strictly, naming the field at fault.
+///
+/// # Errors
+/// A 400 with the field's path.
+pub fn parse_json<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<T, Error> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
+        ApiError::bad_request("invalid_body", format!("{at}{}", e.inner())).into()
+    })
+}
+pub fn router(shared: Arc<Shared>) -> Router {
+    let limit = shared.cfg.max_body_bytes;
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/whoami", get(whoami))
+        .merge(jobs::router())
+        .merge(events::router())
+        .merge(nodes::router())
+        .merge(queues::router())
+        .merge(teams::router())
+        .merge(projects::router())
+        .merge(users::router())
+        .merge(tokens::router())
+        // A heartbeat carries every task of a node: it may be larger.
+        .route(
+            "/v1/agent/register",
+            post(crate::agent::register).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+        )
+        .route(
+            "/v1/agent/heartbeat",
+            post(crate::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+        )
+        .fallback(|| async {
+            Error(ApiError::not_found(
+                "no such endpoint; the API is described at /v1/openapi.json",
+            ))
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(detached))
+        .with_state(shared)
+}
+
+/// Runs each request's handler as a task of its own, so that a client that
+/// disconnects cannot cancel it between the store's commit and the change
+/// in memory (commit, then publish, always both), and a handler that
+/// panics answers 500 instead of taking its connection down unanswered.
+async fn detached(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "request handler panicked");
+            Error(ApiError::new(
+                500,
+                "internal",
+                "internal error; the server log has the details",
+            ))
+            .into_response()
+        }
+    }
+}
+async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
+}
+async fn whoami(caller: Caller) -> Json<api::WhoAmI> {
+    Json(api::WhoAmI {
+        user: caller.user.name,
+        team: caller.user.team,
+        role: caller.user.role,
+    })
+}
+fn body_or_413(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, Error> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                413,
+                "too_large",
+                format!("the body is larger than {limit} bytes"),
+            )
+            .into()
+        } else {
+            ApiError::bad_request("bad_body", e.body_text()).into()
+        }
+    })
+}
+/// The body of a JSON request, parsed strictly.
+fn json_body<T: for<'de> serde::Deserialize<'de>>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<T, Error> {
+    parse_json(&body_or_413(body, limit)?)
+}
+/// A 400 unless `name` is a valid name for teams, users, projects and nodes.
+pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
+    if api::valid_name(name) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "invalid_name",
+        format!(
+            "{field}: {name:?} is not a valid {what} (lowercase letters, digits, '-', '_', '.')"
+        ),
+    )
+    .into())
+}
+/// The most items one page of a list holds.
+pub const MAX_PAGE: usize = 1000;
+/// A page of a list ordered by name (or id): `limit` items after `after`.
+struct NamePage {
+    limit: usize,
+    after: Option<String>,
+}
+impl NamePage {
+    /// # Errors
+    /// A 400 for an unknown parameter or a bad page size.
+    fn parse(q: &BTreeMap<String, String>) -> Result<NamePage, Error> {
+        if let Some(k) = q.keys().find(|k| !["limit", "after"].contains(&k.as_str())) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: limit, after (the last name seen)"),
+            )
+            .into());
+        }
+        Ok(NamePage {
+            limit: page_limit(q.get("limit"))?,
+            after: q.get("after").cloned(),
+        })
+    }
+
+    /// The page of a map ordered by its keys.
+    fn of<'m, V>(
+        &self,
+        map: &'m BTreeMap<String, V>,
+    ) -> impl Iterator<Item = (&'m String, &'m V)> + use<'m, V> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = match &self.after {
+            Some(a) => Excluded(a.clone()),
+            None => Unbounded,
+        };
+        map.range((from, Unbounded))
+    }
+}
+/// A page size from the `limit` parameter: 1 to [`MAX_PAGE`], default the most.
+fn page_limit(v: Option<&String>) -> Result<usize, Error> {
+    match v {
+        None => Ok(MAX_PAGE),
+        Some(l) => match l.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => Ok(n),
+            _ => Err(ApiError::bad_request(
+                "bad_query",
+                format!(
+                    "limit: {l:?} is not a page size: 1 to {MAX_PAGE}; page on with `before` (jobs, the last id seen) or `after` (events, audit: the last seq seen)"
+                ),
+            )
+            .into()),
+        },
+    }
+}

@@ -1,0 +1,125 @@
+//! Nodes (list, drain, cordon, uncordon, replace) and pools.
+
+use super::*;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}/{action}", post(node_action))
+        .route("/v1/pools", get(pools))
+}
+
+fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> api::NodeView {
+    api::NodeView {
+        name: n.name.clone(),
+        state: n.state,
+        inventory: n.inventory.clone(),
+        gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
+        last_heartbeat: n.last_heartbeat,
+    }
+}
+async fn list_nodes(
+    State(shared): State<Arc<Shared>>,
+    _caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::NodeView>> {
+    let page = NamePage::parse(&q)?;
+    let world = shared.world.lock().await;
+    let used = world.gpus_in_use();
+    Ok(Json(
+        page.of(&world.nodes)
+            .take(page.limit)
+            .map(|(_, n)| node_view(n, &used))
+            .collect(),
+    ))
+}
+async fn node_action(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path((name, action)): Path<(String, String)>,
+) -> Reply<api::NodeView> {
+    caller.need_admin("changing a node")?;
+    let mut world = shared.world.lock().await;
+    let Some(n) = world.nodes.get(&name) else {
+        return Err(ApiError::not_found(format!("node {name:?} not found")).into());
+    };
+    let mut n = n.clone();
+    let at = now();
+    let mut change = Change::default();
+    if action == "replace" {
+        // The machine behind the name is gone: its token no longer works,
+        // its work is requeued as for a lost node, and the next agent that
+        // registers the name with the join token takes it.
+        n.token_hash.clear();
+        n.state = NodeState::Lost;
+        change.event(
+            at,
+            None,
+            "",
+            "node-replace",
+            format!(
+                "node {name} released for replacement by {}; its work is requeued",
+                caller.user.name
+            ),
+        );
+    } else {
+        let state = match action.as_str() {
+            "drain" => NodeState::Draining,
+            "cordon" => NodeState::Cordoned,
+            "uncordon" => NodeState::Ready,
+            other => {
+                return Err(ApiError::not_found(format!(
+                    "no node action {other:?}; actions: drain, cordon, uncordon, replace"
+                ))
+                .into());
+            }
+        };
+        n.admin_state = state;
+        if n.state != NodeState::Lost {
+            n.state = state;
+        }
+        change.event(
+            at,
+            None,
+            "",
+            &format!("node-{action}"),
+            format!("node {name} {action}ed by {}", caller.user.name),
+        );
+    }
+    change.audit(
+        at,
+        &caller.user.name,
+        &format!("node.{action}"),
+        &format!("node/{name}"),
+        "",
+    );
+    change.nodes.insert(name.clone(), n);
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    let used = world.gpus_in_use();
+    Ok(Json(node_view(&world.nodes[&name], &used)))
+}
+#[derive(Serialize)]
+struct Pool {
+    name: String,
+    nodes: usize,
+    gpus: usize,
+}
+async fn pools(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<Pool>> {
+    let world = shared.world.lock().await;
+    let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
+    for n in world.nodes.values() {
+        let name = if n.inventory.pool.is_empty() {
+            "default".to_string()
+        } else {
+            n.inventory.pool.clone()
+        };
+        let p = pools.entry(name.clone()).or_insert(Pool {
+            name,
+            nodes: 0,
+            gpus: 0,
+        });
+        p.nodes += 1;
+        p.gpus += n.inventory.gpus.len();
+    }
+    Ok(Json(pools.into_values().collect()))
+}

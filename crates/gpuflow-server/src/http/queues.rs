@@ -1,0 +1,282 @@
+//! Queues: the tree, quotas, weights, states; team leads below their team's top-level queue.
+
+use super::*;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/queues", get(list_queues).post(create_queue))
+        .route("/v1/queues/{name}", patch(patch_queue).delete(delete_queue))
+}
+
+async fn list_queues(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::QueueView>> {
+    let page = NamePage::parse(&q)?;
+    let world = shared.world.lock().await;
+    let mut out: BTreeMap<&str, api::QueueView> = page
+        .of(&world.queues)
+        .filter(|(_, q)| caller.sees(&q.team))
+        .take(page.limit)
+        .map(|(name, q)| {
+            (
+                name.as_str(),
+                api::QueueView {
+                    spec: q.clone(),
+                    used: BTreeMap::new(),
+                    pending: 0,
+                    running: 0,
+                },
+            )
+        })
+        .collect();
+    // One pass over the jobs for the whole page.
+    for j in world.jobs.values() {
+        let Some(v) = out.get_mut(j.spec.queue.as_str()) else {
+            continue;
+        };
+        if j.state == JobState::Pending {
+            v.pending += 1;
+        }
+        if j.state.allocated() {
+            v.running += 1;
+            *v.used.entry(j.flavor.clone()).or_default() +=
+                crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+        }
+    }
+    Ok(Json(out.into_values().collect()))
+}
+/// Team leads may shape their team's queues below an admin-made top queue:
+/// children's guarantees must fit in their parent's.
+fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
+    let Some(parent) = q.parent.as_deref().and_then(|p| world.queues.get(p)) else {
+        return Err(
+            ApiError::forbidden("only an admin sets the quotas of a top-level queue").into(),
+        );
+    };
+    for (flavor, quota) in &q.quotas {
+        let limit = parent
+            .quotas
+            .get(flavor)
+            .or_else(|| parent.quotas.get("*"))
+            .map_or(0.0, |p| p.guaranteed);
+        let siblings: f64 = world
+            .queues
+            .values()
+            .filter(|s| s.parent == q.parent && s.name != q.name)
+            .filter_map(|s| s.quotas.get(flavor))
+            .map(|s| s.guaranteed)
+            .sum();
+        if quota.guaranteed + siblings > limit + 1e-9 {
+            return Err(ApiError::forbidden(format!(
+                "quotas.{flavor}.guaranteed: {} plus the siblings' {siblings} exceeds the parent's {limit}; ask an admin",
+                quota.guaranteed
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+async fn create_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<QueueSpec>), Error> {
+    let q: QueueSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    q.validate()?;
+    let mut world = shared.world.lock().await;
+    if !caller.leads(&q.team) {
+        return Err(ApiError::forbidden(format!(
+            "creating a queue of team {:?} needs the admin role or that team's lead",
+            q.team
+        ))
+        .into());
+    }
+    if !world.teams.contains_key(&q.team) {
+        return Err(ApiError::bad_request(
+            "unknown_team",
+            format!("team: {:?} does not exist", q.team),
+        )
+        .into());
+    }
+    if world.queues.contains_key(&q.name) {
+        return Err(ApiError::conflict(format!("queue {:?} already exists", q.name)).into());
+    }
+    if q.parent.is_none() && !caller.admin() {
+        return Err(ApiError::forbidden(
+            "only an admin creates top-level queues; team leads create queues under their team's queue (set parent)",
+        )
+        .into());
+    }
+    if let Some(p) = &q.parent {
+        let mut depth = 2;
+        let mut up = world.queues.get(p).and_then(|q| q.parent.as_deref());
+        while let Some(name) = up {
+            depth += 1;
+            up = world.queues.get(name).and_then(|q| q.parent.as_deref());
+            if depth > api::MAX_QUEUE_DEPTH {
+                break;
+            }
+        }
+        if depth > api::MAX_QUEUE_DEPTH {
+            return Err(ApiError::bad_request(
+                "too_deep",
+                format!(
+                    "parent: a queue under {p:?} would be more than {} levels deep; attach it higher up",
+                    api::MAX_QUEUE_DEPTH
+                ),
+            )
+            .into());
+        }
+        match world.queues.get(p) {
+            None => {
+                return Err(ApiError::bad_request(
+                    "unknown_queue",
+                    format!("parent: queue {p:?} does not exist"),
+                )
+                .into());
+            }
+            Some(pq) if pq.team != q.team => {
+                return Err(ApiError::bad_request(
+                    "wrong_team",
+                    format!("parent: queue {p:?} belongs to team {:?}", pq.team),
+                )
+                .into());
+            }
+            Some(_) => {}
+        }
+        if world
+            .jobs
+            .values()
+            .any(|j| &j.spec.queue == p && !j.state.finished())
+        {
+            return Err(ApiError::conflict(format!(
+                "parent: queue {p:?} has unfinished jobs; a queue with jobs cannot get children"
+            ))
+            .into());
+        }
+    }
+    if !caller.admin() {
+        check_lead_quotas(&world, &q)?;
+    }
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(queue_rec(&q));
+    change.audit(
+        at,
+        &caller.user.name,
+        "queue.create",
+        &format!("queue/{}", q.name),
+        serde_json::to_string(&q).unwrap_or_default(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.insert(q.name.clone(), q.clone());
+    drop(world);
+    shared.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(q)))
+}
+async fn patch_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<QueueSpec> {
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let p: QueuePatch = parse_json(&body)?;
+    let mut world = shared.world.lock().await;
+    let Some(q) = world.queues.get(&name).filter(|q| caller.sees(&q.team)) else {
+        return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
+    };
+    if !caller.leads(&q.team) {
+        return Err(ApiError::forbidden(format!(
+            "changing queue {name:?} needs the admin role or its team's lead"
+        ))
+        .into());
+    }
+    if q.parent.is_none() && !caller.admin() {
+        // A team's top-level queue is what the admins granted it.
+        return Err(ApiError::forbidden(format!(
+            "queue {name:?} is a top-level queue: only an admin changes it; team leads change the queues below it"
+        ))
+        .into());
+    }
+    let mut q = q.clone();
+    if let Some(w) = p.weight {
+        q.weight = w;
+    }
+    if let Some(s) = p.state {
+        q.state = s;
+    }
+    if let Some(l) = p.user_limits {
+        q.user_limits = l;
+    }
+    if let Some(quotas) = p.quotas {
+        q.quotas = quotas;
+        if !caller.admin() {
+            check_lead_quotas(&world, &q)?;
+        }
+    }
+    q.validate()?;
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(queue_rec(&q));
+    change.audit(
+        at,
+        &caller.user.name,
+        "queue.update",
+        &format!("queue/{name}"),
+        String::from_utf8_lossy(&body),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.insert(name, q.clone());
+    drop(world);
+    shared.wake.notify_one();
+    Ok(Json(q))
+}
+async fn delete_queue(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    caller.need_admin("deleting a queue")?;
+    let mut world = shared.world.lock().await;
+    if !world.queues.contains_key(&name) {
+        return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
+    }
+    if world
+        .queues
+        .values()
+        .any(|q| q.parent.as_deref() == Some(name.as_str()))
+    {
+        return Err(ApiError::conflict(format!(
+            "queue {name:?} has child queues; delete them first"
+        ))
+        .into());
+    }
+    if world
+        .jobs
+        .values()
+        .any(|j| j.spec.queue == name && !j.state.finished())
+    {
+        return Err(ApiError::conflict(format!(
+            "queue {name:?} has unfinished jobs; cancel them or let them finish first"
+        ))
+        .into());
+    }
+    let mut change = Change::default();
+    change
+        .batch
+        .delete
+        .push((gpuflow_store::Table::Queues, name.clone()));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "queue.delete",
+        &format!("queue/{name}"),
+        "",
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.queues.remove(&name);
+    Ok(StatusCode::NO_CONTENT)
+}
