@@ -270,6 +270,13 @@ impl Client {
         };
         let mut resp = resp.with_context(|| format!("cannot reach the server at {}", self.base))?;
         let status = resp.status().as_u16();
+        // The server's warnings (`Warning: 299 gpuflow "..."`), on stderr.
+        for w in resp.headers().get_all("warning") {
+            if let Ok(w) = w.to_str() {
+                let text = w.splitn(3, ' ').nth(2).unwrap_or(w).trim_matches('"');
+                eprintln!("warning: {text}");
+            }
+        }
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         if status >= 400 {
             let msg = serde_json::from_str::<api::ApiError>(&text).map_or(text, |e| e.message);

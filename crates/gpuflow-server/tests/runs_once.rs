@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use tower::ServiceExt;
 
 mod support;
 use support::*;
@@ -674,4 +675,48 @@ async fn the_applier_drops_decisions_whose_ground_changed_while_the_cycle_ran() 
     .unwrap();
     assert_eq!(state(late).await, "pending");
     check_no_gpu_held_twice(&h).await;
+}
+
+#[tokio::test]
+async fn quotas_for_models_the_cluster_lacks_or_beyond_it_are_warned() {
+    let h = harness(None).await;
+    register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
+    assert_eq!(
+        h.json("POST", "/v1/teams", &h.admin, json!({"name": "t"}))
+            .await
+            .0,
+        201
+    );
+    let resp = h
+        .router
+        .clone()
+        .oneshot(
+            axum::http::Request::builder()
+                .method("POST")
+                .uri("/v1/queues")
+                .header("authorization", format!("Bearer {}", h.admin))
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(
+                    json!({"name": "q", "team": "t", "quotas": {"A10": {"guaranteed": 1}, "H100": {"guaranteed": 3}}}).to_string(),
+                ))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let warnings: Vec<String> = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].contains("no node has GPU model A10 yet; the cluster has H100"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].contains("guaranteed 3 H100 GPUs and the cluster has 2"),
+        "{warnings:?}"
+    );
 }

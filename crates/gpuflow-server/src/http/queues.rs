@@ -47,6 +47,61 @@ async fn list_queues(
     }
     Ok(Json(out.into_values().collect()))
 }
+/// What is doubtful about a queue's quotas on the registered cluster (not
+/// refused: GPUs may still join): a flavor no node has, top-level
+/// guarantees of a flavor beyond what the cluster has.
+fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
+    if world.nodes.is_empty() {
+        return vec![];
+    }
+    let mut have: BTreeMap<&str, f64> = BTreeMap::new();
+    for n in world.nodes.values() {
+        for g in &n.inventory.gpus {
+            *have.entry(g.model.as_str()).or_default() += 1.0;
+        }
+    }
+    let mut out = vec![];
+    for flavor in q.quotas.keys().filter(|f| *f != "*") {
+        match have.get(flavor.as_str()) {
+            None => out.push(format!(
+                "quotas.{flavor}: no node has GPU model {flavor} yet; the cluster has {}",
+                if have.is_empty() {
+                    "no GPUs".to_string()
+                } else {
+                    have.keys().copied().collect::<Vec<_>>().join(", ")
+                }
+            )),
+            Some(&gpus) => {
+                let guaranteed: f64 = world
+                    .queues
+                    .values()
+                    .filter(|t| t.parent.is_none() && t.name != "default")
+                    .filter_map(|t| t.quotas.get(flavor))
+                    .map(|t| t.guaranteed)
+                    .sum();
+                if guaranteed > gpus + 1e-9 {
+                    out.push(format!(
+                        "quotas.{flavor}: top-level queues are guaranteed {guaranteed} {flavor} GPUs and the cluster has {gpus}; guarantees beyond it cannot all be met"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Adds each warning as a `Warning: 299` header (as Kubernetes does); the
+/// CLI prints them.
+fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 gpuflow {:?}", w);
+        if let Ok(v) = axum::http::HeaderValue::from_str(&text) {
+            r.headers_mut().append(axum::http::header::WARNING, v);
+        }
+    }
+    r
+}
+
 /// Team leads may shape their team's queues below an admin-made top queue:
 /// children's guarantees must fit in their parent's.
 fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
@@ -82,7 +137,7 @@ async fn create_queue(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<QueueSpec>), Error> {
+) -> Result<Response, Error> {
     let q: QueueSpec = json_body(body, shared.cfg.max_body_bytes)?;
     q.validate()?;
     let mut world = shared.world.lock().await;
@@ -172,16 +227,20 @@ async fn create_queue(
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.queues.insert(q.name.clone(), q.clone());
+    let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(q)))
+    Ok(with_warnings(
+        (StatusCode::CREATED, Json(q)).into_response(),
+        &warnings,
+    ))
 }
 async fn patch_queue(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Reply<QueueSpec> {
+) -> Result<Response, Error> {
     let body = body_or_413(body, shared.cfg.max_body_bytes)?;
     let p: QueuePatch = parse_json(&body)?;
     let mut world = shared.world.lock().await;
@@ -230,9 +289,10 @@ async fn patch_queue(
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.queues.insert(name, q.clone());
+    let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
-    Ok(Json(q))
+    Ok(with_warnings(Json(q).into_response(), &warnings))
 }
 async fn delete_queue(
     State(shared): State<Arc<Shared>>,
