@@ -7,6 +7,8 @@
  *   FAKE_NVML_MODEL  product name (default "NVIDIA H100 80GB HBM3")
  *   FAKE_NVML_MEM_MIB memory per GPU in MiB (default 81559)
  *   FAKE_NVML_FAIL_INIT  when set, nvmlInit_v2 fails (driver not loaded)
+ *   FAKE_NVML_MIG    when set, every GPU is in MIG mode with these instances,
+ *                    comma-separated profiles (e.g. "1g.10gb,1g.10gb,3g.40gb")
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +18,12 @@ typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 
-typedef struct fake_device { unsigned int index; } *nvmlDevice_t;
+/* mig < 0: the physical GPU; else its MIG instance number. */
+typedef struct fake_device { unsigned int index; int mig; } *nvmlDevice_t;
 
 typedef struct {
     unsigned int version;
@@ -29,6 +33,26 @@ typedef struct {
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
 static struct fake_device devices[64];
+static struct fake_device mig_devices[64][7];
+
+/* The k-th profile of FAKE_NVML_MIG into out (NUL-terminated); 0 if none. */
+static int mig_profile(int k, char *out, size_t len) {
+    const char *s = getenv("FAKE_NVML_MIG");
+    if (!s || !*s) return 0;
+    for (int i = 0; *s; i++) {
+        const char *end = strchr(s, ',');
+        size_t n = end ? (size_t)(end - s) : strlen(s);
+        if (i == k) {
+            if (n + 1 > len) n = len - 1;
+            memcpy(out, s, n);
+            out[n] = 0;
+            return 1;
+        }
+        if (!end) break;
+        s = end + 1;
+    }
+    return 0;
+}
 static int initialised = 0;
 
 static unsigned int count(void) {
@@ -41,7 +65,14 @@ static unsigned int count(void) {
 
 nvmlReturn_t nvmlInit_v2(void) {
     if (getenv("FAKE_NVML_FAIL_INIT")) return NVML_ERROR_DRIVER_NOT_LOADED;
-    for (unsigned int i = 0; i < 64; i++) devices[i].index = i;
+    for (unsigned int i = 0; i < 64; i++) {
+        devices[i].index = i;
+        devices[i].mig = -1;
+        for (int k = 0; k < 7; k++) {
+            mig_devices[i][k].index = i;
+            mig_devices[i][k].mig = k;
+        }
+    }
     initialised = 1;
     return NVML_SUCCESS;
 }
@@ -81,6 +112,12 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) 
     if (!d || !name) return NVML_ERROR_INVALID_ARGUMENT;
     const char *m = getenv("FAKE_NVML_MODEL");
     if (!m) m = "NVIDIA H100 80GB HBM3";
+    char profile[32];
+    if (d->mig >= 0 && mig_profile(d->mig, profile, sizeof profile)) {
+        if ((unsigned int)snprintf(name, length, "%s MIG %s", m, profile) >= length)
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        return NVML_SUCCESS;
+    }
     if (strlen(m) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
     strcpy(name, m);
     return NVML_SUCCESS;
@@ -90,7 +127,10 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) 
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!d || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
     if (length < 41) return NVML_ERROR_INSUFFICIENT_SIZE;
-    snprintf(uuid, length, "GPU-fa4e0000-0000-0000-0000-%012u", d->index);
+    if (d->mig >= 0)
+        snprintf(uuid, length, "MIG-fa4e0000-0000-0000-%04u-%012d", d->index, d->mig);
+    else
+        snprintf(uuid, length, "GPU-fa4e0000-0000-0000-0000-%012u", d->index);
     return NVML_SUCCESS;
 }
 
@@ -99,6 +139,11 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     if (!d || !m) return NVML_ERROR_INVALID_ARGUMENT;
     const char *s = getenv("FAKE_NVML_MEM_MIB");
     unsigned long long mib = s ? strtoull(s, 0, 10) : 81559ULL;
+    char profile[32];
+    if (d->mig >= 0 && mig_profile(d->mig, profile, sizeof profile)) {
+        const char *dot = strchr(profile, '.');
+        mib = dot ? strtoull(dot + 1, 0, 10) * 1024ULL : 0;
+    }
     m->total = mib * 1024ULL * 1024ULL;
     m->reserved = 0;
     m->used = 512ULL * 1024ULL * 1024ULL;
@@ -111,5 +156,30 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
     if (!d || !u) return NVML_ERROR_INVALID_ARGUMENT;
     u->gpu = 10 + d->index;
     u->memory = 5;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    char profile[32];
+    *current = *pending = mig_profile(0, profile, sizeof profile) ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !n) return NVML_ERROR_INVALID_ARGUMENT;
+    char profile[32];
+    *n = mig_profile(0, profile, sizeof profile) ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k, nvmlDevice_t *out) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !out || d->mig >= 0 || k >= 7) return NVML_ERROR_INVALID_ARGUMENT;
+    char profile[32];
+    if (!mig_profile((int)k, profile, sizeof profile)) return NVML_ERROR_NOT_FOUND;
+    *out = &mig_devices[d->index][k];
     return NVML_SUCCESS;
 }

@@ -5,12 +5,14 @@
 use gpuflow_api::GpuInfo;
 use nvml_wrapper::Nvml;
 
-/// Emulated GPUs: `count` of `model` with `memory_mib` each.
+/// Emulated GPUs: `count` of `model` with `memory_mib` each, in MIG mode
+/// with these instance profiles when `mig` is not empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Emulated {
     pub count: u32,
     pub model: String,
     pub memory_mib: u64,
+    pub mig: Vec<String>,
 }
 
 impl Emulated {
@@ -43,7 +45,43 @@ impl Emulated {
             count,
             model,
             memory_mib: mem,
+            mig: vec![],
         })
+    }
+
+    /// Declares every emulated GPU in MIG mode with these instances:
+    /// `1g.10gb,1g.10gb,3g.40gb` (profiles `Ng.Mgb`, at most 7 slices in all).
+    ///
+    /// # Errors
+    /// A message saying what form is expected.
+    pub fn with_mig(mut self, layout: &str) -> Result<Emulated, String> {
+        let mut slices = 0;
+        for p in layout.split(',').map(str::trim) {
+            let parsed = p
+                .split_once('g')
+                .and_then(|(n, rest)| Some((n.parse::<u32>().ok()?, rest.strip_prefix('.')?)))
+                .and_then(|(n, mem)| Some((n, mem.strip_suffix("gb")?.parse::<u32>().ok()?)));
+            let Some((n, _)) = parsed.filter(|(n, gb)| (1..=7).contains(n) && *gb > 0) else {
+                return Err(format!(
+                    "{p:?} is not a MIG profile: use Ng.Mgb (e.g. 1g.10gb, 3g.40gb), comma-separated"
+                ));
+            };
+            slices += n;
+            self.mig.push(p.to_string());
+        }
+        if slices > 7 {
+            return Err(format!(
+                "MIG layout {layout:?} has {slices} compute slices; a GPU has 7"
+            ));
+        }
+        Ok(self)
+    }
+
+    fn mig_memory_mib(profile: &str) -> u64 {
+        profile
+            .split_once('.')
+            .and_then(|(_, m)| m.strip_suffix("gb")?.parse::<u64>().ok())
+            .map_or(0, |gb| gb * 1024)
     }
 
     pub fn gpus(&self) -> Vec<GpuInfo> {
@@ -54,6 +92,16 @@ impl Emulated {
                 model: self.model.clone(),
                 memory_mib: self.memory_mib,
                 utilization: None,
+                mig: self
+                    .mig
+                    .iter()
+                    .enumerate()
+                    .map(|(k, p)| gpuflow_api::MigInfo {
+                        uuid: format!("MIG-EMU-{i}-{k}"),
+                        profile: p.clone(),
+                        memory_mib: Emulated::mig_memory_mib(p),
+                    })
+                    .collect(),
             })
             .collect()
     }
@@ -120,10 +168,32 @@ impl Gpus {
                     model: normalise_model(&d.name().ok()?),
                     memory_mib: d.memory_info().ok()?.total / (1024 * 1024),
                     utilization: d.utilization_rates().ok().map(|u| u.gpu),
+                    mig: mig_instances(&d),
                 })
             })
             .collect()
     }
+}
+
+/// A GPU's MIG instances as NVML lists them (none when it is not in MIG
+/// mode, or NVML cannot tell); only read, never changed.
+fn mig_instances(d: &nvml_wrapper::Device<'_>) -> Vec<gpuflow_api::MigInfo> {
+    if d.mig_mode().map_or(true, |m| m.current == 0) {
+        return vec![];
+    }
+    let slots = d.mig_device_count().unwrap_or(0);
+    (0..slots)
+        .filter_map(|k| {
+            let m = d.mig_device_by_index(k).ok()?;
+            let name = m.name().ok()?;
+            Some(gpuflow_api::MigInfo {
+                uuid: m.uuid().ok()?,
+                // "NVIDIA H100 80GB HBM3 MIG 1g.10gb" → "1g.10gb".
+                profile: name.rsplit_once("MIG ")?.1.trim().to_string(),
+                memory_mib: m.memory_info().ok()?.total / (1024 * 1024),
+            })
+        })
+        .collect()
 }
 
 /// "NVIDIA H100 80GB HBM3" → "H100-80GB-HBM3": the flavor name quotas use.
@@ -143,6 +213,24 @@ mod tests {
         assert_eq!((e.count, e.model.as_str(), e.memory_mib), (2, "A10", 24576));
         assert!(Emulated::parse("x").is_err());
         assert!(Emulated::parse("100").is_err());
+    }
+
+    #[test]
+    fn emulated_gpus_take_a_declared_mig_layout() {
+        let e = Emulated::parse("2xA100:40960")
+            .unwrap()
+            .with_mig("3g.20gb,2g.10gb,1g.5gb,1g.5gb")
+            .unwrap();
+        let gpus = e.gpus();
+        assert_eq!(gpus[1].mig.len(), 4);
+        assert_eq!(gpus[1].mig[3].uuid, "MIG-EMU-1-3");
+        assert_eq!(gpus[0].mig[0].memory_mib, 20 * 1024);
+        let err = Emulated::parse("1")
+            .unwrap()
+            .with_mig("4g.40gb,4g.40gb")
+            .unwrap_err();
+        assert!(err.contains("8 compute slices"), "{err}");
+        assert!(Emulated::parse("1").unwrap().with_mig("big").is_err());
     }
 
     #[test]

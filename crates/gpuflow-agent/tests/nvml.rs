@@ -31,7 +31,24 @@ fn nvml_discovery_through_the_fake_library() {
     assert_eq!(list[0].memory_mib, 81559);
     assert_eq!(list[1].uuid, "GPU-fa4e0000-0000-0000-0000-000000000001");
     assert_eq!(list[1].utilization, Some(11));
+    assert!(list[0].mig.is_empty(), "not in MIG mode");
     drop(gpus);
+
+    // GPUs in MIG mode: their instances, profiles, memory and UUIDs, read
+    // (never set) through NVML.
+    unsafe { std::env::set_var("FAKE_NVML_MIG", "1g.10gb,1g.10gb,3g.40gb") };
+    let gpus = Gpus::open(Some(&lib), None);
+    let list = gpus.list();
+    let mig = &list[1].mig;
+    assert_eq!(mig.len(), 3, "{list:?}");
+    assert_eq!(
+        mig.iter().map(|m| m.profile.as_str()).collect::<Vec<_>>(),
+        ["1g.10gb", "1g.10gb", "3g.40gb"]
+    );
+    assert_eq!(mig[2].memory_mib, 40 * 1024);
+    assert_eq!(mig[1].uuid, "MIG-fa4e0000-0000-0000-0001-000000000001");
+    drop(gpus);
+    unsafe { std::env::remove_var("FAKE_NVML_MIG") };
 
     // A driver that does not initialise means no GPUs, not a crash.
     unsafe { std::env::set_var("FAKE_NVML_FAIL_INIT", "1") };

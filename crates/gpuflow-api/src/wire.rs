@@ -483,6 +483,20 @@ pub struct GpuInfo {
     /// Current utilisation in percent, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<u32>,
+    /// Its MIG instances when it is in MIG mode (each allocated whole, to
+    /// jobs asking for its profile); empty when it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigInfo>,
+}
+
+/// One MIG instance of a GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MigInfo {
+    /// `MIG-…`: what `CUDA_VISIBLE_DEVICES` names it by.
+    pub uuid: String,
+    /// The profile, e.g. `1g.10gb`.
+    pub profile: String,
+    pub memory_mib: u64,
 }
 
 /// What a node has, as its agent reports it.

@@ -188,6 +188,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
                     model: "H100".into(),
                     memory_mib: 81920,
                     utilization: None,
+                    mig: vec![],
                 })
                 .collect(),
             emulated: true,

@@ -79,6 +79,10 @@ pub struct NodeArgs {
     /// Emulate GPUs instead of using NVML: N, NxMODEL or NxMODEL:MEM_MIB.
     #[arg(long)]
     pub emulate: Option<String>,
+    /// Declare the emulated GPUs in MIG mode with these instances, e.g.
+    /// 1g.10gb,1g.10gb,3g.40gb (needs --emulate).
+    #[arg(long, requires = "emulate")]
+    pub emulate_mig: Option<String>,
     /// Load this NVML library instead of the system's libnvidia-ml.so.1.
     #[arg(long)]
     pub nvml_lib: Option<PathBuf>,
@@ -174,12 +178,16 @@ fn agent_config(
         join_token,
         node,
         work_dir: n.work_dir.clone().unwrap_or_else(|| data_dir.join("agent")),
-        emulate: n
-            .emulate
-            .as_deref()
-            .map(Emulated::parse)
-            .transpose()
-            .map_err(|e| anyhow!("--emulate: {e}"))?,
+        emulate: match n.emulate.as_deref().map(Emulated::parse).transpose() {
+            Err(e) => return Err(anyhow!("--emulate: {e}")),
+            Ok(Some(e)) => Some(match &n.emulate_mig {
+                Some(layout) => e
+                    .with_mig(layout)
+                    .map_err(|e| anyhow!("--emulate-mig: {e}"))?,
+                None => e,
+            }),
+            Ok(None) => None,
+        },
         nvml_lib: n.nvml_lib.clone(),
         pool: n.pool.clone(),
         labels: n.labels.iter().cloned().collect(),

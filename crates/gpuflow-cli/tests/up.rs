@@ -81,6 +81,55 @@ fn up_runs_a_job_on_nvml_gpus() {
 }
 
 #[test]
+fn up_runs_mig_jobs_on_the_instances_nvml_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = gpuflow_agent::fake_nvml::build(dir.path()).unwrap() else {
+        eprintln!("skipped: no C compiler to build the fake NVML library");
+        return;
+    };
+    let lib = lib.to_str().unwrap().to_string();
+    let (_proc, url, token) = up(
+        dir.path(),
+        &["--nvml-lib", &lib],
+        &[
+            ("FAKE_NVML_GPUS", "1"),
+            ("FAKE_NVML_MIG", "3g.40gb,2g.20gb,1g.10gb,1g.10gb"),
+        ],
+    );
+    let api = Api::new(&url);
+    let node = poll("the local agent registers", Duration::from_secs(30), || {
+        let n = api.get("/v1/nodes", &token);
+        n.as_array().unwrap().first().cloned()
+    });
+    assert_eq!(
+        node["inventory"]["gpus"][0]["mig"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4,
+        "{node}"
+    );
+    let spec = |p: &str| {
+        format!(
+            "name: m\nqueue: default\ntasks:\n  - name: main\n    command: [sh, -c, 'echo visible=$CUDA_VISIBLE_DEVICES']\n    resources: {{gpu: {{mode: mig, profile: {p}}}}}\n"
+        )
+    };
+    let (s, v) = api.submit_yaml(&token, &spec("2g.20gb"));
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    api.wait_state(id, &token, "succeeded", Duration::from_secs(60));
+    let logs = api.get(&format!("/v1/jobs/{id}/logs"), &token);
+    // The task sees its instance only, by the UUID NVML gave it.
+    assert_eq!(
+        logs["tasks"]["main/0"],
+        "visible=MIG-fa4e0000-0000-0000-0000-000000000001\n"
+    );
+    // A profile the GPU is not carved into is refused at submit.
+    let (s, v) = api.submit_yaml(&token, &spec("7g.80gb"));
+    assert_eq!(s, 400, "{v}");
+}
+
+#[test]
 fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     // A library path that does not exist: NVML does not load, as on a machine without GPUs.

@@ -329,7 +329,10 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let gpus = pick.gpus();
             // Real GPUs by UUID (stable whatever CUDA's enumeration order),
             // emulated ones by position.
-            let list = if inv.emulated || a.gpu_uuids.is_empty() {
+            // A MIG instance by its own UUID, the only name CUDA knows it by.
+            let list = if matches!(pick, crate::state::Pick::Mig { .. }) {
+                crate::state::Alloc::uuids_of(&pick, inv).join(",")
+            } else if inv.emulated || a.gpu_uuids.is_empty() {
                 gpus.iter()
                     .map(u32::to_string)
                     .collect::<Vec<_>>()

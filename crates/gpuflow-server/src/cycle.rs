@@ -616,7 +616,19 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
         let gpus: Vec<Gpu> = inv
             .gpus
             .iter()
-            .map(|g| Gpu::plain(&g.model, MemMib(g.memory_mib)))
+            .map(|g| {
+                let mut gpu = Gpu::plain(&g.model, MemMib(g.memory_mib));
+                // A GPU in MIG mode is allocated by instance, whole.
+                gpu.mig = g
+                    .mig
+                    .iter()
+                    .map(|m| model::MigInstance {
+                        profile: m.profile.clone(),
+                        mem: MemMib(m.memory_mib),
+                    })
+                    .collect();
+                gpu
+            })
             .collect();
         let mut node = Node::new(
             i as u32,

@@ -50,9 +50,31 @@ pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
         let models = &req.models;
         let model_ok = |m: &str| models.is_empty() || models.iter().any(|x| x == m);
         if let GpuRequest::Mig { profile } = &req.gpu {
-            return Some(format!(
-                "{at}: no node of this cluster offers MIG instances (profile {profile}); MIG is not supported yet"
-            ));
+            let offered = nodes.iter().any(|n| {
+                n.gpus
+                    .iter()
+                    .any(|g| model_ok(&g.model) && g.mig.iter().any(|m| &m.profile == profile))
+            });
+            if !offered {
+                let mut have: Vec<&str> = nodes
+                    .iter()
+                    .flat_map(|n| {
+                        n.gpus
+                            .iter()
+                            .flat_map(|g| g.mig.iter().map(|m| m.profile.as_str()))
+                    })
+                    .collect();
+                have.sort_unstable();
+                have.dedup();
+                return Some(format!(
+                    "{at}: no node offers MIG profile {profile}; the cluster's MIG profiles: {}",
+                    if have.is_empty() {
+                        "none (no GPU is in MIG mode)".to_string()
+                    } else {
+                        have.join(", ")
+                    }
+                ));
+            }
         }
         if !models.is_empty()
             && !nodes
@@ -84,7 +106,9 @@ pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
                 GpuRequest::TimeSlice { mem } => {
                     gpus.filter(|gpu| gpu.memory_mib >= mem.0).count() as u64 * 4
                 }
-                GpuRequest::Mig { .. } => 0,
+                GpuRequest::Mig { profile } => gpus
+                    .map(|gpu| gpu.mig.iter().filter(|m| &m.profile == profile).count() as u64)
+                    .sum(),
             };
             by_cpu.min(by_mem).min(by_gpu)
         };

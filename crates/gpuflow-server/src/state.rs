@@ -77,8 +77,16 @@ pub struct Alloc {
 }
 
 impl Alloc {
-    /// The UUIDs of `pick`'s GPUs in `inv`.
+    /// The UUIDs of `pick`'s GPUs in `inv` (a MIG instance's own `MIG-…`).
     pub fn uuids_of(pick: &Pick, inv: &api::Inventory) -> Vec<String> {
+        if let Pick::Mig { gpu, instance } = *pick {
+            return inv
+                .gpus
+                .get(gpu as usize)
+                .and_then(|g| g.mig.get(instance as usize))
+                .map(|m| vec![m.uuid.clone()])
+                .unwrap_or_default();
+        }
         pick.gpus()
             .iter()
             .filter_map(|&i| inv.gpus.get(i as usize).map(|g| g.uuid.clone()))
@@ -92,6 +100,21 @@ impl Alloc {
     pub fn current_pick(&self, inv: &api::Inventory) -> Result<Pick, String> {
         if self.gpu_uuids.is_empty() {
             return Ok(self.pick.clone());
+        }
+        if let Pick::Mig { .. } = self.pick {
+            let u = &self.gpu_uuids[0];
+            for (g, gpu) in inv.gpus.iter().enumerate() {
+                if let Some(k) = gpu.mig.iter().position(|m| &m.uuid == u) {
+                    return Ok(Pick::Mig {
+                        gpu: g as u8,
+                        instance: k as u8,
+                    });
+                }
+            }
+            return Err(format!(
+                "its MIG instance {u} is gone from node {}",
+                self.node
+            ));
         }
         let mut at = Vec::with_capacity(self.gpu_uuids.len());
         for u in &self.gpu_uuids {

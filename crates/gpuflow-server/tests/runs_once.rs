@@ -18,6 +18,21 @@ fn gpu(uuid: &str, i: usize) -> Value {
     json!({"index": i, "uuid": uuid, "model": "H100", "memory_mib": 81920})
 }
 
+/// A node whose GPUs are in MIG mode with these instances each.
+fn mig_inventory(gpus: usize, profiles: &[&str]) -> Value {
+    let gpus: Vec<Value> = (0..gpus)
+        .map(|i| {
+            let mig: Vec<Value> = profiles
+                .iter()
+                .enumerate()
+                .map(|(k, p)| json!({"uuid": format!("MIG-{i}-{k}"), "profile": p, "memory_mib": 10240}))
+                .collect();
+            json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920, "mig": mig})
+        })
+        .collect();
+    json!({"cpu_milli": 64000, "memory_mib": 65536, "gpus": gpus, "emulated": false})
+}
+
 fn inventory(uuids: &[&str], memory_mib: u64) -> Value {
     let gpus: Vec<Value> = uuids.iter().enumerate().map(|(i, u)| gpu(u, i)).collect();
     json!({"cpu_milli": 64000, "memory_mib": memory_mib, "gpus": gpus, "emulated": false})
@@ -101,7 +116,9 @@ async fn check_no_gpu_held_twice(h: &H) {
             let spec = j.spec.tasks[a.group as usize].resources.gpu.clone();
             for u in uuids {
                 match &a.pick {
-                    gpuflow_server::state::Pick::Whole(_) => {
+                    // A whole GPU, or a MIG instance: one holder at most.
+                    gpuflow_server::state::Pick::Whole(_)
+                    | gpuflow_server::state::Pick::Mig { .. } => {
                         if let Some(other) = whole.insert(u.clone(), j.id) {
                             panic!("GPU {u} held whole by jobs {other} and {}", j.id);
                         }
@@ -539,7 +556,7 @@ async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
         (
             "{gpu: {mode: mig, profile: 1g.10gb}}",
             "",
-            "MIG is not supported yet",
+            "no node offers MIG profile 1g.10gb",
         ),
         ("{memory_mib: 100000}", "", "65536 MiB"),
         (
@@ -719,4 +736,59 @@ async fn quotas_for_models_the_cluster_lacks_or_beyond_it_are_warned() {
         warnings[1].contains("guaranteed 3 H100 GPUs and the cluster has 2"),
         "{warnings:?}"
     );
+}
+
+#[tokio::test]
+async fn mig_jobs_get_an_instance_each_see_it_by_uuid_and_count_in_quota() {
+    let h = harness(None).await;
+    let tok = register(
+        &h,
+        "n1",
+        mig_inventory(1, &["1g.10gb", "1g.10gb", "3g.40gb"]),
+    )
+    .await;
+    let small = [
+        submit(&h, "default", "{mode: mig, profile: 1g.10gb}", 1024).await,
+        submit(&h, "default", "{mode: mig, profile: 1g.10gb}", 1024).await,
+    ];
+    let big = submit(&h, "default", "{mode: mig, profile: 3g.40gb}", 1024).await;
+    let third = submit(&h, "default", "{mode: mig, profile: 1g.10gb}", 1024).await;
+    cycle(&h).await;
+    for id in small.iter().chain([&big]) {
+        assert_eq!(
+            job_state(&h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1),
+            "admitted"
+        );
+    }
+    // Two 1g instances only: the third waits.
+    assert_eq!(
+        job_state(&h.get(&format!("/v1/jobs/{third}"), &h.admin).await.1),
+        "pending"
+    );
+    check_no_gpu_held_twice(&h).await;
+    let reply = heartbeat(
+        &h,
+        "n1",
+        &tok,
+        mig_inventory(1, &["1g.10gb", "1g.10gb", "3g.40gb"]),
+        &[],
+    )
+    .await;
+    let mut seen: Vec<String> = reply["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["env"]["CUDA_VISIBLE_DEVICES"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["MIG-0-0", "MIG-0-1", "MIG-0-2"]);
+    // In quota: 1/7 + 1/7 + 3/7 of a GPU.
+    let (_, q) = h.get("/v1/queues", &h.admin).await;
+    let used = q[0]["used"]["H100"].as_f64().unwrap();
+    assert!((used - 0.715).abs() < 1e-9, "{q}");
 }
