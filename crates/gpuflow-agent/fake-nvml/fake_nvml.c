@@ -9,6 +9,10 @@
  *   FAKE_NVML_FAIL_INIT  when set, nvmlInit_v2 fails (driver not loaded)
  *   FAKE_NVML_MIG    when set, every GPU is in MIG mode with these instances,
  *                    comma-separated profiles (e.g. "1g.10gb,1g.10gb,3g.40gb")
+ *   FAKE_NVML_NVLINK NVLink islands, GPU indices joined by '-', islands by
+ *                    ',' (e.g. "0-1,2-3"); GPUs of one island reach each
+ *                    other over NVLink. Default: none (PCIe only)
+ *   FAKE_NVML_NUMA   NUMA node per GPU, comma-separated (e.g. "0,0,1,1")
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,4 +186,49 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k,
     if (!mig_profile((int)k, profile, sizeof profile)) return NVML_ERROR_NOT_FOUND;
     *out = &mig_devices[d->index][k];
     return NVML_SUCCESS;
+}
+
+/* The island of GPU i in FAKE_NVML_NVLINK (its position), or -1. */
+static int island(unsigned int i) {
+    const char *s = getenv("FAKE_NVML_NVLINK");
+    if (!s) return -1;
+    int k = 0;
+    while (*s) {
+        char *end;
+        unsigned long g = strtoul(s, &end, 10);
+        if (end == s) return -1;
+        if (g == i) return k;
+        s = end;
+        if (*s == ',') k++;
+        if (*s) s++;
+    }
+    return -1;
+}
+
+#define NVML_P2P_CAPS_INDEX_NVLINK 2
+#define NVML_P2P_STATUS_OK 0
+#define NVML_P2P_STATUS_NOT_SUPPORTED 5
+
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, int *status) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!a || !b || !status) return NVML_ERROR_INVALID_ARGUMENT;
+    int ia = island(a->index), ib = island(b->index);
+    *status = (index == NVML_P2P_CAPS_INDEX_NVLINK && ia >= 0 && ia == ib && a->index != b->index)
+        ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *node) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !node) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *s = getenv("FAKE_NVML_NUMA");
+    if (!s) return 3; /* NVML_ERROR_NOT_SUPPORTED */
+    for (unsigned int i = 0; *s; i++) {
+        char *end;
+        unsigned long n = strtoul(s, &end, 10);
+        if (end == s) break;
+        if (i == d->index) { *node = (unsigned int)n; return NVML_SUCCESS; }
+        s = *end ? end + 1 : end;
+    }
+    return 3;
 }

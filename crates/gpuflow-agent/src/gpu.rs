@@ -13,6 +13,8 @@ pub struct Emulated {
     pub model: String,
     pub memory_mib: u64,
     pub mig: Vec<String>,
+    /// All GPUs of the node reach each other over NVLink.
+    pub nvlink: bool,
 }
 
 impl Emulated {
@@ -46,6 +48,7 @@ impl Emulated {
             model,
             memory_mib: mem,
             mig: vec![],
+            nvlink: false,
         })
     }
 
@@ -102,6 +105,12 @@ impl Emulated {
                         memory_mib: Emulated::mig_memory_mib(p),
                     })
                     .collect(),
+                numa: None,
+                nvlink: if self.nvlink {
+                    (0..self.count).filter(|&j| j != i).collect()
+                } else {
+                    vec![]
+                },
             })
             .collect()
     }
@@ -159,16 +168,32 @@ impl Gpus {
                 .unwrap_or_default();
         };
         let n = nvml.device_count().unwrap_or(0);
+        let devices: Vec<Option<nvml_wrapper::Device<'_>>> =
+            (0..n).map(|i| nvml.device_by_index(i).ok()).collect();
         (0..n)
             .filter_map(|i| {
-                let d = nvml.device_by_index(i).ok()?;
+                let d = devices[i as usize].as_ref()?;
+                // Peers over NVLink: GPUs NVML says it can reach peer to peer by NVLink.
+                let nvlink = (0..n)
+                    .filter(|&j| j != i)
+                    .filter(|&j| {
+                        devices[j as usize].as_ref().is_some_and(|other| {
+                            matches!(
+                                d.p2p_status(other, nvml_wrapper::enum_wrappers::device::P2pCapabilitiesIndex::NvLink),
+                                Ok(nvml_wrapper::enum_wrappers::device::P2pStatus::Ok)
+                            )
+                        })
+                    })
+                    .collect();
                 Some(GpuInfo {
                     index: i,
                     uuid: d.uuid().ok()?,
                     model: normalise_model(&d.name().ok()?),
                     memory_mib: d.memory_info().ok()?.total / (1024 * 1024),
                     utilization: d.utilization_rates().ok().map(|u| u.gpu),
-                    mig: mig_instances(&d),
+                    mig: mig_instances(d),
+                    numa: d.numa_node_id().ok(),
+                    nvlink,
                 })
             })
             .collect()

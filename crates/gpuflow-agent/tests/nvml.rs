@@ -50,6 +50,26 @@ fn nvml_discovery_through_the_fake_library() {
     drop(gpus);
     unsafe { std::env::remove_var("FAKE_NVML_MIG") };
 
+    // NVLink peers and NUMA nodes, from NVML's peer-to-peer status and NUMA ids.
+    unsafe {
+        std::env::set_var("FAKE_NVML_NVLINK", "0-1");
+        std::env::set_var("FAKE_NVML_NUMA", "0,1,1");
+    }
+    let gpus = Gpus::open(Some(&lib), None);
+    let list = gpus.list();
+    assert_eq!(list[0].nvlink, [1]);
+    assert_eq!(list[1].nvlink, [0]);
+    assert!(list[2].nvlink.is_empty(), "{list:?}");
+    assert_eq!(
+        list.iter().map(|g| g.numa).collect::<Vec<_>>(),
+        [Some(0), Some(1), Some(1)]
+    );
+    drop(gpus);
+    unsafe {
+        std::env::remove_var("FAKE_NVML_NVLINK");
+        std::env::remove_var("FAKE_NVML_NUMA");
+    }
+
     // A driver that does not initialise means no GPUs, not a crash.
     unsafe { std::env::set_var("FAKE_NVML_FAIL_INIT", "1") };
     let gpus = Gpus::open(Some(&lib), None);

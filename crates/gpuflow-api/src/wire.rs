@@ -487,6 +487,12 @@ pub struct GpuInfo {
     /// jobs asking for its profile); empty when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigInfo>,
+    /// Its NUMA node, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+    /// The indices (in this inventory) of the GPUs it reaches over NVLink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink: Vec<u32>,
 }
 
 /// One MIG instance of a GPU.

@@ -189,6 +189,8 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
                     memory_mib: 81920,
                     utilization: None,
                     mig: vec![],
+                    numa: None,
+                    nvlink: vec![],
                 })
                 .collect(),
             emulated: true,

@@ -83,6 +83,9 @@ pub struct NodeArgs {
     /// 1g.10gb,1g.10gb,3g.40gb (needs --emulate).
     #[arg(long, requires = "emulate")]
     pub emulate_mig: Option<String>,
+    /// The emulated GPUs all reach each other over NVLink (one island).
+    #[arg(long, requires = "emulate")]
+    pub emulate_nvlink: bool,
     /// Load this NVML library instead of the system's libnvidia-ml.so.1.
     #[arg(long)]
     pub nvml_lib: Option<PathBuf>,
@@ -180,12 +183,15 @@ fn agent_config(
         work_dir: n.work_dir.clone().unwrap_or_else(|| data_dir.join("agent")),
         emulate: match n.emulate.as_deref().map(Emulated::parse).transpose() {
             Err(e) => return Err(anyhow!("--emulate: {e}")),
-            Ok(Some(e)) => Some(match &n.emulate_mig {
-                Some(layout) => e
-                    .with_mig(layout)
-                    .map_err(|e| anyhow!("--emulate-mig: {e}"))?,
-                None => e,
-            }),
+            Ok(Some(mut e)) => {
+                e.nvlink = n.emulate_nvlink;
+                Some(match &n.emulate_mig {
+                    Some(layout) => e
+                        .with_mig(layout)
+                        .map_err(|e| anyhow!("--emulate-mig: {e}"))?,
+                    None => e,
+                })
+            }
             Ok(None) => None,
         },
         nvml_lib: n.nvml_lib.clone(),

@@ -582,6 +582,37 @@ impl Snapshot {
     }
 }
 
+/// Each GPU's NVLink island on its node, as the smallest index of the GPUs
+/// it reaches over NVLink directly or through others (connected
+/// components of the peer lists, taken both ways); `None` for a GPU with no
+/// NVLink peer.
+fn nvlink_islands(inv: &api::Inventory) -> Vec<Option<usize>> {
+    let n = inv.gpus.len();
+    let mut root: Vec<usize> = (0..n).collect();
+    fn find(root: &mut [usize], mut i: usize) -> usize {
+        while root[i] != i {
+            root[i] = root[root[i]];
+            i = root[i];
+        }
+        i
+    }
+    let mut linked = vec![false; n];
+    for (i, g) in inv.gpus.iter().enumerate() {
+        for &j in &g.nvlink {
+            let j = j as usize;
+            if j < n && j != i {
+                linked[i] = true;
+                linked[j] = true;
+                let (a, b) = (find(&mut root, i), find(&mut root, j));
+                root[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    (0..n)
+        .map(|i| linked[i].then(|| find(&mut root, i)))
+        .collect()
+}
+
 /// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single
 /// server runs, and never out of step with the committed state.
 ///
@@ -613,11 +644,15 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
     for (i, n) in world.nodes.values().enumerate() {
         let inv = &n.inventory;
+        let islands = nvlink_islands(inv);
         let gpus: Vec<Gpu> = inv
             .gpus
             .iter()
-            .map(|g| {
+            .enumerate()
+            .map(|(gi, g)| {
                 let mut gpu = Gpu::plain(&g.model, MemMib(g.memory_mib));
+                gpu.numa = g.numa.map_or(0, |n| n.min(u8::MAX as u32) as u8);
+                gpu.nvlink = islands[gi].map(|k| format!("{}/nvl{k}", n.name));
                 // A GPU in MIG mode is allocated by instance, whole.
                 gpu.mig = g
                     .mig

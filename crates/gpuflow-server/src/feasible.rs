@@ -26,9 +26,14 @@ pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
         match t.level {
             TopologyLevel::Node => {}
             TopologyLevel::Nvlink => {
-                return Some(
-                    "topology: NVLink domains are not reported by agents yet; a required nvlink topology cannot be met (use node, or required: false)".into(),
-                );
+                if !nodes
+                    .iter()
+                    .any(|n| n.gpus.iter().any(|g| !g.nvlink.is_empty()))
+                {
+                    return Some(
+                        "topology: no node reports GPUs joined by NVLink; a required nvlink topology cannot be met (use node, or required: false)".into(),
+                    );
+                }
             }
             TopologyLevel::Rack | TopologyLevel::Block => {
                 let key = if t.level == TopologyLevel::Rack {

@@ -792,3 +792,61 @@ async fn mig_jobs_get_an_instance_each_see_it_by_uuid_and_count_in_quota() {
     let used = q[0]["used"]["H100"].as_f64().unwrap();
     assert!((used - 0.715).abs() < 1e-9, "{q}");
 }
+
+#[tokio::test]
+async fn a_gang_that_needs_nvlink_lands_on_one_nvlink_island() {
+    let h = harness(None).await;
+    // Four GPUs in two NVLink pairs: (a, b) and (c, d).
+    let peers = [[1], [0], [3], [2]];
+    let gpus: Vec<Value> = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+        .iter()
+        .enumerate()
+        .map(|(i, u)| json!({"index": i, "uuid": u, "model": "H100", "memory_mib": 81920, "nvlink": peers[i], "numa": i / 2}))
+        .collect();
+    register(
+        &h,
+        "n1",
+        json!({"cpu_milli": 64000, "memory_mib": 65536, "gpus": gpus, "emulated": false}),
+    )
+    .await;
+    // One GPU of the first pair is taken.
+    let first = submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let spec = "name: g\nqueue: default\ntopology: {level: nvlink, required: true}\ntasks:\n  - name: w\n    replicas: 2\n    command: [train]\n    resources: {gpu: {count: 1}}\n";
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let gang = v["id"].as_u64().unwrap();
+    cycle(&h).await;
+    let w = h.shared.world.lock().await;
+    let held = |id: u64| -> Vec<String> {
+        let mut u: Vec<String> = w.jobs[&id]
+            .allocs
+            .iter()
+            .flat_map(|a| a.gpu_uuids.clone())
+            .collect();
+        u.sort();
+        u
+    };
+    let island = |u: &str| if u <= "GPU-b" { 0 } else { 1 };
+    let gang_gpus = held(gang);
+    assert_eq!(
+        gang_gpus.len(),
+        2,
+        "the gang was not admitted: {:?}",
+        w.jobs[&gang].reason
+    );
+    assert_eq!(
+        island(&gang_gpus[0]),
+        island(&gang_gpus[1]),
+        "{gang_gpus:?} span two islands"
+    );
+    assert!(!gang_gpus.contains(&held(first)[0]), "{gang_gpus:?}");
+}
