@@ -151,6 +151,58 @@ pub async fn run_once_with(
     Ok(())
 }
 
+/// The queues running more `flavor` GPUs than they are guaranteed, with
+/// how much, and when the first of their jobs passes the minimum runtime
+/// (before which none is preempted); `None` when no queue borrows.
+fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<String> {
+    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut first_preemptible: BTreeMap<&str, u64> = BTreeMap::new();
+    for j in world
+        .jobs
+        .values()
+        .filter(|j| j.state.allocated() && j.flavor == flavor)
+    {
+        *used.entry(j.spec.queue.as_str()).or_default() += quota_milli(&j.spec);
+        let from = j.started_at.unwrap_or(t) + min_runtime;
+        let e = first_preemptible
+            .entry(j.spec.queue.as_str())
+            .or_insert(from);
+        *e = (*e).min(from);
+    }
+    let mut over = Vec::new();
+    let mut from = u64::MAX;
+    for (q, in_use) in used {
+        let guaranteed = world
+            .queues
+            .get(q)
+            .and_then(|s| s.quotas.get(flavor).or_else(|| s.quotas.get("*")))
+            .map_or(0, |qs| milli(qs.guaranteed));
+        if in_use > guaranteed {
+            over.push(format!(
+                "{q} ({:.2} GPUs, {:.2} guaranteed)",
+                in_use as f64 / 1000.0,
+                guaranteed as f64 / 1000.0
+            ));
+            from = from.min(first_preemptible[q]);
+        }
+    }
+    if over.is_empty() {
+        return None;
+    }
+    let when = if from <= t {
+        "their jobs are past the minimum runtime".to_string()
+    } else {
+        format!(
+            "their first job passes the minimum runtime at {from} (in {} s)",
+            from - t
+        )
+    };
+    Some(format!(
+        "borrowing {flavor} beyond their guarantee: {}; {when}",
+        over.join(", ")
+    ))
+}
+
 /// What a node is, for the applier's re-check: its state and what it has
 /// (not its heartbeat time or utilisation).
 #[derive(Clone, Debug, PartialEq)]
@@ -381,11 +433,24 @@ impl Computed {
             })
             .map(|p| p.job.0)
             .collect();
+        let mut lenders = BTreeMap::new();
         let whys = plan
             .pending
             .iter()
             .map(|p| {
-                let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+                let mut reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+                // Waiting on quota: who holds the capacity over their
+                // guarantee, and from when their work may be reclaimed.
+                for r in &p.reasons {
+                    if let schedule::PendingReason::Quota { flavor, .. } = r {
+                        let line = lenders
+                            .entry(flavor.to_string())
+                            .or_insert_with(|| borrowers(world, flavor, t, taken.cfg.min_runtime));
+                        if let Some(line) = line {
+                            reasons.push(line.clone());
+                        }
+                    }
+                }
                 let summary = reasons
                     .first()
                     .cloned()

@@ -850,3 +850,46 @@ async fn a_gang_that_needs_nvlink_lands_on_one_nvlink_island() {
     );
     assert!(!gang_gpus.contains(&held(first)[0]), "{gang_gpus:?}");
 }
+
+#[tokio::test]
+async fn why_names_the_borrowers_a_job_waits_on_and_when_they_may_be_reclaimed() {
+    let h = harness_with(|c| c.min_runtime_s = 600).await;
+    let a = &h.admin;
+    for (team, guaranteed) in [("lender", 2.0), ("borrower", 0.0)] {
+        assert_eq!(
+            h.json("POST", "/v1/teams", a, json!({"name": team}))
+                .await
+                .0,
+            201
+        );
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/queues",
+                a,
+                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
+    for _ in 0..2 {
+        submit(&h, "borrower", "{count: 1}", 1024).await;
+    }
+    cycle(&h).await;
+    let waiting = submit(&h, "lender", "{count: 2}", 1024).await;
+    cycle(&h).await;
+    let (_, why) = h.get(&format!("/v1/jobs/{waiting}/why"), a).await;
+    let reasons: Vec<&str> = why["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains(
+            "borrowing H100 beyond their guarantee: borrower (2.00 GPUs, 0.00 guaranteed)"
+        ) && r.contains("passes the minimum runtime at")),
+        "{reasons:?}"
+    );
+}
