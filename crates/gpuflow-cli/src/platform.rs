@@ -326,7 +326,15 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     drop(out);
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
-    let agent = std::thread::spawn(move || gpuflow_agent::run(cfg, s));
+    // An agent that stops early (its node name refused, say) says why at once,
+    // not only when the platform is stopped.
+    let agent = std::thread::spawn(move || {
+        let r = gpuflow_agent::run(cfg, s);
+        if let Err(e) = &r {
+            eprintln!("error: the local agent stopped ({e:#}); the server goes on without it");
+        }
+        r
+    });
     rt.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).context("signal handler")?;
