@@ -5,10 +5,15 @@
 //! and not running is started; a task running and not in the list is stopped;
 //! a stop order is honoured once with its signal and grace period.
 //!
-//! When the server is unreachable the agent keeps its tasks running and
-//! tries again; when the server has forgotten it (a new database, a revoked
-//! token) it registers again. Deeper node work (cgroup limits, GPU-memory
-//! enforcement, idle reclamation) will live beside `task.rs`.
+//! A task is started at most once per work directory, and runs under its
+//! keeper (`keeper.rs`), which records how it ended and stops it when the
+//! node's lease runs low: when the server is unreachable the agent keeps
+//! trying, and its tasks run on until half the lease (the server's node
+//! timeout) has passed without an answered heartbeat; by five sixths they
+//! are gone, before the server places their work elsewhere. When the server
+//! has forgotten it (a new database) it registers again with its node token.
+//! Deeper node work (cgroup limits, GPU-memory enforcement, idle
+//! reclamation) will live beside `task.rs`.
 
 pub mod fake_nvml;
 pub mod gpu;
