@@ -103,6 +103,7 @@ pub async fn run_once_with(
         let mut world = shared.world.lock().await;
         let change = timers(&world, &shared.cfg, t);
         commit(shared.store.as_ref(), &mut world, change).await?;
+        world.prune_finished(t, shared.cfg.keep_finished_s);
         Taken::take(&world, t, shared.cfg.min_runtime_s)
     };
     let Some(taken) = taken else {

@@ -63,6 +63,8 @@ pub struct Config {
     pub min_runtime_s: u64,
     /// Request bodies larger than this are refused.
     pub max_body_bytes: usize,
+    /// Finished jobs stay in memory this long, then are read from the store.
+    pub keep_finished_s: u64,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
 }
@@ -79,6 +81,7 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_body_bytes: 1 << 20,
+            keep_finished_s: 3600,
             tls: None,
         }
     }
@@ -277,6 +280,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
         .await
         .context("cannot load the state")?;
     let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
+    world.prune_finished(now(), cfg.keep_finished_s);
     // Heartbeats missed while the server was down say nothing about the
     // nodes: every node gets a full timeout to report in again.
     let t = now();

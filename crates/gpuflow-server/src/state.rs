@@ -346,6 +346,28 @@ impl TokenRec {
     }
 }
 
+/// What lists filter on and access checks read, kept for every job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobSummary {
+    pub team: String,
+    pub queue: String,
+    pub user: String,
+    pub project: Option<String>,
+    pub state: JobState,
+}
+
+impl JobSummary {
+    fn of(j: &JobRec) -> JobSummary {
+        JobSummary {
+            team: j.team.clone(),
+            queue: j.spec.queue.clone(),
+            user: j.user.clone(),
+            project: j.spec.project.clone(),
+            state: j.state,
+        }
+    }
+}
+
 /// Everything the server knows.
 #[derive(Default)]
 pub struct World {
@@ -363,6 +385,10 @@ pub struct World {
     /// `jobs` by [`World::put_job`]), so a heartbeat reads its node's jobs
     /// only, not every job ever submitted.
     pub on_node: BTreeMap<String, std::collections::BTreeSet<u64>>,
+    /// Every job ever submitted, in brief (for lists and access checks):
+    /// `jobs` holds the unfinished ones and those finished lately only; the
+    /// store has every one in full.
+    pub summaries: BTreeMap<u64, JobSummary>,
     pub next_job: u64,
     /// (user, idempotency key) → job.
     pub idempotency: BTreeMap<(String, String), u64>,
@@ -538,7 +564,26 @@ impl World {
                 self.on_node.entry(a.node.clone()).or_default().insert(j.id);
             }
         }
+        self.summaries.insert(j.id, JobSummary::of(&j));
         self.jobs.insert(j.id, j);
+    }
+
+    /// Lets jobs finished before `t - keep_s` leave memory (the store keeps
+    /// them; reads fetch them from there). Returns how many left.
+    pub fn prune_finished(&mut self, t: u64, keep_s: u64) -> usize {
+        let old: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.finished() && j.finished_at.unwrap_or(0) + keep_s < t)
+            .map(|j| j.id)
+            .collect();
+        for id in &old {
+            self.jobs.remove(id);
+            self.why.remove(id);
+            self.unreached.remove(id);
+            self.diagnosed.remove(id);
+        }
+        old.len()
     }
 
     /// The allocated jobs with a task on `node`, in id order.

@@ -893,3 +893,91 @@ async fn why_names_the_borrowers_a_job_waits_on_and_when_they_may_be_reclaimed()
         "{reasons:?}"
     );
 }
+
+#[tokio::test]
+async fn finished_jobs_leave_memory_and_are_read_from_the_store() {
+    let h = harness(None).await;
+    let tok = register(&h, "n1", inventory(&["GPU-a"], 65536)).await;
+    let done = submit(&h, "default", "{count: 1}", 1024).await;
+    let waiting = submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/heartbeat",
+            &tok,
+            json!({"node": "n1", "inventory": inventory(&["GPU-a"], 65536), "tasks": [{"job": done, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "log_tail": "all done\n"}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        job_state(&h.get(&format!("/v1/jobs/{done}"), &h.admin).await.1),
+        "succeeded"
+    );
+    // Long after: it leaves memory; the unfinished one stays.
+    let left = h
+        .shared
+        .world
+        .lock()
+        .await
+        .prune_finished(u64::MAX / 2, 3600);
+    assert_eq!(left, 1);
+    {
+        let w = h.shared.world.lock().await;
+        assert!(!w.jobs.contains_key(&done));
+        assert!(w.jobs.contains_key(&waiting));
+    }
+    // Everything about it is still read, from the store.
+    let (s, j) = h.get(&format!("/v1/jobs/{done}"), &h.admin).await;
+    assert_eq!((s, j["state"].as_str()), (200, Some("succeeded")), "{j}");
+    let (_, list) = h.get("/v1/jobs", &h.admin).await;
+    let ids: Vec<u64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [waiting, done]);
+    let (_, list) = h.get("/v1/jobs?state=succeeded", &h.admin).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let (_, logs) = h.get(&format!("/v1/jobs/{done}/logs"), &h.admin).await;
+    assert_eq!(logs["tasks"]["main/0"], "all done\n", "{logs}");
+    let (s, why) = h.get(&format!("/v1/jobs/{done}/why"), &h.admin).await;
+    assert_eq!(
+        (s, why["state"].as_str()),
+        (200, Some("succeeded")),
+        "{why}"
+    );
+    let (s, _) = h
+        .call(
+            "POST",
+            &format!("/v1/jobs/{done}/cancel"),
+            Some(&h.admin),
+            "",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 409);
+    // And it stays out of reach of other teams.
+    assert_eq!(
+        h.json("POST", "/v1/teams", &h.admin, json!({"name": "other"}))
+            .await
+            .0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &h.admin,
+            json!({"name": "o", "team": "other", "role": "member"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (_, t) = h
+        .json("POST", "/v1/tokens", &h.admin, json!({"user": "o"}))
+        .await;
+    let other = t["token"].as_str().unwrap();
+    assert_eq!(h.get(&format!("/v1/jobs/{done}"), other).await.0, 404);
+    assert_eq!(h.get(&format!("/v1/jobs/{done}/logs"), other).await.0, 404);
+}

@@ -250,7 +250,7 @@ async fn no_queue_tree_stops_scheduling() {
         let mut j = w.jobs[&ok].clone();
         j.id = ok + 1;
         j.spec.queue = "orphan".into();
-        w.jobs.insert(j.id, j);
+        w.put_job(j);
         w.next_job = ok + 1;
         ok + 1
     };

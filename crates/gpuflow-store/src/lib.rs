@@ -144,6 +144,13 @@ pub trait Store: Send + Sync {
     /// On a database error.
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError>;
 
+    /// The records of a table with these keys (those that exist), in key
+    /// order.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn get_many(&self, table: Table, keys: &[String]) -> Result<Vec<Record>, StoreError>;
+
     /// Applies a batch in one transaction.
     ///
     /// # Errors
@@ -243,6 +250,34 @@ impl Store for SqlStore {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
+    }
+
+    async fn get_many(&self, table: Table, keys: &[String]) -> Result<Vec<Record>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        // In chunks, well under both databases' limits on bound parameters.
+        for chunk in keys.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT key, team, state, doc FROM {} WHERE key IN ({}) ORDER BY key",
+                table.name(),
+                marks.join(", ")
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for k in chunk {
+                q = q.bind(k);
+            }
+            for r in q.fetch_all(&self.pool).await? {
+                out.push(Record {
+                    table,
+                    key: r.try_get(0)?,
+                    team: r.try_get(1)?,
+                    state: r.try_get(2)?,
+                    doc: r.try_get(3)?,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
     }
 
     async fn commit(&self, batch: &Batch) -> Result<(), StoreError> {

@@ -47,6 +47,15 @@ async fn suite(store: &dyn Store) {
     store.commit(&b).await.unwrap();
     let jobs = store.load(Table::Jobs).await.unwrap();
     assert_eq!(jobs, vec![rec(Table::Jobs, "00000001", "a", "{\"v\":3}")]);
+    // Reads by key: the ones that exist, in key order, in chunks of any size.
+    let got = store
+        .get_many(Table::Jobs, &["00000002".into(), "00000001".into()])
+        .await
+        .unwrap();
+    assert_eq!(got, jobs);
+    let many: Vec<String> = (0..1200).map(|i| format!("{i:08}")).collect();
+    assert_eq!(store.get_many(Table::Jobs, &many).await.unwrap(), jobs);
+    assert!(store.get_many(Table::Jobs, &[]).await.unwrap().is_empty());
 
     // Events filter by job and team, in order, after a sequence number.
     let all = store

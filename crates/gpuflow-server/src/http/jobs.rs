@@ -31,12 +31,57 @@ fn view_of(world: &World, j: &JobRec) -> api::Job {
     }
     v
 }
-/// A job the caller may see, or 404 (also for other teams' jobs: their ids are not disclosed).
-pub(super) fn visible<'w>(world: &'w World, caller: &Caller, id: u64) -> Result<&'w JobRec, Error> {
-    match world.jobs.get(&id) {
-        Some(j) if caller.sees(&j.team) => Ok(j),
+/// Checks that the caller may see job `id`: 404 otherwise (also for other
+/// teams' jobs: their ids are not disclosed).
+pub(super) fn visible(world: &World, caller: &Caller, id: u64) -> Result<(), Error> {
+    match world.summaries.get(&id) {
+        Some(s) if caller.sees(&s.team) => Ok(()),
         _ => Err(ApiError::not_found(format!("job {id} not found")).into()),
     }
+}
+
+/// A job the caller may see, from memory or, once it has left memory, from
+/// the store (read without the state lock).
+async fn job_of(
+    shared: &Shared,
+    caller: &Caller,
+    id: u64,
+) -> Result<(JobRec, Option<api::Why>), Error> {
+    {
+        let world = shared.world.lock().await;
+        visible(&world, caller, id)?;
+        if let Some(j) = world.jobs.get(&id) {
+            return Ok((j.clone(), world.why.get(&id).cloned()));
+        }
+    }
+    Ok((
+        stored_jobs(shared, &[id])
+            .await?
+            .pop()
+            .ok_or_else(|| Error(ApiError::not_found(format!("job {id} not found"))))?,
+        None,
+    ))
+}
+
+/// Jobs read from the store, in id order.
+async fn stored_jobs(shared: &Shared, ids: &[u64]) -> Result<Vec<JobRec>, Error> {
+    let keys: Vec<String> = ids.iter().map(|&id| crate::state::job_key(id)).collect();
+    let records = shared
+        .store
+        .get_many(gpuflow_store::Table::Jobs, &keys)
+        .await
+        .map_err(crate::ServerError::from)?;
+    records
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<JobRec>(&r.doc).map_err(|e| {
+                Error::from(crate::ServerError::Corrupt {
+                    what: format!("job {}", r.key),
+                    message: e.to_string(),
+                })
+            })
+        })
+        .collect()
 }
 async fn submit(
     State(shared): State<Arc<Shared>>,
@@ -83,7 +128,10 @@ async fn submit(
             .get(&(caller.user.name.clone(), k.clone()))
     {
         // A retry of a submission that was stored: the same job, not a second one.
-        let state = world.jobs.get(&id).map_or(JobState::Pending, |j| j.state);
+        let state = world
+            .summaries
+            .get(&id)
+            .map_or(JobState::Pending, |j| j.state);
         return Ok((StatusCode::OK, Json(api::Submitted { id, state })).into_response());
     }
     let Some(queue) = world.queues.get(&spec.queue) else {
@@ -249,25 +297,42 @@ async fn list_jobs(
         Some(b) => job_id(b)?,
         None => u64::MAX,
     };
-    let world = shared.world.lock().await;
-    let jobs = world
-        .jobs
-        .range(..before)
-        .map(|(_, j)| j)
-        .rev()
-        .filter(|j| caller.sees(&j.team))
-        .filter(|j| q.get("team").is_none_or(|t| &j.team == t))
-        .filter(|j| q.get("queue").is_none_or(|t| &j.spec.queue == t))
-        .filter(|j| q.get("user").is_none_or(|t| &j.user == t))
-        .filter(|j| {
-            q.get("project")
-                .is_none_or(|t| j.spec.project.as_ref() == Some(t))
-        })
-        .filter(|j| state.is_none_or(|s| j.state == s))
-        .take(limit)
-        .map(|j| view_of(&world, j))
-        .collect();
-    Ok(Json(jobs))
+    // The page from the summaries; jobs still in memory shown from there,
+    // the others read from the store after the lock is let go.
+    let (mut views, missing) = {
+        let world = shared.world.lock().await;
+        let ids: Vec<u64> = world
+            .summaries
+            .range(..before)
+            .rev()
+            .filter(|(_, j)| caller.sees(&j.team))
+            .filter(|(_, j)| q.get("team").is_none_or(|t| &j.team == t))
+            .filter(|(_, j)| q.get("queue").is_none_or(|t| &j.queue == t))
+            .filter(|(_, j)| q.get("user").is_none_or(|t| &j.user == t))
+            .filter(|(_, j)| {
+                q.get("project")
+                    .is_none_or(|t| j.project.as_ref() == Some(t))
+            })
+            .filter(|(_, j)| state.is_none_or(|s| j.state == s))
+            .take(limit)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut views = BTreeMap::new();
+        let mut missing = Vec::new();
+        for id in ids {
+            match world.jobs.get(&id) {
+                Some(j) => {
+                    views.insert(id, view_of(&world, j));
+                }
+                None => missing.push(id),
+            }
+        }
+        (views, missing)
+    };
+    for j in stored_jobs(&shared, &missing).await? {
+        views.insert(j.id, j.view());
+    }
+    Ok(Json(views.into_values().rev().collect()))
 }
 async fn get_job(
     State(shared): State<Arc<Shared>>,
@@ -275,8 +340,12 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
-    let world = shared.world.lock().await;
-    Ok(Json(view_of(&world, visible(&world, &caller, id)?)))
+    let (j, why) = job_of(&shared, &caller, id).await?;
+    let mut v = j.view();
+    if let Some(w) = why.filter(|_| j.state == JobState::Pending) {
+        v.reason = w.summary;
+    }
+    Ok(Json(v))
 }
 async fn why(
     State(shared): State<Arc<Shared>>,
@@ -288,9 +357,28 @@ async fn why(
     // snapshot is taken and examined at a time, and never under the lock
     // that submissions need.
     let _turn = shared.diagnoses.acquire().await;
+    let finished = {
+        let world = shared.world.lock().await;
+        visible(&world, &caller, id)?;
+        !world.jobs.contains_key(&id)
+    };
+    if finished {
+        // Out of memory: long finished; its reason says how it ended.
+        let (j, _) = job_of(&shared, &caller, id).await?;
+        return Ok(Json(api::Why {
+            id,
+            state: j.state,
+            summary: j.reason.clone(),
+            reasons: vec![j.reason],
+            position: None,
+            eta: None,
+        }));
+    }
     let (mut w, diagnosis) = {
         let world = shared.world.lock().await;
-        let j = visible(&world, &caller, id)?;
+        let Some(j) = world.jobs.get(&id) else {
+            return Err(ApiError::not_found(format!("job {id} not found")).into());
+        };
         match world.why.get(&id) {
             Some(w) if j.state == JobState::Pending => {
                 let w = w.clone();
@@ -377,8 +465,7 @@ async fn logs(
     Path(id): Path<String>,
 ) -> Reply<Logs> {
     let id = job_id(&id)?;
-    let world = shared.world.lock().await;
-    let j = visible(&world, &caller, id)?;
+    let (j, _) = job_of(&shared, &caller, id).await?;
     let mut attempts: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
     for (k, v) in &j.logs {
         let Some((a, g, i)) = crate::state::log_key(k) else {
@@ -409,7 +496,11 @@ async fn job_action(
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
     let mut world = shared.world.lock().await;
-    let j = visible(&world, &caller, id)?.clone();
+    visible(&world, &caller, id)?;
+    let Some(j) = world.jobs.get(&id).cloned() else {
+        // Out of memory: it finished long ago.
+        return Err(ApiError::conflict(format!("job {id} has finished")).into());
+    };
     let at = now();
     let mut next = j.clone();
     let who = &caller.user.name;
