@@ -385,7 +385,7 @@ async fn run_ops(ops: Vec<Op>) {
             "POST",
             "/v1/queues",
             &a,
-            json!({"name": "t", "team": "t", "quotas": {"H100": {"guaranteed": 1}}}),
+            json!({"name": "t", "team": "t", "quotas": {"H100": {"guaranteed": 1, "cap": 2}}}),
         )
         .await;
     assert_eq!(s, 201, "{v}");
@@ -498,6 +498,18 @@ async fn run_ops(ops: Vec<Op>) {
                 .cycle_failures
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
+        );
+        // Quotas hold, time slices included: queue t never holds more than its cap.
+        let w = h.shared.world.lock().await;
+        let held: u64 = w
+            .jobs
+            .values()
+            .filter(|j| j.state.allocated() && j.spec.queue == "t")
+            .map(|j| gpuflow_server::cycle::quota_milli(&j.spec))
+            .sum();
+        assert!(
+            held <= 2000,
+            "queue t holds {held} milli-GPU over its cap of 2 GPUs"
         );
     }
 }
@@ -980,4 +992,150 @@ async fn finished_jobs_leave_memory_and_are_read_from_the_store() {
     let other = t["token"].as_str().unwrap();
     assert_eq!(h.get(&format!("/v1/jobs/{done}"), other).await.0, 404);
     assert_eq!(h.get(&format!("/v1/jobs/{done}/logs"), other).await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_hang_up_mid_request_leave_store_and_memory_agreeing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = gpuflow_server::Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    let running = gpuflow_server::start(cfg).await.unwrap();
+    let token = running.new_admin_token.clone().unwrap();
+    let addr = running.addr;
+    let body = "name: j\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n";
+    let request = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/yaml\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // 600 submissions; each client hangs up 0 to 6 ms after sending, most
+    // before the answer comes.
+    let mut tasks = Vec::new();
+    for i in 0..600u64 {
+        let request = request.clone();
+        tasks.push(tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_micros((i * 7919) % 6000)).await;
+            drop(s);
+        }));
+        if tasks.len() >= 32 {
+            for t in tasks.drain(..) {
+                t.await.unwrap();
+            }
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Let the handlers that were still running finish.
+    let shared = running.shared.clone();
+    let settled = async {
+        loop {
+            let a = shared
+                .store
+                .load(gpuflow_store::Table::Jobs)
+                .await
+                .unwrap()
+                .len();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let b = shared
+                .store
+                .load(gpuflow_store::Table::Jobs)
+                .await
+                .unwrap()
+                .len();
+            if a == b {
+                return b;
+            }
+        }
+    };
+    let stored = tokio::time::timeout(std::time::Duration::from_secs(30), settled)
+        .await
+        .unwrap();
+    let events = shared
+        .store
+        .events(&gpuflow_store::EventQuery {
+            limit: 100_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let submitted: Vec<u64> = events
+        .iter()
+        .filter(|e| e.event.kind == "submitted")
+        .map(|e| e.event.job.unwrap())
+        .collect();
+    let distinct: std::collections::BTreeSet<u64> = submitted.iter().copied().collect();
+    let w = shared.world.lock().await;
+    println!(
+        "{stored} stored of 600 sent; {} in memory",
+        w.summaries.len()
+    );
+    // Every stored job is in memory, every submission event names its own
+    // job (no id was given out twice), and the next id is past them all.
+    assert_eq!(w.summaries.len(), stored);
+    assert_eq!(submitted.len(), distinct.len(), "an id was reused");
+    assert_eq!(distinct.len(), stored);
+    assert_eq!(w.next_job, distinct.iter().copied().max().unwrap_or(0));
+}
+
+#[tokio::test]
+async fn fair_share_is_charged_while_nothing_waits() {
+    let h = harness(None).await;
+    register(&h, "n1", inventory(&["GPU-a"], 65536)).await;
+    submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    // Nothing pending now; a while passes with the job running.
+    let before = {
+        let mut w = h.shared.world.lock().await;
+        w.history.decayed_at -= 3600;
+        w.history.usage.get("default").copied().unwrap_or(0.0)
+    };
+    cycle(&h).await;
+    let after = h
+        .shared
+        .world
+        .lock()
+        .await
+        .history
+        .usage
+        .get("default")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(
+        after > before + 0.5,
+        "usage {before} -> {after}: the running hour was not charged"
+    );
+}
+
+#[tokio::test]
+async fn a_gang_that_needs_one_rack_lands_in_one() {
+    let h = harness(None).await;
+    for (node, rack) in [("a1", "r1"), ("b1", "r2"), ("a2", "r1")] {
+        let mut inv = inventory(&[&format!("GPU-{node}")], 65536);
+        inv["labels"] = json!({"rack": rack});
+        register(&h, node, inv).await;
+    }
+    let spec = "name: g\nqueue: default\ntopology: {level: rack, required: true}\ntasks:\n  - name: w\n    replicas: 2\n    command: [train]\n    resources: {gpu: {count: 1}}\n";
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    cycle(&h).await;
+    let (_, j) = h.get(&format!("/v1/jobs/{id}"), &h.admin).await;
+    let mut nodes: Vec<&str> = j["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["node"].as_str().unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["a1", "a2"], "{j}");
 }
