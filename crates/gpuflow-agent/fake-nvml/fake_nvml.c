@@ -7,8 +7,10 @@
  *   FAKE_NVML_MODEL  product name (default "NVIDIA H100 80GB HBM3")
  *   FAKE_NVML_MEM_MIB memory per GPU in MiB (default 81559)
  *   FAKE_NVML_FAIL_INIT  when set, nvmlInit_v2 fails (driver not loaded)
- *   FAKE_NVML_MIG    when set, every GPU is in MIG mode with these instances,
+ *   FAKE_NVML_MIG    when set, GPUs are in MIG mode with these instances,
  *                    comma-separated profiles (e.g. "1g.10gb,1g.10gb,3g.40gb")
+ *   FAKE_NVML_MIG_GPUS  how many GPUs (the first ones) FAKE_NVML_MIG applies
+ *                    to (default all)
  *   FAKE_NVML_NVLINK NVLink islands, GPU indices joined by '-', islands by
  *                    ',' (e.g. "0-1,2-3"); GPUs of one island reach each
  *                    other over NVLink. Default: none (PCIe only)
@@ -38,6 +40,13 @@ typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
 static struct fake_device devices[64];
 static struct fake_device mig_devices[64][7];
+
+/* Whether GPU i is in MIG mode. */
+static int in_mig(unsigned int i) {
+    const char *s = getenv("FAKE_NVML_MIG");
+    const char *n = getenv("FAKE_NVML_MIG_GPUS");
+    return s && *s && (!n || i < (unsigned int)atoi(n));
+}
 
 /* The k-th profile of FAKE_NVML_MIG into out (NUL-terminated); 0 if none. */
 static int mig_profile(int k, char *out, size_t len) {
@@ -166,16 +175,14 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!d || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
-    char profile[32];
-    *current = *pending = mig_profile(0, profile, sizeof profile) ? 1 : 0;
+    *current = *pending = in_mig(d->index) ? 1 : 0;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!d || !n) return NVML_ERROR_INVALID_ARGUMENT;
-    char profile[32];
-    *n = mig_profile(0, profile, sizeof profile) ? 7 : 0;
+    *n = in_mig(d->index) ? 7 : 0;
     return NVML_SUCCESS;
 }
 
@@ -183,7 +190,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k,
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!d || !out || d->mig >= 0 || k >= 7) return NVML_ERROR_INVALID_ARGUMENT;
     char profile[32];
-    if (!mig_profile((int)k, profile, sizeof profile)) return NVML_ERROR_NOT_FOUND;
+    if (!in_mig(d->index) || !mig_profile((int)k, profile, sizeof profile)) return NVML_ERROR_NOT_FOUND;
     *out = &mig_devices[d->index][k];
     return NVML_SUCCESS;
 }

@@ -130,6 +130,100 @@ fn up_runs_mig_jobs_on_the_instances_nvml_reports() {
 }
 
 #[test]
+fn up_runs_every_sharing_mode_and_topology_on_nvml_and_charges_each_to_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = gpuflow_agent::fake_nvml::build(dir.path()).unwrap() else {
+        eprintln!("skipped: no C compiler to build the fake NVML library");
+        return;
+    };
+    let lib = lib.to_str().unwrap().to_string();
+    // Five GPUs: the first in MIG mode, the next three joined by NVLink, the
+    // last on its own (fractions and time slices never share one GPU).
+    let (_proc, url, token) = up(
+        dir.path(),
+        &["--nvml-lib", &lib],
+        &[
+            ("FAKE_NVML_GPUS", "5"),
+            ("FAKE_NVML_MIG", "3g.40gb,3g.40gb"),
+            ("FAKE_NVML_MIG_GPUS", "1"),
+            ("FAKE_NVML_NVLINK", "1-2-3"),
+            ("FAKE_NVML_NUMA", "0,0,1,1,1"),
+        ],
+    );
+    let api = Api::new(&url);
+    poll("the local agent registers", Duration::from_secs(30), || {
+        api.get("/v1/nodes", &token)
+            .as_array()
+            .unwrap()
+            .first()
+            .cloned()
+    });
+    let job = |name: &str, extra: &str, replicas: u32, gpu: &str| {
+        format!(
+            "name: {name}\nqueue: default\n{extra}tasks:\n  - name: main\n    replicas: {replicas}\n    command: [sh, -c, 'echo visible=$CUDA_VISIBLE_DEVICES; sleep 60']\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {gpu}}}\n"
+        )
+    };
+    let mut ids = vec![];
+    for spec in [
+        job("mig", "", 1, "{mode: mig, profile: 3g.40gb}"),
+        job(
+            "nvl",
+            "topology: {level: nvlink, required: true}\n",
+            2,
+            "{count: 1}",
+        ),
+        job(
+            "frac",
+            "",
+            1,
+            "{mode: fraction, fraction: 0.5, memory_mib: 1024}",
+        ),
+        job("slice", "", 1, "{mode: time-slice}"),
+    ] {
+        let (s, v) = api.submit_yaml(&token, &spec);
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_u64().unwrap());
+    }
+    for id in &ids {
+        api.wait_state(*id, &token, "running", Duration::from_secs(60));
+    }
+    let gpus = |id: u64| -> Vec<u64> {
+        let j = api.job(id, &token);
+        j["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| {
+                t["gpus"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g.as_u64().unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(gpus(ids[0]), [0], "the MIG job is on the GPU in MIG mode");
+    let mut nvl = gpus(ids[1]);
+    nvl.sort();
+    assert!(
+        nvl.iter().all(|g| (1..=3).contains(g)) && nvl.len() == 2,
+        "{nvl:?} off the NVLink island"
+    );
+    // Each is charged to the queue: 3/7 + 2 + 1/2 + 1/4 of a GPU.
+    let q = api.get("/v1/queues", &token);
+    let used = q[0]["used"]["H100-80GB-HBM3"].as_f64().unwrap();
+    assert!((used - (0.429 + 2.0 + 0.5 + 0.25)).abs() < 1e-6, "{q}");
+    let logs = poll("the MIG task logs", Duration::from_secs(30), || {
+        let l = api.get(&format!("/v1/jobs/{}/logs", ids[0]), &token);
+        l["tasks"]["main/0"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+    });
+    assert!(logs.starts_with("visible=MIG-"), "{logs}");
+}
+
+#[test]
 fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     // A library path that does not exist: NVML does not load, as on a machine without GPUs.
