@@ -1139,3 +1139,61 @@ async fn a_gang_that_needs_one_rack_lands_in_one() {
     nodes.sort();
     assert_eq!(nodes, ["a1", "a2"], "{j}");
 }
+
+#[tokio::test]
+async fn a_borrowing_gang_is_reclaimed_for_a_queue_within_its_guarantee() {
+    let h = harness_with(|c| c.min_runtime_s = 0).await;
+    let a = &h.admin;
+    for (team, guaranteed) in [("owner", 4.0), ("borrower", 0.0)] {
+        assert_eq!(
+            h.json("POST", "/v1/teams", a, json!({"name": team}))
+                .await
+                .0,
+            201
+        );
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/queues",
+                a,
+                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    register(
+        &h,
+        "n1",
+        inventory(&["GPU-a", "GPU-b", "GPU-c", "GPU-d"], 65536),
+    )
+    .await;
+    // The borrower's 4-task gang takes every GPU on the owner's guarantee.
+    let gang = "name: g\nqueue: borrower\nkind: batch\ntasks:\n  - name: w\n    replicas: 4\n    command: [x]\n    resources: {gpu: {count: 1}}\n";
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(a),
+            "application/yaml",
+            gang.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let gang = v["id"].as_u64().unwrap();
+    cycle(&h).await;
+    assert_eq!(
+        job_state(&h.get(&format!("/v1/jobs/{gang}"), a).await.1),
+        "admitted"
+    );
+    // The owner asks for one GPU of its guarantee: the gang goes, whole.
+    let mine = submit(&h, "owner", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let (_, g) = h.get(&format!("/v1/jobs/{gang}"), a).await;
+    assert_eq!(g["state"], "stopping", "{g}");
+    assert!(
+        g["reason"].as_str().unwrap().contains(&format!(
+            "preempted by job {mine}: its queue's guarantee is reclaimed"
+        )),
+        "{g}"
+    );
+}
