@@ -810,10 +810,20 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                     })
                 })
                 .collect();
+            // An evicted job counts in its queue's quota until it is gone,
+            // as a stopping one does: its GPUs are not free yet.
+            let charge = |queues: &mut Queues| {
+                if let Some(work) = &work
+                    && !j.flavor.is_empty()
+                {
+                    queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
+                }
+            };
             if let Some((node, reason)) = gone {
                 // What it still holds elsewhere stays held until it stops.
                 let _ = placer.apply(&allocations);
                 tracing::warn!(job = j.id, %reason, "evicting");
+                charge(&mut queues);
                 evicted.push((j.id, node, reason));
                 continue;
             }
@@ -827,6 +837,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                     inv.memory_mib
                 );
                 tracing::warn!(job = j.id, task = %a.task, %reason, "evicting");
+                charge(&mut queues);
                 evicted.push((j.id, node, reason));
                 continue;
             }

@@ -92,6 +92,26 @@ async fn submit(h: &H, queue: &str, gpu: &str, memory_mib: u64) -> u64 {
     v["id"].as_u64().unwrap()
 }
 
+/// A team with a queue of its name guaranteed `guaranteed` H100s.
+async fn team_with_queue(h: &H, team: &str, guaranteed: f64) {
+    let a = &h.admin;
+    assert_eq!(
+        h.json("POST", "/v1/teams", a, json!({"name": team}))
+            .await
+            .0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            a,
+            json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+}
+
 async fn cycle(h: &H) {
     gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
 }
@@ -271,21 +291,7 @@ async fn time_sliced_work_counts_in_quota_and_is_reclaimed() {
     let h = harness_with(|c| c.min_runtime_s = 0).await;
     let a = &h.admin;
     for (team, guaranteed) in [("free", 0.0), ("owner", 2.0)] {
-        assert_eq!(
-            h.json("POST", "/v1/teams", a, json!({"name": team}))
-                .await
-                .0,
-            201
-        );
-        let (s, v) = h
-            .json(
-                "POST",
-                "/v1/queues",
-                a,
-                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
+        team_with_queue(&h, team, guaranteed).await;
     }
     register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
     // A queue with no guarantee fills every GPU with time slices...
@@ -868,21 +874,7 @@ async fn why_names_the_borrowers_a_job_waits_on_and_when_they_may_be_reclaimed()
     let h = harness_with(|c| c.min_runtime_s = 600).await;
     let a = &h.admin;
     for (team, guaranteed) in [("lender", 2.0), ("borrower", 0.0)] {
-        assert_eq!(
-            h.json("POST", "/v1/teams", a, json!({"name": team}))
-                .await
-                .0,
-            201
-        );
-        let (s, v) = h
-            .json(
-                "POST",
-                "/v1/queues",
-                a,
-                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
+        team_with_queue(&h, team, guaranteed).await;
     }
     register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
     for _ in 0..2 {
@@ -1145,21 +1137,7 @@ async fn a_borrowing_gang_is_reclaimed_for_a_queue_within_its_guarantee() {
     let h = harness_with(|c| c.min_runtime_s = 0).await;
     let a = &h.admin;
     for (team, guaranteed) in [("owner", 4.0), ("borrower", 0.0)] {
-        assert_eq!(
-            h.json("POST", "/v1/teams", a, json!({"name": team}))
-                .await
-                .0,
-            201
-        );
-        let (s, v) = h
-            .json(
-                "POST",
-                "/v1/queues",
-                a,
-                json!({"name": team, "team": team, "quotas": {"H100": {"guaranteed": guaranteed}}}),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
+        team_with_queue(&h, team, guaranteed).await;
     }
     register(
         &h,
@@ -1196,4 +1174,45 @@ async fn a_borrowing_gang_is_reclaimed_for_a_queue_within_its_guarantee() {
         )),
         "{g}"
     );
+}
+
+#[tokio::test]
+async fn an_evicted_job_counts_in_its_queues_quota_until_it_is_gone() {
+    let h = harness(None).await;
+    assert_eq!(
+        h.json("POST", "/v1/teams", &h.admin, json!({"name": "t"}))
+            .await
+            .0,
+        201
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &h.admin,
+            json!({"name": "t", "team": "t", "quotas": {"H100": {"guaranteed": 1, "cap": 2}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let tok = register(&h, "n1", inventory(&["GPU-a", "GPU-b"], 65536)).await;
+    for _ in 0..2 {
+        submit(&h, "t", "{count: 1}", 16384).await;
+    }
+    cycle(&h).await;
+    register(&h, "n2", inventory(&["GPU-c", "GPU-d"], 65536)).await;
+    // n1 shrinks: its jobs are evicted, but hold their GPUs until they stop.
+    heartbeat(&h, "n1", &tok, inventory(&["GPU-a", "GPU-b"], 1024), &[]).await;
+    let late = [
+        submit(&h, "t", "{count: 1}", 1024).await,
+        submit(&h, "t", "{count: 1}", 1024).await,
+    ];
+    cycle(&h).await;
+    cycle(&h).await;
+    for id in late {
+        assert_eq!(
+            job_state(&h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1),
+            "pending",
+            "queue t would hold more than its cap of 2 GPUs"
+        );
+    }
 }
