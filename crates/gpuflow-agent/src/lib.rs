@@ -58,8 +58,11 @@ pub struct Config {
     /// adopts them. Default: stop them.
     pub keep_tasks_on_exit: bool,
     /// When the agent runs as root: the user tasks run as unless their team
-    /// names one (never root).
+    /// names one (never root), when `task_uid_base` is 0.
     pub run_as: String,
+    /// When the agent runs as root: tasks of a team without `run_as` run as
+    /// this plus the team's number, a uid of the team's own (0: as `run_as`).
+    pub task_uid_base: u32,
 }
 
 /// The node token, kept so that a restarted agent proves it is the node
@@ -247,6 +250,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the lease file in {}", cfg.work_dir.display()))?;
     let launch = task::Launch {
         run_as: cfg.run_as.clone(),
+        task_uid_base: cfg.task_uid_base,
         lease_fd: {
             use std::os::fd::AsRawFd;
             lease.file().as_raw_fd()

@@ -33,6 +33,9 @@ pub struct Launch {
     /// When the agent is root: the user tasks run as unless their team
     /// names one.
     pub run_as: String,
+    /// When the agent is root: tasks of a team without `run_as` run as this
+    /// plus the team's number (0: as `run_as`).
+    pub task_uid_base: u32,
     /// The node's lease file, open, which the tasks' keepers read (-1: none,
     /// no fencing).
     pub lease_fd: i32,
@@ -42,10 +45,15 @@ impl Default for Launch {
     fn default() -> Launch {
         Launch {
             run_as: "nobody".into(),
+            task_uid_base: DEFAULT_TASK_UID_BASE,
             lease_fd: -1,
         }
     }
 }
+
+/// The default first uid of the teams' own task users: high, far from the
+/// system's and people's uids (systemd's dynamic users sit near 61184).
+pub const DEFAULT_TASK_UID_BASE: u32 = 1_600_000_000;
 
 /// The agent's own user name, for a task that runs as the agent.
 fn agent_user_name() -> String {
@@ -220,8 +228,13 @@ impl Task {
         let mut task = Task::new(key(t), dir);
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
-            let user = crate::user::resolve(t.run_as.as_deref(), &launch.run_as)
-                .map_err(|e| e.to_string())?;
+            let user = crate::user::resolve_task(crate::user::TaskUser {
+                run_as: t.run_as.as_deref(),
+                team_uid: t.team_uid,
+                uid_base: launch.task_uid_base,
+                default: &launch.run_as,
+            })
+            .map_err(|e| e.to_string())?;
             let io = |e: std::io::Error| e.to_string();
             std::fs::create_dir_all(dir.join("state")).map_err(io)?;
             let exit = crate::keeper::create_exit(&task.exit).map_err(io)?;

@@ -1,8 +1,11 @@
 //! Who a task runs as. An agent running as root never runs a task as root:
-//! each task runs as the user its team names (`run_as`), or the agent's
-//! `--run-as` user (`nobody` by default), with that user's group and no
-//! other groups. An agent that is not root runs tasks as itself and refuses
-//! a team's `run_as` it cannot honour.
+//! each task runs as the user its team names (`run_as`), or else under a
+//! uid of its team's own (`--task-uid-base` plus the team's number, so no
+//! two teams' tasks share a user and can read each other's processes), or,
+//! with the base set to 0, as the agent's `--run-as` user (`nobody` by
+//! default); always with that user's group and no other groups. An agent
+//! that is not root runs tasks as itself and refuses a team's `run_as` it
+//! cannot honour.
 
 use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
@@ -71,6 +74,41 @@ pub fn lookup_uid(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// Where a task's user comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskUser<'a> {
+    /// The team's named system user, if it has one.
+    pub run_as: Option<&'a str>,
+    /// The team's number: without `run_as`, the task runs as
+    /// `uid_base + team_uid` (a uid of the team's own, no passwd entry).
+    pub team_uid: Option<u32>,
+    /// `--task-uid-base`; 0: tasks of teams without `run_as` run as `default`.
+    pub uid_base: u32,
+    /// `--run-as`.
+    pub default: &'a str,
+}
+
+/// The user a task runs as: `None` means "as the agent itself" (an agent
+/// that is not root).
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_task(u: TaskUser<'_>) -> Result<Option<RunAs>, RunAsError> {
+    if u.run_as.is_none()
+        && u.uid_base > 0
+        && agent_uid() == 0
+        && let Some(n) = u.team_uid
+    {
+        let uid = u.uid_base.saturating_add(n);
+        return Ok(Some(RunAs {
+            name: format!("gpuflow-team-{n}"),
+            uid,
+            gid: uid,
+        }));
+    }
+    resolve(u.run_as, u.default)
+}
+
 /// The user a task runs as: `None` means "as the agent itself" (an agent
 /// that is not root).
 ///
@@ -112,6 +150,36 @@ pub fn can_reach(u: &RunAs, dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_team_without_run_as_gets_a_uid_of_its_own() {
+        let u = |run_as, team_uid, uid_base| {
+            resolve_task(TaskUser {
+                run_as,
+                team_uid,
+                uid_base,
+                default: "nobody",
+            })
+        };
+        if agent_uid() != 0 {
+            println!("skipped: the privilege checks need the test to run as root");
+            assert_eq!(u(None, Some(3), 1000).unwrap(), None);
+            return;
+        }
+        let a = u(None, Some(3), 1_600_000_000).unwrap().unwrap();
+        let b = u(None, Some(4), 1_600_000_000).unwrap().unwrap();
+        assert_eq!((a.uid, a.gid), (1_600_000_003, 1_600_000_003));
+        assert_ne!(a.uid, b.uid);
+        // A named user wins; a base of 0 falls back to --run-as.
+        assert_eq!(
+            u(Some("daemon"), Some(3), 1_600_000_000)
+                .unwrap()
+                .unwrap()
+                .name,
+            "daemon"
+        );
+        assert_eq!(u(None, Some(3), 0).unwrap().unwrap().name, "nobody");
+    }
 
     #[test]
     fn root_and_unknown_users_are_refused() {

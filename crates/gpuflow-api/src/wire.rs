@@ -216,9 +216,16 @@ pub struct Team {
     #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub name: String,
     /// The system user the team's tasks run as on nodes whose agent runs as
-    /// root (set by an admin; never root). Default: the agent's `--run-as`.
+    /// root (set by an admin; never root). Default: a uid of the team's own
+    /// (see `uid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
+    /// The team's number, assigned by the server (not to be sent): a team
+    /// with no `run_as` has its tasks run under a uid of its own derived
+    /// from it (the agent's `--task-uid-base` plus this), so no two teams'
+    /// tasks share a user.
+    #[serde(default)]
+    pub uid: u32,
 }
 
 /// The deepest queue tree the server accepts (organisation, team, project
@@ -626,6 +633,10 @@ pub struct DesiredTask {
     /// the agent's choice (never root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
+    /// The team's number (`Team::uid`): without `run_as`, an agent running
+    /// as root runs the task as its `--task-uid-base` plus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team_uid: Option<u32>,
     /// The job's checkpoint signal: what the task is sent when it must stop,
     /// also when its node's lease runs out.
     #[serde(default = "default_signal")]

@@ -94,10 +94,15 @@ pub struct NodeArgs {
     /// The address other nodes reach this one at.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: String,
-    /// When the agent runs as root: the system user tasks run as unless
-    /// their team names one (`run_as`). Tasks never run as root.
+    /// When the agent runs as root and --task-uid-base is 0: the system user
+    /// tasks run as unless their team names one (`run_as`). Never root.
     #[arg(long, default_value = "nobody")]
     pub run_as: String,
+    /// When the agent runs as root: tasks of a team without `run_as` run as
+    /// this uid plus the team's number, a user of the team's own, so teams
+    /// cannot read each other's processes; 0 runs them as --run-as.
+    #[arg(long, default_value_t = gpuflow_agent::task::DEFAULT_TASK_UID_BASE)]
+    pub task_uid_base: u32,
     /// A node label, KEY=VALUE (repeatable); `rack` and `block` place the
     /// node in the topology jobs may ask for.
     #[arg(long = "label", value_parser = parse_label)]
@@ -201,6 +206,7 @@ fn agent_config(
         ca_cert,
         keep_tasks_on_exit: false,
         run_as: n.run_as.clone(),
+        task_uid_base: n.task_uid_base,
     })
 }
 

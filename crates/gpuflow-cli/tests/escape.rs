@@ -2,7 +2,8 @@
 //! `gpuflow up` tries every route to the platform's secrets that worked
 //! before (the agent's command line and environment, the data directory by
 //! absolute and relative paths, the database and its WAL, the agent's
-//! records, another team's job's environment), and all of them fail.
+//! records, another team's job's environment: each team's tasks run under a
+//! uid of the team's own), and all of them fail.
 //!
 //! The privilege drop needs the agent to run as root (as CI does); without
 //! it the tests say so and check only what holds for any user.
@@ -47,15 +48,11 @@ fn as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Two teams; beta's tasks run as `daemon` (a user of its own), alpha's as
-/// the agent's default. Returns (alpha member token, beta member token).
+/// Two teams with no `run_as`: each team's tasks run under a uid of its
+/// own. Returns (alpha member token, beta member token).
 fn teams(api: &Api, admin: &str) -> (String, String) {
-    for (team, run_as) in [("alpha", None), ("beta", Some("daemon"))] {
-        let mut t = json!({"name": team});
-        if let Some(u) = run_as.filter(|_| as_root()) {
-            t["run_as"] = json!(u);
-        }
-        let (s, v) = api.post_json("/v1/teams", admin, &t);
+    for team in ["alpha", "beta"] {
+        let (s, v) = api.post_json("/v1/teams", admin, &json!({"name": team}));
         assert_eq!(s, 201, "{v}");
         let (s, v) = api.post_json(
             "/v1/queues",
@@ -93,8 +90,18 @@ fn attack(api: &Api, admin: &str, server_data: &std::path::Path, secrets: &[&str
         assert!(!log.contains(s), "the task read {s:?}:\n{log}");
     }
     if as_root() {
-        let nobody = gpuflow_agent::user::lookup("nobody").unwrap().uid;
-        assert!(log.contains(&format!("uid={nobody}\n")), "{log}");
+        // Alpha's own uid: the agent's default base plus the team's number.
+        let teams = api.get("/v1/teams", admin);
+        let alpha = teams
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "alpha")
+            .unwrap()["uid"]
+            .as_u64()
+            .unwrap();
+        let uid = gpuflow_agent::task::DEFAULT_TASK_UID_BASE as u64 + alpha;
+        assert!(log.contains(&format!("uid={uid}\n")), "{log}");
     } else {
         println!("not root: tasks run as the agent's own user; the privilege drop was not tested");
     }

@@ -378,6 +378,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             out.push(DesiredTask {
                 stop_signal: j.spec.checkpoint.signal.clone(),
                 run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
+                team_uid: world.teams.get(&j.team).map(|t| t.uid).filter(|&u| u > 0),
                 job: j.id,
                 attempt: j.attempts,
                 group: a.group,

@@ -59,6 +59,7 @@ pub async fn bootstrap(
         let team = Team {
             name: "default".into(),
             run_as: None,
+            uid: 1,
         };
         let queue = gpuflow_api::QueueSpec {
             name: "default".into(),

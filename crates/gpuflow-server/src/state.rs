@@ -511,6 +511,13 @@ impl World {
             let t: api::Team = parse(&r)?;
             w.teams.insert(t.name.clone(), t);
         }
+        // Teams stored before teams had numbers get the next free ones (in
+        // name order; kept when the team is next written).
+        let mut next = w.teams.values().map(|t| t.uid).max().unwrap_or(0);
+        for t in w.teams.values_mut().filter(|t| t.uid == 0) {
+            next += 1;
+            t.uid = next;
+        }
         for r in store.load(Table::Projects).await? {
             let p: api::Project = parse(&r)?;
             w.projects.insert(p.name.clone(), p);

@@ -368,6 +368,39 @@ async fn a_team_lead_changes_only_what_is_the_teams_own() {
     gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
     let (_, reply) = heartbeat(&h, "n1", &node, json!([])).await;
     assert_eq!(reply["tasks"][0]["run_as"], "daemon", "{reply}");
+    // Team numbers are the server's: distinct, and never taken from a client.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/teams",
+            &h.admin,
+            json!({"name": "delta", "uid": 1}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (_, teams) = h.get("/v1/teams", &h.admin).await;
+    let mut uids: Vec<u64> = teams
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["uid"].as_u64().unwrap())
+        .collect();
+    let n = uids.len();
+    uids.sort();
+    uids.dedup();
+    assert_eq!(uids.len(), n, "two teams share a number: {teams}");
+    assert!(uids.iter().all(|&u| u > 0), "{teams}");
+    assert_eq!(
+        reply["tasks"][0]["team_uid"].as_u64(),
+        teams
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "alpha")
+            .unwrap()["uid"]
+            .as_u64(),
+        "{reply}"
+    );
 }
 
 #[tokio::test]

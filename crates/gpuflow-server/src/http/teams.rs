@@ -30,8 +30,15 @@ async fn create_team(
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<Team>), Error> {
     caller.need_admin("creating a team")?;
-    let t: Team = json_body(body, shared.cfg.max_body_bytes)?;
+    let mut t: Team = json_body(body, shared.cfg.max_body_bytes)?;
     check_name("name", &t.name, "name")?;
+    if t.uid != 0 {
+        return Err(ApiError::bad_request(
+            "invalid_team",
+            "uid: assigned by the server; leave it out",
+        )
+        .into());
+    }
     if let Some(u) = &t.run_as
         && !api::valid_run_as(u)
     {
@@ -45,6 +52,7 @@ async fn create_team(
     if world.teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
     }
+    t.uid = world.teams.values().map(|t| t.uid).max().unwrap_or(0) + 1;
     let mut change = Change::default();
     change.batch.put.push(team_rec(&t));
     change.audit(
