@@ -110,9 +110,18 @@ pub async fn run_once_with(
         return Ok(());
     };
     // Phase 2.
-    let computed = tokio::task::spawn_blocking(move || taken.compute())
-        .await
-        .map_err(|e| crate::ServerError::Cycle(e.to_string()))?;
+    let computed = match tokio::task::spawn_blocking(move || taken.compute()).await {
+        Ok(c) => c,
+        Err(e) if e.is_panic() => {
+            // A bug in the core, met by some input: find the pending job that
+            // makes it fail and set it aside, so the next cycle goes on.
+            set_aside_culprit(shared, t).await?;
+            return Err(crate::ServerError::Cycle(
+                "the scheduling core panicked".into(),
+            ));
+        }
+        Err(e) => return Err(crate::ServerError::Cycle(e.to_string())),
+    };
     meanwhile().await;
     // Phase 3.
     let mut world = shared.world.lock().await;
@@ -202,6 +211,76 @@ fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<St
         "borrowing {flavor} beyond their guarantee: {}; {when}",
         over.join(", ")
     ))
+}
+
+/// After the core panicked: bisects the pending jobs on copies of a fresh
+/// snapshot for the one whose presence makes it fail, and holds that job
+/// with the reason, so that one job cannot stop scheduling for everyone.
+/// Nothing is held when no single pending job explains the failure.
+async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerError> {
+    let (snap, history) = {
+        let world = shared.world.lock().await;
+        let snap = snapshot(&world, t);
+        let history = world.history.to_core(&snap.queues);
+        (snap, history)
+    };
+    let cfg = config(shared.cfg.min_runtime_s);
+    let culprit = tokio::task::spawn_blocking(move || {
+        let ids: Vec<usize> = (0..snap.pending.len()).collect();
+        let mut fails = |subset: &[usize]| {
+            let mut s = snap.clone();
+            s.pending = subset.iter().map(|&i| snap.pending[i].clone()).collect();
+            let mut h = history.clone();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.schedule(t, &mut h, &cfg);
+            }))
+            .is_err()
+        };
+        find_culprit(&ids, &mut fails).map(|i| snap.pending[i].job.id.0)
+    })
+    .await
+    .map_err(|e| crate::ServerError::Cycle(e.to_string()))?;
+    let Some(id) = culprit else {
+        tracing::error!("the scheduling core panicked and no single pending job explains it");
+        return Ok(());
+    };
+    let mut world = shared.world.lock().await;
+    let Some(mut j) = world.jobs.get(&id).cloned() else {
+        return Ok(());
+    };
+    let kind = lifecycle::set_aside(
+        &mut j,
+        "set aside: scheduling it made the scheduler fail (a bug, in the server log); an admin releases it with `gpuflow job release`",
+    );
+    tracing::error!(
+        job = id,
+        "the scheduling core panicked on this job; it is held"
+    );
+    let mut change = Change::default();
+    change.event(t, Some(id), &j.team, kind, j.reason.clone());
+    change.job(j);
+    commit(shared.store.as_ref(), &mut world, change).await
+}
+
+/// The one item whose presence makes `fails` true, by halving: `None`
+/// when all of them together do not fail, or when no single item explains
+/// it (the failure needs items from both halves).
+fn find_culprit(items: &[usize], fails: &mut impl FnMut(&[usize]) -> bool) -> Option<usize> {
+    if items.is_empty() || !fails(items) {
+        return None;
+    }
+    let mut suspects = items.to_vec();
+    while suspects.len() > 1 {
+        let (a, b) = suspects.split_at(suspects.len() / 2);
+        suspects = if fails(a) {
+            a.to_vec()
+        } else if fails(b) {
+            b.to_vec()
+        } else {
+            return None;
+        };
+    }
+    suspects.first().copied()
 }
 
 /// What a node is, for the applier's re-check: its state and what it has
@@ -615,6 +694,7 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
 }
 
 /// The committed state as the core sees it.
+#[derive(Clone)]
 pub struct Snapshot {
     pub placer: Placer,
     pub queues: Queues,
@@ -1111,4 +1191,26 @@ fn workload(j: &JobRec, queues: &Queues, classes: &[schedule::PriorityClass]) ->
         max_runtime: j.spec.max_runtime_s,
         grace: j.spec.checkpoint.grace_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_culprit;
+
+    #[test]
+    fn the_culprit_is_found_by_halving() {
+        let items: Vec<usize> = (0..100).collect();
+        let mut probes = 0;
+        let mut fails = |s: &[usize]| {
+            probes += 1;
+            s.contains(&37)
+        };
+        assert_eq!(find_culprit(&items, &mut fails), Some(37));
+        assert!(probes <= 16, "{probes} probes for 100 jobs");
+        // A failure that needs two jobs together is no single job's fault.
+        let mut pair = |s: &[usize]| s.contains(&3) && s.contains(&90);
+        assert_eq!(find_culprit(&items, &mut pair), None);
+        assert_eq!(find_culprit(&items, &mut |_: &[usize]| false), None);
+        assert_eq!(find_culprit(&[], &mut |_: &[usize]| true), None);
+    }
 }

@@ -126,6 +126,14 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
     Some("stopping")
 }
 
+/// The server holds a pending job that makes the scheduler fail; an admin
+/// releases it.
+pub fn set_aside(j: &mut JobRec, reason: &str) -> Kind {
+    j.state = JobState::Held;
+    j.reason = reason.to_string();
+    "held"
+}
+
 /// What an owner or an admin asks of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
