@@ -141,22 +141,15 @@ pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
         && t.required
         && t.level == TopologyLevel::Node
     {
-        let need = |n: &api::Inventory| -> bool {
-            let gpus: u64 = spec
-                .tasks
-                .iter()
-                .map(|g| task_request(g).gpu.milli() * g.replicas as u64)
-                .sum();
-            let cpu: u64 = spec
-                .tasks
-                .iter()
-                .map(|g| task_request(g).cpu.0 * g.replicas as u64)
-                .sum();
-            let mem: u64 = spec
-                .tasks
-                .iter()
-                .map(|g| g.resources.memory_mib * g.replicas as u64)
-                .sum();
+        // The whole job's demand, once.
+        let (mut gpus, mut cpu, mut mem) = (0u64, 0u64, 0u64);
+        for g in &spec.tasks {
+            let r = task_request(g);
+            gpus += r.gpu.milli() * g.replicas as u64;
+            cpu += r.cpu.0 * g.replicas as u64;
+            mem += g.resources.memory_mib * g.replicas as u64;
+        }
+        let need = |n: &api::Inventory| {
             gpus <= n.gpus.len() as u64 * 1000 && cpu <= n.cpu_milli && mem <= n.memory_mib
         };
         if !nodes.iter().any(|n| need(n)) {

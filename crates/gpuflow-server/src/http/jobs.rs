@@ -21,11 +21,11 @@ pub(super) fn job_id(s: &str) -> Result<u64, Error> {
     })
 }
 /// A job as the API shows it: a pending job's reason is the one the last
-/// cycle gave it, not the one it was left with.
-fn view_of(world: &World, j: &JobRec) -> api::Job {
+/// cycle gave it (`why`), not the one it was left with.
+fn view_of(j: &JobRec, why: Option<&api::Why>) -> api::Job {
     let mut v = j.view();
     if j.state == JobState::Pending
-        && let Some(w) = world.why.get(&j.id)
+        && let Some(w) = why
     {
         v.reason = w.summary.clone();
     }
@@ -322,7 +322,7 @@ async fn list_jobs(
         for id in ids {
             match world.jobs.get(&id) {
                 Some(j) => {
-                    views.insert(id, view_of(&world, j));
+                    views.insert(id, view_of(j, world.why.get(&id)));
                 }
                 None => missing.push(id),
             }
@@ -341,11 +341,7 @@ async fn get_job(
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
     let (j, why) = job_of(&shared, &caller, id).await?;
-    let mut v = j.view();
-    if let Some(w) = why.filter(|_| j.state == JobState::Pending) {
-        v.reason = w.summary;
-    }
-    Ok(Json(v))
+    Ok(Json(view_of(&j, why.as_ref())))
 }
 async fn why(
     State(shared): State<Arc<Shared>>,
