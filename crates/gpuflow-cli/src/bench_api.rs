@@ -8,16 +8,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
-pub fn submit(jobs: usize, clients: usize, store: &str, readers: usize) -> anyhow::Result<()> {
+pub fn submit(
+    jobs: usize,
+    clients: usize,
+    store: &str,
+    readers: usize,
+    read_pause: Duration,
+) -> anyhow::Result<()> {
     if jobs == 0 || clients == 0 {
         bail!("--jobs and --clients must be above 0");
     }
-    let alone = run_submissions(jobs, clients, store, 0)?;
+    let alone = run_submissions(jobs, clients, store, 0, read_pause)?;
     if readers > 0 {
         // The same submissions on a fresh server, while `readers` clients
         // poll `why` of a job the cycle does not reach (a diagnosis each)
         // and list jobs, as dashboards and impatient users do.
-        let with = run_submissions(jobs, clients, store, readers)?;
+        let with = run_submissions(jobs, clients, store, readers, read_pause)?;
         println!(
             "with {readers} readers polling why and listing jobs: {:.0} submissions/s against {alone:.0} alone, ratio {:.2}",
             with,
@@ -34,6 +40,7 @@ fn run_submissions(
     clients: usize,
     store: &str,
     readers: usize,
+    read_pause: Duration,
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
@@ -87,6 +94,7 @@ fn run_submissions(
                         .call()
                         .and_then(|mut r| r.body_mut().read_to_vec());
                     reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(read_pause);
                 }
             })
         })

@@ -1,6 +1,7 @@
 //! `gpuflow sim …` and `gpuflow bench …`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -125,6 +126,10 @@ pub enum BenchCommand {
         /// `why` and list jobs, and print the ratio of the two rates.
         #[arg(long, default_value_t = 0)]
         readers: usize,
+        /// Each reader waits this long between its requests (0: none, as
+        /// fast as the server answers).
+        #[arg(long, default_value_t = 0)]
+        read_pause_ms: u64,
     },
     /// Placement decisions per second on a synthetic cluster (one thread), with
     /// departures that hold the cluster near --target allocation.
@@ -448,7 +453,14 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             clients,
             store,
             readers,
-        } => crate::bench_api::submit(jobs, clients, &store, readers),
+            read_pause_ms,
+        } => crate::bench_api::submit(
+            jobs,
+            clients,
+            &store,
+            readers,
+            Duration::from_millis(read_pause_ms),
+        ),
         BenchCommand::ServerCycle {
             nodes,
             pending,

@@ -104,7 +104,10 @@ pub async fn run_once_with(
         let change = timers(&world, &shared.cfg, t);
         commit(shared.store.as_ref(), &mut world, change).await?;
         world.prune_finished(t, shared.cfg.keep_finished_s);
-        Taken::take(&world, t, shared.cfg.min_runtime_s)
+        Taken::take(&world, t, shared.cfg.min_runtime_s).map(|mut taken| {
+            taken.snap.fault = shared.cfg.fault.clone();
+            taken
+        })
     };
     let Some(taken) = taken else {
         return Ok(());
@@ -220,7 +223,8 @@ fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<St
 async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerError> {
     let (snap, history) = {
         let world = shared.world.lock().await;
-        let snap = snapshot(&world, t);
+        let mut snap = snapshot(&world, t);
+        snap.fault = shared.cfg.fault.clone();
         let history = world.history.to_core(&snap.queues);
         (snap, history)
     };
@@ -706,6 +710,8 @@ pub struct Snapshot {
     /// Allocated jobs whose allocation no longer fits their node: (job,
     /// node, reason).
     pub evicted: Vec<(u64, String, String)>,
+    /// Tests only: a fault injected before the core runs.
+    pub fault: Option<crate::Fault>,
 }
 
 impl Snapshot {
@@ -716,6 +722,10 @@ impl Snapshot {
         history: &mut schedule::History,
         cfg: &Config,
     ) -> schedule::Plan {
+        if let Some(fault) = &self.fault {
+            let ids: Vec<u64> = self.pending.iter().map(|w| w.job.id.0).collect();
+            (fault.0)(&ids);
+        }
         schedule::schedule(
             t,
             &mut self.placer,
@@ -964,6 +974,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
         node_names,
         blocked,
         evicted,
+        fault: None,
     }
 }
 

@@ -67,6 +67,24 @@ pub struct Config {
     pub keep_finished_s: u64,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Tests of the server's supervision only: a fault injected into every
+    /// scheduling computation (see [`Fault`]).
+    #[doc(hidden)]
+    pub fault: Option<Fault>,
+}
+
+/// A fault injected into the scheduling core's cycle, for tests of the
+/// server's supervision: no known input makes the core panic, so tests
+/// make one. It is called with the pending jobs' ids before each cycle's
+/// `schedule()` (and each probe of the search for the job that made it
+/// fail); a panic in it is taken for the core's.
+#[derive(Clone)]
+pub struct Fault(pub Arc<dyn Fn(&[u64]) + Send + Sync>);
+
+impl std::fmt::Debug for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fault")
+    }
 }
 
 impl Config {
@@ -83,6 +101,7 @@ impl Config {
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,
             tls: None,
+            fault: None,
         }
     }
 }

@@ -266,6 +266,116 @@ async fn no_queue_tree_stops_scheduling() {
     );
 }
 
+/// Submits a one-GPU job as the admin.
+async fn gpu_job(h: &H, name: &str) -> u64 {
+    let spec = format!(
+        "name: {name}\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '60']\n    resources: {{gpu: {{count: 1}}}}\n"
+    );
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_u64().unwrap()
+}
+
+/// No known input makes the core panic, so the test injects one: the core
+/// "fails" whenever a chosen job is among the pending. The cycle that meets
+/// it fails (counted), the job is found and held with its reason and an
+/// event, the next cycle schedules everyone else, and only an admin's
+/// release lets it be tried again.
+#[tokio::test]
+async fn a_job_that_makes_the_core_panic_is_set_aside_and_scheduling_goes_on() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let poison = Arc::new(AtomicU64::new(u64::MAX));
+    let p = poison.clone();
+    let h = harness_with(move |c| {
+        c.fault = Some(gpuflow_server::Fault(Arc::new(move |ids: &[u64]| {
+            if ids.contains(&p.load(Ordering::SeqCst)) {
+                panic!("injected: the core cannot schedule this job");
+            }
+        })));
+    })
+    .await;
+    assert_eq!(register(&h, "n1", None).await.0, 200);
+    let before = gpu_job(&h, "before").await;
+    let bad = gpu_job(&h, "bad").await;
+    let after = gpu_job(&h, "after").await;
+    poison.store(bad, Ordering::SeqCst);
+
+    let first = gpuflow_server::cycle::run_once(&h.shared).await;
+    assert!(first.is_err(), "the cycle that met the fault fails");
+    let state = |id: u64| {
+        let h = &h;
+        async move { h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1 }
+    };
+    let held = state(bad).await;
+    assert_eq!(held["state"], "held", "{held}");
+    assert!(
+        held["reason"].as_str().unwrap().contains("set aside"),
+        "{held}"
+    );
+    let (_, events) = h.get(&format!("/v1/events?job={bad}"), &h.admin).await;
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "held" && e["message"].as_str().unwrap().contains("set aside")),
+        "{events}"
+    );
+
+    // Everyone else is scheduled on the next cycle.
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    assert_eq!(state(before).await["state"], "admitted");
+    assert_eq!(state(after).await["state"], "admitted");
+
+    // Nobody but an admin lets it back in.
+    let member = team(&h, "alpha").await["member"].clone();
+    let (s, v) = h
+        .json(
+            "POST",
+            &format!("/v1/jobs/{bad}/release"),
+            &member,
+            json!({}),
+        )
+        .await;
+    assert!(s == 403 || s == 404, "{s} {v}");
+    // Released while still poison: set aside again after one failed cycle,
+    // and the running jobs keep what they have.
+    let (s, v) = h
+        .json(
+            "POST",
+            &format!("/v1/jobs/{bad}/release"),
+            &h.admin,
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(gpuflow_server::cycle::run_once(&h.shared).await.is_err());
+    assert_eq!(state(bad).await["state"], "held");
+    assert_eq!(state(before).await["state"], "admitted");
+    // Once the bug is gone, a release schedules it.
+    poison.store(u64::MAX, Ordering::SeqCst);
+    h.json(
+        "POST",
+        &format!("/v1/jobs/{bad}/release"),
+        &h.admin,
+        json!({}),
+    )
+    .await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    // Both GPUs are taken: it waits like any job, no longer set aside.
+    let last = state(bad).await;
+    assert_eq!(last["state"], "pending", "{last}");
+}
+
 #[tokio::test]
 async fn a_team_lead_changes_only_what_is_the_teams_own() {
     let h = harness(None).await;
