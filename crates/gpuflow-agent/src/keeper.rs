@@ -195,12 +195,14 @@ unsafe fn write_exit(fd: libc::c_int, kind: u8, code: i32) {
 ///
 /// # Safety
 /// Call only in a freshly forked child (the keeper), with `task` its child,
-/// `lease` and `exit` open descriptors. Uses only async-signal-safe calls.
+/// `lease` and `exit` open descriptors, `cgroup_kill` the task's cgroup's
+/// `cgroup.kill` open for writing or -1. Uses only async-signal-safe calls.
 pub unsafe fn keep(
     task: libc::pid_t,
     lease: libc::c_int,
     exit: libc::c_int,
     stop_signal: i32,
+    cgroup_kill: libc::c_int,
 ) -> ! {
     // SAFETY (whole body): async-signal-safe libc calls on stack memory.
     unsafe {
@@ -219,7 +221,7 @@ pub unsafe fn keep(
         // Hold nothing of the agent's but the two files: above all not the
         // pipe its launcher waits on, which must close when the task execs.
         for fd in 3..4096 {
-            if fd != lease && fd != exit {
+            if fd != lease && fd != exit && fd != cgroup_kill {
                 libc::close(fd);
             }
         }
@@ -264,6 +266,10 @@ pub unsafe fn keep(
             let now = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000;
             if kill_ms != 0 && now >= kill_ms {
                 write_exit(exit, b'f', 0);
+                // Whatever left the process group but not the cgroup.
+                if cgroup_kill >= 0 {
+                    libc::write(cgroup_kill, b"1".as_ptr().cast(), 1);
+                }
                 // The whole group, the keeper with it.
                 libc::kill(0, libc::SIGKILL);
             }

@@ -12,9 +12,12 @@
 //! timeout) has passed without an answered heartbeat; by five sixths they
 //! are gone, before the server places their work elsewhere. When the server
 //! has forgotten it (a new database) it registers again with its node token.
-//! Deeper node work (cgroup limits, GPU-memory enforcement, idle
-//! reclamation) will live beside `task.rs`.
+//! Each task's CPU, memory and pids limits are set through cgroups
+//! (`cgroup.rs`) where the agent can make them; it says in its inventory
+//! when it cannot. GPU-memory enforcement, telemetry and idle reclamation
+//! will live beside `task.rs`.
 
+pub mod cgroup;
 pub mod fake_nvml;
 pub mod gpu;
 pub mod keeper;
@@ -63,7 +66,14 @@ pub struct Config {
     /// When the agent runs as root: tasks of a team without `run_as` run as
     /// this plus the team's number, a uid of the team's own (0: as `run_as`).
     pub task_uid_base: u32,
+    /// A cgroup v2 hierarchy to use instead of the one the node mounts.
+    pub cgroup_root: Option<PathBuf>,
+    /// The most processes (threads included) one task may have.
+    pub task_pids_max: u64,
 }
+
+/// The default most processes and threads of one task.
+pub const DEFAULT_TASK_PIDS_MAX: u64 = 32_768;
 
 /// The node token, kept so that a restarted agent proves it is the node
 /// that registered the name.
@@ -96,7 +106,7 @@ fn write_node_token(dir: &std::path::Path, token: &str) {
 const RECORDS: &str = "tasks.json";
 
 /// Adopts the tasks a previous agent process left running in `dir`.
-fn adopt_all(dir: &std::path::Path) -> BTreeMap<Key, Task> {
+fn adopt_all(dir: &std::path::Path, cgroups: Option<&cgroup::Cgroups>) -> BTreeMap<Key, Task> {
     let Ok(text) = std::fs::read_to_string(dir.join(RECORDS)) else {
         return BTreeMap::new();
     };
@@ -106,7 +116,7 @@ fn adopt_all(dir: &std::path::Path) -> BTreeMap<Key, Task> {
     });
     records
         .iter()
-        .map(Task::adopt)
+        .map(|r| Task::adopt(r, cgroups))
         .map(|t| (t.key, t))
         .collect()
 }
@@ -248,7 +258,39 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     }
     let lease = keeper::Lease::open(&cfg.work_dir)
         .with_context(|| format!("cannot open the lease file in {}", cfg.work_dir.display()))?;
+    let cgroups = match cgroup::Cgroups::open(
+        &cfg.node,
+        &cfg.work_dir,
+        cfg.cgroup_root.as_deref(),
+        cfg.task_pids_max,
+    ) {
+        Ok(c) => {
+            tracing::info!(
+                cgroup = c.version.as_str(),
+                controllers = %c.controllers().join(","),
+                "tasks get CPU, memory and pids limits"
+            );
+            Ok(c)
+        }
+        Err(e) => {
+            tracing::warn!(reason = %e, "tasks run WITHOUT CPU, memory and pids limits");
+            Err(e)
+        }
+    };
+    let node_limits = match &cgroups {
+        Ok(c) => gpuflow_api::NodeLimits {
+            cgroup: c.version.as_str().into(),
+            controllers: c.controllers(),
+            note: String::new(),
+        },
+        Err(e) => gpuflow_api::NodeLimits {
+            cgroup: String::new(),
+            controllers: vec![],
+            note: e.clone(),
+        },
+    };
     let launch = task::Launch {
+        cgroups: cgroups.ok(),
         run_as: cfg.run_as.clone(),
         task_uid_base: cfg.task_uid_base,
         lease_fd: {
@@ -289,8 +331,9 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         address: cfg.address.clone(),
         labels: cfg.labels.clone(),
         pool: cfg.pool.clone(),
+        limits: node_limits.clone(),
     };
-    let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir);
+    let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
     let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
     let mut node_token: Option<String> = None;
     let mut interval = Duration::from_secs(2);
@@ -400,6 +443,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if !cfg.keep_tasks_on_exit {
         for t in tasks.values_mut() {
             t.kill();
+            t.poll();
+        }
+        if let Some(c) = &launch.cgroups {
+            c.close();
         }
     }
     save_records(&tasks, &cfg.work_dir, &mut saved);

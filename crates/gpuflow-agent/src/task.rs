@@ -39,6 +39,8 @@ pub struct Launch {
     /// The node's lease file, open, which the tasks' keepers read (-1: none,
     /// no fencing).
     pub lease_fd: i32,
+    /// The agent's cgroups, where tasks get their limits (none: no limits).
+    pub cgroups: Option<crate::cgroup::Cgroups>,
 }
 
 impl Default for Launch {
@@ -47,6 +49,7 @@ impl Default for Launch {
             run_as: "nobody".into(),
             task_uid_base: DEFAULT_TASK_UID_BASE,
             lease_fd: -1,
+            cgroups: None,
         }
     }
 }
@@ -101,6 +104,12 @@ pub struct Task {
     exit: PathBuf,
     /// When it started (Unix seconds).
     pub started_at: u64,
+    /// Its cgroup, holding its limits, while it runs.
+    group: Option<crate::cgroup::TaskGroup>,
+    /// Its memory limit (MiB; 0: none), for the OOM message.
+    memory_mib: u64,
+    /// The kernel killed it (or a process of it) at its memory limit.
+    pub oom: bool,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -116,6 +125,8 @@ pub struct Record {
     pub exit: PathBuf,
     #[serde(default)]
     pub started_at: u64,
+    #[serde(default)]
+    pub memory_mib: u64,
 }
 
 /// A task's directory under the work directory.
@@ -186,6 +197,9 @@ impl Task {
             start_ticks: 0,
             exit: exit_path(dir, k),
             started_at: unix_now(),
+            group: None,
+            memory_mib: 0,
+            oom: false,
         }
     }
 
@@ -241,6 +255,26 @@ impl Task {
             std::fs::create_dir_all(&task_dir).map_err(io)?;
             std::fs::set_permissions(&task_dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(io)?;
+            // Its cgroup with its limits, joined by the task before exec.
+            if let Some(c) = &launch.cgroups {
+                let limits = crate::cgroup::Limits {
+                    cpu_milli: t.limits.cpu_milli,
+                    memory_mib: t.limits.memory_mib,
+                };
+                task.group = Some(
+                    c.create(key(t), limits)
+                        .map_err(|e| format!("cannot set its limits: {e}"))?,
+                );
+                task.memory_mib = t.limits.memory_mib;
+            }
+            let procs = match &task.group {
+                Some(g) => g.procs_files()?,
+                None => Vec::new(),
+            };
+            let cgroup_kill = task
+                .group
+                .as_ref()
+                .and_then(crate::cgroup::TaskGroup::kill_file);
             if let Some(u) = &user {
                 std::os::unix::fs::chown(&task_dir, Some(u.uid), Some(u.gid)).map_err(io)?;
             }
@@ -293,13 +327,17 @@ impl Task {
                 None => None,
             };
             let lease_fd = launch.lease_fd;
-            let exit_fd = {
+            let (exit_fd, procs_fds, kill_fd) = {
                 use std::os::fd::AsRawFd;
-                exit.as_raw_fd()
+                (
+                    exit.as_raw_fd(),
+                    procs.iter().map(AsRawFd::as_raw_fd).collect::<Vec<i32>>(),
+                    cgroup_kill.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+                )
             };
             let stop_signal = signal_number(&t.stop_signal);
             // SAFETY: the closure runs in the forked child before exec and
-            // calls only async-signal-safe functions (fork, setgroups,
+            // calls only async-signal-safe functions (fork, write, setgroups,
             // setgid, setuid, chdir, umask, and the keeper's loop) on memory
             // prepared before the fork.
             unsafe {
@@ -310,7 +348,14 @@ impl Task {
                         return Err(std::io::Error::last_os_error());
                     }
                     if pid > 0 {
-                        crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal);
+                        crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal, kill_fd);
+                    }
+                    // The task joins its cgroup (as root, before it drops
+                    // privileges); its keeper stays outside.
+                    for &fd in &procs_fds {
+                        if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
                     }
                     if let Some((uid, gid)) = ids {
                         let groups = [gid];
@@ -335,7 +380,7 @@ impl Task {
             let child = cmd
                 .spawn()
                 .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]));
-            drop(exit);
+            drop((exit, procs, cgroup_kill));
             child
         })();
         match result {
@@ -346,6 +391,9 @@ impl Task {
                 tracing::info!(job, attempt, group, index, pid = task.pgid, "task started");
             }
             Err(e) => {
+                if let Some(g) = task.group.take() {
+                    g.remove();
+                }
                 task.phase = TaskPhase::FailedToStart;
                 tracing::warn!(job, attempt, group, index, error = %e, "task failed to start");
                 task.message = e;
@@ -357,7 +405,7 @@ impl Task {
     /// Takes over a task a previous agent process started: running, if its
     /// keeper still runs (the same process, by its start time), else ended
     /// as its keeper recorded.
-    pub fn adopt(r: &Record) -> Task {
+    pub fn adopt(r: &Record, cgroups: Option<&crate::cgroup::Cgroups>) -> Task {
         let mut task = Task {
             key: r.key,
             child: None,
@@ -373,6 +421,9 @@ impl Task {
             start_ticks: r.start_ticks,
             exit: r.exit.clone(),
             started_at: r.started_at,
+            group: cgroups.map(|c| c.group(r.key)),
+            memory_mib: r.memory_mib,
+            oom: false,
         };
         let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
         if same && group_alive(r.pgid) {
@@ -384,6 +435,7 @@ impl Task {
         } else {
             task.pgid = 0;
             task.ended(crate::keeper::read_exit(&r.exit), None);
+            task.release_group();
             tracing::info!(job = r.key.0, phase = ?task.phase, "task ended while the agent was away");
         }
         task
@@ -399,6 +451,7 @@ impl Task {
             checkpoint: self.checkpoint.clone(),
             exit: self.exit.clone(),
             started_at: self.started_at,
+            memory_mib: self.memory_mib,
         })
     }
 
@@ -473,6 +526,27 @@ impl Task {
         }
     }
 
+    /// Once it has ended: whether the kernel killed it at its memory
+    /// limit (then it is reported so), then its cgroup is removed with
+    /// anything left in it.
+    fn release_group(&mut self) {
+        let Some(g) = self.group.take() else {
+            return;
+        };
+        if g.oom_kills() > 0 {
+            self.oom = true;
+            self.message = if self.memory_mib > 0 {
+                format!(
+                    "out of memory: the kernel killed it at its memory limit of {} MiB (raise resources.memory_mib)",
+                    self.memory_mib
+                )
+            } else {
+                "out of memory: the kernel killed it at its memory limit".into()
+            };
+        }
+        g.remove();
+    }
+
     /// Reaps an exit and enforces the kill time.
     pub fn poll(&mut self) {
         if self.phase != TaskPhase::Running {
@@ -494,6 +568,7 @@ impl Task {
                 self.ended(crate::keeper::read_exit(&self.exit), status);
                 // The leader is gone; make sure the rest of its tree is too.
                 self.signal(libc::SIGKILL);
+                self.release_group();
                 tracing::info!(job = self.key.0, code = ?self.exit_code, phase = ?self.phase, "task ended");
             }
             None => {
@@ -503,6 +578,10 @@ impl Task {
                 {
                     self.killed = true;
                     self.signal(libc::SIGKILL);
+                    // Also what left its process group.
+                    if let Some(g) = &self.group {
+                        g.kill();
+                    }
                 }
             }
         }
@@ -513,6 +592,9 @@ impl Task {
         if self.running() {
             self.kill_at.get_or_insert_with(Instant::now);
             self.signal(libc::SIGKILL);
+            if let Some(g) = &self.group {
+                g.kill();
+            }
             if let Some(c) = self.child.as_mut() {
                 let _ = c.wait();
             }
@@ -545,6 +627,7 @@ impl Task {
             checkpoint_at: read_task_file(&self.checkpoint).and_then(|s| s.trim().parse().ok()),
             log_tail,
             message: self.message.clone(),
+            oom: self.oom,
         }
     }
 }

@@ -527,6 +527,32 @@ pub struct Inventory {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub pool: String,
+    /// How the node enforces tasks' CPU, memory and pids limits.
+    #[serde(default)]
+    pub limits: NodeLimits,
+}
+
+/// How a node enforces its tasks' limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeLimits {
+    /// `v1` or `v2`; empty when the node sets no limits.
+    #[serde(default)]
+    pub cgroup: String,
+    /// The controllers it sets limits with: `cpu`, `memory`, `pids`.
+    #[serde(default)]
+    pub controllers: Vec<String>,
+    /// Why it sets none (or fewer), in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+impl NodeLimits {
+    /// Whether tasks' CPU and memory are held to their spec.
+    pub fn enforced(&self) -> bool {
+        ["cpu", "memory"]
+            .iter()
+            .all(|c| self.controllers.iter().any(|x| x == c))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -597,6 +623,10 @@ pub struct TaskReport {
     pub log_tail: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The kernel's OOM killer killed it (or a process of it) at its
+    /// memory limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -641,6 +671,18 @@ pub struct DesiredTask {
     /// also when its node's lease runs out.
     #[serde(default = "default_signal")]
     pub stop_signal: String,
+    /// What the task may use; the agent enforces it where it can (cgroups).
+    #[serde(default)]
+    pub limits: TaskLimits,
+}
+
+/// A task's CPU and memory limits, from its spec's resources.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskLimits {
+    /// Thousandths of a CPU (0: none).
+    pub cpu_milli: u64,
+    /// Memory in MiB (0: none).
+    pub memory_mib: u64,
 }
 
 fn default_signal() -> String {

@@ -205,6 +205,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
             address: String::new(),
             labels: Default::default(),
             pool: String::new(),
+            limits: Default::default(),
         };
         let body = serde_json::to_string(&Register {
             node: format!("node-{n:05}"),

@@ -721,15 +721,30 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                             ""
                         };
                         let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
+                        let l = &n["inventory"]["limits"];
+                        let limits = match l["cgroup"].as_str() {
+                            Some(v) if !v.is_empty() => format!(
+                                "cgroup {v}: {}",
+                                l["controllers"]
+                                    .as_array()
+                                    .into_iter()
+                                    .flatten()
+                                    .map(s)
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            ),
+                            _ => format!("NONE ({})", s(&l["note"])),
+                        };
                         vec![
                             s(&n["name"]),
                             s(&n["state"]),
                             format!("{gpus} × {model}{emu}"),
                             format!("{used}/{gpus}"),
+                            limits,
                         ]
                     })
                     .collect();
-                columns(&["name", "state", "gpus", "in use"], rows)
+                columns(&["name", "state", "gpus", "in use", "limits"], rows)
             });
             return Ok(());
         }

@@ -107,6 +107,13 @@ pub struct NodeArgs {
     /// node in the topology jobs may ask for.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Tasks' limits (CPU, memory, pids) go into this cgroup v2 hierarchy
+    /// instead of the one the node mounts (e.g. one mounted for the agent).
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// The most processes and threads one task may have (cgroup pids limit).
+    #[arg(long, default_value_t = gpuflow_agent::DEFAULT_TASK_PIDS_MAX)]
+    pub task_pids_max: u64,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -207,6 +214,8 @@ fn agent_config(
         keep_tasks_on_exit: false,
         run_as: n.run_as.clone(),
         task_uid_base: n.task_uid_base,
+        cgroup_root: n.cgroup_root.clone(),
+        task_pids_max: n.task_pids_max.max(1),
     })
 }
 

@@ -278,6 +278,18 @@ fn apply_reports(
         let mine: Vec<&TaskReport> = by_job.get(&id).cloned().unwrap_or_default();
         let mut next = j.clone();
         let kind = crate::lifecycle::report(&mut next, node, &mine, at);
+        // A task the kernel killed at its memory limit: an event of its
+        // own, once, beside the job's failure.
+        for r in mine.iter().filter(|r| r.oom && r.attempt == j.attempts) {
+            let was_running = j
+                .tasks
+                .iter()
+                .find(|t| t.group == r.group && t.index == r.index)
+                .is_none_or(|t| t.phase == api::TaskPhase::Running);
+            if was_running {
+                change.event(at, Some(j.id), &j.team, "oom", r.message.clone());
+            }
+        }
         if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
             != (j.state, &j.tasks, j.last_checkpoint, &j.logs)
         {
@@ -376,6 +388,10 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let mut command = g.command.clone();
             command.extend(g.args.iter().cloned());
             out.push(DesiredTask {
+                limits: api::TaskLimits {
+                    cpu_milli: (g.resources.cpu * 1000.0).round() as u64,
+                    memory_mib: g.resources.memory_mib,
+                },
                 stop_signal: j.spec.checkpoint.signal.clone(),
                 run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
                 team_uid: world.teams.get(&j.team).map(|t| t.uid).filter(|&u| u > 0),

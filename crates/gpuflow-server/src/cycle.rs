@@ -487,6 +487,30 @@ impl Computed {
                 .collect();
             let kind = lifecycle::admit(&mut j, flavor, allocs);
             change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+            // Placed where its CPU and memory are not held to its spec: said,
+            // not silent.
+            let mut unlimited: Vec<&str> = j
+                .allocs
+                .iter()
+                .map(|a| a.node.as_str())
+                .filter(|n| {
+                    world
+                        .nodes
+                        .get(*n)
+                        .is_some_and(|n| !n.inventory.limits.enforced())
+                })
+                .collect();
+            unlimited.dedup();
+            for n in unlimited {
+                let note = &world.nodes[n].inventory.limits.note;
+                change.event(
+                    t,
+                    Some(j.id),
+                    &j.team,
+                    "no-limits",
+                    format!("runs on node {n} without CPU and memory limits: {note}"),
+                );
+            }
             change.job(j);
             admitted += 1;
         }

@@ -67,6 +67,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             checkpoint_at: None,
                             log_tail: String::new(),
                             message: String::new(),
+                            oom: false,
                         }
                     })
                     .collect();

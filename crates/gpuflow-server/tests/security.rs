@@ -376,6 +376,63 @@ async fn a_job_that_makes_the_core_panic_is_set_aside_and_scheduling_goes_on() {
     assert_eq!(last["state"], "pending", "{last}");
 }
 
+/// A node that sets no limits (an agent that is not root, no cgroups)
+/// still runs work, but never silently: each job placed there gets an
+/// event saying so with the node's reason; a node that enforces them does
+/// not.
+#[tokio::test]
+async fn a_job_placed_where_limits_are_not_enforced_says_so() {
+    let h = harness(None).await;
+    let mut loose = inventory(1);
+    loose["limits"] = json!({"cgroup": "", "controllers": [], "note": "the agent is not root, so it cannot make cgroups"});
+    let mut strict = inventory(1);
+    strict["limits"] = json!({"cgroup": "v2", "controllers": ["cpu", "memory", "pids"]});
+    for (name, inv) in [("loose", loose), ("strict", strict)] {
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/agent/register",
+                &h.join,
+                json!({"node": name, "inventory": inv}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let a = gpu_job(&h, "a").await;
+    let b = gpu_job(&h, "b").await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    let mut warned = Vec::new();
+    for id in [a, b] {
+        let job = h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1;
+        assert_eq!(job["state"], "admitted", "{job}");
+        let node = job["tasks"][0]["node"].as_str().unwrap().to_string();
+        let (_, events) = h.get(&format!("/v1/events?job={id}"), &h.admin).await;
+        let said = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "no-limits")
+            .cloned();
+        match node.as_str() {
+            "loose" => {
+                let e = said.expect("an event on the node without limits");
+                assert!(e["message"].as_str().unwrap().contains("not root"), "{e}");
+                warned.push(id);
+            }
+            _ => assert!(said.is_none(), "{events}"),
+        }
+    }
+    assert_eq!(warned.len(), 1);
+    let (_, nodes) = h.get("/v1/nodes", &h.admin).await;
+    let loose = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "loose")
+        .unwrap();
+    assert_eq!(loose["inventory"]["limits"]["cgroup"], "", "{loose}");
+}
+
 #[tokio::test]
 async fn a_team_lead_changes_only_what_is_the_teams_own() {
     let h = harness(None).await;
