@@ -15,6 +15,15 @@
  *                    ',' (e.g. "0-1,2-3"); GPUs of one island reach each
  *                    other over NVLink. Default: none (PCIe only)
  *   FAKE_NVML_NUMA   NUMA node per GPU, comma-separated (e.g. "0,0,1,1")
+ *   FAKE_NVML_STATE  a file describing what changes over time, read again
+ *                    on every call (tests rewrite it), one fact a line:
+ *                      gpu I util U memutil M used_mib N power_mw P temp T
+ *                      proc I PID USED_MIB SM_UTIL   (a compute process on GPU I)
+ *                      xid I CODE                    (an XID event, delivered once)
+ *                      ecc I COUNT                   (uncorrected volatile ECC errors)
+ *                      lost I                        (GPU I fell off the bus)
+ *                    Without it, utilisation is 10+I %, 512 MiB are used,
+ *                    and there are no processes, events or errors.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +36,9 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_GPU_IS_LOST 15
+#include <unistd.h>
 
 /* mig < 0: the physical GPU; else its MIG instance number. */
 typedef struct fake_device { unsigned int index; int mig; } *nvmlDevice_t;
@@ -76,6 +88,52 @@ static unsigned int count(void) {
     return (unsigned int)n;
 }
 
+/* The facts of FAKE_NVML_STATE. */
+struct gpu_state { int set; unsigned int util, memutil, power_mw, temp; unsigned long long used_mib, ecc; int lost; };
+struct proc_state { unsigned int gpu, pid, sm; unsigned long long used_mib; };
+/* Per thread: each call reads the file again into its own thread's copy,
+ * so a sampler and an event waiter never see each other's half-read state. */
+static __thread struct gpu_state gstate[64];
+static __thread struct proc_state pstate[256];
+static __thread int nprocs;
+static __thread unsigned int xid_gpu[256], xid_code[256];
+static __thread int nxids;
+
+static void read_state(void) {
+    memset(gstate, 0, sizeof gstate);
+    nprocs = 0;
+    nxids = 0;
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (!path) return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        unsigned int i, a, b, c, d, e;
+        unsigned long long n;
+        if (sscanf(line, "gpu %u util %u memutil %u used_mib %llu power_mw %u temp %u", &i, &a, &b, &n, &c, &d) == 6 && i < 64) {
+            gstate[i].set = 1; gstate[i].util = a; gstate[i].memutil = b; gstate[i].used_mib = n;
+            gstate[i].power_mw = c; gstate[i].temp = d;
+        } else if (sscanf(line, "proc %u %u %llu %u", &i, &a, &n, &e) == 4 && i < 64 && nprocs < 256) {
+            pstate[nprocs].gpu = i; pstate[nprocs].pid = a; pstate[nprocs].used_mib = n; pstate[nprocs].sm = e;
+            nprocs++;
+        } else if (sscanf(line, "xid %u %u", &i, &a) == 2 && i < 64 && nxids < 256) {
+            xid_gpu[nxids] = i; xid_code[nxids] = a; nxids++;
+        } else if (sscanf(line, "ecc %u %llu", &i, &n) == 2 && i < 64) {
+            gstate[i].ecc = n;
+        } else if (sscanf(line, "lost %u", &i) == 1 && i < 64) {
+            gstate[i].lost = 1;
+        }
+    }
+    fclose(f);
+}
+
+/* NVML_ERROR_GPU_IS_LOST for a GPU the state says fell off the bus. */
+static int lost(unsigned int i) {
+    read_state();
+    return gstate[i].lost;
+}
+
 nvmlReturn_t nvmlInit_v2(void) {
     if (getenv("FAKE_NVML_FAIL_INIT")) return NVML_ERROR_DRIVER_NOT_LOADED;
     for (unsigned int i = 0; i < 64; i++) {
@@ -86,14 +144,14 @@ nvmlReturn_t nvmlInit_v2(void) {
             mig_devices[i][k].mig = k;
         }
     }
-    initialised = 1;
+    initialised++; /* NVML counts its initialisations; each shutdown undoes one */
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
 
 nvmlReturn_t nvmlShutdown(void) {
-    initialised = 0;
+    if (initialised > 0) initialised--;
     return NVML_SUCCESS;
 }
 
@@ -157,9 +215,11 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
         const char *dot = strchr(profile, '.');
         mib = dot ? strtoull(dot + 1, 0, 10) * 1024ULL : 0;
     }
+    if (d->mig < 0 && lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
     m->total = mib * 1024ULL * 1024ULL;
     m->reserved = 0;
-    m->used = 512ULL * 1024ULL * 1024ULL;
+    m->used = (d->mig < 0 && gstate[d->index].set ? gstate[d->index].used_mib : 512ULL) * 1024ULL * 1024ULL;
+    if (m->used > m->total) m->used = m->total;
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
@@ -167,9 +227,128 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!d || !u) return NVML_ERROR_INVALID_ARGUMENT;
-    u->gpu = 10 + d->index;
-    u->memory = 5;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    u->gpu = gstate[d->index].set ? gstate[d->index].util : 10 + d->index;
+    u->memory = gstate[d->index].set ? gstate[d->index].memutil : 5;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !mw) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    *mw = gstate[d->index].set ? gstate[d->index].power_mw : 70000;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *t) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !t || sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    *t = gstate[d->index].set ? gstate[d->index].temp : 35;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter, unsigned long long *n) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !n) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    /* type 1: uncorrected; counter 0: volatile. */
+    *n = (type == 1 && counter == 0) ? gstate[d->index].ecc : 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *out) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    unsigned int n = 0;
+    for (int k = 0; k < nprocs; k++) if (pstate[k].gpu == d->index && d->mig < 0) n++;
+    if (!out || *count < n) { *count = n; return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS; }
+    unsigned int j = 0;
+    for (int k = 0; k < nprocs; k++) {
+        if (pstate[k].gpu != d->index || d->mig >= 0) continue;
+        out[j].pid = pstate[k].pid;
+        out[j].usedGpuMemory = pstate[k].used_mib * 1024ULL * 1024ULL;
+        out[j].gpuInstanceId = out[j].computeInstanceId = 0xFFFFFFFFu;
+        j++;
+    }
+    *count = j;
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *out, unsigned int *count, unsigned long long since) {
+    (void)since;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(d->index)) return NVML_ERROR_GPU_IS_LOST;
+    unsigned int n = 0;
+    for (int k = 0; k < nprocs; k++) if (pstate[k].gpu == d->index) n++;
+    if (!out || *count < n) { *count = n; return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS; }
+    unsigned int j = 0;
+    for (int k = 0; k < nprocs; k++) {
+        if (pstate[k].gpu != d->index) continue;
+        out[j].pid = pstate[k].pid;
+        out[j].timeStamp = 1;
+        out[j].smUtil = pstate[k].sm;
+        out[j].memUtil = out[j].encUtil = out[j].decUtil = 0;
+        j++;
+    }
+    *count = j;
+    return NVML_SUCCESS;
+}
+
+/* Events: each set delivers the XID lines written after it was made, once each. */
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } nvmlEventData_t;
+static int sets[64];
+static int nsets;
+
+nvmlReturn_t nvmlEventSetCreate(void **set) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!set || nsets >= 64) return NVML_ERROR_INVALID_ARGUMENT;
+    read_state();
+    sets[nsets] = nxids;
+    *set = &sets[nsets++];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(void *set) { (void)set; return NVML_SUCCESS; }
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !types) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = 0x1 | 0x2 | 0x8; /* single- and double-bit ECC, critical XID */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, void *set) {
+    (void)types;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !set) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int waited = 0;; waited += 50) {
+        read_state();
+        int *delivered = (int *)set;
+        if (*delivered < nxids) {
+            int k = (*delivered)++;
+            data->device = &devices[xid_gpu[k]];
+            data->eventType = 0x8;
+            data->eventData = xid_code[k];
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
+        usleep(50000);
+    }
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {

@@ -1,9 +1,38 @@
-//! GPU discovery: NVML through `nvml-wrapper` where the library loads, and
-//! emulated GPUs from the configuration where it does not. A library that
-//! does not load means "no GPUs here", never a crash.
+//! GPU discovery, samples and health: NVML through `nvml-wrapper` where the
+//! library loads, and emulated GPUs from the configuration where it does
+//! not. A library that does not load means "no GPUs here", never a crash.
+//!
+//! Samples (utilisation, memory, power, temperature, compute processes)
+//! are kept apart from the inventory, which changes only when the GPUs do.
+//! A GPU is unhealthy after a critical XID event (a thread waits on NVML's
+//! event set), when its uncorrected ECC errors grow, or when NVML cannot
+//! reach it (it stays in the inventory as it was last seen, unhealthy).
+//! XID marks last until an admin clears them (`gpuflow node clear`).
 
-use gpuflow_api::GpuInfo;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gpuflow_api::{GpuInfo, GpuSample};
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+
+/// XID errors that mean the GPU itself is at fault (not the program on it):
+/// ECC and memory-remapping failures, NVLink errors, fallen off the bus,
+/// GSP errors.
+const CRITICAL_XIDS: &[u64] = &[48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140];
+
+/// A compute process on a GPU, as NVML sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// The GPU's index in the inventory.
+    pub gpu: u32,
+    pub pid: u32,
+    pub memory_mib: u64,
+    /// Its SM utilisation in percent, where NVML gives it.
+    pub sm_util: Option<u32>,
+}
 
 /// Emulated GPUs: `count` of `model` with `memory_mib` each, in MIG mode
 /// with these instance profiles when `mig` is not empty.
@@ -94,7 +123,7 @@ impl Emulated {
                 uuid: format!("EMU-{i}"),
                 model: self.model.clone(),
                 memory_mib: self.memory_mib,
-                utilization: None,
+                unhealthy: None,
                 mig: self
                     .mig
                     .iter()
@@ -118,47 +147,215 @@ impl Emulated {
 
 /// NVML when it loads and initialises.
 pub struct Gpus {
-    nvml: Option<Nvml>,
+    nvml: Option<Arc<Nvml>>,
     emulated: Option<Emulated>,
     /// Why NVML is not used, for the log.
     pub nvml_error: Option<String>,
+    /// Critical XID events by GPU UUID: (when, in Unix seconds, and what).
+    marks: Arc<Mutex<BTreeMap<String, (u64, String)>>>,
+    /// Uncorrected ECC errors by UUID when the agent started or an admin
+    /// last cleared the GPU.
+    ecc_base: Mutex<BTreeMap<String, u64>>,
+    /// The inventory as last read, to report a GPU NVML lost as it was.
+    last: Mutex<Vec<GpuInfo>>,
+    /// Stops the event thread.
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Gpus {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Waits on NVML's event set for critical XID errors and marks their GPUs.
+fn watch_events(
+    nvml: Arc<Nvml>,
+    marks: Arc<Mutex<BTreeMap<String, (u64, String)>>>,
+    stop: Arc<AtomicBool>,
+) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    let set = match nvml.create_event_set() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no NVML event set: XID errors are not watched");
+            return;
+        }
+    };
+    let mut set = Some(set);
+    for i in 0..nvml.device_count().unwrap_or(0) {
+        let Ok(d) = nvml.device_by_index(i) else {
+            continue;
+        };
+        let wanted = d
+            .supported_event_types()
+            .map_or(EventTypes::empty(), |t| t & EventTypes::CRITICAL_XID_ERROR);
+        if wanted.is_empty() {
+            continue;
+        }
+        set = match d.register_events(wanted, set.take().expect("kept between devices")) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(gpu = i, error = %e.error, "cannot watch XID errors");
+                return;
+            }
+        };
+    }
+    let set = set.expect("kept between devices");
+    while !stop.load(Ordering::Relaxed) {
+        match set.wait(250) {
+            Ok(ev) => {
+                let Some(XidError::Value(xid)) = ev.event_data else {
+                    continue;
+                };
+                let uuid = ev.device.uuid().unwrap_or_default();
+                tracing::warn!(gpu = %uuid, xid, "XID error");
+                if CRITICAL_XIDS.contains(&xid) {
+                    marks.lock().expect("not poisoned").insert(
+                        uuid,
+                        (
+                            unix_now(),
+                            format!("XID {xid} error reported by the driver"),
+                        ),
+                    );
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "NVML's event set failed: XID errors are no longer watched");
+                return;
+            }
+        }
+    }
 }
 
 impl Gpus {
     /// Tries NVML (from `lib`, or the system's `libnvidia-ml.so.1`), unless
     /// emulation is asked for.
     pub fn open(lib: Option<&std::path::Path>, emulated: Option<Emulated>) -> Gpus {
+        let blank = |nvml: Option<Arc<Nvml>>, emulated, nvml_error| Gpus {
+            nvml,
+            emulated,
+            nvml_error,
+            marks: Arc::default(),
+            ecc_base: Mutex::default(),
+            last: Mutex::default(),
+            stop: Arc::default(),
+        };
         if emulated.is_some() {
-            return Gpus {
-                nvml: None,
-                emulated,
-                nvml_error: Some("emulated GPUs were asked for".into()),
-            };
+            return blank(None, emulated, Some("emulated GPUs were asked for".into()));
         }
         let init = match lib {
             Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
             None => Nvml::init(),
         };
         match init {
-            Ok(nvml) => Gpus {
-                nvml: Some(nvml),
-                emulated: None,
-                nvml_error: None,
-            },
-            Err(e) => Gpus {
-                nvml: None,
-                emulated: None,
-                nvml_error: Some(e.to_string()),
-            },
+            Ok(nvml) => {
+                let nvml = Arc::new(nvml);
+                let g = blank(Some(nvml.clone()), None, None);
+                // The baseline of uncorrected ECC errors: only new ones count.
+                for i in 0..nvml.device_count().unwrap_or(0) {
+                    if let Ok(d) = nvml.device_by_index(i)
+                        && let (Ok(uuid), Ok(n)) = (d.uuid(), uncorrected(&d))
+                    {
+                        g.ecc_base.lock().expect("not poisoned").insert(uuid, n);
+                    }
+                }
+                let (marks, stop) = (g.marks.clone(), g.stop.clone());
+                std::thread::Builder::new()
+                    .name("nvml-events".into())
+                    .spawn(move || watch_events(nvml, marks, stop))
+                    .ok();
+                g
+            }
+            Err(e) => blank(None, None, Some(e.to_string())),
         }
+    }
+
+    /// Clears the XID marks made at or before `before` (Unix seconds) and
+    /// takes the ECC errors counted now as the new baseline.
+    pub fn clear_health(&self, before: u64) {
+        if before == 0 {
+            return;
+        }
+        self.marks
+            .lock()
+            .expect("not poisoned")
+            .retain(|_, (at, _)| *at > before);
+        let Some(nvml) = &self.nvml else {
+            return;
+        };
+        let mut base = self.ecc_base.lock().expect("not poisoned");
+        for i in 0..nvml.device_count().unwrap_or(0) {
+            if let Ok(d) = nvml.device_by_index(i)
+                && let (Ok(uuid), Ok(n)) = (d.uuid(), uncorrected(&d))
+                && base.get(&uuid).is_some_and(|&b| b < n)
+            {
+                base.insert(uuid, n);
+            }
+        }
+    }
+
+    /// Each GPU's state now, and the compute processes on them (none for
+    /// emulated GPUs).
+    pub fn sample(&self) -> (Vec<GpuSample>, Vec<GpuProcess>) {
+        let Some(nvml) = &self.nvml else {
+            return (vec![], vec![]);
+        };
+        let mut gpus = Vec::new();
+        let mut procs = Vec::new();
+        for i in 0..nvml.device_count().unwrap_or(0) {
+            let Ok(d) = nvml.device_by_index(i) else {
+                continue;
+            };
+            let (Ok(uuid), Ok(util), Ok(mem)) = (d.uuid(), d.utilization_rates(), d.memory_info())
+            else {
+                continue;
+            };
+            gpus.push(GpuSample {
+                uuid,
+                util_pct: util.gpu,
+                memory_util_pct: util.memory,
+                memory_used_mib: mem.used / (1024 * 1024),
+                power_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+            });
+            let sm: BTreeMap<u32, u32> = d
+                .process_utilization_stats(None)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.pid, p.sm_util))
+                .collect();
+            for p in d.running_compute_processes().unwrap_or_default() {
+                use nvml_wrapper::enums::device::UsedGpuMemory;
+                procs.push(GpuProcess {
+                    gpu: i,
+                    pid: p.pid,
+                    memory_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => b / (1024 * 1024),
+                        UsedGpuMemory::Unavailable => 0,
+                    },
+                    sm_util: sm.get(&p.pid).copied(),
+                });
+            }
+        }
+        (gpus, procs)
     }
 
     pub fn is_emulated(&self) -> bool {
         self.nvml.is_none()
     }
 
-    /// The GPUs now, with utilisation where NVML gives it. A GPU NVML cannot
-    /// read is left out (it is reported as gone, not as healthy).
+    /// The GPUs now, with their health. A GPU NVML can no longer reach is
+    /// reported as it was last seen, unhealthy (a GPU it never read is left
+    /// out).
     pub fn list(&self) -> Vec<GpuInfo> {
         let Some(nvml) = &self.nvml else {
             return self
@@ -170,9 +367,27 @@ impl Gpus {
         let n = nvml.device_count().unwrap_or(0);
         let devices: Vec<Option<nvml_wrapper::Device<'_>>> =
             (0..n).map(|i| nvml.device_by_index(i).ok()).collect();
-        (0..n)
+        let marks = self.marks.lock().expect("not poisoned").clone();
+        let ecc_base = self.ecc_base.lock().expect("not poisoned").clone();
+        let mut last = self.last.lock().expect("not poisoned");
+        let list: Vec<GpuInfo> = (0..n)
             .filter_map(|i| {
                 let d = devices[i as usize].as_ref()?;
+                let seen = last.iter().find(|g| g.index == i);
+                if let Err(NvmlError::GpuLost) = d.memory_info() {
+                    let mut g = seen?.clone();
+                    g.unhealthy =
+                        Some("NVML cannot reach it: it fell off the bus (GPU is lost)".into());
+                    return Some(g);
+                }
+                let uuid = d.uuid().ok()?;
+                let unhealthy = marks.get(&uuid).map(|(_, why)| why.clone()).or_else(|| {
+                    let now = uncorrected(d).ok()?;
+                    let base = ecc_base.get(&uuid).copied().unwrap_or(0);
+                    (now > base).then(|| {
+                        format!("{} new uncorrected ECC errors", now - base)
+                    })
+                });
                 // Peers over NVLink: GPUs NVML says it can reach peer to peer by NVLink.
                 let nvlink = (0..n)
                     .filter(|&j| j != i)
@@ -187,17 +402,24 @@ impl Gpus {
                     .collect();
                 Some(GpuInfo {
                     index: i,
-                    uuid: d.uuid().ok()?,
+                    uuid,
                     model: normalise_model(&d.name().ok()?),
                     memory_mib: d.memory_info().ok()?.total / (1024 * 1024),
-                    utilization: d.utilization_rates().ok().map(|u| u.gpu),
+                    unhealthy,
                     mig: mig_instances(d),
                     numa: d.numa_node_id().ok(),
                     nvlink,
                 })
             })
-            .collect()
+            .collect();
+        *last = list.clone();
+        list
     }
+}
+
+/// Uncorrected ECC errors since the driver loaded.
+fn uncorrected(d: &nvml_wrapper::Device<'_>) -> Result<u64, NvmlError> {
+    d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
 }
 
 /// A GPU's MIG instances as NVML lists them (none when it is not in MIG

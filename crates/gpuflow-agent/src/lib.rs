@@ -22,6 +22,7 @@ pub mod fake_nvml;
 pub mod gpu;
 pub mod keeper;
 pub mod task;
+pub mod telemetry;
 pub mod user;
 
 use std::collections::BTreeMap;
@@ -70,6 +71,14 @@ pub struct Config {
     pub cgroup_root: Option<PathBuf>,
     /// The most processes (threads included) one task may have.
     pub task_pids_max: u64,
+    /// GPUs and tasks' GPU use are sampled this often.
+    pub sample_interval: Duration,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The default most processes and threads of one task.
@@ -336,6 +345,8 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
     let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
     let mut node_token: Option<String> = None;
+    let mut samples: Vec<gpuflow_api::GpuSample> = Vec::new();
+    let mut last_sample = Instant::now();
     let mut interval = Duration::from_secs(2);
     let mut last_error = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
@@ -386,6 +397,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 node: cfg.node.clone(),
                 inventory: inventory(),
                 tasks: tasks.values().map(Task::report).collect(),
+                gpus: samples.clone(),
             };
             let sent = keeper::boot_ms();
             match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
@@ -397,6 +409,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         }
                     }
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
+                    gpus.clear_health(d.health_cleared_at);
                     soon = reconcile(&mut tasks, &d, &cfg.work_dir, &launch);
                 }
                 Err((401 | 404, _)) => {
@@ -428,6 +441,12 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         };
         while tick.elapsed() < wait && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
+            if last_sample.elapsed() >= cfg.sample_interval {
+                last_sample = Instant::now();
+                let (s, procs) = gpus.sample();
+                telemetry::account(&mut tasks, &gpus.list(), &s, &procs, unix_now());
+                samples = s;
+            }
             let mut ended = false;
             for t in tasks.values_mut() {
                 let was = t.running();

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuflow_api::{DesiredTask, TaskPhase, TaskReport};
+use gpuflow_api::{Breach, DesiredTask, TaskLimits, TaskPhase, TaskReport, TaskUsage};
 
 /// `(job, attempt, group, index)`.
 pub type Key = (u64, u32, u16, u32);
@@ -79,6 +79,42 @@ fn read_task_file(path: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
+/// MPS's limits for a task sharing a GPU (a no-op where MPS does not run;
+/// the agent's GPU-memory watchdog holds the limit in any case).
+fn mps_env(l: &TaskLimits) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if l.gpu_memory_mib > 0 {
+        env.push((
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            format!("0={}M", l.gpu_memory_mib),
+        ));
+    }
+    if l.gpu_percent > 0 {
+        env.push((
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            l.gpu_percent.to_string(),
+        ));
+    }
+    env
+}
+
+/// The task's last checkpoint: the Unix time it wrote to its checkpoint
+/// file, or, when it only touched it, the file's modification time.
+fn checkpoint_time(path: &Path) -> Option<u64> {
+    let text = read_task_file(path)?;
+    if let Ok(t) = text.trim().parse() {
+        return Some(t);
+    }
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)?
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
 /// Log bytes sent with each report.
 const LOG_TAIL: u64 = 16 * 1024;
 
@@ -108,8 +144,17 @@ pub struct Task {
     group: Option<crate::cgroup::TaskGroup>,
     /// Its memory limit (MiB; 0: none), for the OOM message.
     memory_mib: u64,
-    /// The kernel killed it (or a process of it) at its memory limit.
-    pub oom: bool,
+    /// The limit it was killed at.
+    pub breach: Option<Breach>,
+    /// A limit it broke, to report once it has ended: what and in words.
+    failure: Option<(Breach, String)>,
+    /// Its GPUs' indices on the node.
+    pub gpus: Vec<u32>,
+    /// What it may use.
+    pub limits: TaskLimits,
+    /// Its GPU use so far, and the sum of its utilisation samples.
+    pub usage: TaskUsage,
+    util_sum: f64,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -127,6 +172,10 @@ pub struct Record {
     pub started_at: u64,
     #[serde(default)]
     pub memory_mib: u64,
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+    #[serde(default)]
+    pub limits: TaskLimits,
 }
 
 /// A task's directory under the work directory.
@@ -199,7 +248,12 @@ impl Task {
             started_at: unix_now(),
             group: None,
             memory_mib: 0,
-            oom: false,
+            breach: None,
+            failure: None,
+            gpus: Vec::new(),
+            limits: TaskLimits::default(),
+            usage: TaskUsage::default(),
+            util_sum: 0.0,
         }
     }
 
@@ -240,6 +294,8 @@ impl Task {
         let (job, attempt, group, index) = key(t);
         let task_dir = task_dir(dir, key(t));
         let mut task = Task::new(key(t), dir);
+        task.gpus = t.gpus.clone();
+        task.limits = t.limits;
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
             let user = crate::user::resolve_task(crate::user::TaskUser {
@@ -312,6 +368,7 @@ impl Task {
                 .env("LANG", "C.UTF-8")
                 .envs(&t.env)
                 .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
+                .envs(mps_env(&t.limits))
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err)
@@ -423,7 +480,12 @@ impl Task {
             started_at: r.started_at,
             group: cgroups.map(|c| c.group(r.key)),
             memory_mib: r.memory_mib,
-            oom: false,
+            breach: None,
+            failure: None,
+            gpus: r.gpus.clone(),
+            limits: r.limits,
+            usage: TaskUsage::default(),
+            util_sum: 0.0,
         };
         let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
         if same && group_alive(r.pgid) {
@@ -452,6 +514,8 @@ impl Task {
             exit: self.exit.clone(),
             started_at: self.started_at,
             memory_mib: self.memory_mib,
+            gpus: self.gpus.clone(),
+            limits: self.limits,
         })
     }
 
@@ -534,7 +598,7 @@ impl Task {
             return;
         };
         if g.oom_kills() > 0 {
-            self.oom = true;
+            self.breach = Some(Breach::Memory);
             self.message = if self.memory_mib > 0 {
                 format!(
                     "out of memory: the kernel killed it at its memory limit of {} MiB (raise resources.memory_mib)",
@@ -569,6 +633,14 @@ impl Task {
                 // The leader is gone; make sure the rest of its tree is too.
                 self.signal(libc::SIGKILL);
                 self.release_group();
+                if let Some((breach, message)) = self.failure.take() {
+                    // Killed for breaking a limit: it failed, whatever
+                    // its keeper could record.
+                    self.phase = TaskPhase::Exited;
+                    self.exit_code = Some(self.exit_code.unwrap_or(128 + libc::SIGKILL));
+                    self.breach = Some(breach);
+                    self.message = message;
+                }
                 tracing::info!(job = self.key.0, code = ?self.exit_code, phase = ?self.phase, "task ended");
             }
             None => {
@@ -585,6 +657,55 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Kills it for breaking a limit: it is reported as failed with
+    /// `message` once it has ended.
+    pub fn fail(&mut self, breach: Breach, message: String) {
+        if !self.running() || self.failure.is_some() || self.kill_at.is_some() {
+            return;
+        }
+        tracing::warn!(job = self.key.0, %message, "task broke a limit; killing it");
+        self.failure = Some((breach, message));
+        // Its cgroup holds the task and not its keeper, which then records
+        // how it ended; without one the whole group goes, keeper included.
+        match &self.group {
+            Some(g) => g.kill(),
+            None => self.signal(libc::SIGKILL),
+        }
+    }
+
+    /// CPU time its cgroup used, in seconds, where it is accounted.
+    pub fn cpu_s(&self) -> Option<f64> {
+        self.group
+            .as_ref()
+            .and_then(crate::cgroup::TaskGroup::cpu_usage_us)
+            .map(|us| us as f64 / 1e6)
+    }
+
+    /// Whether `pid` is one of its processes: in its cgroup, or in its
+    /// process group.
+    pub fn owns(&self, pid: u32, cgroup_of_pid: &str, pgrp_of_pid: Option<i32>) -> bool {
+        let name = crate::cgroup::group_name(self.key);
+        (self.group.is_some() && cgroup_of_pid.contains(&format!("/{name}")))
+            || (self.pgid > 0 && pgrp_of_pid == Some(self.pgid) && pid > 0)
+    }
+
+    /// Folds one sample of its GPU use in.
+    pub fn account(&mut self, util: u32, memory_mib: u64, now: u64) {
+        self.util_sum += f64::from(util);
+        let cpu_s = self.cpu_s();
+        let u = &mut self.usage;
+        u.samples += 1;
+        u.gpu_util_avg_pct = self.util_sum / f64::from(u.samples);
+        u.gpu_util_pct = util;
+        u.gpu_memory_mib = memory_mib;
+        u.gpu_memory_peak_mib = u.gpu_memory_peak_mib.max(memory_mib);
+        u.cpu_s = cpu_s;
+        u.idle_since = match self.limits.idle_below_pct {
+            Some(below) if util < below => Some(u.idle_since.unwrap_or(now)),
+            _ => None,
+        };
     }
 
     /// Kills the tree now.
@@ -624,10 +745,11 @@ impl Task {
             phase: self.phase,
             exit_code: self.exit_code,
             started_at: Some(self.started_at).filter(|&t| t > 0),
-            checkpoint_at: read_task_file(&self.checkpoint).and_then(|s| s.trim().parse().ok()),
+            checkpoint_at: checkpoint_time(&self.checkpoint),
             log_tail,
             message: self.message.clone(),
-            oom: self.oom,
+            breach: self.breach,
+            usage: (self.usage.samples > 0).then(|| self.usage.clone()),
         }
     }
 }

@@ -30,7 +30,7 @@ fn nvml_discovery_through_the_fake_library() {
     assert_eq!(list[0].model, "H100-80GB-HBM3");
     assert_eq!(list[0].memory_mib, 81559);
     assert_eq!(list[1].uuid, "GPU-fa4e0000-0000-0000-0000-000000000001");
-    assert_eq!(list[1].utilization, Some(11));
+    assert_eq!(list[1].unhealthy, None);
     assert!(list[0].mig.is_empty(), "not in MIG mode");
     drop(gpus);
 
@@ -70,10 +70,106 @@ fn nvml_discovery_through_the_fake_library() {
         std::env::remove_var("FAKE_NVML_NUMA");
     }
 
+    // Samples: utilisation, memory, power, temperature and the compute
+    // processes, from a state file the test rewrites. The inventory does
+    // not change with them (it would be stored on every heartbeat).
+    let state = dir.path().join("state");
+    unsafe { std::env::set_var("FAKE_NVML_STATE", &state) };
+    let write = |text: &str| std::fs::write(&state, text).unwrap();
+    write(
+        "gpu 0 util 80 memutil 40 used_mib 30000 power_mw 350000 temp 71\nproc 0 4242 20480 65\n",
+    );
+    let gpus = Gpus::open(Some(&lib), None);
+    let before = gpus.list();
+    let (samples, procs) = gpus.sample();
+    assert_eq!(samples.len(), 3);
+    assert_eq!(
+        (
+            samples[0].util_pct,
+            samples[0].memory_util_pct,
+            samples[0].memory_used_mib
+        ),
+        (80, 40, 30000)
+    );
+    assert_eq!(samples[0].power_w, Some(350.0));
+    assert_eq!(samples[0].temperature_c, Some(71));
+    assert_eq!(
+        samples[1].util_pct, 11,
+        "a GPU the file does not name keeps the default"
+    );
+    assert_eq!(procs.len(), 1);
+    assert_eq!(
+        (
+            procs[0].gpu,
+            procs[0].pid,
+            procs[0].memory_mib,
+            procs[0].sm_util
+        ),
+        (0, 4242, 20480, Some(65))
+    );
+    write("gpu 0 util 3 memutil 1 used_mib 1000 power_mw 90000 temp 40\n");
+    let (samples, procs) = gpus.sample();
+    assert_eq!(samples[0].util_pct, 3);
+    assert!(procs.is_empty());
+    assert_eq!(gpus.list(), before, "samples are not part of the inventory");
+
+    // Health: a critical XID error marks its GPU until an admin clears it;
+    // an application's XID (13) does not; new uncorrected ECC errors and a
+    // GPU that fell off the bus are unhealthy while they last.
+    write("xid 1 13\nxid 2 79\n");
+    let list = poll_list(&gpus, |l| l[2].unhealthy.is_some());
+    assert!(
+        list[2].unhealthy.as_deref().unwrap().contains("XID 79"),
+        "{list:?}"
+    );
+    assert_eq!(list[1].unhealthy, None, "XID 13 is the program's fault");
+    write("xid 1 13\nxid 2 79\necc 0 3\nlost 1\n");
+    let list = gpus.list();
+    assert_eq!(list.len(), 3, "a lost GPU stays in the inventory: {list:?}");
+    assert!(
+        list[0]
+            .unhealthy
+            .as_deref()
+            .unwrap()
+            .contains("3 new uncorrected ECC errors")
+    );
+    assert!(
+        list[1]
+            .unhealthy
+            .as_deref()
+            .unwrap()
+            .contains("fell off the bus")
+    );
+    assert_eq!(list[1].uuid, before[1].uuid);
+    write("xid 1 13\nxid 2 79\necc 0 3\n");
+    gpus.clear_health(u64::MAX);
+    let list = gpus.list();
+    assert!(
+        list.iter().all(|g| g.unhealthy.is_none()),
+        "cleared: {list:?}"
+    );
+    drop(gpus);
+    unsafe { std::env::remove_var("FAKE_NVML_STATE") };
+
     // A driver that does not initialise means no GPUs, not a crash.
     unsafe { std::env::set_var("FAKE_NVML_FAIL_INIT", "1") };
     let gpus = Gpus::open(Some(&lib), None);
     assert!(gpus.is_emulated());
     assert!(gpus.list().is_empty());
     assert!(gpus.nvml_error.is_some());
+}
+
+/// The inventory once `ok` holds (XID events arrive on NVML's event thread).
+fn poll_list(
+    gpus: &Gpus,
+    ok: impl Fn(&[gpuflow_api::GpuInfo]) -> bool,
+) -> Vec<gpuflow_api::GpuInfo> {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let l = gpus.list();
+        if ok(&l) || std::time::Instant::now() > end {
+            return l;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

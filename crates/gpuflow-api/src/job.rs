@@ -216,19 +216,59 @@ impl Default for CheckpointSpec {
     }
 }
 
-/// What to do with a job whose GPUs sit idle (enforced by a later agent).
+/// What to do with a job whose GPUs sit idle: below `below_pct` GPU
+/// utilisation on every task for `after_s`, it is warned (an event); if it
+/// is still idle `warn_s` later, its action is taken.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IdleSpec {
     pub after_s: u64,
     pub action: IdleAction,
+    /// Idle below this GPU utilisation, in percent (default 5).
+    #[serde(default = "default_idle_below")]
+    pub below_pct: u32,
+    /// Between the warning and the action (default 300 s).
+    #[serde(default = "default_idle_warn")]
+    pub warn_s: u64,
+}
+
+impl IdleSpec {
+    /// Reports each wrong field (`at.after_s`, …) to `bad`.
+    pub fn check(&self, at: &str, bad: &mut impl FnMut(String, String)) {
+        if self.after_s < 10 || self.after_s > MAX_RUNTIME_S {
+            bad(
+                format!("{at}.after_s"),
+                "must be 10 seconds to a year".into(),
+            );
+        }
+        if self.warn_s > MAX_RUNTIME_S {
+            bad(format!("{at}.warn_s"), "must be at most a year".into());
+        }
+        if !(1..=100).contains(&self.below_pct) {
+            bad(
+                format!("{at}.below_pct"),
+                "must be 1 to 100 (percent GPU utilisation)".into(),
+            );
+        }
+    }
+}
+
+fn default_idle_below() -> u32 {
+    5
+}
+fn default_idle_warn() -> u64 {
+    300
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum IdleAction {
+    /// Only the warning.
     Notify,
+    /// Stopped and held as suspended; its owner resumes it.
     Suspend,
+    /// Stopped and queued again (it gives its GPUs back and waits its turn).
+    Requeue,
     Cancel,
 }
 
@@ -394,10 +434,8 @@ impl JobSpec {
                 ),
             );
         }
-        if let Some(idle) = &self.idle
-            && (idle.after_s < 60 || idle.after_s > MAX_RUNTIME_S)
-        {
-            bad("idle.after_s".into(), "must be 60 seconds to a year".into());
+        if let Some(idle) = &self.idle {
+            idle.check("idle", &mut bad);
         }
         if errs.is_empty() {
             Ok(())

@@ -8,5 +8,5 @@ pub mod job;
 pub mod wire;
 
 pub use error::{ApiError, FieldError};
-pub use job::{GpuMode, GpuSpec, JobSpec, Kind, TaskGroupSpec};
+pub use job::{GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, TaskGroupSpec};
 pub use wire::*;

@@ -98,6 +98,9 @@ pub struct TaskView {
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Its use of its GPUs, as its agent sampled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TaskUsage>,
 }
 
 /// A job as the API shows it.
@@ -373,6 +376,10 @@ pub struct QueueSpec {
     pub quotas: BTreeMap<String, QuotaSpec>,
     #[serde(default)]
     pub user_limits: UserLimitsSpec,
+    /// The idle policy of notebooks submitted to this queue (or below it)
+    /// that name none; admins set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notebook_idle: Option<crate::IdleSpec>,
 }
 
 fn one() -> f64 {
@@ -424,6 +431,9 @@ impl QueueSpec {
         if self.user_limits.max_gpus.is_some_and(|v| !gpus(v)) {
             bad("user_limits.max_gpus", "must be 0 to 10000000 GPUs".into());
         }
+        if let Some(idle) = &self.notebook_idle {
+            idle.check("notebook_idle", &mut |f, m| bad(&f, m));
+        }
         if errs.is_empty() {
             Ok(())
         } else {
@@ -456,6 +466,9 @@ pub struct QueuePatch {
     /// Admin only.
     #[serde(default)]
     pub quotas: Option<BTreeMap<String, QuotaSpec>>,
+    /// Admin only.
+    #[serde(default)]
+    pub notebook_idle: Option<crate::IdleSpec>,
 }
 
 // ---- nodes ----
@@ -487,9 +500,10 @@ pub struct GpuInfo {
     pub uuid: String,
     pub model: String,
     pub memory_mib: u64,
-    /// Current utilisation in percent, when known.
+    /// Why it takes no work, when it is unhealthy (an XID error, ECC
+    /// errors, NVML cannot reach it); `None` when healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub utilization: Option<u32>,
+    pub unhealthy: Option<String>,
     /// Its MIG instances when it is in MIG mode (each allocated whole, to
     /// jobs asking for its profile); empty when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -563,6 +577,9 @@ pub struct NodeView {
     /// GPU indices in use (whole or shared).
     pub gpus_in_use: Vec<u32>,
     pub last_heartbeat: u64,
+    /// Its GPUs as its agent last sampled them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_now: Vec<GpuSample>,
 }
 
 // ---- the agent protocol ----
@@ -623,10 +640,67 @@ pub struct TaskReport {
     pub log_tail: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
-    /// The kernel's OOM killer killed it (or a process of it) at its
-    /// memory limit.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub oom: bool,
+    /// The limit it was killed at, when it broke one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breach: Option<Breach>,
+    /// Its use of its GPUs since it started, as its agent sampled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TaskUsage>,
+}
+
+/// A limit a task was killed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Breach {
+    /// The kernel's OOM killer, at its memory limit.
+    Memory,
+    /// The agent's watchdog, past its GPU-memory limit.
+    GpuMemory,
+}
+
+impl Breach {
+    /// The event kind it is recorded with.
+    pub fn event(self) -> &'static str {
+        match self {
+            Breach::Memory => "oom",
+            Breach::GpuMemory => "gpu-memory",
+        }
+    }
+}
+
+/// A task's use of its GPUs since it started, sampled by its agent
+/// (cumulative, so a lost heartbeat loses nothing).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskUsage {
+    pub samples: u32,
+    /// Mean GPU (SM) utilisation over the samples, in percent of its GPUs.
+    pub gpu_util_avg_pct: f64,
+    /// At the last sample.
+    pub gpu_util_pct: u32,
+    /// GPU memory its processes held at the last sample.
+    pub gpu_memory_mib: u64,
+    pub gpu_memory_peak_mib: u64,
+    /// CPU time it used (from its cgroup), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<f64>,
+    /// Since when (Unix seconds) its GPU utilisation has stayed below its
+    /// idle threshold, when it has one and is below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<u64>,
+}
+
+/// A GPU as its agent last sampled it (not part of the inventory, which
+/// would then change on every heartbeat).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuSample {
+    pub uuid: String,
+    pub util_pct: u32,
+    pub memory_util_pct: u32,
+    pub memory_used_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -634,6 +708,9 @@ pub struct Heartbeat {
     pub node: String,
     pub inventory: Inventory,
     pub tasks: Vec<TaskReport>,
+    /// The GPUs' last samples (at most one per GPU of the inventory).
+    #[serde(default)]
+    pub gpus: Vec<GpuSample>,
 }
 
 /// Stop a task: send `signal` now, kill its process tree `grace_s` seconds
@@ -676,13 +753,25 @@ pub struct DesiredTask {
     pub limits: TaskLimits,
 }
 
-/// A task's CPU and memory limits, from its spec's resources.
+/// A task's limits, from its spec's resources.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskLimits {
     /// Thousandths of a CPU (0: none).
     pub cpu_milli: u64,
     /// Memory in MiB (0: none).
     pub memory_mib: u64,
+    /// GPU memory in MiB its processes may hold, for a task sharing a GPU
+    /// (its fraction of the GPU's memory; 0: none).
+    #[serde(default)]
+    pub gpu_memory_mib: u64,
+    /// Its GPU's share in percent, for a task sharing a GPU (MPS's active
+    /// thread percentage; 0: none).
+    #[serde(default)]
+    pub gpu_percent: u32,
+    /// Below this GPU utilisation (percent) the task counts as idle, when
+    /// its job has an idle policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_below_pct: Option<u32>,
 }
 
 fn default_signal() -> String {
@@ -699,6 +788,10 @@ pub struct Desired {
     /// (0: no lease).
     #[serde(default)]
     pub lease_s: u64,
+    /// GPU health marks (XID errors) the agent recorded at or before this
+    /// time (Unix seconds) are cleared: an admin's `gpuflow node clear`.
+    #[serde(default)]
+    pub health_cleared_at: u64,
 }
 
 /// Job lists are filtered by these.

@@ -195,7 +195,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
                     uuid: format!("GPU-{n}-{i}"),
                     model: "H100".into(),
                     memory_mib: 81920,
-                    utilization: None,
+                    unhealthy: None,
                     mig: vec![],
                     numa: None,
                     nvlink: vec![],

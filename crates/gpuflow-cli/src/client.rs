@@ -134,6 +134,11 @@ pub enum NodeCmd {
     Replace {
         name: String,
     },
+    /// Forget the health marks (XID errors, ECC errors) of NAME's GPUs,
+    /// after the fault was dealt with: they take work again.
+    Clear {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -720,6 +725,26 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                         } else {
                             ""
                         };
+                        let sick = n["inventory"]["gpus"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|g| g["unhealthy"].is_string())
+                            .count();
+                        let sick = if sick > 0 {
+                            format!(", {sick} UNHEALTHY")
+                        } else {
+                            String::new()
+                        };
+                        let busy = n["gpus_now"].as_array().filter(|g| !g.is_empty()).map_or(
+                            "-".to_string(),
+                            |g| {
+                                let avg =
+                                    g.iter().filter_map(|x| x["util_pct"].as_u64()).sum::<u64>()
+                                        / g.len() as u64;
+                                format!("{avg}%")
+                            },
+                        );
                         let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
                         let l = &n["inventory"]["limits"];
                         let limits = match l["cgroup"].as_str() {
@@ -738,13 +763,17 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                         vec![
                             s(&n["name"]),
                             s(&n["state"]),
-                            format!("{gpus} × {model}{emu}"),
+                            format!("{gpus} × {model}{emu}{sick}"),
                             format!("{used}/{gpus}"),
+                            busy,
                             limits,
                         ]
                     })
                     .collect();
-                columns(&["name", "state", "gpus", "in use", "limits"], rows)
+                columns(
+                    &["name", "state", "gpus", "in use", "gpu util", "limits"],
+                    rows,
+                )
             });
             return Ok(());
         }
@@ -752,6 +781,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
         NodeCmd::Cordon { name } => ("cordon", name),
         NodeCmd::Uncordon { name } => ("uncordon", name),
         NodeCmd::Replace { name } => ("replace", name),
+        NodeCmd::Clear { name } => ("clear", name),
     };
     let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
     print(conn.output, &v, |n| {

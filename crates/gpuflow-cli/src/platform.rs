@@ -114,6 +114,10 @@ pub struct NodeArgs {
     /// The most processes and threads one task may have (cgroup pids limit).
     #[arg(long, default_value_t = gpuflow_agent::DEFAULT_TASK_PIDS_MAX)]
     pub task_pids_max: u64,
+    /// Seconds between samples of the GPUs and of tasks' GPU use (which
+    /// also enforce GPU-memory limits and measure idleness).
+    #[arg(long, default_value_t = 5)]
+    pub sample_s: u64,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -216,6 +220,7 @@ fn agent_config(
         task_uid_base: n.task_uid_base,
         cgroup_root: n.cgroup_root.clone(),
         task_pids_max: n.task_pids_max.max(1),
+        sample_interval: Duration::from_secs(n.sample_s.clamp(1, 3600)),
     })
 }
 

@@ -127,7 +127,7 @@ fn memory_cpu_and_process_tree_limits_hold() {
             "escape",
             0.2,
             64,
-            "setsid sh -c 'trap \"\" TERM; echo escaped $$; while :; do sleep 1; done' & trap '' TERM; while :; do sleep 1; done",
+            "setsid sh -c 'trap \"\" TERM; for c in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/cgroup.procs; do echo $$ > $c; done 2>/dev/null; echo escaped $$; while :; do sleep 1; done' & trap '' TERM; while :; do sleep 1; done",
             1,
         ),
     );
@@ -140,7 +140,8 @@ fn memory_cpu_and_process_tree_limits_hold() {
         out[i + 8..].split_whitespace().next()?.parse().ok()
     });
     assert!(alive(pid));
-    // The escaped child is still in the task's cgroup, with the task's limits.
+    // The escaped child tried to move itself to the root cgroups and is
+    // still in the task's, with the task's limits.
     let cgroup_of = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let groups = cgroup_of(pid);
     assert!(
@@ -185,4 +186,27 @@ fn memory_cpu_and_process_tree_limits_hold() {
         !alive(pid),
         "the process that left the task's group outlived the grace period"
     );
+
+    // 4. A checkpoint reported by touching the file the task is given
+    // reaches the server (as does a Unix time written to it).
+    let (s, v) = api.submit_yaml(
+        &admin,
+        &job(
+            "ckpt",
+            0.2,
+            64,
+            "touch \"$GPUFLOW_CHECKPOINT_FILE\"; exec sleep 300",
+            1,
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
+    let ckpt = v["id"].as_u64().unwrap();
+    let at = poll("the checkpoint reaches the server", LONG, || {
+        api.job(ckpt, &admin)["last_checkpoint"].as_u64()
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(at) < 120, "checkpoint at {at}, now {now}");
 }

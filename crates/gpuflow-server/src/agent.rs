@@ -147,6 +147,8 @@ pub async fn register(
                 inventory: req.inventory.clone(),
                 token_hash: hash(&node_token),
                 last_heartbeat: at,
+                health_cleared_at: 0,
+                gpus_now: Vec::new(),
             }
         }
     };
@@ -227,6 +229,44 @@ pub async fn heartbeat(
         );
     }
     let inventory_changed = n.inventory != hb.inventory;
+    // GPUs that turned unhealthy, or healthy again: events.
+    for g in &hb.inventory.gpus {
+        let before = n
+            .inventory
+            .gpus
+            .iter()
+            .find(|o| o.uuid == g.uuid)
+            .and_then(|o| o.unhealthy.clone());
+        match (&before, &g.unhealthy) {
+            (None, Some(why)) => change.event(
+                at,
+                None,
+                "",
+                "gpu-unhealthy",
+                format!(
+                    "GPU {} ({}) of node {name} takes no work and its jobs are requeued: {why}",
+                    g.index, g.uuid
+                ),
+            ),
+            (Some(_), None) => change.event(
+                at,
+                None,
+                "",
+                "gpu-healthy",
+                format!(
+                    "GPU {} ({}) of node {name} is healthy again",
+                    g.index, g.uuid
+                ),
+            ),
+            _ => {}
+        }
+    }
+    // At most one sample per GPU of the inventory.
+    let mut gpus_now = hb.gpus.clone();
+    gpus_now.retain(|s| hb.inventory.gpus.iter().any(|g| g.uuid == s.uuid));
+    gpus_now.dedup_by(|a, b| a.uuid == b.uuid);
+    gpus_now.truncate(hb.inventory.gpus.len());
+    n.gpus_now = gpus_now.clone();
     n.inventory = hb.inventory.clone();
     n.address = hb.inventory.address.clone();
     n.last_heartbeat = at;
@@ -237,6 +277,7 @@ pub async fn heartbeat(
         change.nodes.insert(name.clone(), n);
     } else if let Some(live) = world.nodes.get_mut(&name) {
         live.last_heartbeat = at;
+        live.gpus_now = gpus_now;
     }
     let changed_jobs = apply_reports(&world, &name, &hb.tasks, at, &mut change);
     commit(shared.store.as_ref(), &mut world, change).await?;
@@ -247,6 +288,7 @@ pub async fn heartbeat(
         tasks: desired(&world, &name, at),
         heartbeat_s: shared.cfg.heartbeat_s,
         lease_s: shared.cfg.node_timeout_s,
+        health_cleared_at: world.nodes.get(&name).map_or(0, |n| n.health_cleared_at),
     }))
 }
 
@@ -280,14 +322,18 @@ fn apply_reports(
         let kind = crate::lifecycle::report(&mut next, node, &mine, at);
         // A task the kernel killed at its memory limit: an event of its
         // own, once, beside the job's failure.
-        for r in mine.iter().filter(|r| r.oom && r.attempt == j.attempts) {
+        for (r, breach) in mine
+            .iter()
+            .filter(|r| r.attempt == j.attempts)
+            .filter_map(|r| Some((r, r.breach?)))
+        {
             let was_running = j
                 .tasks
                 .iter()
                 .find(|t| t.group == r.group && t.index == r.index)
                 .is_none_or(|t| t.phase == api::TaskPhase::Running);
             if was_running {
-                change.event(at, Some(j.id), &j.team, "oom", r.message.clone());
+                change.event(at, Some(j.id), &j.team, breach.event(), r.message.clone());
             }
         }
         if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
@@ -301,6 +347,42 @@ fn apply_reports(
         }
     }
     any
+}
+
+/// What a task may use on its node: CPU and memory from its spec; for a
+/// task sharing a GPU, the GPU memory it claimed (or its fraction of the
+/// GPU's) and its share of the GPU's compute; its idle threshold when its
+/// job has an idle policy.
+fn limits(
+    j: &crate::state::JobRec,
+    g: &api::TaskGroupSpec,
+    gpus: &[u32],
+    node: Option<&crate::state::NodeRec>,
+) -> api::TaskLimits {
+    let mut l = api::TaskLimits {
+        cpu_milli: (g.resources.cpu * 1000.0).round() as u64,
+        memory_mib: g.resources.memory_mib,
+        idle_below_pct: j
+            .spec
+            .idle
+            .as_ref()
+            .filter(|_| !gpus.is_empty())
+            .map(|i| i.below_pct),
+        ..api::TaskLimits::default()
+    };
+    if let Some(spec) = &g.resources.gpu
+        && matches!(spec.mode, api::GpuMode::Fraction | api::GpuMode::TimeSlice)
+    {
+        let gpu_mib = gpus
+            .first()
+            .and_then(|&i| node?.inventory.gpus.iter().find(|x| x.index == i))
+            .map_or(0, |x| x.memory_mib);
+        l.gpu_memory_mib = spec
+            .memory_mib
+            .unwrap_or_else(|| gpu_mib * spec.milli() / 1000);
+        l.gpu_percent = (spec.milli() / 10) as u32;
+    }
+    l
 }
 
 /// The tasks the server wants on a node, with their environment.
@@ -388,10 +470,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let mut command = g.command.clone();
             command.extend(g.args.iter().cloned());
             out.push(DesiredTask {
-                limits: api::TaskLimits {
-                    cpu_milli: (g.resources.cpu * 1000.0).round() as u64,
-                    memory_mib: g.resources.memory_mib,
-                },
+                limits: limits(j, g, &gpus, world.nodes.get(node)),
                 stop_signal: j.spec.checkpoint.signal.clone(),
                 run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
                 team_uid: world.teams.get(&j.team).map(|t| t.uid).filter(|&u| u > 0),

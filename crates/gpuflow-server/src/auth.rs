@@ -66,6 +66,7 @@ pub async fn bootstrap(
             team: "default".into(),
             parent: None,
             weight: 1.0,
+            notebook_idle: None,
             state: gpuflow_api::QueueState::Open,
             // The default queue is guaranteed whatever the cluster has.
             quotas: [(

@@ -704,6 +704,7 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
             .is_none_or(|n| n.state == NodeState::Lost)
     };
     let mut jobs = Vec::new();
+    let mut idle = Vec::new();
     for j in world.jobs.values().filter(|j| j.state.allocated()) {
         let mut next = j.clone();
         let kind = match j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n)) {
@@ -712,10 +713,23 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         };
         if let Some(kind) = kind {
             jobs.push((next, kind));
+            continue;
+        }
+        // Idle GPUs: a warning, then the job's idle action.
+        if let Some((kind, message)) = lifecycle::idle(&mut next, t) {
+            idle.push((next, Some((kind, message))));
+        } else if next.idle_warned_at != j.idle_warned_at {
+            idle.push((next, None));
         }
     }
     for (j, kind) in jobs {
         change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
+        change.job(j);
+    }
+    for (j, event) in idle {
+        if let Some((kind, message)) = event {
+            change.event(t, Some(j.id), &j.team, kind, message);
+        }
         change.job(j);
     }
     change
@@ -831,6 +845,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             .enumerate()
             .map(|(gi, g)| {
                 let mut gpu = Gpu::plain(&g.model, MemMib(g.memory_mib));
+                // An unhealthy GPU takes no new work.
+                if g.unhealthy.is_some() {
+                    gpu.health = model::GpuHealth::Unhealthy;
+                }
                 gpu.numa = g.numa.map_or(0, |n| n.min(u8::MAX as u32) as u8);
                 gpu.nvlink = islands[gi].map(|k| format!("{}/nvl{k}", n.name));
                 // A GPU in MIG mode is allocated by instance, whole.
@@ -903,13 +921,19 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                 .iter()
                 .filter_map(|a| {
                     let node = *node_id.get(a.node.as_str())?;
-                    let pick = match a.current_pick(&world.nodes[&a.node].inventory) {
+                    let inv = &world.nodes[&a.node].inventory;
+                    let pick = match a.current_pick(inv) {
                         Ok(p) => p,
                         Err(e) => {
                             gone.get_or_insert((a.node.clone(), e));
                             return None;
                         }
                     };
+                    // Work on a GPU that turned unhealthy is stopped and
+                    // requeued; the GPU stays held until it is gone.
+                    if let Some(why) = a.unhealthy_gpu(inv) {
+                        gone.get_or_insert((a.node.clone(), why));
+                    }
                     Some(Allocation {
                         task: TaskId {
                             job: JobId(j.id),

@@ -18,7 +18,7 @@
 //! end of its lease); a task stopped on its node without an order ends the
 //! attempt and requeues it.
 
-use gpuflow_api::{JobSpec, JobState, TaskPhase, TaskReport};
+use gpuflow_api::{self as api, JobSpec, JobState, TaskPhase, TaskReport};
 
 use crate::state::{AfterStop, Alloc, JobRec, TaskState};
 
@@ -56,6 +56,7 @@ pub fn submitted(
         allocs: vec![],
         tasks: vec![],
         logs: Default::default(),
+        idle_warned_at: None,
     }
 }
 
@@ -246,6 +247,7 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             phase: r.phase,
             exit_code: r.exit_code,
             message: r.message.clone(),
+            usage: r.usage.clone(),
         };
         match next
             .tasks
@@ -294,6 +296,7 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
                         phase: TaskPhase::Stopped,
                         exit_code: None,
                         message: String::new(),
+                        usage: None,
                     }),
                 }
             }
@@ -407,6 +410,81 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
     None
 }
 
+/// A running job with an idle policy, judged by its tasks' reported GPU
+/// use: idle when every task with GPUs has been below the policy's
+/// threshold for `after_s`. Then it is warned (once a spell), and `warn_s`
+/// later its action is taken (suspend, requeue or cancel: it stops and
+/// gives its GPUs back). Activity ends the spell. Returns the event, if any.
+pub fn idle(j: &mut JobRec, t: u64) -> Option<(Kind, String)> {
+    let policy = j.spec.idle.clone()?;
+    if j.state != JobState::Running {
+        return None;
+    }
+    // Every task with GPUs must report its idleness.
+    let mut since = 0;
+    let (mut now_pct, mut avg_pct, mut n) = (0u32, 0.0f64, 0u32);
+    for a in j.allocs.iter().filter(|a| a.pick.gpus_held()) {
+        let usage = j
+            .tasks
+            .iter()
+            .find(|s| s.group == a.group && s.index == a.index)
+            .and_then(|s| s.usage.as_ref());
+        match usage.and_then(|u| Some((u, u.idle_since?))) {
+            Some((u, s)) => {
+                since = since.max(s);
+                now_pct = now_pct.max(u.gpu_util_pct);
+                avg_pct += u.gpu_util_avg_pct;
+                n += 1;
+            }
+            None => {
+                j.idle_warned_at = None;
+                return None;
+            }
+        }
+    }
+    if n == 0 || t < since + policy.after_s {
+        j.idle_warned_at = None;
+        return None;
+    }
+    let measured = format!(
+        "GPU utilisation below {}% for {} s (now {now_pct}%, {:.1}% on average since it started)",
+        policy.below_pct,
+        t - since,
+        avg_pct / f64::from(n)
+    );
+    let action = match policy.action {
+        api::IdleAction::Notify => "nothing more is done",
+        api::IdleAction::Suspend => "it will be suspended",
+        api::IdleAction::Requeue => "it will be stopped and queued again",
+        api::IdleAction::Cancel => "it will be cancelled",
+    };
+    let Some(warned) = j.idle_warned_at else {
+        j.idle_warned_at = Some(t);
+        let when = if policy.action == api::IdleAction::Notify {
+            String::new()
+        } else {
+            format!(" in {} s unless its GPUs get busy", policy.warn_s)
+        };
+        return Some(("idle-warning", format!("idle: {measured}; {action}{when}")));
+    };
+    if policy.action == api::IdleAction::Notify || t < warned + policy.warn_s {
+        return None;
+    }
+    let (after, what) = match policy.action {
+        api::IdleAction::Suspend => (AfterStop::Suspend, "suspended"),
+        api::IdleAction::Requeue => (AfterStop::Requeue, "stopped and queued again"),
+        _ => (AfterStop::Cancel, "cancelled"),
+    };
+    stop(
+        j,
+        t,
+        after,
+        format!("idle: {measured}; {what} by its idle policy"),
+    );
+    j.idle_warned_at = None;
+    Some(("idle-stop", j.reason.clone()))
+}
+
 /// Tells a job to stop; it keeps its GPUs until its tasks are gone.
 pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
     j.state = JobState::Stopping;
@@ -429,10 +507,7 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     release(j);
     let (state, reason) = match after {
         AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
-        AfterStop::Suspend => (
-            JobState::Suspended,
-            "suspended by its owner; GPUs released".into(),
-        ),
+        AfterStop::Suspend => (JobState::Suspended, format!("{}; GPUs released", j.reason)),
         AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
         AfterStop::Fail => (JobState::Failed, j.reason.clone()),
         AfterStop::Retry => {

@@ -126,7 +126,7 @@ pub const ROUTES: &[Route] = &[
         "post",
         "/v1/nodes/{name}/{action}",
         "admin",
-        "drain, cordon, uncordon or replace (release its name for a new machine; its work is requeued) a node",
+        "drain, cordon, uncordon, replace (release its name for a new machine; its work is requeued) or clear (forget its GPUs' health marks) a node",
         None,
         Some("NodeView"),
     ),
@@ -326,7 +326,7 @@ fn path_param(path: &str, name: &str) -> Value {
             json!({"type": "string", "enum": ["cancel", "suspend", "resume", "hold", "release"]})
         }
         ("action", _) => {
-            json!({"type": "string", "enum": ["drain", "cordon", "uncordon", "replace"]})
+            json!({"type": "string", "enum": ["drain", "cordon", "uncordon", "replace", "clear"]})
         }
         _ => json!({"type": "string", "pattern": NAME_PATTERN}),
     };

@@ -49,6 +49,11 @@ impl From<Pick> for gpuflow_core::cluster::GpuPick {
 }
 
 impl Pick {
+    /// Whether it holds any GPU (whole, shared or a MIG instance).
+    pub fn gpus_held(&self) -> bool {
+        *self != Pick::None
+    }
+
     pub fn gpus(&self) -> Vec<u32> {
         match *self {
             Pick::None => vec![],
@@ -97,6 +102,23 @@ impl Alloc {
     ///
     /// # Errors
     /// Names the first GPU the node no longer reports.
+    /// The first of its GPUs the node reports unhealthy, with why.
+    pub fn unhealthy_gpu(&self, inv: &api::Inventory) -> Option<String> {
+        inv.gpus.iter().find_map(|g| {
+            let why = g.unhealthy.as_ref()?;
+            let held = self
+                .gpu_uuids
+                .iter()
+                .any(|u| *u == g.uuid || g.mig.iter().any(|m| &m.uuid == u));
+            held.then(|| {
+                format!(
+                    "its GPU {} ({}) on node {} is unhealthy: {why}",
+                    g.index, g.uuid, self.node
+                )
+            })
+        })
+    }
+
     pub fn current_pick(&self, inv: &api::Inventory) -> Result<Pick, String> {
         if self.gpu_uuids.is_empty() {
             return Ok(self.pick.clone());
@@ -150,7 +172,7 @@ pub enum AfterStop {
 }
 
 /// A task as its agent last reported it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TaskState {
     pub group: u16,
     pub index: u32,
@@ -159,6 +181,9 @@ pub struct TaskState {
     /// What the agent said about it (why it could not start, …).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Its GPU use, as its agent sampled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<api::TaskUsage>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -185,6 +210,9 @@ pub struct JobRec {
     pub last_checkpoint: Option<u64>,
     pub kill_at: Option<u64>,
     pub after_stop: Option<AfterStop>,
+    /// When its idle policy last warned it (the current idle spell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_warned_at: Option<u64>,
     /// The flavor (GPU model) its quota is charged to.
     pub flavor: String,
     pub allocs: Vec<Alloc>,
@@ -236,6 +264,7 @@ impl JobRec {
                     },
                     state: t.map_or("assigned", |t| phase_name(t.phase)).into(),
                     exit_code: t.and_then(|t| t.exit_code),
+                    usage: t.and_then(|t| t.usage.clone()),
                 }
             })
             .collect();
@@ -303,6 +332,12 @@ pub struct NodeRec {
     pub address: String,
     pub token_hash: String,
     pub last_heartbeat: u64,
+    /// When an admin last cleared its GPUs' health marks (`node clear`).
+    #[serde(default)]
+    pub health_cleared_at: u64,
+    /// Its GPUs as last sampled: in memory only (they change every sample).
+    #[serde(skip)]
+    pub gpus_now: Vec<api::GpuSample>,
 }
 
 impl NodeRec {

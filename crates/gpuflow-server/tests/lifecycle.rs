@@ -67,7 +67,8 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             checkpoint_at: None,
                             log_tail: String::new(),
                             message: String::new(),
-                            oom: false,
+                            breach: None,
+                            usage: None,
                         }
                     })
                     .collect();
@@ -283,7 +284,7 @@ fn owners_and_admins_act_within_what_each_state_allows() {
             act suspend ana
               stopping (attempt 1): suspended by ana [stopping]
             report n1 stopped
-              suspended (attempt 1): suspended by its owner; GPUs released [suspended]
+              suspended (attempt 1): suspended by ana; GPUs released [suspended]
             act resume ana
               pending (attempt 1): resumed by ana [resumed]
             admit n1

@@ -588,9 +588,9 @@ async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
             "NVLink",
         ),
         (
-            "{gpu: {count: 1}}",
+            "{cpu: 1}",
             "idle: {after_s: 600, action: suspend}\n",
-            "not supported yet",
+            "idle: measured by GPU utilisation",
         ),
     ] {
         let (s, v) = try_submit(resources, extra).await;

@@ -109,7 +109,7 @@ async fn submit(
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("json"));
-    let spec = JobSpec::parse(&body, json)?;
+    let mut spec = JobSpec::parse(&body, json)?;
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
@@ -175,12 +175,28 @@ async fn submit(
         )
         .into());
     }
-    if spec.idle.is_some() {
+    let uses_gpus = spec.tasks.iter().any(|g| g.resources.gpu.is_some());
+    if spec.idle.is_some() && !uses_gpus {
         return Err(ApiError::bad_request(
             "not_supported",
-            "idle: not supported yet (idle reclamation needs the agent's GPU utilisation, which is still to come); leave it out",
+            "idle: measured by GPU utilisation, and this job asks for no GPU; leave it out",
         )
         .into());
+    }
+    // A notebook with GPUs and without an idle policy takes its queue's (or
+    // the nearest ancestor's) default, set by an admin.
+    if spec.kind == api::Kind::Notebook && spec.idle.is_none() && uses_gpus {
+        let mut at = Some(spec.queue.as_str());
+        while let Some(name) = at {
+            let Some(q) = world.queues.get(name) else {
+                break;
+            };
+            if let Some(idle) = &q.notebook_idle {
+                spec.idle = Some(idle.clone());
+                break;
+            }
+            at = q.parent.as_deref();
+        }
     }
     if let Some(why) = crate::feasible::never_fits(&world, &spec) {
         return Err(ApiError::bad_request("never_fits", why).into());

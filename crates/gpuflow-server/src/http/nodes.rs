@@ -16,6 +16,7 @@ fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> ap
         inventory: n.inventory.clone(),
         gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
         last_heartbeat: n.last_heartbeat,
+        gpus_now: n.gpus_now.clone(),
     }
 }
 async fn list_nodes(
@@ -46,7 +47,21 @@ async fn node_action(
     let mut n = n.clone();
     let at = now();
     let mut change = Change::default();
-    if action == "replace" {
+    if action == "clear" {
+        // Its GPUs' health marks (XID errors, ECC counts) are forgotten:
+        // the agent learns it with its next heartbeat.
+        n.health_cleared_at = at;
+        change.event(
+            at,
+            None,
+            "",
+            "node-clear",
+            format!(
+                "the GPU health marks of node {name} were cleared by {}",
+                caller.user.name
+            ),
+        );
+    } else if action == "replace" {
         // The machine behind the name is gone: its token no longer works,
         // its work is requeued as for a lost node, and the next agent that
         // registers the name with the join token takes it.
@@ -69,7 +84,7 @@ async fn node_action(
             "uncordon" => NodeState::Ready,
             other => {
                 return Err(ApiError::not_found(format!(
-                    "no node action {other:?}; actions: drain, cordon, uncordon, replace"
+                    "no node action {other:?}; actions: drain, cordon, uncordon, replace, clear"
                 ))
                 .into());
             }

@@ -164,6 +164,11 @@ async fn create_queue(
         )
         .into());
     }
+    if q.notebook_idle.is_some() && !caller.admin() {
+        return Err(
+            ApiError::forbidden("only an admin sets a queue's notebook_idle policy").into(),
+        );
+    }
     if let Some(p) = &q.parent {
         let mut depth = 2;
         let mut up = world.queues.get(p).and_then(|q| q.parent.as_deref());
@@ -269,6 +274,10 @@ async fn patch_queue(
     }
     if let Some(l) = p.user_limits {
         q.user_limits = l;
+    }
+    if let Some(idle) = p.notebook_idle {
+        caller.need_admin("setting a queue's notebook_idle policy")?;
+        q.notebook_idle = Some(idle);
     }
     if let Some(quotas) = p.quotas {
         q.quotas = quotas;
