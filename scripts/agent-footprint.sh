@@ -58,3 +58,8 @@ for j in json.load(sys.stdin):
 ' "$bin" >"$dir/state"
 sleep 3
 measure "8 running tasks (each on its GPU, sampled every 1 s)"
+"$bin" job ls --output json | python3 -c '
+import json, sys
+jobs = json.load(sys.stdin)
+traced = sum(1 for j in jobs if (j["tasks"][0].get("usage") or {}).get("gpu_memory_mib") == 20000)
+print(f"tasks whose GPU process the agent traced: {traced} of {len(jobs)}")'

@@ -685,10 +685,10 @@ impl Task {
 
     /// Whether `pid` is one of its processes: in its cgroup, or in its
     /// process group.
-    pub fn owns(&self, pid: u32, cgroup_of_pid: &str, pgrp_of_pid: Option<i32>) -> bool {
+    pub fn owns(&self, cgroups_of_pid: &str, pgrp_of_pid: Option<i32>) -> bool {
         let name = crate::cgroup::group_name(self.key);
-        (self.group.is_some() && cgroup_of_pid.contains(&format!("/{name}")))
-            || (self.pgid > 0 && pgrp_of_pid == Some(self.pgid) && pid > 0)
+        (self.group.is_some() && cgroups_of_pid.contains(&format!("/{name}\n")))
+            || (self.pgid > 0 && pgrp_of_pid == Some(self.pgid))
     }
 
     /// Folds one sample of its GPU use in.

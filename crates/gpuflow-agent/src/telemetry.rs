@@ -40,7 +40,7 @@ pub fn account(
         let (cgroups, pgrp) = identity(p.pid);
         if let Some(t) = tasks
             .values()
-            .find(|t| t.running() && t.owns(p.pid, &cgroups, pgrp))
+            .find(|t| t.running() && t.owns(&cgroups, pgrp))
         {
             mine.entry(t.key).or_default().push(p);
         }

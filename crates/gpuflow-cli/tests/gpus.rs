@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -33,35 +32,16 @@ fn up_on_fake_nvml(gpus: &str) -> Option<Up> {
     };
     let state = dir.path().join("nvml-state");
     std::fs::write(&state, "").unwrap();
-    let port = free_port();
-    let data = dir.path().join("data");
-    let proc = Proc(
-        Command::new(BIN)
-            .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(&data)
-            .args([
-                "--heartbeat",
-                "1",
-                "--cycle-ms",
-                "200",
-                "--node-timeout",
-                "6",
-            ])
-            .args(["--min-runtime", "0", "--sample-s", "1", "--nvml-lib"])
-            .arg(&lib)
-            .env("FAKE_NVML_GPUS", gpus)
-            .env("FAKE_NVML_STATE", &state)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("up.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let lib = lib.to_str().unwrap().to_string();
+    let (proc, api, admin) = up_with(
+        &dir.path().join("data"),
+        free_port(),
+        &["--sample-s", "1", "--nvml-lib", &lib],
+        &[
+            ("FAKE_NVML_GPUS", gpus),
+            ("FAKE_NVML_STATE", state.to_str().unwrap()),
+        ],
     );
-    let api = Api::new(&format!("http://127.0.0.1:{port}"));
-    let admin = poll("gpuflow up answers", LONG, || {
-        let t = std::fs::read_to_string(data.join("admin.token")).ok()?;
-        let t = t.trim().to_string();
-        (api.call("GET", "/v1/nodes", &t, None).1.as_array()?.len() == 1).then_some(t)
-    });
     Some(Up {
         _proc: proc,
         api,

@@ -262,10 +262,12 @@ pub async fn heartbeat(
         }
     }
     // At most one sample per GPU of the inventory.
-    let mut gpus_now = hb.gpus.clone();
-    gpus_now.retain(|s| hb.inventory.gpus.iter().any(|g| g.uuid == s.uuid));
-    gpus_now.dedup_by(|a, b| a.uuid == b.uuid);
-    gpus_now.truncate(hb.inventory.gpus.len());
+    let gpus_now: Vec<api::GpuSample> = hb
+        .inventory
+        .gpus
+        .iter()
+        .filter_map(|g| hb.gpus.iter().find(|s| s.uuid == g.uuid).cloned())
+        .collect();
     n.gpus_now = gpus_now.clone();
     n.inventory = hb.inventory.clone();
     n.address = hb.inventory.address.clone();

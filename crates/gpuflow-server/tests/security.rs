@@ -433,6 +433,67 @@ async fn a_job_placed_where_limits_are_not_enforced_says_so() {
     assert_eq!(loose["inventory"]["limits"]["cgroup"], "", "{loose}");
 }
 
+/// A node that lies about GPU use: samples of GPUs it does not have are
+/// dropped (at most one per GPU it reports), and usage reported for a task
+/// placed on another node changes nothing; its own task's usage is kept.
+#[tokio::test]
+async fn a_node_reports_samples_and_usage_of_its_own_gpus_and_tasks_only() {
+    let h = harness(None).await;
+    let (_, a) = register(&h, "n1", None).await;
+    let (_, b) = register(&h, "n2", None).await;
+    let (t1, t2) = (
+        a["node_token"].as_str().unwrap().to_string(),
+        b["node_token"].as_str().unwrap().to_string(),
+    );
+    let id = gpu_job(&h, "j").await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    let job = h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1;
+    let on = job["tasks"][0]["node"].as_str().unwrap().to_string();
+    let (mine, other) = if on == "n1" {
+        (("n1", &t1), ("n2", &t2))
+    } else {
+        (("n2", &t2), ("n1", &t1))
+    };
+    let usage = json!({"samples": 3, "gpu_util_avg_pct": 50.0, "gpu_util_pct": 60, "gpu_memory_mib": 1000, "gpu_memory_peak_mib": 1200});
+    let report = json!([{"job": id, "attempt": 1, "group": 0, "index": 0, "phase": "running", "usage": usage}]);
+    let samples: Vec<Value> = (0..50)
+        .map(|i| json!({"uuid": format!("GPU-{}", i % 3), "util_pct": 99, "memory_util_pct": 1, "memory_used_mib": 1}))
+        .chain((0..50).map(|i| json!({"uuid": format!("FAKE-{i}"), "util_pct": 1, "memory_util_pct": 1, "memory_used_mib": 1})))
+        .collect();
+    let beat = |node: &str, tasks: &Value| json!({"node": node, "inventory": inventory(2), "tasks": tasks, "gpus": samples});
+    // The other node claims the task's usage: nothing changes.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/heartbeat",
+            other.1,
+            beat(other.0, &report),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let job = h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1;
+    assert!(job["tasks"][0]["usage"].is_null(), "{job}");
+    // Its own node's report is kept; samples are bounded by its GPUs.
+    let (s, v) = h
+        .json("POST", "/v1/agent/heartbeat", mine.1, beat(mine.0, &report))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let job = h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1;
+    assert_eq!(job["tasks"][0]["usage"]["gpu_util_pct"], 60, "{job}");
+    let (_, nodes) = h.get("/v1/nodes", &h.admin).await;
+    for n in nodes.as_array().unwrap() {
+        let now = n["gpus_now"].as_array().map_or(0, Vec::len);
+        assert!(now <= 2, "{n}");
+        assert!(
+            n["gpus_now"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|g| g["uuid"].as_str().unwrap().starts_with("GPU-"))
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_team_lead_changes_only_what_is_the_teams_own() {
     let h = harness(None).await;

@@ -163,6 +163,16 @@ pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &s
 /// waits until its API answers and its node has joined. Returns the process,
 /// a client and the admin token.
 pub fn up(data: &Path, port: u16, gpus: &str, env: &[(&str, &str)]) -> (Proc, Api, String) {
+    up_with(data, port, &["--emulate", gpus], env)
+}
+
+/// [`up`] with other agent arguments than `--emulate` (e.g. `--nvml-lib`).
+pub fn up_with(
+    data: &Path,
+    port: u16,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Proc, Api, String) {
     let proc = Proc(
         Command::new(BIN)
             .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
@@ -175,7 +185,8 @@ pub fn up(data: &Path, port: u16, gpus: &str, env: &[(&str, &str)]) -> (Proc, Ap
                 "--node-timeout",
                 "6",
             ])
-            .args(["--min-runtime", "0", "--emulate", gpus])
+            .args(["--min-runtime", "0"])
+            .args(extra)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
