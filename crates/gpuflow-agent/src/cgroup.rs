@@ -605,6 +605,59 @@ mod tests {
         }
     }
 
+    /// A crashed agent leaves its task groups behind: the next agent on
+    /// the same work directory removes the empty ones and keeps those with
+    /// processes (tasks it adopts). On this machine's own hierarchy.
+    #[test]
+    fn an_agent_removes_the_empty_groups_a_crashed_one_left() {
+        let work = tempfile::tempdir().unwrap();
+        let c = match Cgroups::open("crash-test", work.path(), None, 64) {
+            Ok(c) => c,
+            Err(why) => {
+                eprintln!("skipped: no cgroups here: {why}");
+                return;
+            }
+        };
+        eprintln!("cgroup {} path ran", c.version.as_str());
+        let empty = c
+            .create(
+                (1, 1, 0, 0),
+                Limits {
+                    cpu_milli: 100,
+                    memory_mib: 64,
+                },
+            )
+            .unwrap();
+        let busy = c
+            .create(
+                (2, 1, 0, 0),
+                Limits {
+                    cpu_milli: 100,
+                    memory_mib: 64,
+                },
+            )
+            .unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        for f in busy.procs_files().unwrap() {
+            use std::io::Write;
+            (&f).write_all(sleeper.id().to_string().as_bytes()).unwrap();
+        }
+        // The agent "crashes" (its groups stay) and a new one starts.
+        drop(c);
+        let again = Cgroups::open("crash-test", work.path(), None, 64).unwrap();
+        let dirs = |g: &TaskGroup| g.bases().iter().map(|d| d.exists()).collect::<Vec<_>>();
+        assert!(dirs(&empty).iter().all(|e| !e), "the empty group is gone");
+        assert!(dirs(&busy).iter().all(|e| *e), "the busy group is kept");
+        assert_eq!(again.group((2, 1, 0, 0)).pids(), [sleeper.id() as i32]);
+        again.group((2, 1, 0, 0)).remove();
+        let _ = sleeper.wait();
+        assert!(dirs(&busy).iter().all(|e| !e));
+        again.close();
+    }
+
     #[test]
     fn group_names_follow_task_directories() {
         assert_eq!(group_name((7, 2, 1, 3)), "job-7-a2-g1-i3");
