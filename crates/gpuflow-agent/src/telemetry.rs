@@ -53,6 +53,11 @@ pub fn account(
         .values_mut()
         .filter(|t| t.running() && !t.gpus.is_empty())
     {
+        // Nothing is known of GPUs nobody sampled (emulated ones): no
+        // usage, rather than a utilisation of 0 that would look idle.
+        if t.gpus.iter().all(|&i| util_of(i).is_none()) {
+            continue;
+        }
         let its = mine.get(&t.key).map_or(&[][..], Vec::as_slice);
         let memory: u64 = its.iter().map(|p| p.memory_mib).sum();
         let per_process: Vec<u32> = its.iter().filter_map(|p| p.sm_util).collect();

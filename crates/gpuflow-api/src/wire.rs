@@ -689,6 +689,78 @@ pub struct TaskUsage {
     pub idle_since: Option<u64>,
 }
 
+/// Prices admins set: an hour of a GPU of each model (`*`: the models not
+/// listed), in `currency`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prices {
+    #[serde(default)]
+    pub currency: String,
+    #[serde(default)]
+    pub gpu_hour: BTreeMap<String, f64>,
+}
+
+impl Prices {
+    /// # Errors
+    /// A 400 naming each wrong price.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut errs = Vec::new();
+        for (model, p) in &self.gpu_hour {
+            if !(p.is_finite() && (0.0..=1e6).contains(p)) {
+                errs.push(FieldError {
+                    field: format!("gpu_hour.{model}"),
+                    message: "must be a price from 0 to 1000000 per GPU-hour".into(),
+                });
+            }
+            if model != "*" && (model.is_empty() || model.len() > 128) {
+                errs.push(FieldError {
+                    field: format!("gpu_hour.{model}"),
+                    message: "a GPU model name (as `node ls` shows it) or `*`".into(),
+                });
+            }
+        }
+        if self.currency.len() > 16 {
+            errs.push(FieldError {
+                field: "currency".into(),
+                message: "at most 16 characters (e.g. USD)".into(),
+            });
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(errs))
+        }
+    }
+}
+
+/// One row of a usage report: a key (team, project, …) in one period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UsageRow {
+    pub key: String,
+    /// Unix seconds; the range's start when the report is not split.
+    pub period_start: u64,
+    /// GPU-hours held (a fraction, MIG slice or time slice at its share).
+    pub gpu_hours: f64,
+    /// GPU-hours used: held time weighted by the sampled utilisation.
+    pub used_gpu_hours: f64,
+    /// Used over held, over the held time that was sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<f64>,
+    pub cost: f64,
+    pub jobs: u32,
+}
+
+/// A usage report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UsageReport {
+    pub by: String,
+    pub period: String,
+    pub from: u64,
+    pub to: u64,
+    pub currency: String,
+    pub rows: Vec<UsageRow>,
+}
+
 /// A GPU as its agent last sampled it (not part of the inventory, which
 /// would then change on every heartbeat).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

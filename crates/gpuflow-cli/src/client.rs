@@ -200,6 +200,42 @@ pub enum TokenCmd {
 }
 
 #[derive(Subcommand)]
+pub enum ReportCmd {
+    /// GPU-hours held and used, efficiency and cost, from the jobs' ledger.
+    Usage {
+        /// Rows by team, project, user, queue, model, cost_centre or job.
+        #[arg(long, default_value = "team")]
+        by: String,
+        /// Split rows by hour, day or month (default: one row per key).
+        #[arg(long, default_value = "all")]
+        period: String,
+        /// From: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age (7d).
+        #[arg(long, default_value = "30d")]
+        from: String,
+        /// To (default now), as --from.
+        #[arg(long)]
+        to: Option<String>,
+        /// Print CSV (for spreadsheets) instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PriceCmd {
+    /// The price of a GPU-hour per model.
+    Ls,
+    /// Set the prices (admins): MODEL=PRICE per GPU-hour, `*` for the
+    /// models not listed (replaces all prices).
+    Set {
+        #[arg(value_name = "MODEL=PRICE", required = true)]
+        prices: Vec<String>,
+        #[arg(long, default_value = "")]
+        currency: String,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum EventCmd {
     Ls {
         #[arg(long)]
@@ -261,6 +297,7 @@ impl Client {
             (m, b) => {
                 let mut req = match m {
                     "PATCH" => self.http.patch(&url),
+                    "PUT" => self.http.put(&url),
                     _ => self.http.post(&url),
                 }
                 .header("Authorization", &auth);
@@ -989,6 +1026,107 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
             })
             .collect();
         columns(&["seq", "at", "job", "kind", "message"], rows)
+    });
+    Ok(())
+}
+
+pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let ReportCmd::Usage {
+        by,
+        period,
+        from,
+        to,
+        csv,
+    } = cmd;
+    let enc = |v: &str| v.replace('+', "%2B").replace(':', "%3A");
+    let mut q = format!(
+        "by={}&period={}&from={}",
+        enc(&by),
+        enc(&period),
+        enc(&from)
+    );
+    if let Some(t) = to {
+        q += &format!("&to={}", enc(&t));
+    }
+    let v = c.call("GET", &format!("/v1/reports/usage?{q}"), None)?;
+    let when = |t: &Value| -> String {
+        let t = t.as_u64().unwrap_or(0);
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t))
+            .to_string()
+    };
+    let rows: Vec<Vec<String>> = v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                s(&r["key"]),
+                when(&r["period_start"]),
+                format!("{:.2}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
+                format!("{:.2}", r["used_gpu_hours"].as_f64().unwrap_or(0.0)),
+                r["efficiency"]
+                    .as_f64()
+                    .map_or("-".into(), |e| format!("{:.0}%", e * 100.0)),
+                format!("{:.2}", r["cost"].as_f64().unwrap_or(0.0)),
+                s(&r["jobs"]),
+            ]
+        })
+        .collect();
+    let head = [
+        by.as_str(),
+        "from",
+        "gpu-hours",
+        "used",
+        "efficiency",
+        "cost",
+        "jobs",
+    ];
+    if csv {
+        let mut w = csv::Writer::from_writer(std::io::stdout());
+        w.write_record(head)?;
+        for r in rows {
+            w.write_record(r)?;
+        }
+        w.flush()?;
+        return Ok(());
+    }
+    print(conn.output, &v, |_| columns(&head, rows));
+    Ok(())
+}
+
+pub fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let v = match cmd {
+        PriceCmd::Ls => c.call("GET", "/v1/prices", None)?,
+        PriceCmd::Set { prices, currency } => {
+            let mut gpu_hour = serde_json::Map::new();
+            for p in &prices {
+                let (model, price) = p
+                    .split_once('=')
+                    .and_then(|(m, v)| Some((m, v.parse::<f64>().ok()?)))
+                    .ok_or_else(|| {
+                        anyhow!("{p:?}: use MODEL=PRICE, e.g. H100-80GB-HBM3=2.50 or *=1")
+                    })?;
+                gpu_hour.insert(model.to_string(), price.into());
+            }
+            let body = serde_json::json!({"currency": currency, "gpu_hour": gpu_hour});
+            c.call(
+                "PUT",
+                "/v1/prices",
+                Some(("application/json", body.to_string().into_bytes())),
+            )?
+        }
+    };
+    print(conn.output, &v, |v| {
+        let cur = s(&v["currency"]);
+        let rows = v["gpu_hour"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(m, p)| vec![m.clone(), format!("{} {cur}", s(p)).trim().to_string()])
+            .collect();
+        columns(&["model", "per gpu-hour"], rows)
     });
     Ok(())
 }

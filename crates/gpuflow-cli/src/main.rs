@@ -90,6 +90,20 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Reports: usage (GPU-hours, efficiency, cost) by team, project, user, queue, model.
+    Report {
+        #[command(subcommand)]
+        command: client::ReportCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Prices of a GPU-hour per model, for cost reports: ls, set.
+    Price {
+        #[command(subcommand)]
+        command: client::PriceCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
     /// The event log.
     Event {
         #[command(subcommand)]
@@ -115,6 +129,8 @@ fn main() {
         Command::User { command, conn } => client::user(&conn, command),
         Command::Token { command, conn } => client::token(&conn, command),
         Command::Event { command, conn } => client::event(&conn, command),
+        Command::Report { command, conn } => client::report(&conn, command),
+        Command::Price { command, conn } => client::price(&conn, command),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

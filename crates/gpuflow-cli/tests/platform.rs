@@ -59,6 +59,11 @@ fn two_teams_run_preempt_cancel_and_explain() {
     poll("alice's job reports its checkpoint", LONG, || {
         api.job(a1, &alice)["last_checkpoint"].as_u64()
     });
+    // Emulated GPUs are not sampled: no usage is made up for them (a
+    // utilisation of 0 would look idle and cost nothing).
+    std::thread::sleep(Duration::from_secs(6));
+    let j = api.job(a0, &alice);
+    assert!(j["tasks"][0]["usage"].is_null(), "{j}");
     let logs = poll("alice's job logs its environment", LONG, || {
         let l = api.get(&format!("/v1/jobs/{a1}/logs"), &alice);
         let text = l["tasks"]["main/0"].as_str().unwrap_or("").to_string();

@@ -485,7 +485,7 @@ impl Computed {
                     }
                 })
                 .collect();
-            let kind = lifecycle::admit(&mut j, flavor, allocs);
+            let kind = lifecycle::admit(&mut j, flavor, allocs, t);
             change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
             // Placed where its CPU and memory are not held to its spec: said,
             // not silent.

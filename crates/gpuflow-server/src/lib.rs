@@ -9,6 +9,7 @@
 //! was acknowledged. The server does no placement or ordering of its own: it
 //! asks `gpuflow-core`.
 
+pub mod accounting;
 pub mod agent;
 pub mod auth;
 pub mod cycle;

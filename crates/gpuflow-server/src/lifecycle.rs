@@ -57,15 +57,27 @@ pub fn submitted(
         tasks: vec![],
         logs: Default::default(),
         idle_warned_at: None,
+        held: vec![],
     }
 }
 
 /// A cycle admitted the job with these allocations: a new attempt.
-pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>) -> Kind {
+pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>, at: u64) -> Kind {
     j.state = JobState::Admitted;
     j.flavor = flavor.to_string();
     j.attempts += 1;
     j.allocs = allocs;
+    let gpu_milli = crate::cycle::quota_milli(&j.spec);
+    if gpu_milli > 0 {
+        j.held.push(crate::state::Held {
+            attempt: j.attempts,
+            from: at,
+            to: None,
+            gpu_milli,
+            model: flavor.to_string(),
+            util_pct: None,
+        });
+    }
     j.tasks.clear();
     let mut nodes: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).collect();
     nodes.dedup();
@@ -103,7 +115,7 @@ pub fn node_lost(j: &mut JobRec, node: &str, at: u64) -> Kind {
     if j.state == JobState::Stopping {
         finish_stop(j, at, &msg);
     } else {
-        release(j);
+        release(j, at);
         j.state = JobState::Pending;
         j.reason = format!("{msg}; requeued");
     }
@@ -387,6 +399,7 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         j.state = JobState::Succeeded;
         j.finished_at = Some(at);
         j.reason = "all tasks exited with code 0".into();
+        close_held(j, at);
         j.allocs.clear();
         return Some("succeeded");
     }
@@ -493,7 +506,26 @@ pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
     j.reason = reason;
 }
 
-fn release(j: &mut JobRec) {
+/// Ends the current attempt's hold in the ledger, with its tasks' mean
+/// GPU utilisation.
+fn close_held(j: &mut JobRec, at: u64) {
+    let util: Vec<f64> = j
+        .tasks
+        .iter()
+        .filter_map(|t| t.usage.as_ref())
+        .filter(|u| u.samples > 0)
+        .map(|u| u.gpu_util_avg_pct)
+        .collect();
+    if let Some(h) = j.held.last_mut().filter(|h| h.to.is_none()) {
+        h.to = Some(at.max(h.from));
+        if !util.is_empty() {
+            h.util_pct = Some(util.iter().sum::<f64>() / util.len() as f64);
+        }
+    }
+}
+
+fn release(j: &mut JobRec, at: u64) {
+    close_held(j, at);
     j.allocs.clear();
     j.tasks.clear();
     j.kill_at = None;
@@ -504,7 +536,7 @@ fn release(j: &mut JobRec) {
 /// A stopping job whose tasks are gone: release its GPUs and move on.
 pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     let after = j.after_stop.unwrap_or(AfterStop::Requeue);
-    release(j);
+    release(j, t);
     let (state, reason) = match after {
         AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
         AfterStop::Suspend => (JobState::Suspended, format!("{}; GPUs released", j.reason)),

@@ -132,6 +132,30 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/reports/usage",
+        "any token (own team; admins all)",
+        "GPU-hours held and used, efficiency and cost from the jobs' ledger, by team, project, user, queue, model, cost_centre or job, per hour, day, month or all",
+        None,
+        Some("UsageReport"),
+    ),
+    r(
+        "get",
+        "/v1/prices",
+        "any token",
+        "The prices of a GPU-hour per model",
+        None,
+        Some("Prices"),
+    ),
+    r(
+        "put",
+        "/v1/prices",
+        "admin",
+        "Set the prices of a GPU-hour per model (`*`: the others)",
+        Some("Prices"),
+        Some("Prices"),
+    ),
+    r(
+        "get",
         "/v1/pools",
         "any token",
         "Node pools and their GPUs",
@@ -302,6 +326,8 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::Registered,
         api::Heartbeat,
         api::Desired,
+        api::UsageReport,
+        api::Prices,
         api::ApiError
     );
     g.take_definitions(true)
@@ -396,6 +422,28 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 ),
             ]
         }
+        ("get", "/v1/reports/usage") => vec![
+            q(
+                "by",
+                json!({"type": "string", "enum": ["team", "project", "user", "queue", "model", "cost_centre", "job"]}),
+                "what rows are keyed by (default team)",
+            ),
+            q(
+                "period",
+                json!({"type": "string", "enum": ["hour", "day", "month", "all"]}),
+                "how rows are split in time (default all)",
+            ),
+            q(
+                "from",
+                json!({"type": "string", "maxLength": 40}),
+                "Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)",
+            ),
+            q(
+                "to",
+                json!({"type": "string", "maxLength": 40}),
+                "as from (default now)",
+            ),
+        ],
         ("post", "/v1/jobs") => vec![q(
             "test_only",
             json!({"type": "boolean"}),

@@ -221,6 +221,35 @@ pub struct JobRec {
     /// text (the last [`LOG_ATTEMPTS`] attempts; records of older versions
     /// hold `group/index` keys, read as the latest attempt's).
     pub logs: BTreeMap<String, String>,
+    /// What each attempt held, for accounting (the ledger).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<Held>,
+}
+
+/// One attempt's hold on GPUs, for accounting: how much it held (in
+/// thousandths of a GPU; a MIG slice and a time slice at their quota
+/// equivalents), of which model, from when to when (open while it holds
+/// them), and its GPUs' mean utilisation as its tasks were sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Held {
+    pub attempt: u32,
+    pub from: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
+    pub gpu_milli: u64,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub util_pct: Option<f64>,
+}
+
+impl Held {
+    /// GPU-seconds held between `from` and `to` (clipped to the hold; an
+    /// open hold counts up to `now`).
+    pub fn gpu_s(&self, from: u64, to: u64, now: u64) -> f64 {
+        let end = self.to.unwrap_or(now).min(to);
+        let start = self.from.max(from);
+        end.saturating_sub(start) as f64 * self.gpu_milli as f64 / 1000.0
+    }
 }
 
 impl JobRec {
@@ -441,6 +470,8 @@ pub struct World {
     pub history: SavedHistory,
     /// When `history` was last written to the store.
     pub history_saved_at: u64,
+    /// Prices for cost reports, set by admins.
+    pub prices: api::Prices,
 }
 
 /// The core's `History` keyed by queue names, so it survives restarts and
@@ -587,6 +618,9 @@ impl World {
             }
             if r.key == "history" {
                 w.history = parse(&r)?;
+            }
+            if r.key == "prices" {
+                w.prices = parse(&r)?;
             }
         }
         Ok(w)

@@ -48,7 +48,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                         gpu_uuids: vec![format!("GPU-{i}")],
                     })
                     .collect();
-                Ok(Some(lifecycle::admit(&mut j, "H100", allocs)))
+                Ok(Some(lifecycle::admit(&mut j, "H100", allocs, at)))
             }
             ["report", node, phases] => {
                 let reports: Vec<TaskReport> = phases
@@ -107,6 +107,17 @@ fn check(yaml: &str, script: &str, want: Expect) {
             j.state.as_str(),
             j.attempts,
             j.reason
+        );
+    }
+    // The ledger: what each attempt held, from when to when.
+    for h in &j.held {
+        out += &format!(
+            "held a{} {}..{} {}m {}\n",
+            h.attempt,
+            h.from,
+            h.to.map_or("open".into(), |t| t.to_string()),
+            h.gpu_milli,
+            h.model
         );
     }
     want.assert_eq(&out);
@@ -299,6 +310,73 @@ fn owners_and_admins_act_within_what_each_state_allows() {
               cancelled (attempt 2): cancelled by ana; stopping [cancelled]
             act cancel ana
               cancelled (attempt 2): cancelled by ana; stopping refused: it has finished
+        "#]],
+    );
+}
+
+const GPU_GANG: &str = "name: g\nqueue: q\nretry: {limit: 1, backoff_s: 10}\ntasks:\n  - name: w\n    replicas: 2\n    command: [train]\n    resources: {gpu: {count: 1}}\n";
+
+/// The ledger follows every attempt: preempted, failed and retried,
+/// suspended by its owner, lost with its node, each hold closes when the
+/// GPUs are released and the next attempt opens its own.
+#[test]
+fn every_attempt_holds_its_gpus_in_the_ledger_from_admission_to_release() {
+    check(
+        GPU_GANG,
+        "admit n1
+         report n1 running,running
+         preempt 9
+         report n1 stopped,stopped
+         admit n2
+         report n2 exited:1,running
+         report n2 exited:1,stopped
+         admit n1
+         report n1 running,running
+         act suspend ana
+         report n1 stopped,stopped
+         act resume ana
+         admit n3
+         lost n3
+         admit n1
+         report n1 exited:0,exited:0",
+        expect![[r#"
+            admit n1
+              admitted (attempt 1): admitted to n1 (attempt 1) [admitted]
+            report n1 running,running
+              running (attempt 1): 2 tasks running [running]
+            preempt 9
+              stopping (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint) [preempted]
+            report n1 stopped,stopped
+              pending (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint); requeued [requeued]
+            admit n2
+              admitted (attempt 2): admitted to n2 (attempt 2) [admitted]
+            report n2 exited:1,running
+              stopping (attempt 2): task 0/0 exited with code 1 [stopping]
+            report n2 exited:1,stopped
+              pending (attempt 2): task 0/0 exited with code 1; retry 1 of 1 in 10 s [retry]
+            admit n1
+              admitted (attempt 3): admitted to n1 (attempt 3) [admitted]
+            report n1 running,running
+              running (attempt 3): 2 tasks running [running]
+            act suspend ana
+              stopping (attempt 3): suspended by ana [stopping]
+            report n1 stopped,stopped
+              suspended (attempt 3): suspended by ana; GPUs released [suspended]
+            act resume ana
+              pending (attempt 3): resumed by ana [resumed]
+            admit n3
+              admitted (attempt 4): admitted to n3 (attempt 4) [admitted]
+            lost n3
+              pending (attempt 4): node n3 lost; requeued [requeued]
+            admit n1
+              admitted (attempt 5): admitted to n1 (attempt 5) [admitted]
+            report n1 exited:0,exited:0
+              succeeded (attempt 5): all tasks exited with code 0 [succeeded]
+            held a1 110..140 2000m H100
+            held a2 150..170 2000m H100
+            held a3 180..210 2000m H100
+            held a4 230..240 2000m H100
+            held a5 250..260 2000m H100
         "#]],
     );
 }

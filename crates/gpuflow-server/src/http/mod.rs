@@ -8,9 +8,11 @@
 
 mod events;
 mod jobs;
+mod metrics;
 mod nodes;
 mod projects;
 mod queues;
+mod reports;
 mod teams;
 mod tokens;
 mod users;
@@ -92,6 +94,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(projects::router())
         .merge(users::router())
         .merge(tokens::router())
+        .merge(reports::router())
+        .merge(metrics::router())
         // A heartbeat carries every task of a node: it may be larger.
         .route(
             "/v1/agent/register",

@@ -1,0 +1,221 @@
+//! Accounting: GPU-hours and cost from the ledger each job keeps (one
+//! [`Held`](crate::state::Held) per attempt that held GPUs), rolled up by
+//! team, project, user, queue, GPU model, cost centre or job, per hour, day,
+//! month or the whole range. Pure: the caller passes the jobs, projects,
+//! prices and the time; nothing here reads a clock or a store.
+//!
+//! A hold counts what it held (whole GPUs 1 each, a fraction its share, a
+//! MIG instance its slices over 7, a time slice a quarter) for as long as
+//! it held it, clipped to the range and split at period boundaries (UTC
+//! calendar months), so every row sums to the per-job figures. Used
+//! GPU-hours weigh the held time by the GPUs' sampled utilisation, where
+//! the agent sampled it; efficiency is used over held, over the held time
+//! that was sampled.
+
+use std::collections::BTreeMap;
+
+use gpuflow_api as api;
+
+use crate::state::JobRec;
+
+/// What rows are keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum By {
+    Team,
+    Project,
+    User,
+    Queue,
+    Model,
+    CostCentre,
+    Job,
+}
+
+impl By {
+    pub fn parse(s: &str) -> Option<By> {
+        Some(match s {
+            "team" => By::Team,
+            "project" => By::Project,
+            "user" => By::User,
+            "queue" => By::Queue,
+            "model" => By::Model,
+            "cost_centre" | "cost-centre" => By::CostCentre,
+            "job" => By::Job,
+            _ => return None,
+        })
+    }
+}
+
+/// How rows are split in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Period {
+    Hour,
+    Day,
+    Month,
+    /// One row per key for the whole range.
+    All,
+}
+
+impl Period {
+    pub fn parse(s: &str) -> Option<Period> {
+        Some(match s {
+            "hour" => Period::Hour,
+            "day" => Period::Day,
+            "month" => Period::Month,
+            "all" | "none" => Period::All,
+            _ => return None,
+        })
+    }
+
+    /// The start of the period holding `t`, and of the next one.
+    fn bounds(self, t: u64, range: (u64, u64)) -> (u64, u64) {
+        match self {
+            Period::Hour => (t - t % 3600, t - t % 3600 + 3600),
+            Period::Day => (t - t % 86_400, t - t % 86_400 + 86_400),
+            Period::Month => {
+                let (y, m, _) = civil_from_days((t / 86_400) as i64);
+                let start = days_from_civil(y, m, 1) as u64 * 86_400;
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                (start, days_from_civil(ny, nm, 1) as u64 * 86_400)
+            }
+            Period::All => range,
+        }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (i64::from(m) + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// The price of an hour of a GPU of `model`: its own, else `*`'s, else 0.
+pub fn gpu_price(prices: &api::Prices, model: &str) -> f64 {
+    prices
+        .gpu_hour
+        .get(model)
+        .or_else(|| prices.gpu_hour.get("*"))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// The usage rows of `jobs` between `from` and `to`, ordered by key, then
+/// period.
+pub fn usage(
+    jobs: &[JobRec],
+    projects: &BTreeMap<String, api::Project>,
+    prices: &api::Prices,
+    by: By,
+    period: Period,
+    (from, to): (u64, u64),
+    now: u64,
+) -> Vec<api::UsageRow> {
+    #[derive(Default)]
+    struct Acc {
+        gpu_s: f64,
+        sampled_s: f64,
+        used_s: f64,
+        cost: f64,
+        jobs: std::collections::BTreeSet<u64>,
+    }
+    let mut rows: BTreeMap<(String, u64), Acc> = BTreeMap::new();
+    for j in jobs {
+        for h in &j.held {
+            let end = h.to.unwrap_or(now).min(to);
+            let mut t = h.from.max(from);
+            while t < end {
+                let (p0, p1) = period.bounds(t, (from, to));
+                let upto = p1.min(end);
+                let gpu_s = h.gpu_s(t, upto, now);
+                let key = match by {
+                    By::Team => j.team.clone(),
+                    By::Project => j.spec.project.clone().unwrap_or_else(|| "-".into()),
+                    By::User => j.user.clone(),
+                    By::Queue => j.spec.queue.clone(),
+                    By::Model => h.model.clone(),
+                    By::CostCentre => j
+                        .spec
+                        .project
+                        .as_ref()
+                        .and_then(|p| projects.get(p))
+                        .map(|p| p.cost_centre.clone())
+                        .filter(|c| !c.is_empty())
+                        .unwrap_or_else(|| "-".into()),
+                    By::Job => j.id.to_string(),
+                };
+                let a = rows.entry((key, p0)).or_default();
+                a.gpu_s += gpu_s;
+                // An open hold's utilisation so far, from its tasks' samples.
+                let util = h.util_pct.or_else(|| {
+                    let u: Vec<f64> = (h.to.is_none())
+                        .then(|| {
+                            j.tasks
+                                .iter()
+                                .filter_map(|t| t.usage.as_ref())
+                                .filter(|u| u.samples > 0)
+                                .map(|u| u.gpu_util_avg_pct)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    (!u.is_empty()).then(|| u.iter().sum::<f64>() / u.len() as f64)
+                });
+                if let Some(u) = util {
+                    a.sampled_s += gpu_s;
+                    a.used_s += gpu_s * u / 100.0;
+                }
+                a.cost += gpu_s / 3600.0 * gpu_price(prices, &h.model);
+                a.jobs.insert(j.id);
+                t = upto;
+            }
+        }
+    }
+    rows.into_iter()
+        .map(|((key, period_start), a)| api::UsageRow {
+            key,
+            period_start,
+            gpu_hours: a.gpu_s / 3600.0,
+            used_gpu_hours: a.used_s / 3600.0,
+            efficiency: (a.sampled_s > 0.0).then(|| a.used_s / a.sampled_s),
+            cost: a.cost,
+            jobs: a.jobs.len() as u32,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calendar_months_are_split_where_they_begin() {
+        // 2026-12-03 12:00 UTC.
+        let t = 1_796_299_200;
+        let (a, b) = Period::Month.bounds(t, (0, 0));
+        assert_eq!(civil_from_days((a / 86_400) as i64), (2026, 12, 1));
+        assert_eq!(civil_from_days((b / 86_400) as i64), (2027, 1, 1));
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(
+            days_from_civil(2024, 3, 1) - days_from_civil(2024, 2, 1),
+            29
+        );
+        let (a, b) = Period::Day.bounds(t, (0, 0));
+        assert_eq!((b - a, t - a), (86_400, 43_200));
+    }
+}

@@ -1,0 +1,292 @@
+//! `GET /metrics`: Prometheus's text format, for admins' tokens (Prometheus
+//! sends one with `authorization: {credentials: …}`). Names follow
+//! `gpuflow_<subsystem>_<name>_<unit>`; per-GPU samples also carry
+//! dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL{gpu, UUID,
+//! device, modelName, Hostname}`), so dashboards made for it work.
+//! Everything is read from memory under the state lock, once per scrape.
+
+use std::fmt::Write;
+
+use super::*;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+/// Bounds of the wait-time histogram, in seconds.
+const WAIT_BUCKETS: [u64; 9] = [1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 86_400];
+
+/// A label value, escaped as the text format wants.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out(String);
+
+impl Out {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn line(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        let l: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+            .collect();
+        if l.is_empty() {
+            let _ = writeln!(self.0, "{name} {v}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{}}} {v}", l.join(","));
+        }
+    }
+}
+
+async fn metrics(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+) -> Result<axum::response::Response, Error> {
+    caller.need_admin("reading /metrics")?;
+    let t = now();
+    let world = shared.world.lock().await;
+    let mut o = Out(String::new());
+
+    // Queues: jobs by state, GPUs used against guaranteed.
+    let mut jobs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    for j in world.jobs.values().filter(|j| !j.state.finished()) {
+        *jobs
+            .entry((j.spec.queue.as_str(), j.state.as_str()))
+            .or_default() += 1;
+        if j.state.allocated() {
+            *used.entry(j.spec.queue.as_str()).or_default() += crate::cycle::quota_milli(&j.spec);
+        }
+    }
+    o.head(
+        "gpuflow_queue_unfinished_jobs",
+        "gauge",
+        "Unfinished jobs per queue and state.",
+    );
+    for ((q, s), n) in &jobs {
+        o.line(
+            "gpuflow_queue_unfinished_jobs",
+            &[("queue", q), ("state", s)],
+            *n as f64,
+        );
+    }
+    o.head(
+        "gpuflow_queue_used_gpus",
+        "gauge",
+        "GPUs held by a queue's jobs (shares, MIG and time slices at their equivalents).",
+    );
+    for q in world.queues.keys() {
+        let u = used.get(q.as_str()).copied().unwrap_or(0);
+        o.line(
+            "gpuflow_queue_used_gpus",
+            &[("queue", q)],
+            u as f64 / 1000.0,
+        );
+    }
+    o.head(
+        "gpuflow_queue_guaranteed_gpus",
+        "gauge",
+        "A queue's guarantee per flavor (GPU model; * for the others).",
+    );
+    for (name, q) in &world.queues {
+        for (flavor, quota) in &q.quotas {
+            o.line(
+                "gpuflow_queue_guaranteed_gpus",
+                &[("queue", name), ("flavor", flavor)],
+                quota.guaranteed,
+            );
+        }
+    }
+
+    // The cluster: GPUs per model and pool, allocated, unhealthy.
+    let in_use = world.gpus_in_use();
+    let mut total: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
+    for n in world
+        .nodes
+        .values()
+        .filter(|n| n.state != api::NodeState::Lost)
+    {
+        let pool = if n.inventory.pool.is_empty() {
+            "default".to_string()
+        } else {
+            n.inventory.pool.clone()
+        };
+        let held = in_use.get(&n.name);
+        for g in &n.inventory.gpus {
+            let e = total.entry((g.model.clone(), pool.clone())).or_default();
+            e.0 += 1;
+            if held.is_some_and(|h| h.contains(&g.index)) {
+                e.1 += 1;
+            }
+            if g.unhealthy.is_some() {
+                e.2 += 1;
+            }
+        }
+    }
+    o.head(
+        "gpuflow_cluster_total_gpus",
+        "gauge",
+        "GPUs of the nodes not lost, per model and pool.",
+    );
+    for ((m, p), (n, _, _)) in &total {
+        o.line(
+            "gpuflow_cluster_total_gpus",
+            &[("model", m), ("pool", p)],
+            *n as f64,
+        );
+    }
+    o.head(
+        "gpuflow_cluster_allocated_gpus",
+        "gauge",
+        "GPUs with work on them (whole or shared), per model and pool.",
+    );
+    for ((m, p), (_, a, _)) in &total {
+        o.line(
+            "gpuflow_cluster_allocated_gpus",
+            &[("model", m), ("pool", p)],
+            *a as f64,
+        );
+    }
+    o.head(
+        "gpuflow_cluster_unhealthy_gpus",
+        "gauge",
+        "GPUs their agent reports unhealthy (XID, ECC, lost), per model and pool.",
+    );
+    for ((m, p), (_, _, u)) in &total {
+        o.line(
+            "gpuflow_cluster_unhealthy_gpus",
+            &[("model", m), ("pool", p)],
+            *u as f64,
+        );
+    }
+
+    // Waits: submission to start, of the jobs in memory that started.
+    o.head(
+        "gpuflow_job_wait_seconds",
+        "histogram",
+        "From submission to start, by job kind (jobs of the last hour and unfinished ones).",
+    );
+    let mut waits: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for j in world.jobs.values() {
+        if let Some(s) = j.started_at {
+            let kind = match j.spec.kind {
+                api::Kind::Inference => "inference",
+                api::Kind::Notebook => "notebook",
+                api::Kind::Training => "training",
+                api::Kind::Batch => "batch",
+            };
+            waits
+                .entry(kind)
+                .or_default()
+                .push(s.saturating_sub(j.submitted_at));
+        }
+    }
+    for (kind, w) in &waits {
+        for b in WAIT_BUCKETS {
+            let n = w.iter().filter(|&&x| x <= b).count();
+            o.line(
+                "gpuflow_job_wait_seconds_bucket",
+                &[("kind", kind), ("le", &b.to_string())],
+                n as f64,
+            );
+        }
+        o.line(
+            "gpuflow_job_wait_seconds_bucket",
+            &[("kind", kind), ("le", "+Inf")],
+            w.len() as f64,
+        );
+        o.line(
+            "gpuflow_job_wait_seconds_sum",
+            &[("kind", kind)],
+            w.iter().sum::<u64>() as f64,
+        );
+        o.line(
+            "gpuflow_job_wait_seconds_count",
+            &[("kind", kind)],
+            w.len() as f64,
+        );
+    }
+
+    o.head(
+        "gpuflow_scheduler_cycle_failures_total",
+        "counter",
+        "Scheduling cycles that failed or panicked since the server started (each is retried).",
+    );
+    o.line(
+        "gpuflow_scheduler_cycle_failures_total",
+        &[],
+        shared
+            .cycle_failures
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    o.head(
+        "gpuflow_node_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since each node's last heartbeat.",
+    );
+    for n in world.nodes.values() {
+        o.line(
+            "gpuflow_node_heartbeat_age_seconds",
+            &[("node", &n.name)],
+            t.saturating_sub(n.last_heartbeat) as f64,
+        );
+    }
+
+    // Per GPU, as dcgm-exporter names them.
+    let dcgm: [(&str, &str, fn(&api::GpuSample) -> Option<f64>); 4] = [
+        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |s| {
+            Some(f64::from(s.util_pct))
+        }),
+        (
+            "DCGM_FI_DEV_FB_USED",
+            "Framebuffer memory used (in MiB).",
+            |s| Some(s.memory_used_mib as f64),
+        ),
+        ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", |s| {
+            s.power_w
+        }),
+        ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |s| {
+            s.temperature_c.map(f64::from)
+        }),
+    ];
+    for (name, help, value) in dcgm {
+        o.head(name, "gauge", help);
+        for n in world.nodes.values() {
+            for s in &n.gpus_now {
+                let Some(g) = n.inventory.gpus.iter().find(|g| g.uuid == s.uuid) else {
+                    continue;
+                };
+                let Some(v) = value(s) else {
+                    continue;
+                };
+                let (gpu, device) = (g.index.to_string(), format!("nvidia{}", g.index));
+                o.line(
+                    name,
+                    &[
+                        ("gpu", &gpu),
+                        ("UUID", &g.uuid),
+                        ("device", &device),
+                        ("modelName", &g.model),
+                        ("Hostname", &n.name),
+                    ],
+                    v,
+                );
+            }
+        }
+    }
+    drop(world);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        o.0,
+    )
+        .into_response())
+}

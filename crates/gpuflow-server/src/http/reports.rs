@@ -1,0 +1,156 @@
+//! Reports: GPU-hours, used GPU-hours and cost from the jobs' ledger
+//! (`accounting.rs`), and the prices admins set for them. Admins see every
+//! team; everyone else their own team's jobs only.
+
+use super::*;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/reports/usage", get(usage))
+        .route("/v1/prices", get(prices).put(set_prices))
+}
+
+async fn prices(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<api::Prices> {
+    Ok(Json(shared.world.lock().await.prices.clone()))
+}
+
+async fn set_prices(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<api::Prices> {
+    caller.need_admin("setting prices")?;
+    let p: api::Prices = json_body(body, shared.cfg.max_body_bytes)?;
+    p.validate()?;
+    let mut world = shared.world.lock().await;
+    let mut change = Change::default();
+    change.batch.put.push(crate::state::put(
+        gpuflow_store::Table::Meta,
+        "prices",
+        "",
+        "",
+        &p,
+    ));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "prices.set",
+        "prices",
+        serde_json::to_string(&p).unwrap_or_default(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.prices = p.clone();
+    Ok(Json(p))
+}
+
+/// A time in a query: Unix seconds, an RFC 3339 time or date
+/// (`2026-12-01`), or an age (`7d`, `12h`: that long ago).
+fn when(k: &str, v: &str, now: u64) -> Result<u64, Error> {
+    if let Ok(t) = v.parse::<u64>() {
+        return Ok(t);
+    }
+    if let Ok(d) = humantime::parse_duration(v) {
+        return Ok(now.saturating_sub(d.as_secs()));
+    }
+    let full = if v.len() == 10 {
+        format!("{v}T00:00:00Z")
+    } else {
+        v.to_string()
+    };
+    humantime::parse_rfc3339_weak(&full)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_query",
+                format!("{k}: {v:?} is not a time: use Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d"),
+            )
+            .into()
+        })
+}
+
+async fn usage(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<api::UsageReport> {
+    for k in q.keys() {
+        if !["by", "period", "from", "to"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: by, period, from, to"),
+            )
+            .into());
+        }
+    }
+    let by_name = q.get("by").map_or("team", String::as_str);
+    let by = crate::accounting::By::parse(by_name).ok_or_else(|| {
+        Error(ApiError::bad_request(
+            "bad_query",
+            format!(
+                "by: {by_name:?}; allowed: team, project, user, queue, model, cost_centre, job"
+            ),
+        ))
+    })?;
+    let period_name = q.get("period").map_or("all", String::as_str);
+    let period = crate::accounting::Period::parse(period_name).ok_or_else(|| {
+        Error(ApiError::bad_request(
+            "bad_query",
+            format!("period: {period_name:?}; allowed: hour, day, month, all"),
+        ))
+    })?;
+    let t = now();
+    let from = match q.get("from") {
+        Some(v) => when("from", v, t)?,
+        None => t.saturating_sub(30 * 86_400),
+    };
+    let to = match q.get("to") {
+        Some(v) => when("to", v, t)?,
+        None => t,
+    };
+    if from >= to {
+        return Err(ApiError::bad_request("bad_query", "from: must be before to").into());
+    }
+    // Every job ever submitted: the store's, with the ones in memory newer.
+    let stored = shared
+        .store
+        .load(gpuflow_store::Table::Jobs)
+        .await
+        .map_err(crate::ServerError::from)?;
+    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
+    for r in &stored {
+        let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| {
+            Error::from(crate::ServerError::Corrupt {
+                what: format!("job {}", r.key),
+                message: e.to_string(),
+            })
+        })?;
+        jobs.insert(j.id, j);
+    }
+    let (projects, prices) = {
+        let world = shared.world.lock().await;
+        for j in world.jobs.values() {
+            jobs.insert(j.id, j.clone());
+        }
+        (world.projects.clone(), world.prices.clone())
+    };
+    let mine: Vec<JobRec> = jobs
+        .into_values()
+        .filter(|j| caller.sees(&j.team))
+        .filter(|j| {
+            j.held
+                .iter()
+                .any(|h| h.from < to && h.to.is_none_or(|e| e > from))
+        })
+        .collect();
+    let rows = crate::accounting::usage(&mine, &projects, &prices, by, period, (from, to), t);
+    Ok(Json(api::UsageReport {
+        by: by_name.to_string(),
+        period: period_name.to_string(),
+        from,
+        to,
+        currency: prices.currency,
+        rows,
+    }))
+}

@@ -1,0 +1,443 @@
+//! Accounting through the real router: the jobs' ledger rolled up by the
+//! usage report reconciles (per-job GPU-hours sum to the per-team,
+//! per-project, per-cost-centre and per-model totals) across suspension,
+//! a failure and its retry, a lost node and a server restart, on SQLite and
+//! PostgreSQL; prices give cost; members see their own team only; and
+//! `/metrics` parses as Prometheus text with names after STYLE.md.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use gpuflow_server::Config;
+use gpuflow_store::pgtest::TempPostgres;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Server {
+    shared: std::sync::Arc<gpuflow_server::Shared>,
+    router: axum::Router,
+}
+
+async fn open(cfg: &Config) -> (Server, Option<String>, Option<String>) {
+    let o = gpuflow_server::open(cfg.clone()).await.unwrap();
+    (
+        Server {
+            router: gpuflow_server::http::router(o.shared.clone()),
+            shared: o.shared,
+        },
+        o.new_admin_token,
+        o.join_token,
+    )
+}
+
+impl Server {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body.map(|b| b.to_string()).unwrap_or_default()))
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        )
+    }
+
+    async fn ok(&self, method: &str, path: &str, token: &str, body: Value) -> Value {
+        let (s, v, _) = self.call(method, path, token, Some(body)).await;
+        assert!(s < 300, "{method} {path}: {s} {v}");
+        v
+    }
+
+    async fn cycle(&self) {
+        gpuflow_server::cycle::run_once(&self.shared).await.unwrap();
+    }
+
+    /// The node's heartbeat with these task phases of the jobs placed on it.
+    async fn beat(&self, node: &str, token: &str, tasks: &[(u64, &str)]) {
+        let attempts: Vec<u32> = {
+            let w = self.shared.world.lock().await;
+            tasks
+                .iter()
+                .map(|(id, _)| w.jobs.get(id).map_or(0, |j| j.attempts))
+                .collect()
+        };
+        let reports: Vec<Value> = tasks
+            .iter()
+            .zip(attempts)
+            .map(|((id, phase), attempt)| {
+                let (phase, code) = match *phase {
+                    "failed" => ("exited", Some(1)),
+                    "done" => ("exited", Some(0)),
+                    p => (p, None),
+                };
+                json!({"job": id, "attempt": attempt, "group": 0, "index": 0, "phase": phase, "exit_code": code})
+            })
+            .collect();
+        self.ok(
+            "POST",
+            "/v1/agent/heartbeat",
+            token,
+            json!({"node": node, "inventory": inventory(), "tasks": reports}),
+        )
+        .await;
+    }
+
+    async fn state(&self, id: u64, admin: &str) -> String {
+        let (_, v, _) = self
+            .call("GET", &format!("/v1/jobs/{id}"), admin, None)
+            .await;
+        v["state"].as_str().unwrap_or_default().to_string()
+    }
+
+    async fn report(&self, token: &str, by: &str) -> Vec<Value> {
+        let v = self
+            .ok(
+                "GET",
+                &format!("/v1/reports/usage?by={by}&from=1d"),
+                token,
+                Value::Null,
+            )
+            .await;
+        v["rows"].as_array().unwrap().clone()
+    }
+}
+
+fn inventory() -> Value {
+    let gpus: Vec<Value> = (0..4)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920}))
+        .collect();
+    json!({"cpu_milli": 64000, "memory_mib": 262144, "gpus": gpus, "emulated": true})
+}
+
+fn sum(rows: &[Value], field: &str) -> f64 {
+    rows.iter().map(|r| r[field].as_f64().unwrap()).sum()
+}
+
+async fn reconcile(store: Option<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    cfg.store_url = store;
+    cfg.min_runtime_s = 0;
+    let (s, admin, join) = open(&cfg).await;
+    let (admin, join) = (admin.unwrap(), join.unwrap());
+    // Two teams, a project with a cost centre, a member of alpha.
+    for t in ["alpha", "beta"] {
+        s.ok("POST", "/v1/teams", &admin, json!({"name": t})).await;
+        s.ok(
+            "POST",
+            "/v1/queues",
+            &admin,
+            json!({"name": format!("{t}-q"), "team": t, "quotas": {"*": {"guaranteed": 2}}}),
+        )
+        .await;
+    }
+    s.ok(
+        "POST",
+        "/v1/projects",
+        &admin,
+        json!({"name": "vision", "team": "alpha", "cost_centre": "CC-42"}),
+    )
+    .await;
+    s.ok(
+        "POST",
+        "/v1/users",
+        &admin,
+        json!({"name": "ana", "team": "alpha", "role": "member"}),
+    )
+    .await;
+    let ana = s
+        .ok("POST", "/v1/tokens", &admin, json!({"user": "ana"}))
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.ok(
+        "PUT",
+        "/v1/prices",
+        &admin,
+        json!({"currency": "EUR", "gpu_hour": {"H100": 3.0}}),
+    )
+    .await;
+    let node = s
+        .ok(
+            "POST",
+            "/v1/agent/register",
+            &join,
+            json!({"node": "n1", "inventory": inventory()}),
+        )
+        .await;
+    let nt = node["node_token"].as_str().unwrap().to_string();
+    let submit = |queue: &str, project: Option<&str>, gpu: &str, retry: u32| {
+        let mut spec = json!({"name": "j", "queue": queue, "retry": {"limit": retry, "backoff_s": 1},
+            "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": serde_json::from_str::<Value>(gpu).unwrap()}}]});
+        if let Some(p) = project {
+            spec["project"] = json!(p);
+        }
+        spec
+    };
+    // a: alpha, project vision, one GPU: runs, is suspended, resumed, runs.
+    let a = s
+        .ok(
+            "POST",
+            "/v1/jobs",
+            &admin,
+            submit("alpha-q", Some("vision"), r#"{"count": 1}"#, 0),
+        )
+        .await["id"]
+        .as_u64()
+        .unwrap();
+    // b: beta, half a GPU: fails once, is retried, runs.
+    let b = s
+        .ok(
+            "POST",
+            "/v1/jobs",
+            &admin,
+            submit(
+                "beta-q",
+                None,
+                r#"{"mode": "fraction", "fraction": 0.5}"#,
+                1,
+            ),
+        )
+        .await["id"]
+        .as_u64()
+        .unwrap();
+    // c: alpha, two GPUs: its node is lost, it runs again.
+    let c = s
+        .ok(
+            "POST",
+            "/v1/jobs",
+            &admin,
+            submit("alpha-q", None, r#"{"count": 2}"#, 0),
+        )
+        .await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
+        .await;
+    assert_eq!(s.state(a, &admin).await, "running");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Suspension and a failure.
+    s.ok("POST", &format!("/v1/jobs/{a}/suspend"), &admin, json!({}))
+        .await;
+    s.beat("n1", &nt, &[(a, "stopped"), (b, "failed"), (c, "running")])
+        .await;
+    assert_eq!(s.state(a, &admin).await, "suspended");
+    s.ok("POST", &format!("/v1/jobs/{a}/resume"), &admin, json!({}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.cycle().await;
+    s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
+        .await;
+    assert_eq!(s.state(b, &admin).await, "running", "b retried");
+    // The node is lost (its lease), its work requeued, then it is back.
+    {
+        let mut w = s.shared.world.lock().await;
+        w.nodes.get_mut("n1").unwrap().last_heartbeat -= 3600;
+    }
+    s.cycle().await;
+    assert_eq!(s.state(c, &admin).await, "pending");
+    s.beat("n1", &nt, &[]).await;
+    s.cycle().await;
+    s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
+        .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = s.report(&admin, "job").await;
+
+    // A restart: the open holds go on counting.
+    drop(s);
+    let (s, _, _) = open(&cfg).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let by_job = s.report(&admin, "job").await;
+    assert_eq!(by_job.len(), 3, "{by_job:?}");
+    assert!(
+        sum(&by_job, "gpu_hours") > sum(&before, "gpu_hours"),
+        "running jobs keep counting after a restart: {before:?} then {by_job:?}"
+    );
+    let total = sum(&by_job, "gpu_hours");
+    assert!(total > 0.0);
+    for by in ["team", "project", "cost_centre", "model", "user", "queue"] {
+        let rows = s.report(&admin, by).await;
+        let t = sum(&rows, "gpu_hours");
+        // The same instants: all reports read one clock second apart at most,
+        // and the running jobs hold 3.5 GPUs.
+        assert!(
+            (t - total).abs() <= 3.5 * 2.0 / 3600.0 + 1e-9,
+            "{by}: {t} against {total}"
+        );
+        if by == "cost_centre" {
+            let cc = rows
+                .iter()
+                .find(|r| r["key"] == "CC-42")
+                .expect("the project's cost centre");
+            let job_a = by_job.iter().find(|r| r["key"] == a.to_string()).unwrap();
+            assert!(
+                (cc["gpu_hours"].as_f64().unwrap() - job_a["gpu_hours"].as_f64().unwrap()).abs()
+                    <= 2.0 / 3600.0
+            );
+        }
+        if by == "model" {
+            let cost = rows[0]["cost"].as_f64().unwrap();
+            assert!(
+                (cost - 3.0 * rows[0]["gpu_hours"].as_f64().unwrap()).abs() < 1e-9,
+                "{rows:?}"
+            );
+        }
+    }
+    // Each attempt is in the ledger: a suspended, resumed, lost with its
+    // node (3 holds); b failed, retried, lost (3); c lost (2); only the
+    // last of each is open.
+    {
+        let w = s.shared.world.lock().await;
+        for (id, n) in [(a, 3), (b, 3), (c, 2)] {
+            let held = &w.jobs[&id].held;
+            assert_eq!(held.len(), n, "job {id}: {held:?}");
+            let open: Vec<bool> = held.iter().map(|h| h.to.is_none()).collect();
+            assert_eq!(open.iter().filter(|o| **o).count(), 1, "{held:?}");
+            assert!(open[n - 1], "{held:?}");
+        }
+        assert_eq!(w.jobs[&b].held[0].gpu_milli, 500, "half a GPU");
+        assert_eq!(w.jobs[&c].held[0].gpu_milli, 2000);
+    }
+    // A member sees their own team only.
+    let mine = s.report(&ana, "team").await;
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(mine[0]["key"], "alpha");
+    let (st, _, _) = s
+        .call(
+            "PUT",
+            "/v1/prices",
+            &ana,
+            Some(json!({"gpu_hour": {"*": 0}})),
+        )
+        .await;
+    assert_eq!(st, 403);
+    let (st, v, _) = s
+        .call("GET", "/v1/reports/usage?by=color", &ana, None)
+        .await;
+    assert_eq!(st, 400, "{v}");
+}
+
+#[tokio::test]
+async fn usage_reconciles_across_suspension_retry_a_lost_node_and_a_restart_sqlite() {
+    reconcile(None).await;
+}
+
+#[tokio::test]
+async fn usage_reconciles_across_suspension_retry_a_lost_node_and_a_restart_postgres() {
+    match TempPostgres::start() {
+        Ok(Some(pg)) => reconcile(Some(pg.url.clone())).await,
+        Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `/metrics` through a real Prometheus text parser: admins only, every
+/// name after STYLE.md (`gpuflow_<subsystem>_<name>_<unit>`) or
+/// dcgm-exporter's, and the figures the state implies.
+#[tokio::test]
+async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    let (s, admin, join) = open(&cfg).await;
+    let (admin, join) = (admin.unwrap(), join.unwrap());
+    let node = s
+        .ok(
+            "POST",
+            "/v1/agent/register",
+            &join,
+            json!({"node": "n1", "inventory": inventory()}),
+        )
+        .await;
+    let nt = node["node_token"].as_str().unwrap().to_string();
+    let spec = json!({"name": "j", "queue": "default", "kind": "training",
+        "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"count": 2}}}]});
+    let id = s.ok("POST", "/v1/jobs", &admin, spec).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    let sample = json!([{"uuid": "GPU-1", "util_pct": 77, "memory_util_pct": 30, "memory_used_mib": 4096, "power_w": 250.5, "temperature_c": 60}]);
+    let attempt = s.shared.world.lock().await.jobs[&id].attempts;
+    s.ok("POST", "/v1/agent/heartbeat", &nt, json!({"node": "n1", "inventory": inventory(), "gpus": sample,
+        "tasks": [{"job": id, "attempt": attempt, "group": 0, "index": 0, "phase": "running", "started_at": 1}]})).await;
+    let (st, _, _) = s.call("GET", "/metrics", &join, None).await;
+    assert_eq!(st, 401, "the join token is no API token");
+    let (st, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    assert_eq!(st, 200);
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text format");
+    let name_ok = |n: &str| {
+        n.starts_with("DCGM_FI_DEV_")
+            || (n.starts_with("gpuflow_")
+                && n.split('_').count() >= 4
+                && ["jobs", "gpus", "seconds", "total", "bytes", "ratio"]
+                    .iter()
+                    .any(|u| n.ends_with(u) || n.contains(&format!("_{u}_")))
+                && n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+    };
+    for smp in &scrape.samples {
+        assert!(
+            name_ok(&smp.metric),
+            "metric name {:?} does not follow STYLE.md",
+            smp.metric
+        );
+    }
+    let value = |name: &str, label: (&str, &str)| -> Option<f64> {
+        scrape.samples.iter().find_map(|smp| {
+            (smp.metric == name && smp.labels.get(label.0) == Some(label.1)).then(|| {
+                match smp.value {
+                    prometheus_parse::Value::Gauge(v)
+                    | prometheus_parse::Value::Counter(v)
+                    | prometheus_parse::Value::Untyped(v) => v,
+                    _ => f64::NAN,
+                }
+            })
+        })
+    };
+    assert_eq!(
+        value("gpuflow_queue_used_gpus", ("queue", "default")),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("gpuflow_cluster_total_gpus", ("model", "H100")),
+        Some(4.0)
+    );
+    assert_eq!(
+        value("gpuflow_cluster_allocated_gpus", ("model", "H100")),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("gpuflow_queue_unfinished_jobs", ("state", "running")),
+        Some(1.0)
+    );
+    assert_eq!(value("DCGM_FI_DEV_GPU_UTIL", ("UUID", "GPU-1")), Some(77.0));
+    assert_eq!(
+        value("DCGM_FI_DEV_POWER_USAGE", ("Hostname", "n1")),
+        Some(250.5)
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|smp| smp.metric == "gpuflow_job_wait_seconds"),
+        "the wait histogram: {text}"
+    );
+}
