@@ -380,6 +380,61 @@ pub struct QueueSpec {
     /// that name none; admins set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notebook_idle: Option<crate::IdleSpec>,
+    /// A GPU-hour budget per period for the queue's own jobs; admins set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+}
+
+/// A GPU-hour budget per period: once `taper_from` of it is used the
+/// queue's fair-share weight falls linearly to `min_weight_factor` of
+/// itself; once all is used the queue stops borrowing (or admitting).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    pub gpu_hours: f64,
+    pub period: BudgetPeriod,
+    #[serde(default = "default_taper")]
+    pub taper_from: f64,
+    #[serde(default = "default_min_weight")]
+    pub min_weight_factor: f64,
+    #[serde(default)]
+    pub when_exhausted: WhenExhausted,
+}
+
+fn default_taper() -> f64 {
+    0.8
+}
+fn default_min_weight() -> f64 {
+    0.25
+}
+
+/// A budget's period (UTC; weeks start on Monday).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BudgetPeriod {
+    Day,
+    Week,
+    Month,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenExhausted {
+    /// Work within the guarantee still starts.
+    #[default]
+    StopBorrowing,
+    StopAdmitting,
+}
+
+/// A budget as it stands in its current period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetUse {
+    pub period_start: u64,
+    pub used_gpu_hours: f64,
+    pub left_gpu_hours: f64,
+    /// The factor on the queue's weight now (1 until the taper starts).
+    pub weight_factor: f64,
+    pub exhausted: bool,
 }
 
 fn one() -> f64 {
@@ -434,6 +489,23 @@ impl QueueSpec {
         if let Some(idle) = &self.notebook_idle {
             idle.check("notebook_idle", &mut |f, m| bad(&f, m));
         }
+        if let Some(b) = &self.budget {
+            if !(b.gpu_hours.is_finite() && (0.0..=1e9).contains(&b.gpu_hours)) {
+                bad(
+                    "budget.gpu_hours",
+                    "must be 0 to 1000000000 GPU-hours".into(),
+                );
+            }
+            if !(0.0..=1.0).contains(&b.taper_from) {
+                bad("budget.taper_from", "must be a share from 0 to 1".into());
+            }
+            if !(0.0..=1.0).contains(&b.min_weight_factor) {
+                bad(
+                    "budget.min_weight_factor",
+                    "must be a factor from 0 to 1".into(),
+                );
+            }
+        }
         if errs.is_empty() {
             Ok(())
         } else {
@@ -451,6 +523,9 @@ pub struct QueueView {
     pub used: BTreeMap<String, f64>,
     pub pending: usize,
     pub running: usize,
+    /// Its budget in the current period, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_use: Option<BudgetUse>,
 }
 
 /// Changes a team lead may make to a queue of their team.
@@ -469,6 +544,9 @@ pub struct QueuePatch {
     /// Admin only.
     #[serde(default)]
     pub notebook_idle: Option<crate::IdleSpec>,
+    /// Admin only.
+    #[serde(default)]
+    pub budget: Option<BudgetSpec>,
 }
 
 // ---- nodes ----

@@ -668,6 +668,16 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                             used,
                             s(&q["running"]),
                             s(&q["pending"]),
+                            match q.get("budget_use") {
+                                Some(b) => format!(
+                                    "{:.1} of {} GPU-h/{}{}",
+                                    b["left_gpu_hours"].as_f64().unwrap_or(0.0),
+                                    s(&q["budget"]["gpu_hours"]),
+                                    s(&q["budget"]["period"]),
+                                    if b["exhausted"] == true { " SPENT" } else { "" }
+                                ),
+                                None => "-".into(),
+                            },
                         ]
                     })
                     .collect();
@@ -682,6 +692,7 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                         "used",
                         "running",
                         "pending",
+                        "budget left",
                     ],
                     rows,
                 )

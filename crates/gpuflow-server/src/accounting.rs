@@ -199,6 +199,117 @@ pub fn usage(
         .collect()
 }
 
+/// The start of `period` holding `t` (UTC; weeks start on Monday).
+pub fn period_start(period: api::BudgetPeriod, t: u64) -> u64 {
+    let day = t / 86_400;
+    match period {
+        api::BudgetPeriod::Day => day * 86_400,
+        // 1970-01-01 was a Thursday: Monday is 3 days before.
+        api::BudgetPeriod::Week => (day - (day + 3) % 7) * 86_400,
+        api::BudgetPeriod::Month => Period::Month.bounds(t, (0, 0)).0,
+    }
+}
+
+/// GPU-hours held by `queue`'s jobs from `from` to `now`.
+pub fn queue_gpu_hours(jobs: &[JobRec], queue: &str, from: u64, now: u64) -> f64 {
+    jobs.iter()
+        .filter(|j| j.spec.queue == queue)
+        .flat_map(|j| &j.held)
+        .map(|h| h.gpu_s(from, now, now))
+        .sum::<f64>()
+        / 3600.0
+}
+
+/// The core's view of a budget, given the hours last counted for it
+/// (a count from an earlier period is none: the budget renewed).
+pub fn core_budget(
+    b: &api::BudgetSpec,
+    counted: Option<&(u64, f64)>,
+    now: u64,
+) -> gpuflow_core::queue::Budget {
+    let start = period_start(b.period, now);
+    let used = counted
+        .filter(|(s, _)| *s == start)
+        .map_or(0.0, |(_, h)| *h);
+    gpuflow_core::queue::Budget {
+        gpu_hours: b.gpu_hours,
+        used_gpu_hours: used,
+        taper_from: b.taper_from,
+        min_weight_factor: b.min_weight_factor,
+        when_exhausted: match b.when_exhausted {
+            api::WhenExhausted::StopBorrowing => {
+                gpuflow_core::queue::BudgetExhausted::StopBorrowing
+            }
+            api::WhenExhausted::StopAdmitting => {
+                gpuflow_core::queue::BudgetExhausted::StopAdmitting
+            }
+        },
+    }
+}
+
+/// A budget as its queue's viewers see it.
+pub fn budget_use(b: &api::BudgetSpec, counted: Option<&(u64, f64)>, now: u64) -> api::BudgetUse {
+    let c = core_budget(b, counted, now);
+    api::BudgetUse {
+        period_start: period_start(b.period, now),
+        used_gpu_hours: c.used_gpu_hours,
+        left_gpu_hours: (c.gpu_hours - c.used_gpu_hours).max(0.0),
+        weight_factor: c.weight_factor(),
+        exhausted: c.exhausted(),
+    }
+}
+
+/// Counts every budgeted queue's GPU-hours in its current period from the
+/// ledger of every job (the store's, and memory's newer ones) and keeps
+/// them for the cycle and the queue views.
+///
+/// # Errors
+/// When the store cannot be read.
+pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), crate::ServerError> {
+    let budgeted: Vec<(String, u64)> = {
+        let w = shared.world.lock().await;
+        w.queues
+            .values()
+            .filter_map(|q| Some((q.name.clone(), period_start(q.budget.as_ref()?.period, now))))
+            .collect()
+    };
+    if budgeted.is_empty() {
+        return Ok(());
+    }
+    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
+    for r in shared.store.load(gpuflow_store::Table::Jobs).await? {
+        if let Ok(j) = serde_json::from_str::<JobRec>(&r.doc) {
+            jobs.insert(j.id, j);
+        }
+    }
+    let mut w = shared.world.lock().await;
+    for j in w.jobs.values() {
+        jobs.insert(j.id, j.clone());
+    }
+    let jobs: Vec<JobRec> = jobs.into_values().collect();
+    w.budget_used = budgeted
+        .into_iter()
+        .map(|(q, start)| {
+            let used = queue_gpu_hours(&jobs, &q, start, now);
+            (q, (start, used))
+        })
+        .collect();
+    drop(w);
+    shared.wake.notify_one();
+    Ok(())
+}
+
+/// Refreshes the budgets every 30 s, for as long as the server runs; a
+/// failed count is logged and tried again.
+pub async fn budget_loop(shared: std::sync::Arc<crate::Shared>) {
+    loop {
+        if let Err(e) = refresh_budgets(&shared, crate::now()).await {
+            tracing::error!(error = %e, "counting the budgets failed; retrying");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +328,8 @@ mod tests {
         );
         let (a, b) = Period::Day.bounds(t, (0, 0));
         assert_eq!((b - a, t - a), (86_400, 43_200));
+        // 2026-12-03 is a Thursday: its week began on Monday 2026-11-30.
+        let w = period_start(api::BudgetPeriod::Week, t);
+        assert_eq!(civil_from_days((w / 86_400) as i64), (2026, 11, 30));
     }
 }

@@ -1158,6 +1158,10 @@ fn build_queues(
                 max_gpu_milli: s.user_limits.max_gpus.map(milli),
                 max_running: s.user_limits.max_running,
             };
+            q.budget = s
+                .budget
+                .as_ref()
+                .map(|b| crate::accounting::core_budget(b, world.budget_used.get(&s.name), now()));
             q
         })
         .collect();

@@ -371,6 +371,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         }
     };
     tokio::spawn(cycle::run_loop(shared.clone()));
+    tokio::spawn(accounting::budget_loop(shared.clone()));
     tracing::info!(%addr, scheme, store = shared.store.backend(), "gpuflow server listening");
     Ok(Running {
         addr,

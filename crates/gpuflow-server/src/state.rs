@@ -472,6 +472,9 @@ pub struct World {
     pub history_saved_at: u64,
     /// Prices for cost reports, set by admins.
     pub prices: api::Prices,
+    /// Each budgeted queue's GPU-hours in its current period, as last
+    /// counted from the ledger: (period start, hours).
+    pub budget_used: BTreeMap<String, (u64, f64)>,
 }
 
 /// The core's `History` keyed by queue names, so it survives restarts and

@@ -441,3 +441,144 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
         "the wait histogram: {text}"
     );
 }
+
+async fn queue_view(s: &Server, token: &str) -> Value {
+    let (_, v, _) = s.call("GET", "/v1/queues", token, None).await;
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "alpha-q")
+        .cloned()
+        .unwrap()
+}
+
+/// A queue's GPU-hour budget through the API: admins set it (a lead may
+/// not), everyone who sees the queue sees what is used and left; the
+/// queue's weight tapers as it is used, then it stops borrowing when it is
+/// spent (`why` says so), and it renews with the period.
+#[tokio::test]
+async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    cfg.min_runtime_s = 0;
+    let (s, admin, join) = open(&cfg).await;
+    let (admin, join) = (admin.unwrap(), join.unwrap());
+    s.ok("POST", "/v1/teams", &admin, json!({"name": "alpha"}))
+        .await;
+    s.ok(
+        "POST",
+        "/v1/queues",
+        &admin,
+        json!({"name": "alpha-q", "team": "alpha", "quotas": {"*": {"guaranteed": 1}}}),
+    )
+    .await;
+    s.ok(
+        "POST",
+        "/v1/users",
+        &admin,
+        json!({"name": "lea", "team": "alpha", "role": "team-lead"}),
+    )
+    .await;
+    let lea = s
+        .ok("POST", "/v1/tokens", &admin, json!({"user": "lea"}))
+        .await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // 0.002 GPU-hours a day: 7.2 GPU-seconds.
+    let budget = json!({"budget": {"gpu_hours": 0.002, "period": "day", "taper_from": 0.3, "min_weight_factor": 0.2}});
+    let (st, v, _) = s
+        .call("PATCH", "/v1/queues/alpha-q", &lea, Some(budget.clone()))
+        .await;
+    assert_eq!(st, 403, "{v}");
+    s.ok("PATCH", "/v1/queues/alpha-q", &admin, budget).await;
+    let node = s
+        .ok(
+            "POST",
+            "/v1/agent/register",
+            &join,
+            json!({"node": "n1", "inventory": inventory()}),
+        )
+        .await;
+    let nt = node["node_token"].as_str().unwrap().to_string();
+    let job = |gpus: u32| {
+        json!({"name": "j", "queue": "alpha-q",
+        "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"count": gpus}}}]})
+    };
+    // Three GPUs: one guaranteed, two borrowed.
+    let big = s.ok("POST", "/v1/jobs", &admin, job(3)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    s.beat("n1", &nt, &[(big, "running")]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = gpuflow_server::now();
+    gpuflow_server::accounting::refresh_budgets(&s.shared, t)
+        .await
+        .unwrap();
+    let q = queue_view(&s, &lea).await;
+    let used = &q["budget_use"];
+    assert!(used["used_gpu_hours"].as_f64().unwrap() > 0.0, "{q}");
+    assert!(
+        used["weight_factor"].as_f64().unwrap() < 1.0,
+        "the weight tapers: {q}"
+    );
+    assert_eq!(used["exhausted"], false, "{q}");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+        .await
+        .unwrap();
+    let q = queue_view(&s, &lea).await;
+    assert_eq!(q["budget_use"]["exhausted"], true, "{q}");
+    assert_eq!(q["budget_use"]["left_gpu_hours"], 0.0, "{q}");
+    assert!(
+        (q["budget_use"]["weight_factor"].as_f64().unwrap() - 0.2).abs() < 1e-9,
+        "{q}"
+    );
+    // Spent: another GPU would be borrowed, so it waits, and `why` says so.
+    let more = s.ok("POST", "/v1/jobs", &admin, job(1)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    assert_eq!(s.state(more, &admin).await, "pending");
+    let (_, why, _) = s
+        .call("GET", &format!("/v1/jobs/{more}/why"), &admin, None)
+        .await;
+    assert!(why.to_string().contains("budget"), "{why}");
+    // The big job ends: work within the guarantee still starts.
+    s.ok("POST", &format!("/v1/jobs/{big}/cancel"), &admin, json!({}))
+        .await;
+    s.beat("n1", &nt, &[(big, "stopped")]).await;
+    s.cycle().await;
+    assert_eq!(
+        s.state(more, &admin).await,
+        "admitted",
+        "within the guarantee"
+    );
+    // Two GPUs would borrow again: they wait while the budget is spent.
+    let borrow = s.ok("POST", "/v1/jobs", &admin, job(2)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.ok(
+        "POST",
+        &format!("/v1/jobs/{more}/cancel"),
+        &admin,
+        json!({}),
+    )
+    .await;
+    s.beat("n1", &nt, &[(more, "stopped")]).await;
+    s.cycle().await;
+    assert_eq!(s.state(borrow, &admin).await, "pending");
+    // The next period: nothing held in it yet, the budget is whole again.
+    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now() + 86_400)
+        .await
+        .unwrap();
+    let used = s.shared.world.lock().await.budget_used["alpha-q"];
+    assert_eq!(used.1, 0.0, "{used:?}");
+    s.cycle().await;
+    assert_eq!(
+        s.state(borrow, &admin).await,
+        "admitted",
+        "the renewed budget lets it borrow"
+    );
+}

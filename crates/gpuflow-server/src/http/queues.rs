@@ -27,6 +27,9 @@ async fn list_queues(
                     used: BTreeMap::new(),
                     pending: 0,
                     running: 0,
+                    budget_use: q.budget.as_ref().map(|b| {
+                        crate::accounting::budget_use(b, world.budget_used.get(name), now())
+                    }),
                 },
             )
         })
@@ -164,6 +167,9 @@ async fn create_queue(
         )
         .into());
     }
+    if q.budget.is_some() && !caller.admin() {
+        return Err(ApiError::forbidden("only an admin sets a queue's budget").into());
+    }
     if q.notebook_idle.is_some() && !caller.admin() {
         return Err(
             ApiError::forbidden("only an admin sets a queue's notebook_idle policy").into(),
@@ -274,6 +280,10 @@ async fn patch_queue(
     }
     if let Some(l) = p.user_limits {
         q.user_limits = l;
+    }
+    if let Some(b) = p.budget {
+        caller.need_admin("setting a queue's budget")?;
+        q.budget = Some(b);
     }
     if let Some(idle) = p.notebook_idle {
         caller.need_admin("setting a queue's notebook_idle policy")?;
