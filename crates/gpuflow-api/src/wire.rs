@@ -128,6 +128,26 @@ pub struct Job {
     pub kill_at: Option<u64>,
     pub tasks: Vec<TaskView>,
     pub spec: JobSpec,
+    /// What each attempt held, from the accounting ledger.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<Hold>,
+}
+
+/// One attempt's hold on GPUs, as accounted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hold {
+    pub attempt: u32,
+    pub from: u64,
+    /// Unset while it holds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
+    /// GPUs held (a fraction, MIG slice or time slice at its share).
+    pub gpus: f64,
+    pub model: String,
+    pub gpu_hours: f64,
+    /// The GPUs' mean sampled utilisation over the hold, when sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub util_pct: Option<f64>,
 }
 
 /// The answer to "why is my job not running".
@@ -826,6 +846,23 @@ pub struct UsageRow {
     pub efficiency: Option<f64>,
     pub cost: f64,
     pub jobs: u32,
+}
+
+/// A job holding GPUs it barely uses (the low-utilisation report).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LowUse {
+    pub id: u64,
+    pub name: String,
+    pub team: String,
+    pub user: String,
+    pub kind: crate::Kind,
+    /// GPUs held (a fraction, MIG slice or time slice at its share).
+    pub gpus: f64,
+    /// Since when it holds them.
+    pub since: u64,
+    /// Its GPUs' mean sampled utilisation over the hold.
+    pub util_pct: f64,
+    pub gpu_hours: f64,
 }
 
 /// A usage report.

@@ -38,6 +38,11 @@ pub struct Conn {
 
 #[derive(Subcommand)]
 pub enum JobCmd {
+    /// A job's GPU use: each attempt's GPU-hours and utilisation, each
+    /// task's utilisation and GPU memory, and what stands out (like jobstats).
+    Stats {
+        id: u64,
+    },
     /// Submit a job from a YAML or JSON file (`-` for stdin).
     Submit {
         #[arg(short = 'f', long)]
@@ -201,6 +206,15 @@ pub enum TokenCmd {
 
 #[derive(Subcommand)]
 pub enum ReportCmd {
+    /// Jobs holding GPUs below a utilisation for a while, by GPU-hours.
+    Idle {
+        /// Utilisation below this percentage.
+        #[arg(long, default_value_t = 10.0)]
+        below: f64,
+        /// Held at least this long (30m, 2h, …).
+        #[arg(long = "for", default_value = "1h")]
+        held_for: String,
+    },
     /// GPU-hours held and used, efficiency and cost, from the jobs' ledger.
     Usage {
         /// Rows by team, project, user, queue, model, cost_centre or job.
@@ -562,6 +576,10 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
                 out
             });
+        }
+        JobCmd::Stats { id } => {
+            let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
+            print(conn.output, &v, job_stats);
         }
         JobCmd::Why { id } => {
             let v = c.call("GET", &format!("/v1/jobs/{id}/why"), None)?;
@@ -1043,13 +1061,55 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
 
 pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let ReportCmd::Usage {
-        by,
-        period,
-        from,
-        to,
-        csv,
-    } = cmd;
+    let (by, period, from, to, csv) = match cmd {
+        ReportCmd::Usage {
+            by,
+            period,
+            from,
+            to,
+            csv,
+        } => (by, period, from, to, csv),
+        ReportCmd::Idle { below, held_for } => {
+            let v = c.call(
+                "GET",
+                &format!("/v1/reports/low-utilization?below_pct={below}&for={held_for}"),
+                None,
+            )?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|j| {
+                        vec![
+                            s(&j["id"]),
+                            s(&j["name"]),
+                            s(&j["team"]),
+                            s(&j["user"]),
+                            s(&j["kind"]),
+                            s(&j["gpus"]),
+                            format!("{:.1}%", j["util_pct"].as_f64().unwrap_or(0.0)),
+                            format!("{:.2}", j["gpu_hours"].as_f64().unwrap_or(0.0)),
+                        ]
+                    })
+                    .collect();
+                columns(
+                    &[
+                        "id",
+                        "name",
+                        "team",
+                        "user",
+                        "kind",
+                        "gpus",
+                        "util",
+                        "gpu-hours",
+                    ],
+                    rows,
+                )
+            });
+            return Ok(());
+        }
+    };
     let enc = |v: &str| v.replace('+', "%2B").replace(':', "%3A");
     let mut q = format!(
         "by={}&period={}&from={}",
@@ -1140,4 +1200,107 @@ pub fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
         columns(&["model", "per gpu-hour"], rows)
     });
     Ok(())
+}
+
+/// `job stats`: a job's ledger and its tasks' sampled GPU use, with flags.
+fn job_stats(j: &Value) -> String {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let ledger: Vec<&Value> = j["ledger"].as_array().into_iter().flatten().collect();
+    let held: f64 = ledger.iter().map(|h| f(&h["gpu_hours"])).sum();
+    let sampled: Vec<(f64, f64)> = ledger
+        .iter()
+        .filter_map(|h| Some((f(&h["gpu_hours"]), h["util_pct"].as_f64()?)))
+        .collect();
+    let used: f64 = sampled.iter().map(|(g, u)| g * u / 100.0).sum();
+    let sampled_hours: f64 = sampled.iter().map(|(g, _)| g).sum();
+    let mut out = format!(
+        "job {} ({}, team {}, {}): {} attempt(s), {held:.2} GPU-hours held",
+        s(&j["id"]),
+        s(&j["name"]),
+        s(&j["team"]),
+        s(&j["state"]),
+        s(&j["attempts"])
+    );
+    if sampled_hours > 0.0 {
+        out += &format!(
+            ", {used:.2} used ({:.0}% efficient)",
+            used / sampled_hours * 100.0
+        );
+    }
+    out += "\n\n";
+    out += &columns(
+        &["attempt", "gpus", "model", "gpu-hours", "util"],
+        ledger
+            .iter()
+            .map(|h| {
+                vec![
+                    s(&h["attempt"]),
+                    s(&h["gpus"]),
+                    s(&h["model"]),
+                    format!("{:.2}", f(&h["gpu_hours"])),
+                    h["util_pct"]
+                        .as_f64()
+                        .map_or("-".into(), |u| format!("{u:.1}%")),
+                ]
+            })
+            .collect(),
+    );
+    let tasks: Vec<&Value> = j["tasks"].as_array().into_iter().flatten().collect();
+    if !tasks.is_empty() {
+        out += "\n";
+        out += &columns(
+            &[
+                "task",
+                "node",
+                "gpus",
+                "util now",
+                "util mean",
+                "gpu mem",
+                "peak",
+                "samples",
+            ],
+            tasks
+                .iter()
+                .map(|t| {
+                    let u = &t["usage"];
+                    let dash = |x: String| if u.is_null() { "-".into() } else { x };
+                    vec![
+                        format!("{}/{}", s(&t["group"]), s(&t["index"])),
+                        s(&t["node"]),
+                        s(&t["gpus"]),
+                        dash(format!("{}%", s(&u["gpu_util_pct"]))),
+                        dash(format!("{:.1}%", f(&u["gpu_util_avg_pct"]))),
+                        dash(format!("{} MiB", s(&u["gpu_memory_mib"]))),
+                        dash(format!("{} MiB", s(&u["gpu_memory_peak_mib"]))),
+                        dash(s(&u["samples"])),
+                    ]
+                })
+                .collect(),
+        );
+    }
+    // What a reviewer of GPU use would flag.
+    let mut flags = Vec::new();
+    if sampled_hours > 0.0 && used / sampled_hours < 0.1 {
+        flags.push(format!(
+            "its GPUs sat mostly idle: {:.0}% mean utilisation",
+            used / sampled_hours * 100.0
+        ));
+    }
+    for t in &tasks {
+        let u = &t["usage"];
+        if u["samples"].as_u64().unwrap_or(0) > 0 && f(&u["gpu_memory_peak_mib"]) == 0.0 {
+            flags.push(format!(
+                "task {}/{} never held GPU memory: does it use its GPU?",
+                s(&t["group"]),
+                s(&t["index"])
+            ));
+        }
+    }
+    if sampled_hours == 0.0 && held > 0.0 {
+        flags.push("no GPU samples (emulated GPUs, or the agent could not read them)".into());
+    }
+    for fl in flags {
+        out += &format!("\nnote: {fl}");
+    }
+    out + "\n"
 }

@@ -142,6 +142,26 @@ fn samples_reach_jobs_and_nodes_and_the_watchdog_stops_a_task_past_its_gpu_memor
             .then_some(n)
     });
     assert_eq!(node["gpus_now"].as_array().unwrap().len(), 2, "{node}");
+    // The low-utilisation report lists the shared task at 40%, not the
+    // whole GPU at 90%; `job stats` shows the job's hold and its task.
+    let low = poll("the low-utilisation report", LONG, || {
+        let v = up
+            .api
+            .get("/v1/reports/low-utilization?below_pct=50&for=0s", &up.admin);
+        (v.as_array()?.len() == 1).then_some(v)
+    });
+    assert_eq!(low[0]["id"], half, "{low}");
+    let out = std::process::Command::new(BIN)
+        .args(["job", "stats", &whole.to_string()])
+        .env("GPUFLOW_SERVER", &up.api.url)
+        .env("GPUFLOW_TOKEN", &up.admin)
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stats}");
+    assert!(stats.contains("GPU-hours held"), "{stats}");
+    assert!(stats.contains("40000 MiB"), "{stats}");
+    assert!(stats.contains("90%"), "{stats}");
 
     // The shared task grows past the 10 GiB it claimed: stopped, with the figures.
     up.gpus(&format!(

@@ -140,6 +140,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/reports/low-utilization",
+        "any token (own team; admins all)",
+        "Jobs holding GPUs below a sampled utilisation for a while, by GPU-hours held",
+        None,
+        Some("LowUse[]"),
+    ),
+    r(
+        "get",
         "/v1/prices",
         "any token",
         "The prices of a GPU-hour per model",
@@ -327,6 +335,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::Heartbeat,
         api::Desired,
         api::UsageReport,
+        api::LowUse,
         api::Prices,
         api::ApiError
     );
@@ -442,6 +451,18 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "to",
                 json!({"type": "string", "maxLength": 40}),
                 "as from (default now)",
+            ),
+        ],
+        ("get", "/v1/reports/low-utilization") => vec![
+            q(
+                "below_pct",
+                json!({"type": "number", "minimum": 0, "maximum": 100}),
+                "utilisation below this percentage (default 10)",
+            ),
+            q(
+                "for",
+                json!({"type": "string", "maxLength": 40}),
+                "held at least this long, e.g. 30m or 2h (default 1h)",
             ),
         ],
         ("post", "/v1/jobs") => vec![q(

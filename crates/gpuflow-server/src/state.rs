@@ -314,6 +314,29 @@ impl JobRec {
             kill_at: self.kill_at,
             tasks,
             spec: self.spec.clone(),
+            ledger: self
+                .held
+                .iter()
+                .map(|h| api::Hold {
+                    attempt: h.attempt,
+                    from: h.from,
+                    to: h.to,
+                    gpus: h.gpu_milli as f64 / 1000.0,
+                    model: h.model.clone(),
+                    gpu_hours: h.gpu_s(0, u64::MAX, crate::now()) / 3600.0,
+                    util_pct: h.util_pct.or_else(|| {
+                        // The open hold's utilisation so far.
+                        let u: Vec<f64> = self
+                            .tasks
+                            .iter()
+                            .filter_map(|t| t.usage.as_ref())
+                            .filter(|u| u.samples > 0 && h.to.is_none())
+                            .map(|u| u.gpu_util_avg_pct)
+                            .collect();
+                        (!u.is_empty()).then(|| u.iter().sum::<f64>() / u.len() as f64)
+                    }),
+                })
+                .collect(),
         }
     }
 

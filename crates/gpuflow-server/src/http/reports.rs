@@ -7,6 +7,7 @@ use super::*;
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/reports/usage", get(usage))
+        .route("/v1/reports/low-utilization", get(low_use))
         .route("/v1/prices", get(prices).put(set_prices))
 }
 
@@ -153,4 +154,72 @@ async fn usage(
         currency: prices.currency,
         rows,
     }))
+}
+
+/// Jobs holding GPUs whose sampled utilisation stays below `below_pct`
+/// (default 10) and that have held them for at least `for` (an age, default
+/// 1h): the jobs and notebooks to ask about, by GPU-hours held.
+async fn low_use(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::LowUse>> {
+    for k in q.keys() {
+        if !["below_pct", "for"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: below_pct, for"),
+            )
+            .into());
+        }
+    }
+    let below: f64 = match q.get("below_pct") {
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|b: &f64| (0.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                Error(ApiError::bad_request(
+                    "bad_query",
+                    "below_pct: a percentage from 0 to 100",
+                ))
+            })?,
+        None => 10.0,
+    };
+    let held_for = match q.get("for") {
+        Some(v) => humantime::parse_duration(v)
+            .map_err(|_| {
+                Error(ApiError::bad_request(
+                    "bad_query",
+                    format!("for: {v:?} is not a duration such as 30m or 2h"),
+                ))
+            })?
+            .as_secs(),
+        None => 3600,
+    };
+    let t = now();
+    let world = shared.world.lock().await;
+    let mut out: Vec<api::LowUse> = world
+        .jobs
+        .values()
+        .filter(|j| j.state.allocated() && caller.sees(&j.team))
+        .filter_map(|j| {
+            let view = j.view();
+            let hold = view.ledger.last().filter(|h| h.to.is_none())?;
+            let util = hold.util_pct?;
+            (util < below && t.saturating_sub(hold.from) >= held_for).then(|| api::LowUse {
+                id: j.id,
+                name: j.spec.name.clone(),
+                team: j.team.clone(),
+                user: j.user.clone(),
+                kind: j.spec.kind,
+                gpus: hold.gpus,
+                since: hold.from,
+                util_pct: util,
+                gpu_hours: hold.gpu_hours,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
+    Ok(Json(out))
 }
