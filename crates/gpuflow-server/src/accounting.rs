@@ -163,19 +163,7 @@ pub fn usage(
                 let a = rows.entry((key, p0)).or_default();
                 a.gpu_s += gpu_s;
                 // An open hold's utilisation so far, from its tasks' samples.
-                let util = h.util_pct.or_else(|| {
-                    let u: Vec<f64> = (h.to.is_none())
-                        .then(|| {
-                            j.tasks
-                                .iter()
-                                .filter_map(|t| t.usage.as_ref())
-                                .filter(|u| u.samples > 0)
-                                .map(|u| u.gpu_util_avg_pct)
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    (!u.is_empty()).then(|| u.iter().sum::<f64>() / u.len() as f64)
-                });
+                let util = j.hold_util(h);
                 if let Some(u) = util {
                     a.sampled_s += gpu_s;
                     a.used_s += gpu_s * u / 100.0;

@@ -509,18 +509,10 @@ pub fn stop(j: &mut JobRec, t: u64, after: AfterStop, reason: String) {
 /// Ends the current attempt's hold in the ledger, with its tasks' mean
 /// GPU utilisation.
 fn close_held(j: &mut JobRec, at: u64) {
-    let util: Vec<f64> = j
-        .tasks
-        .iter()
-        .filter_map(|t| t.usage.as_ref())
-        .filter(|u| u.samples > 0)
-        .map(|u| u.gpu_util_avg_pct)
-        .collect();
+    let util = j.tasks_util();
     if let Some(h) = j.held.last_mut().filter(|h| h.to.is_none()) {
         h.to = Some(at.max(h.from));
-        if !util.is_empty() {
-            h.util_pct = Some(util.iter().sum::<f64>() / util.len() as f64);
-        }
+        h.util_pct = util;
     }
 }
 

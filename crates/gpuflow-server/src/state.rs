@@ -324,20 +324,30 @@ impl JobRec {
                     gpus: h.gpu_milli as f64 / 1000.0,
                     model: h.model.clone(),
                     gpu_hours: h.gpu_s(0, u64::MAX, crate::now()) / 3600.0,
-                    util_pct: h.util_pct.or_else(|| {
-                        // The open hold's utilisation so far.
-                        let u: Vec<f64> = self
-                            .tasks
-                            .iter()
-                            .filter_map(|t| t.usage.as_ref())
-                            .filter(|u| u.samples > 0 && h.to.is_none())
-                            .map(|u| u.gpu_util_avg_pct)
-                            .collect();
-                        (!u.is_empty()).then(|| u.iter().sum::<f64>() / u.len() as f64)
-                    }),
+                    util_pct: self.hold_util(h),
                 })
                 .collect(),
         }
+    }
+
+    /// The mean of its current tasks' sampled GPU utilisation, when any
+    /// task was sampled.
+    pub fn tasks_util(&self) -> Option<f64> {
+        let u: Vec<f64> = self
+            .tasks
+            .iter()
+            .filter_map(|t| t.usage.as_ref())
+            .filter(|u| u.samples > 0)
+            .map(|u| u.gpu_util_avg_pct)
+            .collect();
+        (!u.is_empty()).then(|| u.iter().sum::<f64>() / u.len() as f64)
+    }
+
+    /// A hold's utilisation: as recorded when it closed, or, while open,
+    /// its tasks' so far.
+    pub fn hold_util(&self, h: &Held) -> Option<f64> {
+        h.util_pct
+            .or_else(|| h.to.is_none().then(|| self.tasks_util()).flatten())
     }
 
     pub fn task_count(&self) -> u32 {
