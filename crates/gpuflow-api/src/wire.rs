@@ -865,6 +865,29 @@ pub struct LowUse {
     pub gpu_hours: f64,
 }
 
+/// One row of the jobs report: the jobs of a queue or kind submitted in
+/// the range, how long they waited and how they ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobsRow {
+    pub key: String,
+    pub submitted: u32,
+    pub started: u32,
+    /// Seconds from submission to first start, of those that started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_p50_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_p95_s: Option<u64>,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub cancelled: u32,
+    /// Failed over finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_rate: Option<f64>,
+    pub preemptions: u32,
+    /// GPU-hours of work lost to preemptions (since the victims' checkpoints).
+    pub lost_gpu_hours: f64,
+}
+
 /// A usage report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UsageReport {

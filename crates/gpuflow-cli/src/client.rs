@@ -206,6 +206,16 @@ pub enum TokenCmd {
 
 #[derive(Subcommand)]
 pub enum ReportCmd {
+    /// Waits (p50, p95), outcomes, preemptions and lost GPU-hours of the
+    /// jobs submitted in a range, by queue or kind.
+    Jobs {
+        #[arg(long, default_value = "queue")]
+        by: String,
+        #[arg(long, default_value = "30d")]
+        from: String,
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Jobs holding GPUs below a utilisation for a while, by GPU-hours.
     Idle {
         /// Utilisation below this percentage.
@@ -1069,6 +1079,59 @@ pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
             to,
             csv,
         } => (by, period, from, to, csv),
+        ReportCmd::Jobs { by, from, to } => {
+            let mut q = format!("by={by}&from={from}");
+            if let Some(t) = to {
+                q += &format!("&to={t}");
+            }
+            let v = c.call(
+                "GET",
+                &format!("/v1/reports/jobs?{}", q.replace(':', "%3A")),
+                None,
+            )?;
+            let secs = |x: &Value| x.as_u64().map_or("-".into(), |s| format!("{s} s"));
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| {
+                        vec![
+                            s(&r["key"]),
+                            s(&r["submitted"]),
+                            s(&r["started"]),
+                            secs(&r["wait_p50_s"]),
+                            secs(&r["wait_p95_s"]),
+                            s(&r["succeeded"]),
+                            s(&r["failed"]),
+                            s(&r["cancelled"]),
+                            r["failure_rate"]
+                                .as_f64()
+                                .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
+                            s(&r["preemptions"]),
+                            format!("{:.2}", r["lost_gpu_hours"].as_f64().unwrap_or(0.0)),
+                        ]
+                    })
+                    .collect();
+                columns(
+                    &[
+                        by.as_str(),
+                        "submitted",
+                        "started",
+                        "wait p50",
+                        "wait p95",
+                        "succeeded",
+                        "failed",
+                        "cancelled",
+                        "failure rate",
+                        "preemptions",
+                        "lost gpu-h",
+                    ],
+                    rows,
+                )
+            });
+            return Ok(());
+        }
         ReportCmd::Idle { below, held_for } => {
             let v = c.call(
                 "GET",

@@ -187,6 +187,65 @@ pub fn usage(
         .collect()
 }
 
+/// The jobs report: the jobs submitted in `[from, to)`, by queue or kind
+/// (`by`: anything else is the queue): waits (p50, p95 by nearest rank),
+/// outcomes, preemptions and the work they lost.
+pub fn job_rows(jobs: &[JobRec], by_kind: bool, (from, to): (u64, u64)) -> Vec<api::JobsRow> {
+    let mut rows: BTreeMap<String, (api::JobsRow, Vec<u64>)> = BTreeMap::new();
+    for j in jobs.iter().filter(|j| (from..to).contains(&j.submitted_at)) {
+        let key = if by_kind {
+            format!("{:?}", j.spec.kind).to_lowercase()
+        } else {
+            j.spec.queue.clone()
+        };
+        let (r, waits) = rows.entry(key.clone()).or_insert_with(|| {
+            (
+                api::JobsRow {
+                    key,
+                    submitted: 0,
+                    started: 0,
+                    wait_p50_s: None,
+                    wait_p95_s: None,
+                    succeeded: 0,
+                    failed: 0,
+                    cancelled: 0,
+                    failure_rate: None,
+                    preemptions: 0,
+                    lost_gpu_hours: 0.0,
+                },
+                Vec::new(),
+            )
+        });
+        r.submitted += 1;
+        if let Some(s) = j.started_at {
+            r.started += 1;
+            waits.push(s.saturating_sub(j.submitted_at));
+        }
+        match j.state {
+            api::JobState::Succeeded => r.succeeded += 1,
+            api::JobState::Failed => r.failed += 1,
+            api::JobState::Cancelled => r.cancelled += 1,
+            _ => {}
+        }
+        r.preemptions += j.preemptions;
+        r.lost_gpu_hours += j.lost_gpu_hours;
+    }
+    rows.into_values()
+        .map(|(mut r, mut waits)| {
+            waits.sort_unstable();
+            let rank = |p: f64| {
+                let n = waits.len();
+                (n > 0).then(|| waits[((n as f64 * p).ceil() as usize).clamp(1, n) - 1])
+            };
+            r.wait_p50_s = rank(0.50);
+            r.wait_p95_s = rank(0.95);
+            let finished = r.succeeded + r.failed + r.cancelled;
+            r.failure_rate = (finished > 0).then(|| f64::from(r.failed) / f64::from(finished));
+            r
+        })
+        .collect()
+}
+
 /// The start of `period` holding `t` (UTC; weeks start on Monday).
 pub fn period_start(period: api::BudgetPeriod, t: u64) -> u64 {
     let day = t / 86_400;
@@ -301,6 +360,41 @@ pub async fn budget_loop(shared: std::sync::Arc<crate::Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jobs_report_counts_waits_outcomes_and_preemptions_per_queue() {
+        let spec = api::JobSpec::parse(
+            b"name: j\nqueue: q\ntasks:\n  - name: main\n    command: [x]\n",
+            false,
+        )
+        .unwrap();
+        let job = |id: u64, submitted: u64, wait: Option<u64>, state: api::JobState| {
+            let mut j = crate::lifecycle::submitted(id, spec.clone(), "t", "u", None, submitted);
+            j.started_at = wait.map(|w| submitted + w);
+            j.state = state;
+            j
+        };
+        let mut preempted = job(3, 100, Some(30), api::JobState::Running);
+        preempted.preemptions = 2;
+        preempted.lost_gpu_hours = 1.5;
+        let jobs = vec![
+            job(1, 100, Some(10), api::JobState::Succeeded),
+            job(2, 100, Some(20), api::JobState::Failed),
+            preempted,
+            job(4, 100, None, api::JobState::Pending),
+            // Submitted outside the range: left out.
+            job(5, 5000, Some(1), api::JobState::Succeeded),
+        ];
+        let rows = job_rows(&jobs, false, (0, 1000));
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!((r.key.as_str(), r.submitted, r.started), ("q", 4, 3));
+        assert_eq!((r.wait_p50_s, r.wait_p95_s), (Some(20), Some(30)));
+        assert_eq!((r.succeeded, r.failed, r.cancelled), (1, 1, 0));
+        assert_eq!(r.failure_rate, Some(0.5));
+        assert_eq!((r.preemptions, r.lost_gpu_hours), (2, 1.5));
+        assert_eq!(job_rows(&jobs, true, (0, 1000))[0].key, "training");
+    }
 
     #[test]
     fn calendar_months_are_split_where_they_begin() {

@@ -58,6 +58,7 @@ pub fn submitted(
         logs: Default::default(),
         idle_warned_at: None,
         held: vec![],
+        lost_gpu_hours: 0.0,
     }
 }
 
@@ -92,6 +93,7 @@ pub fn preempt(j: &mut JobRec, by: u64, why: &str, kill_at: u64, lost_gpu_hours:
     j.kill_at = Some(kill_at);
     j.after_stop = Some(AfterStop::Requeue);
     j.preemptions += 1;
+    j.lost_gpu_hours += lost_gpu_hours;
     j.reason = format!(
         "preempted by job {by}: {why}; signalled now, killed at {kill_at} ({lost_gpu_hours:.2} GPU-hours since the last checkpoint)"
     );

@@ -148,6 +148,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/reports/jobs",
+        "any token (own team; admins all)",
+        "Waits (p50, p95), outcomes, preemptions and the GPU-hours they lost, of the jobs submitted in a range, by queue or kind",
+        None,
+        Some("JobsRow[]"),
+    ),
+    r(
+        "get",
         "/v1/prices",
         "any token",
         "The prices of a GPU-hour per model",
@@ -336,6 +344,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::Desired,
         api::UsageReport,
         api::LowUse,
+        api::JobsRow,
         api::Prices,
         api::ApiError
     );
@@ -446,6 +455,23 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "from",
                 json!({"type": "string", "maxLength": 40}),
                 "Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)",
+            ),
+            q(
+                "to",
+                json!({"type": "string", "maxLength": 40}),
+                "as from (default now)",
+            ),
+        ],
+        ("get", "/v1/reports/jobs") => vec![
+            q(
+                "by",
+                json!({"type": "string", "enum": ["queue", "kind"]}),
+                "what rows are keyed by (default queue)",
+            ),
+            q(
+                "from",
+                json!({"type": "string", "maxLength": 40}),
+                "submitted from: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)",
             ),
             q(
                 "to",

@@ -221,9 +221,17 @@ pub struct JobRec {
     /// text (the last [`LOG_ATTEMPTS`] attempts; records of older versions
     /// hold `group/index` keys, read as the latest attempt's).
     pub logs: BTreeMap<String, String>,
+    /// GPU-hours of work lost to preemptions (since each victim's last
+    /// checkpoint), summed over its preemptions.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_gpu_hours: f64,
     /// What each attempt held, for accounting (the ledger).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<Held>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// One attempt's hold on GPUs, for accounting: how much it held (in

@@ -317,6 +317,33 @@ async fn reconcile(store: Option<String>) {
         assert_eq!(w.jobs[&b].held[0].gpu_milli, 500, "half a GPU");
         assert_eq!(w.jobs[&c].held[0].gpu_milli, 2000);
     }
+    // The jobs report: a, b, c submitted and started, b failed once (its
+    // retry runs), nothing preempted.
+    let rows = s
+        .ok(
+            "GET",
+            "/v1/reports/jobs?by=queue&from=1d",
+            &admin,
+            Value::Null,
+        )
+        .await;
+    let alpha = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "alpha-q")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (alpha["submitted"].as_u64(), alpha["started"].as_u64()),
+        (Some(2), Some(2)),
+        "{rows}"
+    );
+    assert!(alpha["wait_p95_s"].as_u64().is_some(), "{alpha}");
+    let (st, v, _) = s
+        .call("GET", "/v1/reports/jobs?by=color", &admin, None)
+        .await;
+    assert_eq!(st, 400, "{v}");
     // A member sees their own team only.
     let mine = s.report(&ana, "team").await;
     assert_eq!(mine.len(), 1, "{mine:?}");

@@ -8,6 +8,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/reports/usage", get(usage))
         .route("/v1/reports/low-utilization", get(low_use))
+        .route("/v1/reports/jobs", get(jobs_report))
         .route("/v1/prices", get(prices).put(set_prices))
 }
 
@@ -71,6 +72,86 @@ fn when(k: &str, v: &str, now: u64) -> Result<u64, Error> {
         })
 }
 
+/// Every job ever submitted: the store's, with the ones in memory newer.
+async fn all_jobs(shared: &Shared) -> Result<Vec<JobRec>, Error> {
+    let stored = shared
+        .store
+        .load(gpuflow_store::Table::Jobs)
+        .await
+        .map_err(crate::ServerError::from)?;
+    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
+    for r in &stored {
+        let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| {
+            Error::from(crate::ServerError::Corrupt {
+                what: format!("job {}", r.key),
+                message: e.to_string(),
+            })
+        })?;
+        jobs.insert(j.id, j);
+    }
+    let world = shared.world.lock().await;
+    for j in world.jobs.values() {
+        jobs.insert(j.id, j.clone());
+    }
+    Ok(jobs.into_values().collect())
+}
+
+/// The `from` and `to` of a report's query (default: the last 30 days).
+fn range(q: &BTreeMap<String, String>, t: u64) -> Result<(u64, u64), Error> {
+    let from = match q.get("from") {
+        Some(v) => when("from", v, t)?,
+        None => t.saturating_sub(30 * 86_400),
+    };
+    let to = match q.get("to") {
+        Some(v) => when("to", v, t)?,
+        None => t,
+    };
+    if from >= to {
+        return Err(ApiError::bad_request("bad_query", "from: must be before to").into());
+    }
+    Ok((from, to))
+}
+
+/// Waits, outcomes and preemptions of the jobs submitted in a range, by
+/// queue or kind.
+async fn jobs_report(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::JobsRow>> {
+    for k in q.keys() {
+        if !["by", "from", "to"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: by, from, to"),
+            )
+            .into());
+        }
+    }
+    let by_kind = match q.get("by").map(String::as_str) {
+        None | Some("queue") => false,
+        Some("kind") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("by: {other:?}; allowed: queue, kind"),
+            )
+            .into());
+        }
+    };
+    let (from, to) = range(&q, now())?;
+    let mine: Vec<JobRec> = all_jobs(&shared)
+        .await?
+        .into_iter()
+        .filter(|j| caller.sees(&j.team))
+        .collect();
+    Ok(Json(crate::accounting::job_rows(
+        &mine,
+        by_kind,
+        (from, to),
+    )))
+}
+
 async fn usage(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
@@ -102,42 +183,14 @@ async fn usage(
         ))
     })?;
     let t = now();
-    let from = match q.get("from") {
-        Some(v) => when("from", v, t)?,
-        None => t.saturating_sub(30 * 86_400),
-    };
-    let to = match q.get("to") {
-        Some(v) => when("to", v, t)?,
-        None => t,
-    };
-    if from >= to {
-        return Err(ApiError::bad_request("bad_query", "from: must be before to").into());
-    }
-    // Every job ever submitted: the store's, with the ones in memory newer.
-    let stored = shared
-        .store
-        .load(gpuflow_store::Table::Jobs)
-        .await
-        .map_err(crate::ServerError::from)?;
-    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
-    for r in &stored {
-        let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| {
-            Error::from(crate::ServerError::Corrupt {
-                what: format!("job {}", r.key),
-                message: e.to_string(),
-            })
-        })?;
-        jobs.insert(j.id, j);
-    }
+    let (from, to) = range(&q, t)?;
     let (projects, prices) = {
         let world = shared.world.lock().await;
-        for j in world.jobs.values() {
-            jobs.insert(j.id, j.clone());
-        }
         (world.projects.clone(), world.prices.clone())
     };
-    let mine: Vec<JobRec> = jobs
-        .into_values()
+    let mine: Vec<JobRec> = all_jobs(&shared)
+        .await?
+        .into_iter()
         .filter(|j| caller.sees(&j.team))
         .filter(|j| {
             j.held
