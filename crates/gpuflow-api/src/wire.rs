@@ -888,6 +888,24 @@ pub struct JobsRow {
     pub lost_gpu_hours: f64,
 }
 
+/// A job whose measured use would fit a cheaper GPU (the advice report).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Advice {
+    pub id: u64,
+    pub name: String,
+    pub team: String,
+    pub model: String,
+    /// The most GPU memory a task of it held (MiB).
+    pub peak_gpu_memory_mib: u64,
+    /// Its GPUs' mean sampled utilisation.
+    pub util_pct: f64,
+    /// A cheaper model, or a MIG profile of its model (`H100-80GB-HBM3 MIG 2g.20gb`).
+    pub instead: String,
+    /// What the change would save in a 30-day month at its use in the range.
+    pub saving_per_month: f64,
+    pub currency: String,
+}
+
 /// A usage report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UsageReport {

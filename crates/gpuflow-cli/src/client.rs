@@ -216,6 +216,12 @@ pub enum ReportCmd {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Jobs whose measured GPU memory and utilisation would fit a cheaper
+    /// model or a MIG slice, with the saving per month at the set prices.
+    Advice {
+        #[arg(long, default_value = "30d")]
+        from: String,
+    },
     /// Jobs holding GPUs below a utilisation for a while, by GPU-hours.
     Idle {
         /// Utilisation below this percentage.
@@ -1079,6 +1085,52 @@ pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
             to,
             csv,
         } => (by, period, from, to, csv),
+        ReportCmd::Advice { from } => {
+            let v = c.call(
+                "GET",
+                &format!("/v1/reports/advice?from={}", from.replace(':', "%3A")),
+                None,
+            )?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| {
+                        vec![
+                            s(&a["id"]),
+                            s(&a["name"]),
+                            s(&a["team"]),
+                            s(&a["model"]),
+                            format!("{} MiB", s(&a["peak_gpu_memory_mib"])),
+                            format!("{:.0}%", a["util_pct"].as_f64().unwrap_or(0.0)),
+                            s(&a["instead"]),
+                            format!(
+                                "{:.2} {}",
+                                a["saving_per_month"].as_f64().unwrap_or(0.0),
+                                s(&a["currency"])
+                            )
+                            .trim()
+                            .to_string(),
+                        ]
+                    })
+                    .collect();
+                columns(
+                    &[
+                        "id",
+                        "name",
+                        "team",
+                        "model",
+                        "peak gpu mem",
+                        "util",
+                        "instead",
+                        "saving/month",
+                    ],
+                    rows,
+                )
+            });
+            return Ok(());
+        }
         ReportCmd::Jobs { by, from, to } => {
             let mut q = format!("by={by}&from={from}");
             if let Some(t) = to {

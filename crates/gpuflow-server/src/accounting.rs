@@ -246,6 +246,103 @@ pub fn job_rows(jobs: &[JobRec], by_kind: bool, (from, to): (u64, u64)) -> Vec<a
         .collect()
 }
 
+/// Memory a job must have to spare over its measured peak before a
+/// smaller GPU is advised.
+const HEADROOM: f64 = 1.25;
+
+/// Below this mean utilisation a MIG slice is advised rather than a whole GPU.
+const MIG_BELOW_PCT: f64 = 40.0;
+
+/// What the cluster offers: each model's memory, and the MIG profiles
+/// (profile, memory, slices) seen on GPUs of each model.
+pub struct Offer {
+    pub models: BTreeMap<String, u64>,
+    pub mig: BTreeMap<String, Vec<(String, u64, u32)>>,
+}
+
+/// Jobs of `jobs` whose measured GPU memory and utilisation would fit a
+/// cheaper model, or a MIG slice of theirs, with the saving in a 30-day
+/// month at the GPU-hours they held in `[from, to)`. Jobs without
+/// samples, shared GPUs and MIG jobs are left out; prices decide what is
+/// cheaper, so nothing is advised without them.
+pub fn advice(
+    jobs: &[JobRec],
+    offer: &Offer,
+    prices: &api::Prices,
+    (from, to): (u64, u64),
+    now: u64,
+) -> Vec<api::Advice> {
+    let month = 30.0 * 86_400.0 / (to - from) as f64;
+    let mut out = Vec::new();
+    for j in jobs {
+        // Whole GPUs only: what it holds is what it could hold less of.
+        let whole = j.spec.tasks.iter().all(|g| {
+            g.resources
+                .gpu
+                .as_ref()
+                .is_none_or(|s| s.mode == api::GpuMode::Whole)
+        });
+        let peak = j
+            .tasks
+            .iter()
+            .filter_map(|t| t.usage.as_ref())
+            .filter(|u| u.samples > 0)
+            .map(|u| u.gpu_memory_peak_mib)
+            .max();
+        let (Some(peak), Some(h), true) = (peak, j.held.last(), whole) else {
+            continue;
+        };
+        let Some(util) = j.hold_util(h) else {
+            continue;
+        };
+        let gpu_hours: f64 = j.held.iter().map(|h| h.gpu_s(from, to, now)).sum::<f64>() / 3600.0;
+        let price = gpu_price(prices, &h.model);
+        if gpu_hours <= 0.0 || price <= 0.0 {
+            continue;
+        }
+        let need = (peak as f64 * HEADROOM).ceil() as u64;
+        // The cheapest model with room for it.
+        let cheaper = offer
+            .models
+            .iter()
+            .filter(|(m, mem)| **m != h.model && **mem >= need)
+            .map(|(m, _)| (m.clone(), gpu_price(prices, m)))
+            .filter(|(_, p)| *p < price)
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        // A MIG slice of its own model, when it uses little of the GPU.
+        let slice = (util < MIG_BELOW_PCT)
+            .then(|| {
+                offer
+                    .mig
+                    .get(&h.model)?
+                    .iter()
+                    .filter(|(_, mem, _)| *mem >= need)
+                    .min_by_key(|(_, _, s)| *s)
+                    .map(|(p, _, s)| (format!("{} MIG {p}", h.model), price * f64::from(*s) / 7.0))
+            })
+            .flatten();
+        let best = [cheaper, slice]
+            .into_iter()
+            .flatten()
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((instead, p)) = best {
+            out.push(api::Advice {
+                id: j.id,
+                name: j.spec.name.clone(),
+                team: j.team.clone(),
+                model: h.model.clone(),
+                peak_gpu_memory_mib: peak,
+                util_pct: util,
+                instead,
+                saving_per_month: (price - p) * gpu_hours * month,
+                currency: prices.currency.clone(),
+            });
+        }
+    }
+    out.sort_by(|a, b| b.saving_per_month.total_cmp(&a.saving_per_month));
+    out
+}
+
 /// The start of `period` holding `t` (UTC; weeks start on Monday).
 pub fn period_start(period: api::BudgetPeriod, t: u64) -> u64 {
     let day = t / 86_400;
@@ -394,6 +491,73 @@ mod tests {
         assert_eq!(r.failure_rate, Some(0.5));
         assert_eq!((r.preemptions, r.lost_gpu_hours), (2, 1.5));
         assert_eq!(job_rows(&jobs, true, (0, 1000))[0].key, "training");
+    }
+
+    #[test]
+    fn advice_picks_the_cheapest_gpu_or_mig_slice_the_measured_use_fits() {
+        let spec = api::JobSpec::parse(
+            b"name: j\nqueue: q\ntasks:\n  - name: main\n    command: [x]\n    resources: {gpu: {count: 1}}\n",
+            false,
+        )
+        .unwrap();
+        let job = |id: u64, peak: u64, util: f64| {
+            let mut j = crate::lifecycle::submitted(id, spec.clone(), "t", "u", None, 0);
+            j.held.push(crate::state::Held {
+                attempt: 1,
+                from: 0,
+                to: Some(3600),
+                gpu_milli: 1000,
+                model: "H100".into(),
+                util_pct: Some(util),
+            });
+            j.tasks.push(crate::state::TaskState {
+                group: 0,
+                index: 0,
+                phase: api::TaskPhase::Exited,
+                exit_code: Some(0),
+                message: String::new(),
+                usage: Some(api::TaskUsage {
+                    samples: 10,
+                    gpu_memory_peak_mib: peak,
+                    gpu_util_avg_pct: util,
+                    ..Default::default()
+                }),
+            });
+            j
+        };
+        let offer = Offer {
+            models: [("H100".to_string(), 81_920), ("A10".to_string(), 24_576)].into(),
+            mig: [(
+                "H100".to_string(),
+                vec![
+                    ("1g.10gb".to_string(), 10_240, 1),
+                    ("3g.40gb".to_string(), 40_960, 3),
+                ],
+            )]
+            .into(),
+        };
+        let prices = api::Prices {
+            currency: "EUR".into(),
+            gpu_hour: [("H100".to_string(), 3.5), ("A10".to_string(), 1.0)].into(),
+        };
+        let jobs = vec![
+            job(1, 8_000, 15.0),  // a 1g slice (0.5/h) beats the A10 (1/h)
+            job(2, 18_000, 80.0), // busy: the A10 fits its memory
+            job(3, 30_000, 10.0), // the 3g slice (1.5/h); the A10 is too small
+            job(4, 70_000, 90.0), // nothing smaller fits
+        ];
+        // One hour held in a 30-day range: the saving is per month at that use.
+        let a = advice(&jobs, &offer, &prices, (0, 30 * 86_400), 3600);
+        let by: BTreeMap<u64, &api::Advice> = a.iter().map(|x| (x.id, x)).collect();
+        assert_eq!(by.len(), 3, "{a:?}");
+        assert_eq!(by[&1].instead, "H100 MIG 1g.10gb");
+        assert!((by[&1].saving_per_month - 3.0).abs() < 1e-9, "{a:?}");
+        assert_eq!(by[&2].instead, "A10");
+        assert!((by[&2].saving_per_month - 2.5).abs() < 1e-9);
+        assert_eq!(by[&3].instead, "H100 MIG 3g.40gb");
+        assert!((by[&3].saving_per_month - 2.0).abs() < 1e-9);
+        assert!(!by.contains_key(&4));
+        assert_eq!(a[0].id, 1, "largest saving first");
     }
 
     #[test]

@@ -156,6 +156,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/reports/advice",
+        "any token (own team; admins all)",
+        "Jobs whose measured GPU memory and utilisation would fit a cheaper GPU model or a MIG slice, with the saving per month at the configured prices",
+        None,
+        Some("Advice[]"),
+    ),
+    r(
+        "get",
         "/v1/prices",
         "any token",
         "The prices of a GPU-hour per model",
@@ -345,6 +353,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::UsageReport,
         api::LowUse,
         api::JobsRow,
+        api::Advice,
         api::Prices,
         api::ApiError
     );
@@ -472,6 +481,18 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "from",
                 json!({"type": "string", "maxLength": 40}),
                 "submitted from: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)",
+            ),
+            q(
+                "to",
+                json!({"type": "string", "maxLength": 40}),
+                "as from (default now)",
+            ),
+        ],
+        ("get", "/v1/reports/advice") => vec![
+            q(
+                "from",
+                json!({"type": "string", "maxLength": 40}),
+                "use measured from: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)",
             ),
             q(
                 "to",

@@ -9,6 +9,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/reports/usage", get(usage))
         .route("/v1/reports/low-utilization", get(low_use))
         .route("/v1/reports/jobs", get(jobs_report))
+        .route("/v1/reports/advice", get(advice))
         .route("/v1/prices", get(prices).put(set_prices))
 }
 
@@ -275,4 +276,55 @@ async fn low_use(
         .collect();
     out.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
     Ok(Json(out))
+}
+
+/// Jobs that would fit a cheaper GPU model or a MIG slice, by saving.
+async fn advice(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::Advice>> {
+    for k in q.keys() {
+        if !["from", "to"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: from, to"),
+            )
+            .into());
+        }
+    }
+    let t = now();
+    let range = range(&q, t)?;
+    let (offer, prices) = {
+        let world = shared.world.lock().await;
+        let mut offer = crate::accounting::Offer {
+            models: BTreeMap::new(),
+            mig: BTreeMap::new(),
+        };
+        for n in world.nodes.values() {
+            for g in &n.inventory.gpus {
+                offer.models.entry(g.model.clone()).or_insert(g.memory_mib);
+                for m in &g.mig {
+                    let slices = m
+                        .profile
+                        .split_once('g')
+                        .and_then(|(n, _)| n.parse().ok())
+                        .unwrap_or(7);
+                    let list = offer.mig.entry(g.model.clone()).or_default();
+                    if !list.iter().any(|(p, _, _)| p == &m.profile) {
+                        list.push((m.profile.clone(), m.memory_mib, slices));
+                    }
+                }
+            }
+        }
+        (offer, world.prices.clone())
+    };
+    let mine: Vec<JobRec> = all_jobs(&shared)
+        .await?
+        .into_iter()
+        .filter(|j| caller.sees(&j.team))
+        .collect();
+    Ok(Json(crate::accounting::advice(
+        &mine, &offer, &prices, range, t,
+    )))
 }
