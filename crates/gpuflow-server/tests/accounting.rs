@@ -344,6 +344,11 @@ async fn reconcile(store: Option<String>) {
         .call("GET", "/v1/reports/jobs?by=color", &admin, None)
         .await;
     assert_eq!(st, 400, "{v}");
+    // No GPU was sampled here: no advice is made up.
+    let advice = s
+        .ok("GET", "/v1/reports/advice?from=1d", &admin, Value::Null)
+        .await;
+    assert_eq!(advice, json!([]), "{advice}");
     // A member sees their own team only.
     let mine = s.report(&ana, "team").await;
     assert_eq!(mine.len(), 1, "{mine:?}");
