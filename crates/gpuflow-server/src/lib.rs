@@ -80,7 +80,10 @@ pub struct Config {
 /// `schedule()` (and each probe of the search for the job that made it
 /// fail); a panic in it is taken for the core's.
 #[derive(Clone)]
-pub struct Fault(pub Arc<dyn Fn(&[u64]) + Send + Sync>);
+pub struct Fault(pub Arc<FaultFn>);
+
+/// What a [`Fault`] calls: it panics to fail the cycle.
+pub type FaultFn = dyn Fn(&[u64]) + Send + Sync;
 
 impl std::fmt::Debug for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -288,7 +288,10 @@ async fn reconcile(store: Option<String>) {
                 .iter()
                 .find(|r| r["key"] == "CC-42")
                 .expect("the project's cost centre");
-            let job_a = by_job.iter().find(|r| r["key"] == a.to_string()).unwrap();
+            let job_a = by_job
+                .iter()
+                .find(|r| r["key"].as_str() == Some(&a.to_string()))
+                .unwrap();
             assert!(
                 (cc["gpu_hours"].as_f64().unwrap() - job_a["gpu_hours"].as_f64().unwrap()).abs()
                     <= 2.0 / 3600.0
@@ -434,14 +437,13 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     }
     let value = |name: &str, label: (&str, &str)| -> Option<f64> {
         scrape.samples.iter().find_map(|smp| {
-            (smp.metric == name && smp.labels.get(label.0) == Some(label.1)).then(|| {
-                match smp.value {
-                    prometheus_parse::Value::Gauge(v)
-                    | prometheus_parse::Value::Counter(v)
-                    | prometheus_parse::Value::Untyped(v) => v,
-                    _ => f64::NAN,
-                }
-            })
+            let v = match smp.value {
+                prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            };
+            (smp.metric == name && smp.labels.get(label.0) == Some(label.1)).then_some(v)
         })
     };
     assert_eq!(

@@ -16,6 +16,9 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 /// Bounds of the wait-time histogram, in seconds.
 const WAIT_BUCKETS: [u64; 9] = [1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 86_400];
 
+/// One reading of a GPU's sample, if it has it.
+type Reading = fn(&api::GpuSample) -> Option<f64>;
+
 /// A label value, escaped as the text format wants.
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -239,7 +242,7 @@ async fn metrics(
     }
 
     // Per GPU, as dcgm-exporter names them.
-    let dcgm: [(&str, &str, fn(&api::GpuSample) -> Option<f64>); 4] = [
+    let dcgm: [(&str, &str, Reading); 4] = [
         ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |s| {
             Some(f64::from(s.util_pct))
         }),
