@@ -112,6 +112,7 @@ pub async fn run_once_with(
     let Some(taken) = taken else {
         return Ok(());
     };
+    let took = started.elapsed();
     // Phase 2.
     let computed = match tokio::task::spawn_blocking(move || taken.compute()).await {
         Ok(c) => c,
@@ -125,11 +126,20 @@ pub async fn run_once_with(
         }
         Err(e) => return Err(crate::ServerError::Cycle(e.to_string())),
     };
+    let computing = started.elapsed() - took;
     meanwhile().await;
     // Phase 3.
+    let applying = Instant::now();
     let mut world = shared.world.lock().await;
     let out = computed.apply(&world, t);
     commit(shared.store.as_ref(), &mut world, out.change).await?;
+    let stats = &mut world.stats;
+    stats.cycle_take.observe(took.as_secs_f64());
+    stats.cycle_compute.observe(computing.as_secs_f64());
+    stats.cycle_apply.observe(applying.elapsed().as_secs_f64());
+    stats.admissions += out.admitted as u64;
+    stats.preemptions += out.preempted as u64;
+    stats.lost_gpu_hours += out.lost_gpu_hours;
     world.history = out.history;
     if out.history_saved {
         world.history_saved_at = t;
@@ -400,6 +410,8 @@ struct Applied {
     pending: usize,
     admitted: usize,
     preempted: usize,
+    /// GPU-hours the preemptions lose (since the victims' checkpoints).
+    lost_gpu_hours: f64,
     /// Decisions dropped because what they were made on changed meanwhile.
     stale: usize,
     running: usize,
@@ -448,6 +460,7 @@ impl Computed {
                 pending: 0,
                 admitted: 0,
                 preempted: 0,
+                lost_gpu_hours: 0.0,
                 stale,
                 running: taken.snap.running.len(),
             };
@@ -515,6 +528,7 @@ impl Computed {
             admitted += 1;
         }
         let mut preempted = 0;
+        let mut lost_gpu_hours = 0.0;
         for p in &plan.preempted {
             let Some(mut j) = same(p.victim.0).filter(|j| j.state != JobState::Stopping) else {
                 stale += 1;
@@ -530,6 +544,7 @@ impl Computed {
             change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
             change.job(j);
             preempted += 1;
+            lost_gpu_hours += p.lost_gpu_hours;
         }
         let unreached = plan
             .pending
@@ -586,6 +601,7 @@ impl Computed {
             pending: taken.pending,
             admitted,
             preempted,
+            lost_gpu_hours,
             stale,
             running: taken.snap.running.len(),
         }

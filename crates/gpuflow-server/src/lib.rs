@@ -209,7 +209,9 @@ pub async fn commit(
     } = change;
     batch.put.extend(jobs.values().map(JobRec::record));
     batch.put.extend(nodes.values().map(NodeRec::record));
+    let started = std::time::Instant::now();
     store.commit(&batch).await?;
+    world.stats.commit.observe(started.elapsed().as_secs_f64());
     for (id, j) in jobs {
         world.why.remove(&id);
         world.put_job(j);

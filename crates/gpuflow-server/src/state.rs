@@ -516,6 +516,46 @@ pub struct World {
     /// Each budgeted queue's GPU-hours in its current period, as last
     /// counted from the ledger: (period start, hours).
     pub budget_used: BTreeMap<String, (u64, f64)>,
+    /// What `/metrics` counts since the server started (memory only).
+    pub stats: Stats,
+}
+
+/// Bounds of the duration histograms, in seconds.
+pub const SECONDS_BUCKETS: [f64; 11] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A histogram of durations in seconds (Prometheus's, cumulative on output).
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    /// Observations at or below each bound of [`SECONDS_BUCKETS`].
+    pub counts: [u64; 11],
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        for (i, b) in SECONDS_BUCKETS.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// Counters and timings since the server started.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub cycle_take: Histogram,
+    pub cycle_compute: Histogram,
+    pub cycle_apply: Histogram,
+    pub commit: Histogram,
+    pub admissions: u64,
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
 }
 
 /// The core's `History` keyed by queue names, so it survives restarts and

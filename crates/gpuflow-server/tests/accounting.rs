@@ -467,6 +467,22 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
         value("DCGM_FI_DEV_POWER_USAGE", ("Hostname", "n1")),
         Some(250.5)
     );
+    // The cycle's phases, the commits and the admissions are counted.
+    let count = |line: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line} in {text}"))
+    };
+    for phase in ["take", "compute", "apply"] {
+        assert!(
+            count(&format!(
+                "gpuflow_scheduler_cycle_phase_seconds_count{{phase=\"{phase}\"}}"
+            )) >= 1.0
+        );
+    }
+    assert!(count("gpuflow_store_commit_seconds_count{store=\"all\"}") >= 1.0);
+    assert_eq!(count("gpuflow_scheduler_admissions_total"), 1.0);
     assert!(
         scrape
             .samples

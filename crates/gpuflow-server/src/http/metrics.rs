@@ -34,6 +34,17 @@ impl Out {
         let _ = writeln!(self.0, "# TYPE {name} {kind}");
     }
 
+    /// A histogram's `_bucket`, `_sum` and `_count` lines.
+    fn histogram(&mut self, name: &str, label: (&str, &str), h: &crate::state::Histogram) {
+        let bucket = format!("{name}_bucket");
+        for (b, n) in crate::state::SECONDS_BUCKETS.iter().zip(h.counts) {
+            self.line(&bucket, &[label, ("le", &b.to_string())], n as f64);
+        }
+        self.line(&bucket, &[label, ("le", "+Inf")], h.count as f64);
+        self.line(&format!("{name}_sum"), &[label], h.sum);
+        self.line(&format!("{name}_count"), &[label], h.count as f64);
+    }
+
     fn line(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
         let l: Vec<String> = labels
             .iter()
@@ -228,6 +239,45 @@ async fn metrics(
             .cycle_failures
             .load(std::sync::atomic::Ordering::Relaxed) as f64,
     );
+    let st = &world.stats;
+    o.head(
+        "gpuflow_scheduler_cycle_phase_seconds",
+        "histogram",
+        "Each phase of the scheduling cycles since the server started: take (the snapshot, under the state lock), compute (schedule(), off the lock), apply (re-check and commit).",
+    );
+    for (phase, h) in [
+        ("take", &st.cycle_take),
+        ("compute", &st.cycle_compute),
+        ("apply", &st.cycle_apply),
+    ] {
+        o.histogram("gpuflow_scheduler_cycle_phase_seconds", ("phase", phase), h);
+    }
+    o.head(
+        "gpuflow_store_commit_seconds",
+        "histogram",
+        "Store commits (one transaction each) since the server started.",
+    );
+    o.histogram("gpuflow_store_commit_seconds", ("store", "all"), &st.commit);
+    for (name, help, v) in [
+        (
+            "gpuflow_scheduler_admissions_total",
+            "Jobs admitted since the server started.",
+            st.admissions as f64,
+        ),
+        (
+            "gpuflow_scheduler_preemptions_total",
+            "Jobs preempted since the server started.",
+            st.preemptions as f64,
+        ),
+        (
+            "gpuflow_scheduler_lost_gpu_hours_total",
+            "GPU-hours of work the preemptions lost (since the victims' checkpoints).",
+            st.lost_gpu_hours,
+        ),
+    ] {
+        o.head(name, "counter", help);
+        o.line(name, &[], v);
+    }
     o.head(
         "gpuflow_node_heartbeat_age_seconds",
         "gauge",
