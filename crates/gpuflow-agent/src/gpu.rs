@@ -303,6 +303,15 @@ impl Gpus {
         }
     }
 
+    /// The inventory as [`Gpus::list`] last read it (for a sample, which
+    /// needs only each GPU's index and UUID, without reading it all again).
+    pub fn last_listed(&self) -> Vec<GpuInfo> {
+        match &self.nvml {
+            Some(_) => self.last.lock().expect("not poisoned").clone(),
+            None => self.list(),
+        }
+    }
+
     /// Each GPU's state now, and the compute processes on them (none for
     /// emulated GPUs).
     pub fn sample(&self) -> (Vec<GpuSample>, Vec<GpuProcess>) {

@@ -444,7 +444,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             if last_sample.elapsed() >= cfg.sample_interval {
                 last_sample = Instant::now();
                 let (s, procs) = gpus.sample();
-                telemetry::account(&mut tasks, &gpus.list(), &s, &procs, unix_now());
+                telemetry::account(&mut tasks, &gpus.last_listed(), &s, &procs, unix_now());
                 samples = s;
             }
             let mut ended = false;

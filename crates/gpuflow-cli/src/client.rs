@@ -1075,204 +1075,178 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A report's table: its columns and how one row of the answer reads.
+struct Report {
+    path: &'static str,
+    query: Vec<(&'static str, String)>,
+    /// Where the rows are in the answer (`None`: the answer is the rows).
+    rows_at: Option<&'static str>,
+    head: Vec<String>,
+    row: fn(&Value) -> Vec<String>,
+}
+
+fn num(v: &Value, digits: usize) -> String {
+    format!("{:.*}", digits, v.as_f64().unwrap_or(0.0))
+}
+
+fn pct(v: &Value, scale: f64, digits: usize) -> String {
+    v.as_f64()
+        .map_or("-".into(), |x| format!("{:.*}%", digits, x * scale))
+}
+
 pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let (by, period, from, to, csv) = match cmd {
+    let head = |cols: &[&str]| cols.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    let mut csv = false;
+    let r = match cmd {
         ReportCmd::Usage {
             by,
             period,
             from,
             to,
-            csv,
-        } => (by, period, from, to, csv),
-        ReportCmd::Advice { from } => {
-            let v = c.call(
-                "GET",
-                &format!("/v1/reports/advice?from={}", from.replace(':', "%3A")),
-                None,
-            )?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|a| {
-                        vec![
-                            s(&a["id"]),
-                            s(&a["name"]),
-                            s(&a["team"]),
-                            s(&a["model"]),
-                            format!("{} MiB", s(&a["peak_gpu_memory_mib"])),
-                            format!("{:.0}%", a["util_pct"].as_f64().unwrap_or(0.0)),
-                            s(&a["instead"]),
-                            format!(
-                                "{:.2} {}",
-                                a["saving_per_month"].as_f64().unwrap_or(0.0),
-                                s(&a["currency"])
-                            )
-                            .trim()
-                            .to_string(),
-                        ]
-                    })
-                    .collect();
-                columns(
-                    &[
-                        "id",
-                        "name",
-                        "team",
-                        "model",
-                        "peak gpu mem",
-                        "util",
-                        "instead",
-                        "saving/month",
-                    ],
-                    rows,
-                )
-            });
-            return Ok(());
-        }
-        ReportCmd::Jobs { by, from, to } => {
-            let mut q = format!("by={by}&from={from}");
-            if let Some(t) = to {
-                q += &format!("&to={t}");
+            csv: as_csv,
+        } => {
+            csv = as_csv;
+            let mut query = vec![("by", by.clone()), ("period", period), ("from", from)];
+            query.extend(to.map(|t| ("to", t)));
+            Report {
+                path: "/v1/reports/usage",
+                query,
+                rows_at: Some("rows"),
+                head: head(&[
+                    &by,
+                    "from",
+                    "gpu-hours",
+                    "used",
+                    "efficiency",
+                    "cost",
+                    "jobs",
+                ]),
+                row: |r| {
+                    let t = r["period_start"].as_u64().unwrap_or(0);
+                    vec![
+                        s(&r["key"]),
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+                        )
+                        .to_string(),
+                        num(&r["gpu_hours"], 2),
+                        num(&r["used_gpu_hours"], 2),
+                        pct(&r["efficiency"], 100.0, 0),
+                        num(&r["cost"], 2),
+                        s(&r["jobs"]),
+                    ]
+                },
             }
-            let v = c.call(
-                "GET",
-                &format!("/v1/reports/jobs?{}", q.replace(':', "%3A")),
-                None,
-            )?;
-            let secs = |x: &Value| x.as_u64().map_or("-".into(), |s| format!("{s} s"));
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|r| {
-                        vec![
-                            s(&r["key"]),
-                            s(&r["submitted"]),
-                            s(&r["started"]),
-                            secs(&r["wait_p50_s"]),
-                            secs(&r["wait_p95_s"]),
-                            s(&r["succeeded"]),
-                            s(&r["failed"]),
-                            s(&r["cancelled"]),
-                            r["failure_rate"]
-                                .as_f64()
-                                .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-                            s(&r["preemptions"]),
-                            format!("{:.2}", r["lost_gpu_hours"].as_f64().unwrap_or(0.0)),
-                        ]
-                    })
-                    .collect();
-                columns(
-                    &[
-                        by.as_str(),
-                        "submitted",
-                        "started",
-                        "wait p50",
-                        "wait p95",
-                        "succeeded",
-                        "failed",
-                        "cancelled",
-                        "failure rate",
-                        "preemptions",
-                        "lost gpu-h",
-                    ],
-                    rows,
-                )
-            });
-            return Ok(());
         }
-        ReportCmd::Idle { below, held_for } => {
-            let v = c.call(
-                "GET",
-                &format!("/v1/reports/low-utilization?below_pct={below}&for={held_for}"),
-                None,
-            )?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|j| {
-                        vec![
-                            s(&j["id"]),
-                            s(&j["name"]),
-                            s(&j["team"]),
-                            s(&j["user"]),
-                            s(&j["kind"]),
-                            s(&j["gpus"]),
-                            format!("{:.1}%", j["util_pct"].as_f64().unwrap_or(0.0)),
-                            format!("{:.2}", j["gpu_hours"].as_f64().unwrap_or(0.0)),
-                        ]
-                    })
-                    .collect();
-                columns(
-                    &[
-                        "id",
-                        "name",
-                        "team",
-                        "user",
-                        "kind",
-                        "gpus",
-                        "util",
-                        "gpu-hours",
-                    ],
-                    rows,
-                )
-            });
-            return Ok(());
+        ReportCmd::Advice { from } => Report {
+            path: "/v1/reports/advice",
+            query: vec![("from", from)],
+            rows_at: None,
+            head: head(&[
+                "id",
+                "name",
+                "team",
+                "model",
+                "peak gpu mem",
+                "util",
+                "instead",
+                "saving/month",
+            ]),
+            row: |a| {
+                vec![
+                    s(&a["id"]),
+                    s(&a["name"]),
+                    s(&a["team"]),
+                    s(&a["model"]),
+                    format!("{} MiB", s(&a["peak_gpu_memory_mib"])),
+                    pct(&a["util_pct"], 1.0, 0),
+                    s(&a["instead"]),
+                    format!("{} {}", num(&a["saving_per_month"], 2), s(&a["currency"]))
+                        .trim()
+                        .to_string(),
+                ]
+            },
+        },
+        ReportCmd::Jobs { by, from, to } => {
+            let mut query = vec![("by", by.clone()), ("from", from)];
+            query.extend(to.map(|t| ("to", t)));
+            Report {
+                path: "/v1/reports/jobs",
+                query,
+                rows_at: None,
+                head: head(&[
+                    &by,
+                    "submitted",
+                    "started",
+                    "wait p50",
+                    "wait p95",
+                    "succeeded",
+                    "failed",
+                    "cancelled",
+                    "failure rate",
+                    "preemptions",
+                    "lost gpu-h",
+                ]),
+                row: |r| {
+                    let secs = |x: &Value| x.as_u64().map_or("-".into(), |s| format!("{s} s"));
+                    vec![
+                        s(&r["key"]),
+                        s(&r["submitted"]),
+                        s(&r["started"]),
+                        secs(&r["wait_p50_s"]),
+                        secs(&r["wait_p95_s"]),
+                        s(&r["succeeded"]),
+                        s(&r["failed"]),
+                        s(&r["cancelled"]),
+                        pct(&r["failure_rate"], 100.0, 0),
+                        s(&r["preemptions"]),
+                        num(&r["lost_gpu_hours"], 2),
+                    ]
+                },
+            }
         }
+        ReportCmd::Idle { below, held_for } => Report {
+            path: "/v1/reports/low-utilization",
+            query: vec![("below_pct", below.to_string()), ("for", held_for)],
+            rows_at: None,
+            head: head(&[
+                "id",
+                "name",
+                "team",
+                "user",
+                "kind",
+                "gpus",
+                "util",
+                "gpu-hours",
+            ]),
+            row: |j| {
+                vec![
+                    s(&j["id"]),
+                    s(&j["name"]),
+                    s(&j["team"]),
+                    s(&j["user"]),
+                    s(&j["kind"]),
+                    s(&j["gpus"]),
+                    pct(&j["util_pct"], 1.0, 1),
+                    num(&j["gpu_hours"], 2),
+                ]
+            },
+        },
     };
-    let enc = |v: &str| v.replace('+', "%2B").replace(':', "%3A");
-    let mut q = format!(
-        "by={}&period={}&from={}",
-        enc(&by),
-        enc(&period),
-        enc(&from)
-    );
-    if let Some(t) = to {
-        q += &format!("&to={}", enc(&t));
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in &r.query {
+        q.append_pair(k, v);
     }
-    let v = c.call("GET", &format!("/v1/reports/usage?{q}"), None)?;
-    let when = |t: &Value| -> String {
-        let t = t.as_u64().unwrap_or(0);
-        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t))
-            .to_string()
-    };
-    let rows: Vec<Vec<String>> = v["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            vec![
-                s(&r["key"]),
-                when(&r["period_start"]),
-                format!("{:.2}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
-                format!("{:.2}", r["used_gpu_hours"].as_f64().unwrap_or(0.0)),
-                r["efficiency"]
-                    .as_f64()
-                    .map_or("-".into(), |e| format!("{:.0}%", e * 100.0)),
-                format!("{:.2}", r["cost"].as_f64().unwrap_or(0.0)),
-                s(&r["jobs"]),
-            ]
-        })
-        .collect();
-    let head = [
-        by.as_str(),
-        "from",
-        "gpu-hours",
-        "used",
-        "efficiency",
-        "cost",
-        "jobs",
-    ];
+    let v = c.call("GET", &format!("{}?{}", r.path, q.finish()), None)?;
+    let list = r.rows_at.map_or(&v, |k| &v[k]);
+    let rows: Vec<Vec<String>> = list.as_array().into_iter().flatten().map(r.row).collect();
+    let head: Vec<&str> = r.head.iter().map(String::as_str).collect();
     if csv {
         let mut w = csv::Writer::from_writer(std::io::stdout());
-        w.write_record(head)?;
-        for r in rows {
-            w.write_record(r)?;
+        w.write_record(&head)?;
+        for row in rows {
+            w.write_record(row)?;
         }
         w.flush()?;
         return Ok(());

@@ -1,8 +1,9 @@
 //! Accounting: GPU-hours and cost from the ledger each job keeps (one
 //! [`Held`](crate::state::Held) per attempt that held GPUs), rolled up by
 //! team, project, user, queue, GPU model, cost centre or job, per hour, day,
-//! month or the whole range. Pure: the caller passes the jobs, projects,
-//! prices and the time; nothing here reads a clock or a store.
+//! month or the whole range. The reports are pure: the caller passes the
+//! jobs, projects, prices and the time. Only the budget count
+//! ([`refresh_budgets`], [`budget_loop`]) reads the store and the clock.
 //!
 //! A hold counts what it held (whole GPUs 1 each, a fraction its share, a
 //! MIG instance its slices over 7, a time slice a quarter) for as long as
@@ -420,17 +421,8 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
     if budgeted.is_empty() {
         return Ok(());
     }
-    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
-    for r in shared.store.load(gpuflow_store::Table::Jobs).await? {
-        if let Ok(j) = serde_json::from_str::<JobRec>(&r.doc) {
-            jobs.insert(j.id, j);
-        }
-    }
+    let jobs = crate::every_job(shared).await?;
     let mut w = shared.world.lock().await;
-    for j in w.jobs.values() {
-        jobs.insert(j.id, j.clone());
-    }
-    let jobs: Vec<JobRec> = jobs.into_values().collect();
     w.budget_used = budgeted
         .into_iter()
         .map(|(q, start)| {

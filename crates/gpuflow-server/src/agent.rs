@@ -322,21 +322,8 @@ fn apply_reports(
         let mine: Vec<&TaskReport> = by_job.get(&id).cloned().unwrap_or_default();
         let mut next = j.clone();
         let kind = crate::lifecycle::report(&mut next, node, &mine, at);
-        // A task the kernel killed at its memory limit: an event of its
-        // own, once, beside the job's failure.
-        for (r, breach) in mine
-            .iter()
-            .filter(|r| r.attempt == j.attempts)
-            .filter_map(|r| Some((r, r.breach?)))
-        {
-            let was_running = j
-                .tasks
-                .iter()
-                .find(|t| t.group == r.group && t.index == r.index)
-                .is_none_or(|t| t.phase == api::TaskPhase::Running);
-            if was_running {
-                change.event(at, Some(j.id), &j.team, breach.event(), r.message.clone());
-            }
+        for (kind, message) in crate::lifecycle::breaches(j, &mine) {
+            change.event(at, Some(j.id), &j.team, kind, message);
         }
         if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
             != (j.state, &j.tasks, j.last_checkpoint, &j.logs)

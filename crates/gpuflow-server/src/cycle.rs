@@ -910,7 +910,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
         nodes.push(node);
     }
     let aside = set_aside_queues(world);
-    let queues = build_queues(world, &capacity, &aside);
+    let queues = build_queues(world, &capacity, &aside, t);
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
     let requests: Vec<TaskRequest> = world
         .jobs
@@ -1118,11 +1118,13 @@ pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
 
 /// The queue tree, parents before children, with quotas in milli-GPU.
 /// Queues set aside (see [`set_aside_queues`]) are left out, with their
-/// subtrees, so their jobs wait with that reason.
+/// subtrees, so their jobs wait with that reason. Budgets stand as they
+/// do at `t`.
 fn build_queues(
     world: &World,
     capacity: &BTreeMap<String, u64>,
     aside: &BTreeMap<String, String>,
+    t: u64,
 ) -> Queues {
     let depth = |name: &str| {
         let mut name = name;
@@ -1177,7 +1179,7 @@ fn build_queues(
             q.budget = s
                 .budget
                 .as_ref()
-                .map(|b| crate::accounting::core_budget(b, world.budget_used.get(&s.name), now()));
+                .map(|b| crate::accounting::core_budget(b, world.budget_used.get(&s.name), t));
             q
         })
         .collect();

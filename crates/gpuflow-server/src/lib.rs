@@ -189,6 +189,27 @@ impl Change {
     }
 }
 
+/// Every job ever submitted, for reports and budgets: the store's, with the
+/// newer copies of the jobs in memory.
+///
+/// # Errors
+/// When the store cannot be read or holds a job it cannot parse.
+pub async fn every_job(shared: &Shared) -> Result<Vec<JobRec>, ServerError> {
+    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
+    for r in shared.store.load(gpuflow_store::Table::Jobs).await? {
+        let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| ServerError::Corrupt {
+            what: format!("job {}", r.key),
+            message: e.to_string(),
+        })?;
+        jobs.insert(j.id, j);
+    }
+    let world = shared.world.lock().await;
+    for j in world.jobs.values() {
+        jobs.insert(j.id, j.clone());
+    }
+    Ok(jobs.into_values().collect())
+}
+
 /// Commits a change, then applies it to the working state. On a store error
 /// nothing changes in memory either.
 ///

@@ -319,6 +319,25 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
     settle(next, at)
 }
 
+/// The limits `reports` say the job's tasks were killed at (out of memory,
+/// past their GPU memory): an event of its own for each, once (a task
+/// already known to have ended is not reported again), beside the job's
+/// failure that [`report`] settles.
+pub fn breaches(j: &JobRec, reports: &[&TaskReport]) -> Vec<(Kind, String)> {
+    reports
+        .iter()
+        .filter(|r| r.attempt == j.attempts)
+        .filter_map(|r| Some((r, r.breach?)))
+        .filter(|(r, _)| {
+            j.tasks
+                .iter()
+                .find(|t| t.group == r.group && t.index == r.index)
+                .is_none_or(|t| t.phase == TaskPhase::Running)
+        })
+        .map(|(r, b)| (b.event(), r.message.clone()))
+        .collect()
+}
+
 /// A job's next state from its tasks' states; the event kind when it moved.
 fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
     let total = j.allocs.len();

@@ -65,6 +65,36 @@ impl Server {
         v
     }
 
+    /// A user of `team` with `role`, and a token of theirs.
+    async fn user_token(&self, admin: &str, name: &str, team: &str, role: &str) -> String {
+        self.ok(
+            "POST",
+            "/v1/users",
+            admin,
+            json!({"name": name, "team": team, "role": role}),
+        )
+        .await;
+        self.ok("POST", "/v1/tokens", admin, json!({"user": name}))
+            .await["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Registers node `n1` (4 H100s); its node token.
+    async fn register(&self, join: &str) -> String {
+        self.ok(
+            "POST",
+            "/v1/agent/register",
+            join,
+            json!({"node": "n1", "inventory": inventory()}),
+        )
+        .await["node_token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
     async fn cycle(&self) {
         gpuflow_server::cycle::run_once(&self.shared).await.unwrap();
     }
@@ -155,19 +185,7 @@ async fn reconcile(store: Option<String>) {
         json!({"name": "vision", "team": "alpha", "cost_centre": "CC-42"}),
     )
     .await;
-    s.ok(
-        "POST",
-        "/v1/users",
-        &admin,
-        json!({"name": "ana", "team": "alpha", "role": "member"}),
-    )
-    .await;
-    let ana = s
-        .ok("POST", "/v1/tokens", &admin, json!({"user": "ana"}))
-        .await["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ana = s.user_token(&admin, "ana", "alpha", "member").await;
     s.ok(
         "PUT",
         "/v1/prices",
@@ -175,15 +193,7 @@ async fn reconcile(store: Option<String>) {
         json!({"currency": "EUR", "gpu_hour": {"H100": 3.0}}),
     )
     .await;
-    let node = s
-        .ok(
-            "POST",
-            "/v1/agent/register",
-            &join,
-            json!({"node": "n1", "inventory": inventory()}),
-        )
-        .await;
-    let nt = node["node_token"].as_str().unwrap().to_string();
+    let nt = s.register(&join).await;
     let submit = |queue: &str, project: Option<&str>, gpu: &str, retry: u32| {
         let mut spec = json!({"name": "j", "queue": queue, "retry": {"limit": retry, "backoff_s": 1},
             "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": serde_json::from_str::<Value>(gpu).unwrap()}}]});
@@ -394,15 +404,7 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     let cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
     let (s, admin, join) = open(&cfg).await;
     let (admin, join) = (admin.unwrap(), join.unwrap());
-    let node = s
-        .ok(
-            "POST",
-            "/v1/agent/register",
-            &join,
-            json!({"node": "n1", "inventory": inventory()}),
-        )
-        .await;
-    let nt = node["node_token"].as_str().unwrap().to_string();
+    let nt = s.register(&join).await;
     let spec = json!({"name": "j", "queue": "default", "kind": "training",
         "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"count": 2}}}]});
     let id = s.ok("POST", "/v1/jobs", &admin, spec).await["id"]
@@ -522,19 +524,7 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         json!({"name": "alpha-q", "team": "alpha", "quotas": {"*": {"guaranteed": 1}}}),
     )
     .await;
-    s.ok(
-        "POST",
-        "/v1/users",
-        &admin,
-        json!({"name": "lea", "team": "alpha", "role": "team-lead"}),
-    )
-    .await;
-    let lea = s
-        .ok("POST", "/v1/tokens", &admin, json!({"user": "lea"}))
-        .await["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let lea = s.user_token(&admin, "lea", "alpha", "team-lead").await;
     // 0.002 GPU-hours a day: 7.2 GPU-seconds.
     let budget = json!({"budget": {"gpu_hours": 0.002, "period": "day", "taper_from": 0.3, "min_weight_factor": 0.2}});
     let (st, v, _) = s
@@ -542,15 +532,7 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         .await;
     assert_eq!(st, 403, "{v}");
     s.ok("PATCH", "/v1/queues/alpha-q", &admin, budget).await;
-    let node = s
-        .ok(
-            "POST",
-            "/v1/agent/register",
-            &join,
-            json!({"node": "n1", "inventory": inventory()}),
-        )
-        .await;
-    let nt = node["node_token"].as_str().unwrap().to_string();
+    let nt = s.register(&join).await;
     let job = |gpus: u32| {
         json!({"name": "j", "queue": "alpha-q",
         "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"count": gpus}}}]})

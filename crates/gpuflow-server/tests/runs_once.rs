@@ -76,20 +76,10 @@ async fn heartbeat(
 }
 
 async fn submit(h: &H, queue: &str, gpu: &str, memory_mib: u64) -> u64 {
-    let spec = format!(
+    h.submit_spec(format!(
         "name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {{cpu: 1, memory_mib: {memory_mib}, gpu: {gpu}}}\n"
-    );
-    let (s, v) = h
-        .call(
-            "POST",
-            "/v1/jobs",
-            Some(&h.admin),
-            "application/yaml",
-            spec.into_bytes(),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    v["id"].as_u64().unwrap()
+    ))
+    .await
 }
 
 /// A team with a queue of its name guaranteed `guaranteed` H100s.

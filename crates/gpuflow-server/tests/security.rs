@@ -268,20 +268,10 @@ async fn no_queue_tree_stops_scheduling() {
 
 /// Submits a one-GPU job as the admin.
 async fn gpu_job(h: &H, name: &str) -> u64 {
-    let spec = format!(
+    h.submit_spec(format!(
         "name: {name}\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '60']\n    resources: {{gpu: {{count: 1}}}}\n"
-    );
-    let (s, v) = h
-        .call(
-            "POST",
-            "/v1/jobs",
-            Some(&h.admin),
-            "application/yaml",
-            spec.into_bytes(),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    v["id"].as_u64().unwrap()
+    ))
+    .await
 }
 
 /// No known input makes the core panic, so the test injects one: the core

@@ -73,30 +73,6 @@ fn when(k: &str, v: &str, now: u64) -> Result<u64, Error> {
         })
 }
 
-/// Every job ever submitted: the store's, with the ones in memory newer.
-async fn all_jobs(shared: &Shared) -> Result<Vec<JobRec>, Error> {
-    let stored = shared
-        .store
-        .load(gpuflow_store::Table::Jobs)
-        .await
-        .map_err(crate::ServerError::from)?;
-    let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
-    for r in &stored {
-        let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| {
-            Error::from(crate::ServerError::Corrupt {
-                what: format!("job {}", r.key),
-                message: e.to_string(),
-            })
-        })?;
-        jobs.insert(j.id, j);
-    }
-    let world = shared.world.lock().await;
-    for j in world.jobs.values() {
-        jobs.insert(j.id, j.clone());
-    }
-    Ok(jobs.into_values().collect())
-}
-
 /// The `from` and `to` of a report's query (default: the last 30 days).
 fn range(q: &BTreeMap<String, String>, t: u64) -> Result<(u64, u64), Error> {
     let from = match q.get("from") {
@@ -141,7 +117,7 @@ async fn jobs_report(
         }
     };
     let (from, to) = range(&q, now())?;
-    let mine: Vec<JobRec> = all_jobs(&shared)
+    let mine: Vec<JobRec> = crate::every_job(&shared)
         .await?
         .into_iter()
         .filter(|j| caller.sees(&j.team))
@@ -189,7 +165,7 @@ async fn usage(
         let world = shared.world.lock().await;
         (world.projects.clone(), world.prices.clone())
     };
-    let mine: Vec<JobRec> = all_jobs(&shared)
+    let mine: Vec<JobRec> = crate::every_job(&shared)
         .await?
         .into_iter()
         .filter(|j| caller.sees(&j.team))
@@ -258,19 +234,18 @@ async fn low_use(
         .values()
         .filter(|j| j.state.allocated() && caller.sees(&j.team))
         .filter_map(|j| {
-            let view = j.view();
-            let hold = view.ledger.last().filter(|h| h.to.is_none())?;
-            let util = hold.util_pct?;
+            let hold = j.held.last().filter(|h| h.to.is_none())?;
+            let util = j.hold_util(hold)?;
             (util < below && t.saturating_sub(hold.from) >= held_for).then(|| api::LowUse {
                 id: j.id,
                 name: j.spec.name.clone(),
                 team: j.team.clone(),
                 user: j.user.clone(),
                 kind: j.spec.kind,
-                gpus: hold.gpus,
+                gpus: hold.gpu_milli as f64 / 1000.0,
                 since: hold.from,
                 util_pct: util,
-                gpu_hours: hold.gpu_hours,
+                gpu_hours: hold.gpu_s(0, u64::MAX, t) / 3600.0,
             })
         })
         .collect();
@@ -319,7 +294,7 @@ async fn advice(
         }
         (offer, world.prices.clone())
     };
-    let mine: Vec<JobRec> = all_jobs(&shared)
+    let mine: Vec<JobRec> = crate::every_job(&shared)
         .await?
         .into_iter()
         .filter(|j| caller.sees(&j.team))

@@ -108,6 +108,21 @@ impl H {
         .await
     }
 
+    /// A job from a YAML spec, submitted by the admin; its id.
+    pub async fn submit_spec(&self, spec: String) -> u64 {
+        let (s, v) = self
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(&self.admin),
+                "application/yaml",
+                spec.into_bytes(),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_u64().unwrap()
+    }
+
     /// A new pending job of a queue, submitted by the admin.
     pub async fn job(&self, queue: &str) -> u64 {
         let (s, v) = self.submit(&self.admin, queue).await;
