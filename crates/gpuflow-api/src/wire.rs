@@ -131,6 +131,22 @@ pub struct Job {
     /// What each attempt held, from the accounting ledger.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledger: Vec<Hold>,
+    /// Its GPUs' utilisation over its life, as its tasks were sampled
+    /// (at most [`UTIL_POINTS`] points; older ones merged in pairs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub util: Vec<UtilPoint>,
+}
+
+/// The most points a job's utilisation history keeps.
+pub const UTIL_POINTS: usize = 240;
+
+/// A job's GPU use at one time: the mean utilisation of its tasks' GPUs and
+/// the GPU memory its processes held.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UtilPoint {
+    pub at: u64,
+    pub util_pct: f64,
+    pub memory_mib: u64,
 }
 
 /// One attempt's hold on GPUs, as accounted.
@@ -678,6 +694,31 @@ pub struct NodeView {
     /// Its GPUs as its agent last sampled them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus_now: Vec<GpuSample>,
+    /// Who holds its GPUs, one entry per holding task (several on a shared
+    /// GPU or on the MIG instances of one GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<GpuHolder>,
+}
+
+/// A task's hold on one GPU of a node (the dashboard's cluster map).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuHolder {
+    /// The GPU's index on the node.
+    pub gpu: u32,
+    /// The holding team; empty when the caller may not see it (another
+    /// team's work, to a member or viewer).
+    pub team: String,
+    /// The holding job, when the caller may see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u64>,
+    /// `whole`, `fraction`, `time-slice` or `mig`.
+    pub mode: String,
+    /// Its share of the GPU in thousandths (1000 for a whole GPU; a MIG
+    /// instance or time slice at its quota equivalent).
+    pub milli: u32,
+    /// The MIG instance's profile, for `mig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 // ---- the agent protocol ----

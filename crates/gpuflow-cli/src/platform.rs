@@ -337,6 +337,7 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     let _ = writeln!(out, "gpuflow is up at {url}");
     let _ = writeln!(out, "  data:   {}", a.server.data_dir.display());
     let _ = writeln!(out, "  agent:  node {} with {gpus}", cfg.node);
+    let _ = writeln!(out, "  dashboard: {url}/ui/ (sign in with the admin token)");
     let _ = writeln!(
         out,
         "  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls"

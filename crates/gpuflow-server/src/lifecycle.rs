@@ -59,6 +59,7 @@ pub fn submitted(
         idle_warned_at: None,
         held: vec![],
         lost_gpu_hours: 0.0,
+        util: vec![],
     }
 }
 
@@ -289,6 +290,26 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             next.logs
                 .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
         }
+    }
+    if mine
+        .iter()
+        .any(|r| r.usage.as_ref().is_some_and(|u| u.samples > 0))
+    {
+        let sampled: Vec<&api::TaskUsage> = next
+            .tasks
+            .iter()
+            .filter_map(|t| t.usage.as_ref())
+            .filter(|u| u.samples > 0)
+            .collect();
+        crate::state::push_util(
+            &mut next.util,
+            api::UtilPoint {
+                at,
+                util_pct: sampled.iter().map(|u| u.gpu_util_pct as f64).sum::<f64>()
+                    / sampled.len() as f64,
+                memory_mib: sampled.iter().map(|u| u.gpu_memory_mib).sum(),
+            },
+        );
     }
     if next.state == JobState::Stopping {
         // Tasks of this node the agent no longer runs are gone.

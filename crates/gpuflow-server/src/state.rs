@@ -228,6 +228,30 @@ pub struct JobRec {
     /// What each attempt held, for accounting (the ledger).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<Held>,
+    /// Its GPUs' utilisation over its life (bounded; see [`push_util`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub util: Vec<api::UtilPoint>,
+}
+
+/// Adds a point to a utilisation history; a full history merges its points
+/// in pairs first (mean utilisation, peak memory), so that it keeps the
+/// whole life at a coarser grain.
+pub fn push_util(util: &mut Vec<api::UtilPoint>, p: api::UtilPoint) {
+    if util.last().is_some_and(|l| l.at >= p.at) {
+        return;
+    }
+    if util.len() >= api::UTIL_POINTS {
+        let merged = util
+            .chunks(2)
+            .map(|c| api::UtilPoint {
+                at: c[0].at,
+                util_pct: c.iter().map(|x| x.util_pct).sum::<f64>() / c.len() as f64,
+                memory_mib: c.iter().map(|x| x.memory_mib).max().unwrap_or(0),
+            })
+            .collect();
+        *util = merged;
+    }
+    util.push(p);
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -335,6 +359,7 @@ impl JobRec {
                     util_pct: self.hold_util(h),
                 })
                 .collect(),
+            util: self.util.clone(),
         }
     }
 
@@ -776,6 +801,45 @@ impl World {
     }
 
     /// GPU indices in use per node, from the allocations of jobs that hold GPUs.
+    /// Who holds each node's GPUs, per node; another team's holds are
+    /// anonymous unless `sees` its team.
+    pub fn holders(&self, sees: impl Fn(&str) -> bool) -> BTreeMap<String, Vec<api::GpuHolder>> {
+        let mut out: BTreeMap<String, Vec<api::GpuHolder>> = BTreeMap::new();
+        for j in self.jobs.values().filter(|j| j.state.allocated()) {
+            let seen = sees(&j.team);
+            for a in &j.allocs {
+                let Some(group) = j.spec.tasks.get(a.group as usize) else {
+                    continue;
+                };
+                let ask = crate::cycle::task_request(group).gpu;
+                let (mode, milli, profile) = match &ask {
+                    gpuflow_core::request::GpuRequest::None => continue,
+                    gpuflow_core::request::GpuRequest::Whole { .. } => ("whole", 1000, None),
+                    gpuflow_core::request::GpuRequest::Fraction { .. } => {
+                        ("fraction", ask.quota_milli(), None)
+                    }
+                    gpuflow_core::request::GpuRequest::TimeSlice { .. } => {
+                        ("time-slice", ask.quota_milli(), None)
+                    }
+                    gpuflow_core::request::GpuRequest::Mig { profile } => {
+                        ("mig", ask.quota_milli(), Some(profile.clone()))
+                    }
+                };
+                for gpu in a.pick.gpus() {
+                    out.entry(a.node.clone()).or_default().push(api::GpuHolder {
+                        gpu,
+                        team: if seen { j.team.clone() } else { String::new() },
+                        job: seen.then_some(j.id),
+                        mode: mode.to_string(),
+                        milli: milli as u32,
+                        profile: profile.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
     pub fn gpus_in_use(&self) -> BTreeMap<String, Vec<u32>> {
         let mut used: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for j in self.jobs.values().filter(|j| j.state.allocated()) {

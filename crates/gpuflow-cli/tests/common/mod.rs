@@ -256,10 +256,10 @@ impl Api {
             "GET" => self.http.get(&url).header("Authorization", &auth).call(),
             "DELETE" => self.http.delete(&url).header("Authorization", &auth).call(),
             m => {
-                let mut req = if m == "PATCH" {
-                    self.http.patch(&url)
-                } else {
-                    self.http.post(&url)
+                let mut req = match m {
+                    "PATCH" => self.http.patch(&url),
+                    "PUT" => self.http.put(&url),
+                    _ => self.http.post(&url),
                 }
                 .header("Authorization", &auth);
                 if let Some(k) = key {

@@ -15,6 +15,7 @@ mod queues;
 mod reports;
 mod teams;
 mod tokens;
+mod ui;
 mod users;
 
 use std::collections::BTreeMap;
@@ -96,6 +97,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(tokens::router())
         .merge(reports::router())
         .merge(metrics::router())
+        .merge(ui::router())
         // A heartbeat carries every task of a node: it may be larger.
         .route(
             "/v1/agent/register",

@@ -9,7 +9,11 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/pools", get(pools))
 }
 
-fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> api::NodeView {
+fn node_view(
+    n: &crate::state::NodeRec,
+    used: &BTreeMap<String, Vec<u32>>,
+    holders: &BTreeMap<String, Vec<api::GpuHolder>>,
+) -> api::NodeView {
     api::NodeView {
         name: n.name.clone(),
         state: n.state,
@@ -17,20 +21,22 @@ fn node_view(n: &crate::state::NodeRec, used: &BTreeMap<String, Vec<u32>>) -> ap
         gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
         last_heartbeat: n.last_heartbeat,
         gpus_now: n.gpus_now.clone(),
+        holders: holders.get(&n.name).cloned().unwrap_or_default(),
     }
 }
 async fn list_nodes(
     State(shared): State<Arc<Shared>>,
-    _caller: Caller,
+    caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::NodeView>> {
     let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let used = world.gpus_in_use();
+    let holders = world.holders(|t| caller.sees(t));
     Ok(Json(
         page.of(&world.nodes)
             .take(page.limit)
-            .map(|(_, n)| node_view(n, &used))
+            .map(|(_, n)| node_view(n, &used, &holders))
             .collect(),
     ))
 }
@@ -111,7 +117,8 @@ async fn node_action(
     change.nodes.insert(name.clone(), n);
     commit(shared.store.as_ref(), &mut world, change).await?;
     let used = world.gpus_in_use();
-    Ok(Json(node_view(&world.nodes[&name], &used)))
+    let holders = world.holders(|_| true);
+    Ok(Json(node_view(&world.nodes[&name], &used, &holders)))
 }
 #[derive(Serialize)]
 struct Pool {

@@ -1,0 +1,415 @@
+//! The web dashboard in headless Chromium (Debian's `chromium` driven
+//! through `chromedriver`, both started here), on `gpuflow up` with the fake
+//! NVML library: sign in, the cluster map with its MIG slices and shared
+//! GPUs, a pending job's reasons, a running job's utilisation chart, the
+//! usage chart; a member of one team sees none of another team's jobs or
+//! costs; a job's output cannot become markup in the viewer's page.
+//! Screenshots are written to `target/tmp/dashboard/`. Skipped, with the
+//! reason printed, without chromium, chromedriver or a C compiler (CI
+//! installs them).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn artefacts() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A browser session: chromedriver on a free port, headless Chromium.
+struct Browser {
+    _driver: Proc,
+    client: Client,
+    base: String,
+}
+
+impl Browser {
+    async fn start(base: &str, profile: &std::path::Path) -> Option<Browser> {
+        let (Some(chrome), Some(driver)) = (which("chromium"), which("chromedriver")) else {
+            eprintln!(
+                "skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+            );
+            return None;
+        };
+        let port = free_port();
+        let driver = Proc(
+            Command::new(driver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        poll("chromedriver listens", LONG, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chrome,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--window-size=1400,1000",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            }),
+        );
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&url)
+            .await
+            .expect("chromedriver starts a Chromium session");
+        Some(Browser {
+            _driver: driver,
+            client,
+            base: base.to_string(),
+        })
+    }
+
+    async fn open(&self, hash: &str) {
+        self.client
+            .goto(&format!("{}/ui/{hash}", self.base))
+            .await
+            .unwrap();
+    }
+
+    /// The text of the first element matching `css`, once `ok` holds for it.
+    async fn text_when(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + LONG;
+        let mut last = String::new();
+        loop {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                last = e.text().await.unwrap_or_default();
+                if ok(&last) {
+                    return last;
+                }
+            }
+            if let Ok(e) = self.client.find(Locator::Css("#error")).await {
+                last = format!("(page error) {}", e.text().await.unwrap_or_default());
+            }
+            if Instant::now() > end {
+                self.shot("failed").await;
+                panic!("{css} never satisfied; last: {last:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// How many elements match `css`, once there are at least `n`.
+    async fn count_at_least(&self, css: &str, n: usize) -> usize {
+        let end = Instant::now() + LONG;
+        loop {
+            let found = self
+                .client
+                .find_all(Locator::Css(css))
+                .await
+                .map_or(0, |v| v.len());
+            if found >= n {
+                return found;
+            }
+            if Instant::now() > end {
+                self.shot("failed").await;
+                panic!("fewer than {n} of {css}: {found}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn attrs(&self, css: &str, attr: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in self.client.find_all(Locator::Css(css)).await.unwrap() {
+            out.push(e.attr(attr).await.unwrap().unwrap_or_default());
+        }
+        out
+    }
+
+    async fn sign_in(&self, token: &str) {
+        self.open("#/cluster").await;
+        let input = self
+            .client
+            .wait()
+            .at_most(LONG)
+            .for_element(Locator::Css("#token"))
+            .await
+            .unwrap();
+        input.send_keys(token).await.unwrap();
+        self.client
+            .find(Locator::Css("#signin"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+
+    async fn sign_out(&self) {
+        self.client
+            .find(Locator::Css("#logout"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        self.client
+            .wait()
+            .at_most(LONG)
+            .for_element(Locator::Css("#token"))
+            .await
+            .unwrap();
+    }
+
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        let path = artefacts().join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
+fn which(name: &str) -> Option<String> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !p.is_empty()).then_some(p)
+}
+
+fn submit(api: &Api, token: &str, name: &str, queue: &str, gpu: &str, script: &str) -> u64 {
+    let spec = format!(
+        "name: {name}\nqueue: {queue}\nkind: training\ntasks:\n  - name: main\n    command: [sh, -c, {script:?}]\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {gpu}}}\n"
+    );
+    let (s, v) = api.submit_yaml(token, &spec);
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_u64().unwrap()
+}
+
+#[test]
+fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_see() {
+    let _ = std::fs::remove_dir_all(artefacts());
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = gpuflow_agent::fake_nvml::build(dir.path()).unwrap() else {
+        eprintln!("skipped: no C compiler to build the fake NVML library");
+        return;
+    };
+    if which("chromium").is_none() || which("chromedriver").is_none() {
+        eprintln!(
+            "skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
+        return;
+    }
+    // Four GPUs, the first in MIG mode; samples every second.
+    let state = dir.path().join("nvml-state");
+    std::fs::write(&state, "").unwrap();
+    let (_up, api, admin) = up_with(
+        &dir.path().join("data"),
+        free_port(),
+        &["--sample-s", "1", "--nvml-lib", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_GPUS", "4"),
+            ("FAKE_NVML_MIG", "1g.10gb,1g.10gb,3g.40gb"),
+            ("FAKE_NVML_MIG_GPUS", "1"),
+            ("FAKE_NVML_STATE", state.to_str().unwrap()),
+        ],
+    );
+
+    // The page itself: served with a policy that allows only its own files.
+    let (s, _) = api.call("GET", "/ui/", "", None);
+    assert_eq!(s, 200);
+    let head = ureq::get(&format!("{}/ui/", api.url)).call().unwrap();
+    let csp = head
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+
+    // Two teams with a queue each; vision's member runs a whole GPU and a
+    // MIG slice and waits for two GPUs; nlp's runs half a GPU.
+    let alice = api.team_with_member(&admin, "vision", "alice", "member");
+    let bob = api.team_with_member(&admin, "nlp", "bob", "member");
+    for (team, q) in [("vision", "vision-q"), ("nlp", "nlp-q")] {
+        let (s, v) = api.post_json(
+            "/v1/queues",
+            &admin,
+            &json!({"name": q, "team": team, "quotas": {"*": {"guaranteed": 2}}}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = api.call(
+        "PUT",
+        "/v1/prices",
+        &admin,
+        Some((
+            "application/json",
+            br#"{"currency": "EUR", "gpu_hour": {"*": 2.5}}"#,
+        )),
+    );
+    assert_eq!(s, 200, "{v}");
+    let whole = submit(
+        &api,
+        &alice,
+        "trainer",
+        "vision-q",
+        "{count: 1}",
+        "echo pid $$; echo '<b id=injected>bold</b>'; exec sleep 300",
+    );
+    let j = api.wait_state(whole, &alice, "running", LONG);
+    let whole_gpu = j["tasks"][0]["gpus"][0].as_u64().unwrap();
+    let pid: u64 = poll("the task prints its pid", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{whole}/logs"), &alice);
+        l["tasks"]["main/0"]
+            .as_str()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    });
+    std::fs::write(
+        &state,
+        format!(
+            "gpu {whole_gpu} util 80 memutil 40 used_mib 30000\nproc {whole_gpu} {pid} 30000 80\n"
+        ),
+    )
+    .unwrap();
+    let slice = submit(
+        &api,
+        &alice,
+        "small",
+        "vision-q",
+        "{mode: mig, profile: 1g.10gb}",
+        "exec sleep 300",
+    );
+    api.wait_state(slice, &alice, "running", LONG);
+    let half = submit(
+        &api,
+        &bob,
+        "serve",
+        "nlp-q",
+        "{mode: fraction, fraction: 0.5}",
+        "exec sleep 300",
+    );
+    api.wait_state(half, &bob, "running", LONG);
+    let wide = submit(
+        &api,
+        &alice,
+        "wide",
+        "vision-q",
+        "{count: 2}",
+        "exec sleep 300",
+    );
+    poll("the wide job has been considered", LONG, || {
+        let w = api.get(&format!("/v1/jobs/{wide}/why"), &alice);
+        (w["state"] == "pending" && !w["reasons"].as_array()?.is_empty()).then_some(())
+    });
+    poll("the whole-GPU job's utilisation is sampled", LONG, || {
+        (api.job(whole, &alice)["util"].as_array()?.len() >= 2).then_some(())
+    });
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let profile = dir.path().join("chromium");
+        let b = Browser::start(&api.url, &profile).await.unwrap();
+
+        // A token that is not one is refused with a message.
+        b.sign_in("gf_not-a-token").await;
+        b.text_when("#login-error", |t| t.contains("not accepted"))
+            .await;
+
+        // The admin's cluster map: 4 GPUs, the MIG GPU in slices, the
+        // shared GPU hatched, each hold coloured by its team.
+        b.sign_in(&admin).await;
+        b.count_at_least("#cluster-map .gpu", 4).await;
+        let teams = b.attrs("#cluster-map .gpu", "data-team").await;
+        assert_eq!(teams.len(), 4, "{teams:?}");
+        assert!(teams.iter().any(|t| t == "vision"), "{teams:?}");
+        assert!(teams.iter().any(|t| t == "nlp"), "{teams:?}");
+        assert_eq!(b.count_at_least(".gpu .seg.mig", 1).await, 1);
+        assert_eq!(b.count_at_least(".gpu .seg.shared", 1).await, 1);
+        let who = b.text_when("#who", |t| t.contains("admin")).await;
+        assert!(who.contains("admin"), "{who}");
+        b.shot("cluster-admin").await;
+
+        // The pending job's page gives its reasons and its place.
+        b.open(&format!("#/jobs/{wide}")).await;
+        let why = b.text_when("#why", |t| t.contains("Why it waits")).await;
+        let reasons = api.get(&format!("/v1/jobs/{wide}/why"), &admin)["reasons"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let first = reasons[0].as_str().unwrap();
+        assert!(why.contains(first), "{why:?} lacks {first:?}");
+        b.shot("job-pending").await;
+
+        // The running job: a utilisation chart with points, and its output
+        // shown as text, not as markup.
+        b.open(&format!("#/jobs/{whole}")).await;
+        b.count_at_least("#util svg circle", 2).await;
+        let log = b.text_when("pre.log", |t| t.contains("bold")).await;
+        assert!(log.contains("<b id=injected>bold</b>"), "{log:?}");
+        assert!(
+            b.client.find(Locator::Css("#injected")).await.is_err(),
+            "a job's output became markup in the page"
+        );
+        b.shot("job-running").await;
+
+        // Usage per team per day: a chart with bars and both teams' totals.
+        b.open("#/usage?by=team&period=day&from=1d").await;
+        b.count_at_least("#usage-chart rect", 2).await;
+        let rows = b.attrs("#usage-totals tbody tr", "data-key").await;
+        assert_eq!(rows, vec!["nlp".to_string(), "vision".to_string()]);
+        let totals = b.text_when("#usage-totals", |t| t.contains("EUR")).await;
+        assert!(totals.contains("EUR"), "{totals}");
+        b.shot("usage-admin").await;
+
+        // Queues show what is guaranteed and used.
+        b.open("#/queues").await;
+        let q = b.text_when("#queues", |t| t.contains("vision-q")).await;
+        assert!(q.contains("nlp-q"), "{q}");
+        b.sign_out().await;
+
+        // Alice, a member of vision: her team's jobs only, nlp's hold on
+        // the map anonymous, nlp's job and costs out of reach.
+        b.sign_in(&alice).await;
+        b.count_at_least("#cluster-map .gpu", 4).await;
+        let teams = b.attrs("#cluster-map .gpu", "data-team").await;
+        assert!(!teams.iter().any(|t| t.contains("nlp")), "{teams:?}");
+        b.open("#/jobs?show=all").await;
+        b.count_at_least("#jobs tbody tr", 3).await;
+        let ids = b.attrs("#jobs tbody tr", "data-job").await;
+        let mut ids: Vec<u64> = ids.iter().map(|s| s.parse().unwrap()).collect();
+        ids.sort_unstable();
+        let mut mine = vec![whole, slice, wide];
+        mine.sort_unstable();
+        assert_eq!(ids, mine, "alice sees exactly vision's jobs");
+        b.open(&format!("#/jobs/{half}")).await;
+        let err = b.text_when("#error", |t| !t.is_empty()).await;
+        assert!(err.contains("not found"), "{err}");
+        b.open("#/usage?by=team&period=day&from=1d").await;
+        b.count_at_least("#usage-totals tbody tr", 1).await;
+        let rows = b.attrs("#usage-totals tbody tr", "data-key").await;
+        assert_eq!(rows, vec!["vision".to_string()]);
+        b.open("#/usage?by=user&period=day&from=1d").await;
+        b.count_at_least("#usage-totals tbody tr", 1).await;
+        let rows = b.attrs("#usage-totals tbody tr", "data-key").await;
+        assert_eq!(rows, vec!["alice".to_string()], "no nlp user's costs");
+        b.shot("usage-member").await;
+        b.client.close().await.unwrap();
+    });
+}
