@@ -543,6 +543,9 @@ pub struct World {
     pub budget_used: BTreeMap<String, (u64, f64)>,
     /// What `/metrics` counts since the server started (memory only).
     pub stats: Stats,
+    /// GPU-seconds of every closed hold of the ledger, per team: counted
+    /// from every job as the store is loaded, then as holds close.
+    pub team_closed_gpu_s: BTreeMap<String, f64>,
 }
 
 /// Bounds of the duration histograms, in seconds.
@@ -737,6 +740,19 @@ impl World {
 
     /// Puts a job, keeping the index by node in step.
     pub fn put_job(&mut self, j: JobRec) {
+        // A finished job never changes, so a job is never put again after
+        // it left memory: each hold is counted once as it closes.
+        let closed = |j: &JobRec| -> f64 {
+            j.held
+                .iter()
+                .filter(|h| h.to.is_some())
+                .map(|h| h.gpu_s(0, u64::MAX, 0))
+                .sum()
+        };
+        let grown = closed(&j) - self.jobs.get(&j.id).map_or(0.0, closed);
+        if grown != 0.0 {
+            *self.team_closed_gpu_s.entry(j.team.clone()).or_default() += grown;
+        }
         if let Some(old) = self.jobs.get(&j.id) {
             for a in &old.allocs {
                 if let Some(ids) = self.on_node.get_mut(&a.node) {

@@ -284,6 +284,24 @@ async fn reconcile(store: Option<String>) {
     );
     let total = sum(&by_job, "gpu_hours");
     assert!(total > 0.0);
+    // /metrics counts each team's GPU-hours from the same ledger, closed
+    // holds counted as the restarted server loaded them.
+    let (_, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    for row in s.report(&admin, "team").await {
+        let team = row["key"].as_str().unwrap();
+        let counted: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("gpuflow_team_gpu_hours_total{{team=\"{team}\"}}"))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no GPU-hours for {team} in {text}"));
+        let reported = row["gpu_hours"].as_f64().unwrap();
+        assert!(
+            (counted - reported).abs() <= 6.0 / 3600.0,
+            "{team}: /metrics {counted}, report {reported}"
+        );
+    }
     for by in ["team", "project", "cost_centre", "model", "user", "queue"] {
         let rows = s.report(&admin, by).await;
         let t = sum(&rows, "gpu_hours");
@@ -410,7 +428,12 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     let id = s.ok("POST", "/v1/jobs", &admin, spec).await["id"]
         .as_u64()
         .unwrap();
+    let half = json!({"name": "h", "queue": "default", "kind": "inference",
+        "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"mode": "fraction", "fraction": 0.5}}}]});
+    s.ok("POST", "/v1/jobs", &admin, half).await;
     s.cycle().await;
+    // The first job has held its GPUs for an hour.
+    s.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from -= 3600;
     let sample = json!([{"uuid": "GPU-1", "util_pct": 77, "memory_util_pct": 30, "memory_used_mib": 4096, "power_w": 250.5, "temperature_c": 60}]);
     let attempt = s.shared.world.lock().await.jobs[&id].attempts;
     s.ok("POST", "/v1/agent/heartbeat", &nt, json!({"node": "n1", "inventory": inventory(), "gpus": sample,
@@ -425,9 +448,17 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
         n.starts_with("DCGM_FI_DEV_")
             || (n.starts_with("gpuflow_")
                 && n.split('_').count() >= 4
-                && ["jobs", "gpus", "seconds", "total", "bytes", "ratio"]
-                    .iter()
-                    .any(|u| n.ends_with(u) || n.contains(&format!("_{u}_")))
+                && [
+                    "jobs",
+                    "gpus",
+                    "seconds",
+                    "total",
+                    "bytes",
+                    "ratio",
+                    "gpu_hours",
+                ]
+                .iter()
+                .any(|u| n.ends_with(u) || n.contains(&format!("_{u}_")))
                 && n.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
     };
     for smp in &scrape.samples {
@@ -450,7 +481,7 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     };
     assert_eq!(
         value("gpuflow_queue_used_gpus", ("queue", "default")),
-        Some(2.0)
+        Some(2.5)
     );
     assert_eq!(
         value("gpuflow_cluster_total_gpus", ("model", "H100")),
@@ -458,12 +489,29 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     );
     assert_eq!(
         value("gpuflow_cluster_allocated_gpus", ("model", "H100")),
-        Some(2.0)
+        Some(3.0)
     );
     assert_eq!(
         value("gpuflow_queue_unfinished_jobs", ("state", "running")),
         Some(1.0)
     );
+    // Half a GPU is held on a GPU no whole-GPU job can use now: 2.5 of 4
+    // GPUs held, 0.5 GPU fragmented.
+    assert_eq!(
+        value("gpuflow_cluster_allocation_ratio", ("model", "H100")),
+        Some(2.5 / 4.0)
+    );
+    assert_eq!(
+        value("gpuflow_cluster_fragmented_gpus", ("model", "H100")),
+        Some(0.5)
+    );
+    let team = s.shared.world.lock().await.jobs[&id].team.clone();
+    assert_eq!(
+        value("gpuflow_team_allocated_gpus", ("team", &team)),
+        Some(2.5)
+    );
+    let hours = value("gpuflow_team_gpu_hours_total", ("team", &team)).unwrap();
+    assert!((2.0..2.01).contains(&hours), "{hours}");
     assert_eq!(value("DCGM_FI_DEV_GPU_UTIL", ("UUID", "GPU-1")), Some(77.0));
     assert_eq!(
         value("DCGM_FI_DEV_POWER_USAGE", ("Hostname", "n1")),
@@ -484,7 +532,7 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
         );
     }
     assert!(count("gpuflow_store_commit_seconds_count{store=\"all\"}") >= 1.0);
-    assert_eq!(count("gpuflow_scheduler_admissions_total"), 1.0);
+    assert_eq!(count("gpuflow_scheduler_admissions_total"), 2.0);
     assert!(
         scrape
             .samples
@@ -492,6 +540,59 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
             .any(|smp| smp.metric == "gpuflow_job_wait_seconds"),
         "the wait histogram: {text}"
     );
+    // The shipped Grafana dashboard reads only metrics the server exports.
+    let dash = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/gpuflow.json"),
+    )
+    .unwrap();
+    let dash: Value = serde_json::from_str(&dash).expect("the dashboard is JSON");
+    let exported: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut used = 0;
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("gpuflow_") || word.starts_with("DCGM_") {
+                    let family = word.strip_suffix("_bucket").unwrap_or(word);
+                    assert!(
+                        exported.contains(&family),
+                        "the dashboard reads {word}, not exported"
+                    );
+                    used += 1;
+                }
+            }
+        }
+    }
+    assert!(used >= 20, "{used}");
+    // Its hold closes when it ends: the team's GPU-hours stay counted.
+    s.ok(
+        "POST",
+        &format!("/v1/jobs/{id}/cancel"),
+        &admin,
+        Value::Null,
+    )
+    .await;
+    s.ok(
+        "POST",
+        "/v1/agent/heartbeat",
+        &nt,
+        json!({"node": "n1", "inventory": inventory(), "tasks": []}),
+    )
+    .await;
+    s.cycle().await;
+    let held = s.shared.world.lock().await.jobs[&id].held.clone();
+    assert!(held[0].to.is_some(), "{held:?}");
+    let (_, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    let after: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("gpuflow_team_gpu_hours_total{{team=\"{team}\"}}")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(after >= hours && after < 2.02, "{after} after {hours}");
 }
 
 async fn queue_view(s: &Server, token: &str) -> Value {

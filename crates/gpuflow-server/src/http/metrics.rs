@@ -180,6 +180,129 @@ async fn metrics(
         );
     }
 
+    // Shares: how much of each GPU is held, and the free capacity of GPUs
+    // partly held (shared or split into MIG instances), which no whole-GPU
+    // job can use: the fragmentation FGD measures.
+    let holders = world.holders(|_| true);
+    let mut share: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
+    for n in world
+        .nodes
+        .values()
+        .filter(|n| n.state != api::NodeState::Lost)
+    {
+        let pool = if n.inventory.pool.is_empty() {
+            "default"
+        } else {
+            n.inventory.pool.as_str()
+        };
+        let held = holders.get(&n.name).map_or(&[][..], Vec::as_slice);
+        for g in n.inventory.gpus.iter().filter(|g| g.unhealthy.is_none()) {
+            let milli: u32 = held
+                .iter()
+                .filter(|h| h.gpu == g.index)
+                .map(|h| h.milli)
+                .sum::<u32>()
+                .min(1000);
+            let e = share
+                .entry((g.model.clone(), pool.to_string()))
+                .or_default();
+            e.0 += f64::from(milli) / 1000.0;
+            if milli > 0 && milli < 1000 {
+                e.1 += f64::from(1000 - milli) / 1000.0;
+            }
+        }
+    }
+    o.head(
+        "gpuflow_cluster_allocation_ratio",
+        "gauge",
+        "Share of the healthy GPUs' capacity held (shares, MIG and time slices at their equivalents), per model and pool.",
+    );
+    for ((m, p), (held, _)) in &share {
+        let n = total.get(&(m.clone(), p.clone())).map_or(0, |t| t.0 - t.2);
+        let ratio = if n == 0 { 0.0 } else { held / n as f64 };
+        o.line(
+            "gpuflow_cluster_allocation_ratio",
+            &[("model", m), ("pool", p)],
+            ratio,
+        );
+    }
+    o.head(
+        "gpuflow_cluster_fragmented_gpus",
+        "gauge",
+        "Free capacity, in GPUs, on GPUs partly held (shared or MIG): free, but not to a whole-GPU job; per model and pool.",
+    );
+    for ((m, p), (_, frag)) in &share {
+        o.line(
+            "gpuflow_cluster_fragmented_gpus",
+            &[("model", m), ("pool", p)],
+            *frag,
+        );
+    }
+
+    // Teams: GPUs held now, and GPU-hours held ever (the ledger).
+    let mut team_now: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for team in world.teams.keys() {
+        team_now.insert(team.as_str(), (0.0, 0.0));
+    }
+    for (team, s) in &world.team_closed_gpu_s {
+        team_now.entry(team.as_str()).or_default().1 += s;
+    }
+    for j in world.jobs.values() {
+        for h in j.held.iter().filter(|h| h.to.is_none()) {
+            let e = team_now.entry(j.team.as_str()).or_default();
+            e.0 += h.gpu_milli as f64 / 1000.0;
+            e.1 += h.gpu_s(0, u64::MAX, t);
+        }
+    }
+    o.head(
+        "gpuflow_team_allocated_gpus",
+        "gauge",
+        "GPUs a team's jobs hold now (shares, MIG and time slices at their equivalents).",
+    );
+    for (team, (gpus, _)) in &team_now {
+        o.line("gpuflow_team_allocated_gpus", &[("team", team)], *gpus);
+    }
+    o.head(
+        "gpuflow_team_gpu_hours_total",
+        "counter",
+        "GPU-hours a team's jobs have held, from the accounting ledger (all time).",
+    );
+    for (team, (_, s)) in &team_now {
+        o.line(
+            "gpuflow_team_gpu_hours_total",
+            &[("team", team)],
+            s / 3600.0,
+        );
+    }
+
+    // Budgets: what each budgeted queue used and may use this period.
+    o.head(
+        "gpuflow_queue_budget_gpu_hours",
+        "gauge",
+        "A budgeted queue's GPU-hours per period.",
+    );
+    for (name, q) in &world.queues {
+        if let Some(b) = &q.budget {
+            o.line(
+                "gpuflow_queue_budget_gpu_hours",
+                &[("queue", name)],
+                b.gpu_hours,
+            );
+        }
+    }
+    o.head(
+        "gpuflow_queue_budget_used_gpu_hours",
+        "gauge",
+        "GPU-hours a budgeted queue used in its current period (counted every 30 s).",
+    );
+    for (name, (_, used)) in &world.budget_used {
+        o.line(
+            "gpuflow_queue_budget_used_gpu_hours",
+            &[("queue", name)],
+            *used,
+        );
+    }
+
     // Waits: submission to start, of the jobs in memory that started.
     o.head(
         "gpuflow_job_wait_seconds",
