@@ -1087,3 +1087,64 @@ pub fn valid_name(s: &str) -> bool {
         && s.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
 }
+
+// ---- capacity planning ----
+
+/// The cluster's own recorded workload, for `gpuflow sim whatif`: the jobs
+/// submitted in a range that held GPUs, the nodes and the teams' quotas.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordedWorkload {
+    pub from: u64,
+    pub to: u64,
+    pub jobs: Vec<RecordedJob>,
+    /// The nodes not lost, grouped by shape.
+    pub nodes: Vec<RecordedNodes>,
+    pub teams: Vec<RecordedTeam>,
+    pub prices: Prices,
+    /// Jobs of the range left out, by why (never held a GPU, several task
+    /// groups asking for different GPUs).
+    pub left_out: BTreeMap<String, u32>,
+}
+
+/// One recorded job: when it came, how long it held its GPUs (over every
+/// attempt), what it asked for and on which model it ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordedJob {
+    pub id: u64,
+    pub submitted_at: u64,
+    pub duration_s: u64,
+    pub tasks: u32,
+    /// Whole GPUs per task; 0 when each task holds a share of one GPU.
+    pub gpus_per_task: u32,
+    /// The share of one GPU each task held, in thousandths, when shared (a
+    /// MIG instance or time slice at its quota equivalent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milli: Option<u32>,
+    pub team: String,
+    pub kind: crate::Kind,
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_s: Option<u64>,
+    pub model: String,
+}
+
+/// Nodes of one shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordedNodes {
+    pub count: u32,
+    pub gpus: u32,
+    pub model: String,
+    pub cpu: u64,
+    pub mem_gib: u64,
+}
+
+/// A team's queues summed: weight, and GPUs guaranteed and borrowable per
+/// GPU model (a `*` quota given to each model).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RecordedTeam {
+    pub name: String,
+    pub weight: f64,
+    pub guaranteed: BTreeMap<String, f64>,
+    /// Absent for a model: no limit.
+    pub borrow_limit: BTreeMap<String, f64>,
+}

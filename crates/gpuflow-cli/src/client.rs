@@ -275,14 +275,14 @@ pub enum EventCmd {
     },
 }
 
-struct Client {
+pub(crate) struct Client {
     http: ureq::Agent,
     base: String,
     token: String,
 }
 
 impl Client {
-    fn new(c: &Conn) -> anyhow::Result<Client> {
+    pub(crate) fn new(c: &Conn) -> anyhow::Result<Client> {
         let token = match &c.token {
             Some(t) => t.clone(),
             None => {
@@ -302,7 +302,7 @@ impl Client {
         })
     }
 
-    fn call(
+    pub(crate) fn call(
         &self,
         method: &str,
         path: &str,

@@ -5,6 +5,7 @@ mod bench_api;
 mod client;
 mod platform;
 mod sim;
+mod whatif;
 
 use clap::{Parser, Subcommand};
 

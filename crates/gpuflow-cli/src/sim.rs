@@ -60,6 +60,11 @@ pub enum SimCommand {
     /// Discrete-event simulation of queues, fair share, preemption and
     /// backfill: FIFO vs Slurm-like vs gpuflow on a trace or a synthetic workload.
     Run(RunArgs),
+    /// Capacity planning: the cluster's own recorded workload (from the
+    /// server, admins) replayed against the cluster as it is and as it
+    /// would be with nodes added or removed or guarantees changed; waits,
+    /// utilisation, cost and each team's share side by side.
+    Whatif(crate::whatif::WhatifArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -226,6 +231,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
     match cmd {
         SimCommand::Run(a) => run_dynamic(a),
+        SimCommand::Whatif(a) => crate::whatif::run(a),
         SimCommand::Openb {
             data,
             trace,

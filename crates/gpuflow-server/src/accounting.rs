@@ -13,7 +13,7 @@
 //! the agent sampled it; efficiency is used over held, over the held time
 //! that was sampled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuflow_api as api;
 
@@ -444,6 +444,129 @@ pub async fn budget_loop(shared: std::sync::Arc<crate::Shared>) {
         }
         tokio::time::sleep(std::time::Duration::from_secs(30)).await;
     }
+}
+
+/// The recorded workload of `range` (jobs submitted in it that held GPUs),
+/// with the cluster's nodes and each team's quotas, for capacity planning.
+pub fn recorded(
+    jobs: &[JobRec],
+    nodes: &[&crate::state::NodeRec],
+    queues: &[&api::QueueSpec],
+    (from, to): (u64, u64),
+    now: u64,
+) -> api::RecordedWorkload {
+    use gpuflow_core::request::GpuRequest;
+    let mut out = api::RecordedWorkload {
+        from,
+        to,
+        jobs: Vec::new(),
+        nodes: Vec::new(),
+        teams: Vec::new(),
+        prices: api::Prices::default(),
+        left_out: BTreeMap::new(),
+    };
+    let mut skip = |why: &str| *out.left_out.entry(why.to_string()).or_default() += 1;
+    for j in jobs.iter().filter(|j| (from..to).contains(&j.submitted_at)) {
+        let held: u64 = j
+            .held
+            .iter()
+            .map(|h| h.to.unwrap_or(now).saturating_sub(h.from))
+            .sum();
+        if held == 0 {
+            skip("never held a GPU");
+            continue;
+        }
+        let asks: Vec<(GpuRequest, u32)> = j
+            .spec
+            .tasks
+            .iter()
+            .map(|g| (crate::cycle::task_request(g).gpu, g.replicas))
+            .filter(|(r, _)| !matches!(r, GpuRequest::None))
+            .collect();
+        let Some((ask, _)) = asks.first() else {
+            skip("never held a GPU");
+            continue;
+        };
+        if asks.iter().any(|(a, _)| a != ask) {
+            skip("task groups ask for different GPUs");
+            continue;
+        }
+        let (gpus_per_task, milli) = match ask {
+            GpuRequest::Whole { count } => (u32::from(*count), None),
+            other => (0, Some(other.quota_milli() as u32)),
+        };
+        out.jobs.push(api::RecordedJob {
+            id: j.id,
+            submitted_at: j.submitted_at,
+            duration_s: held,
+            tasks: asks.iter().map(|(_, n)| n).sum(),
+            gpus_per_task,
+            milli,
+            team: j.team.clone(),
+            kind: j.spec.kind,
+            priority: j.spec.priority,
+            max_runtime_s: j.spec.max_runtime_s,
+            model: j.held.last().map_or_else(String::new, |h| h.model.clone()),
+        });
+    }
+    let mut shapes: BTreeMap<(String, u32, u64, u64), u32> = BTreeMap::new();
+    let mut models: BTreeSet<String> = BTreeSet::new();
+    for n in nodes {
+        let Some(g) = n.inventory.gpus.first() else {
+            continue;
+        };
+        models.insert(g.model.clone());
+        *shapes
+            .entry((
+                g.model.clone(),
+                n.inventory.gpus.len() as u32,
+                n.inventory.cpu_milli.div_ceil(1000),
+                n.inventory.memory_mib.div_ceil(1024),
+            ))
+            .or_default() += 1;
+    }
+    out.nodes = shapes
+        .into_iter()
+        .map(|((model, gpus, cpu, mem_gib), count)| api::RecordedNodes {
+            count,
+            gpus,
+            model,
+            cpu,
+            mem_gib,
+        })
+        .collect();
+    let mut teams: BTreeMap<String, api::RecordedTeam> = BTreeMap::new();
+    // A model's borrowing is unlimited for a team once one of its queues
+    // sets no limit there.
+    let mut limits: BTreeMap<(String, String), Option<f64>> = BTreeMap::new();
+    for q in queues {
+        let t = teams
+            .entry(q.team.clone())
+            .or_insert_with(|| api::RecordedTeam {
+                name: q.team.clone(),
+                weight: 0.0,
+                guaranteed: BTreeMap::new(),
+                borrow_limit: BTreeMap::new(),
+            });
+        t.weight += q.weight;
+        for m in &models {
+            let Some(quota) = q.quotas.get(m).or_else(|| q.quotas.get("*")) else {
+                continue;
+            };
+            *t.guaranteed.entry(m.clone()).or_default() += quota.guaranteed;
+            let l = limits
+                .entry((q.team.clone(), m.clone()))
+                .or_insert(Some(0.0));
+            *l = l.zip(quota.borrow_limit).map(|(a, b)| a + b);
+        }
+    }
+    for ((team, model), limit) in limits {
+        if let (Some(l), Some(t)) = (limit, teams.get_mut(&team)) {
+            t.borrow_limit.insert(model, l);
+        }
+    }
+    out.teams = teams.into_values().collect();
+    out
 }
 
 #[cfg(test)]

@@ -164,6 +164,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/reports/workload",
+        "admin",
+        "The recorded workload of a range (jobs that held GPUs, how long, on which model), the nodes and each team's quotas: what `gpuflow sim whatif` replays",
+        None,
+        Some("RecordedWorkload"),
+    ),
+    r(
+        "get",
         "/v1/prices",
         "any token",
         "The prices of a GPU-hour per model",
@@ -354,6 +362,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::LowUse,
         api::JobsRow,
         api::Advice,
+        api::RecordedWorkload,
         api::Prices,
         api::ApiError
     );
@@ -488,7 +497,7 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "as from (default now)",
             ),
         ],
-        ("get", "/v1/reports/advice") => vec![
+        ("get", "/v1/reports/advice") | ("get", "/v1/reports/workload") => vec![
             q(
                 "from",
                 json!({"type": "string", "maxLength": 40}),

@@ -11,6 +11,7 @@ mod error;
 pub mod fragmentation;
 pub mod openb;
 pub mod report;
+pub mod whatif;
 pub mod workload;
 
 pub use error::SimError;

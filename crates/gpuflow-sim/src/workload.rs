@@ -264,6 +264,8 @@ pub struct TraceJob {
     pub kind: usize,
     pub priority: i32,
     pub max_runtime: Option<u64>,
+    /// The GPU model it must run on; `None`: any.
+    pub model: Option<String>,
 }
 
 impl TraceJob {
@@ -280,7 +282,7 @@ impl TraceJob {
             cpu: CpuMilli(cpu),
             mem: MemMib(cpu / 1000 * 8192),
             gpu: self.gpu.clone(),
-            models: Vec::new(),
+            models: self.model.iter().cloned().collect(),
         };
         Job {
             id: JobId(self.id),
@@ -377,6 +379,7 @@ pub fn load_trace(path: &Path) -> Result<Vec<TraceJob>, SimError> {
             kind,
             priority: r.priority,
             max_runtime: r.max_runtime_s,
+            model: None,
         });
     }
     out.sort_by_key(|j| (j.submit, j.id));
@@ -563,6 +566,7 @@ impl Synthetic {
                         kind,
                         priority: 0,
                         max_runtime,
+                        model: None,
                     };
                     made += job.gpu_milli() as f64 / 1000.0 * duration as f64;
                     jobs.push(job);

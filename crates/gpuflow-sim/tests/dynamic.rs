@@ -171,6 +171,7 @@ fn budgeted_run(budget: &str) -> Vec<(u64, u64)> {
             kind: 3,
             priority: 0,
             max_runtime: Some(3600),
+            model: None,
         })
         .collect();
     let mut policy = SimPolicy::gpuflow();

@@ -10,6 +10,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/reports/low-utilization", get(low_use))
         .route("/v1/reports/jobs", get(jobs_report))
         .route("/v1/reports/advice", get(advice))
+        .route("/v1/reports/workload", get(workload))
         .route("/v1/prices", get(prices).put(set_prices))
 }
 
@@ -302,4 +303,37 @@ async fn advice(
     Ok(Json(crate::accounting::advice(
         &mine, &offer, &prices, range, t,
     )))
+}
+
+/// The recorded workload of a range (default: the last 30 days), the
+/// nodes and the teams' quotas, for `gpuflow sim whatif`. Admins only: it
+/// spans every team.
+async fn workload(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<api::RecordedWorkload> {
+    caller.need_admin("reading the recorded workload")?;
+    for k in q.keys() {
+        if !["from", "to"].contains(&k.as_str()) {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("unknown parameter {k:?}; allowed: from, to"),
+            )
+            .into());
+        }
+    }
+    let t = now();
+    let range = range(&q, t)?;
+    let jobs = crate::every_job(&shared).await?;
+    let world = shared.world.lock().await;
+    let nodes: Vec<&crate::state::NodeRec> = world
+        .nodes
+        .values()
+        .filter(|n| n.state != api::NodeState::Lost)
+        .collect();
+    let queues: Vec<&api::QueueSpec> = world.queues.values().collect();
+    let mut out = crate::accounting::recorded(&jobs, &nodes, &queues, range, t);
+    out.prices = world.prices.clone();
+    Ok(Json(out))
 }
