@@ -303,6 +303,72 @@ pub struct Project {
     /// The finance cost centre its usage is reported under.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cost_centre: String,
+    /// A budget for the project's jobs, in whichever queues they run; when
+    /// spent they stop borrowing (or admitting). Admins set it. A project
+    /// has no fair-share weight of its own, so `taper_from` must be 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+}
+
+impl Project {
+    /// # Errors
+    /// A 400 naming each wrong field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut errs = Vec::new();
+        let mut bad = |f: String, m: String| {
+            errs.push(FieldError {
+                field: f,
+                message: m,
+            })
+        };
+        if self.cost_centre.len() > 64 {
+            bad("cost_centre".into(), "at most 64 characters".into());
+        }
+        if let Some(b) = &self.budget {
+            b.check("budget", &mut bad);
+            if b.taper_from < 1.0 {
+                bad(
+                    "budget.taper_from".into(),
+                    "a project has no fair-share weight to taper: its budget stops borrowing or admitting when spent; set taper_from to 1 (a queue's budget tapers)".into(),
+                );
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(errs))
+        }
+    }
+}
+
+/// A project with its budget as it stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProjectView {
+    #[serde(flatten)]
+    pub project: Project,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_use: Option<BudgetUse>,
+}
+
+/// Changes to a project (admins): its cost centre, its budget (`null`
+/// removes it).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectPatch {
+    #[serde(default)]
+    pub cost_centre: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<BudgetSpec>")]
+    pub budget: Option<Option<BudgetSpec>>,
+}
+
+/// A field that may be `null`: absent is `None`, `null` is `Some(None)`.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Some(Option::deserialize(d)?))
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -421,13 +487,20 @@ pub struct QueueSpec {
     pub budget: Option<BudgetSpec>,
 }
 
-/// A GPU-hour budget per period: once `taper_from` of it is used the
-/// queue's fair-share weight falls linearly to `min_weight_factor` of
-/// itself; once all is used the queue stops borrowing (or admitting).
+/// A budget per period, in GPU-hours or in cost (exactly one of the two):
+/// once `taper_from` of it is used the queue's fair-share weight falls
+/// linearly to `min_weight_factor` of itself; once all is used the queue
+/// (or project) stops borrowing (or admitting).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
-    pub gpu_hours: f64,
+    /// GPU-hours per period (a share, MIG slice or time slice at its
+    /// equivalent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours: Option<f64>,
+    /// Cost per period at the admins' prices, in their currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
     pub period: BudgetPeriod,
     #[serde(default = "default_taper")]
     pub taper_from: f64,
@@ -435,6 +508,52 @@ pub struct BudgetSpec {
     pub min_weight_factor: f64,
     #[serde(default)]
     pub when_exhausted: WhenExhausted,
+}
+
+impl BudgetSpec {
+    /// The amount per period, in its unit.
+    pub fn limit(&self) -> f64 {
+        self.gpu_hours.or(self.cost).unwrap_or(0.0)
+    }
+
+    /// `gpu-hours` or `cost`.
+    pub fn unit(&self) -> &'static str {
+        if self.cost.is_some() {
+            "cost"
+        } else {
+            "gpu-hours"
+        }
+    }
+
+    /// Adds what is wrong with it to `bad`, fields under `at`.
+    pub fn check(&self, at: &str, bad: &mut dyn FnMut(String, String)) {
+        match (self.gpu_hours, self.cost) {
+            (Some(_), Some(_)) | (None, None) => bad(
+                at.to_string(),
+                "give exactly one of gpu_hours and cost".into(),
+            ),
+            (Some(h), None) if !(h.is_finite() && (0.0..=1e9).contains(&h)) => bad(
+                format!("{at}.gpu_hours"),
+                "must be 0 to 1000000000 GPU-hours".into(),
+            ),
+            (None, Some(c)) if !(c.is_finite() && (0.0..=1e12).contains(&c)) => {
+                bad(format!("{at}.cost"), "must be 0 to 1000000000000".into())
+            }
+            _ => {}
+        }
+        if !(0.0..=1.0).contains(&self.taper_from) {
+            bad(
+                format!("{at}.taper_from"),
+                "must be a share from 0 to 1".into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.min_weight_factor) {
+            bad(
+                format!("{at}.min_weight_factor"),
+                "must be a factor from 0 to 1".into(),
+            );
+        }
+    }
 }
 
 fn default_taper() -> f64 {
@@ -466,8 +585,12 @@ pub enum WhenExhausted {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BudgetUse {
     pub period_start: u64,
-    pub used_gpu_hours: f64,
-    pub left_gpu_hours: f64,
+    /// `gpu-hours` or `cost`, as the budget counts.
+    pub unit: String,
+    /// Used in this period, in the unit.
+    pub used: f64,
+    /// Left in this period, in the unit.
+    pub left: f64,
     /// The factor on the queue's weight now (1 until the taper starts).
     pub weight_factor: f64,
     pub exhausted: bool,
@@ -526,21 +649,7 @@ impl QueueSpec {
             idle.check("notebook_idle", &mut |f, m| bad(&f, m));
         }
         if let Some(b) = &self.budget {
-            if !(b.gpu_hours.is_finite() && (0.0..=1e9).contains(&b.gpu_hours)) {
-                bad(
-                    "budget.gpu_hours",
-                    "must be 0 to 1000000000 GPU-hours".into(),
-                );
-            }
-            if !(0.0..=1.0).contains(&b.taper_from) {
-                bad("budget.taper_from", "must be a share from 0 to 1".into());
-            }
-            if !(0.0..=1.0).contains(&b.min_weight_factor) {
-                bad(
-                    "budget.min_weight_factor",
-                    "must be a factor from 0 to 1".into(),
-                );
-            }
+            b.check("budget", &mut |f, m| bad(&f, m));
         }
         if errs.is_empty() {
             Ok(())

@@ -167,6 +167,7 @@ pub enum TeamCmd {
 
 #[derive(Subcommand)]
 pub enum ProjectCmd {
+    /// Projects with their cost centres and what is left of their budgets.
     Ls,
     Create {
         name: String,
@@ -174,6 +175,25 @@ pub enum ProjectCmd {
         team: String,
         #[arg(long, default_value = "")]
         cost_centre: String,
+    },
+    /// Give a project a budget per period, in GPU-hours or cost (admins):
+    /// when spent, its jobs stop borrowing (or start no new work) in
+    /// whichever queues they run, until the period renews.
+    Budget {
+        name: String,
+        /// GPU-hours per period.
+        #[arg(long, conflicts_with_all = ["cost", "clear"], required_unless_present_any = ["cost", "clear"])]
+        gpu_hours: Option<f64>,
+        /// Cost per period, at the prices (`gpuflow price ls`).
+        #[arg(long, conflicts_with = "clear")]
+        cost: Option<f64>,
+        #[arg(long, value_parser = ["day", "week", "month"], default_value = "month")]
+        period: String,
+        #[arg(long, value_parser = ["stop-borrowing", "stop-admitting"], default_value = "stop-borrowing")]
+        when_exhausted: String,
+        /// Remove the project's budget.
+        #[arg(long)]
+        clear: bool,
     },
 }
 
@@ -702,16 +722,7 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                             used,
                             s(&q["running"]),
                             s(&q["pending"]),
-                            match q.get("budget_use") {
-                                Some(b) => format!(
-                                    "{:.1} of {} GPU-h/{}{}",
-                                    b["left_gpu_hours"].as_f64().unwrap_or(0.0),
-                                    s(&q["budget"]["gpu_hours"]),
-                                    s(&q["budget"]["period"]),
-                                    if b["exhausted"] == true { " SPENT" } else { "" }
-                                ),
-                                None => "-".into(),
-                            },
+                            budget_left(&q["budget"], q.get("budget_use")),
                         ]
                     })
                     .collect();
@@ -928,7 +939,7 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
             let v = c.call("GET", "/v1/projects", None)?;
             print(conn.output, &v, |v| {
                 columns(
-                    &["name", "team", "cost centre"],
+                    &["name", "team", "cost centre", "budget left"],
                     v.as_array()
                         .into_iter()
                         .flatten()
@@ -937,6 +948,7 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
                                 s(&p["name"]),
                                 s(&p["team"]),
                                 s(p.get("cost_centre").unwrap_or(&Value::Null)),
+                                budget_left(&p["budget"], p.get("budget_use")),
                             ]
                         })
                         .collect(),
@@ -959,6 +971,36 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
                     "project {} of team {} created\n",
                     s(&p["name"]),
                     s(&p["team"])
+                )
+            });
+        }
+        ProjectCmd::Budget {
+            name,
+            gpu_hours,
+            cost,
+            period,
+            when_exhausted,
+            clear,
+        } => {
+            let budget = if clear {
+                Value::Null
+            } else {
+                serde_json::json!({
+                    "gpu_hours": gpu_hours, "cost": cost, "period": period,
+                    "taper_from": 1.0, "when_exhausted": when_exhausted,
+                })
+            };
+            let body = serde_json::json!({ "budget": budget });
+            let v = c.call(
+                "PATCH",
+                &format!("/v1/projects/{name}"),
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |p| {
+                format!(
+                    "project {}: budget {}\n",
+                    s(&p["name"]),
+                    budget_left(&p["budget"], p.get("budget_use"))
                 )
             });
         }
@@ -1083,6 +1125,24 @@ struct Report {
     rows_at: Option<&'static str>,
     head: Vec<String>,
     row: fn(&Value) -> Vec<String>,
+}
+
+/// What is left of a budget: `12.5 of 100 GPU-h/month`, `SPENT` once
+/// used up; `-` without one.
+fn budget_left(spec: &Value, used: Option<&Value>) -> String {
+    let Some(b) = used else {
+        return "-".into();
+    };
+    let (limit, unit) = match spec["cost"].as_f64() {
+        Some(c) => (c, ""),
+        None => (spec["gpu_hours"].as_f64().unwrap_or(0.0), " GPU-h"),
+    };
+    format!(
+        "{:.1} of {limit}{unit}/{}{}",
+        b["left"].as_f64().unwrap_or(0.0),
+        s(&spec["period"]),
+        if b["exhausted"] == true { " SPENT" } else { "" }
+    )
 }
 
 fn num(v: &Value, digits: usize) -> String {

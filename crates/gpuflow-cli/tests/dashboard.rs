@@ -253,6 +253,16 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         assert_eq!(s, 201, "{v}");
     }
     let (s, v) = api.call(
+        "PATCH",
+        "/v1/queues/vision-q",
+        &admin,
+        Some((
+            "application/json",
+            br#"{"budget": {"gpu_hours": 100, "period": "day"}}"#,
+        )),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = api.call(
         "PUT",
         "/v1/prices",
         &admin,
@@ -382,6 +392,11 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         b.open("#/queues").await;
         let q = b.text_when("#queues", |t| t.contains("vision-q")).await;
         assert!(q.contains("nlp-q"), "{q}");
+        let budget = b
+            .text_when("tr[data-queue='vision-q'] .budget", |t| t.contains("left"))
+            .await;
+        assert!(budget.contains("of 100 GPU-h left this day"), "{budget}");
+        b.shot("queues").await;
         b.sign_out().await;
 
         // Alice, a member of vision: her team's jobs only, nlp's hold on

@@ -355,18 +355,29 @@ pub fn period_start(period: api::BudgetPeriod, t: u64) -> u64 {
     }
 }
 
-/// GPU-hours held by `queue`'s jobs from `from` to `now`.
-pub fn queue_gpu_hours(jobs: &[JobRec], queue: &str, from: u64, now: u64) -> f64 {
-    jobs.iter()
-        .filter(|j| j.spec.queue == queue)
-        .flat_map(|j| &j.held)
-        .map(|h| h.gpu_s(from, now, now))
-        .sum::<f64>()
-        / 3600.0
+/// What `jobs` used of a budget from `from` to `now`, in its unit:
+/// GPU-hours held, or their cost at `prices`.
+pub fn budget_spent<'j>(
+    jobs: impl Iterator<Item = &'j JobRec>,
+    b: &api::BudgetSpec,
+    prices: &api::Prices,
+    from: u64,
+    now: u64,
+) -> f64 {
+    jobs.flat_map(|j| &j.held)
+        .map(|h| {
+            let hours = h.gpu_s(from, now, now) / 3600.0;
+            if b.cost.is_some() {
+                hours * gpu_price(prices, &h.model)
+            } else {
+                hours
+            }
+        })
+        .sum()
 }
 
-/// The core's view of a budget, given the hours last counted for it
-/// (a count from an earlier period is none: the budget renewed).
+/// The core's view of a budget, given what was last counted for it in its
+/// unit (a count from an earlier period is none: the budget renewed).
 pub fn core_budget(
     b: &api::BudgetSpec,
     counted: Option<&(u64, f64)>,
@@ -376,8 +387,9 @@ pub fn core_budget(
     let used = counted
         .filter(|(s, _)| *s == start)
         .map_or(0.0, |(_, h)| *h);
+    // The core compares used with the budget: both in the budget's unit.
     gpuflow_core::queue::Budget {
-        gpu_hours: b.gpu_hours,
+        gpu_hours: b.limit(),
         used_gpu_hours: used,
         taper_from: b.taper_from,
         min_weight_factor: b.min_weight_factor,
@@ -392,44 +404,63 @@ pub fn core_budget(
     }
 }
 
-/// A budget as its queue's viewers see it.
+/// A budget as its queue's (or project's) viewers see it.
 pub fn budget_use(b: &api::BudgetSpec, counted: Option<&(u64, f64)>, now: u64) -> api::BudgetUse {
     let c = core_budget(b, counted, now);
     api::BudgetUse {
         period_start: period_start(b.period, now),
-        used_gpu_hours: c.used_gpu_hours,
-        left_gpu_hours: (c.gpu_hours - c.used_gpu_hours).max(0.0),
+        unit: b.unit().to_string(),
+        used: c.used_gpu_hours,
+        left: (c.gpu_hours - c.used_gpu_hours).max(0.0),
         weight_factor: c.weight_factor(),
         exhausted: c.exhausted(),
     }
 }
 
-/// Counts every budgeted queue's GPU-hours in its current period from the
-/// ledger of every job (the store's, and memory's newer ones) and keeps
-/// them for the cycle and the queue views.
+/// Counts every budgeted queue's and project's use in its current period
+/// from the ledger of every job (the store's, and memory's newer ones) and
+/// keeps it for the cycle and the views.
 ///
 /// # Errors
 /// When the store cannot be read.
 pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), crate::ServerError> {
-    let budgeted: Vec<(String, u64)> = {
+    let (queues, projects, prices) = {
         let w = shared.world.lock().await;
-        w.queues
+        let queues: Vec<(String, api::BudgetSpec)> = w
+            .queues
             .values()
-            .filter_map(|q| Some((q.name.clone(), period_start(q.budget.as_ref()?.period, now))))
-            .collect()
+            .filter_map(|q| Some((q.name.clone(), q.budget.clone()?)))
+            .collect();
+        let projects: Vec<(String, api::BudgetSpec)> = w
+            .projects
+            .values()
+            .filter_map(|p| Some((p.name.clone(), p.budget.clone()?)))
+            .collect();
+        (queues, projects, w.prices.clone())
     };
-    if budgeted.is_empty() {
+    if queues.is_empty() && projects.is_empty() {
         return Ok(());
     }
     let jobs = crate::every_job(shared).await?;
+    let count = |name: &str, b: &api::BudgetSpec, of_queue: bool| {
+        let start = period_start(b.period, now);
+        let mine = jobs.iter().filter(|j| {
+            if of_queue {
+                j.spec.queue == name
+            } else {
+                j.spec.project.as_deref() == Some(name)
+            }
+        });
+        (
+            name.to_string(),
+            (start, budget_spent(mine, b, &prices, start, now)),
+        )
+    };
+    let queues = queues.iter().map(|(q, b)| count(q, b, true)).collect();
+    let projects = projects.iter().map(|(p, b)| count(p, b, false)).collect();
     let mut w = shared.world.lock().await;
-    w.budget_used = budgeted
-        .into_iter()
-        .map(|(q, start)| {
-            let used = queue_gpu_hours(&jobs, &q, start, now);
-            (q, (start, used))
-        })
-        .collect();
+    w.budget_used = queues;
+    w.project_budget_used = projects;
     drop(w);
     shared.wake.notify_one();
     Ok(())

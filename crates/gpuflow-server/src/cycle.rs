@@ -612,7 +612,87 @@ impl Computed {
 fn config(min_runtime: u64) -> Config {
     Config {
         min_runtime,
+        classes: classes(),
         ..Config::default()
+    }
+}
+
+/// The core's priority classes: the four gpuflow ships with, then each
+/// again for the jobs of a project whose budget is spent and stops
+/// borrowing (same rank, but held to its queue's guarantee).
+fn classes() -> Vec<schedule::PriorityClass> {
+    let base = schedule::default_classes();
+    let spent = base.iter().map(|c| schedule::PriorityClass {
+        name: format!("{} (project budget spent)", c.name),
+        may_borrow: false,
+        ..c.clone()
+    });
+    base.clone().into_iter().chain(spent).collect()
+}
+
+/// Projects whose budget is spent: what happens to their pending jobs,
+/// and why in words.
+type Spent = BTreeMap<String, (api::WhenExhausted, String)>;
+
+fn spent_projects(world: &World, t: u64) -> Spent {
+    world
+        .projects
+        .values()
+        .filter_map(|p| {
+            let b = p.budget.as_ref()?;
+            let u = crate::accounting::budget_use(b, world.project_budget_used.get(&p.name), t);
+            if !u.exhausted {
+                return None;
+            }
+            let next = crate::accounting::period_start(b.period, u.period_start + 31 * 86_400);
+            let renews = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(next),
+            )
+            .to_string();
+            let amount = match b.cost {
+                Some(c) => format!("{c} {}", world.prices.currency).trim_end().to_string(),
+                None => format!("{} GPU-hours", b.limit()),
+            };
+            let period = match b.period {
+                api::BudgetPeriod::Day => "day",
+                api::BudgetPeriod::Week => "week",
+                api::BudgetPeriod::Month => "month",
+            };
+            let effect = match b.when_exhausted {
+                api::WhenExhausted::StopAdmitting => "its jobs start no new work",
+                api::WhenExhausted::StopBorrowing => {
+                    "its jobs may not borrow beyond their queue's guarantee"
+                }
+            };
+            Some((
+                p.name.clone(),
+                (
+                    b.when_exhausted,
+                    format!(
+                        "project {}'s budget of {amount} a {period} is used up ({effect}); it renews at {renews}",
+                        p.name
+                    ),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Holds a job to its project's spent budget: `Some(reason)` when it may
+/// not start at all; a job of a project that may not borrow (pending or
+/// running: together they are held to the queue's guarantee) gets its
+/// class's twin that may not.
+fn budget_gate(j: &JobRec, work: &mut Workload, spent: &Spent) -> Option<String> {
+    let (when, reason) = spent.get(j.spec.project.as_deref()?)?;
+    match when {
+        api::WhenExhausted::StopAdmitting => Some(reason.clone()),
+        api::WhenExhausted::StopBorrowing => {
+            let base = schedule::default_classes().len();
+            if work.class < base {
+                work.class += base;
+            }
+            None
+        }
     }
 }
 
@@ -660,8 +740,16 @@ impl Trial {
     /// The cycle the server would run now with `candidate` (not stored)
     /// among the pending jobs: where it would start, or why it would wait.
     pub fn test_only(mut self, candidate: &JobRec) -> api::TestOnly {
-        let classes = schedule::default_classes();
-        if let Some(w) = workload(candidate, &self.snap.queues, &classes) {
+        let classes = classes();
+        if let Some(mut w) = workload(candidate, &self.snap.queues, &classes) {
+            if let Some(reason) = budget_gate(candidate, &mut w, &self.snap.spent) {
+                return api::TestOnly {
+                    would_start: false,
+                    nodes: vec![],
+                    reasons: vec![reason],
+                    eta: None,
+                };
+            }
             self.snap.pending.push(w);
         }
         let plan = self.snap.schedule(self.t, &mut self.history, &self.cfg);
@@ -766,6 +854,8 @@ pub struct Snapshot {
     pub evicted: Vec<(u64, String, String)>,
     /// Tests only: a fault injected before the core runs.
     pub fault: Option<crate::Fault>,
+    /// Projects whose budget is spent.
+    pub spent: Spent,
 }
 
 impl Snapshot {
@@ -921,7 +1011,8 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mix = WorkloadMix::from_tasks(requests.iter(), MixWeighting::Tasks, 1.0);
     let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
     let mut queues = queues;
-    let classes = schedule::default_classes();
+    let classes = classes();
+    let spent = spent_projects(world, t);
     let mut running = Vec::new();
     let mut pending = Vec::new();
     let mut blocked = Vec::new();
@@ -997,9 +1088,12 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             }
             // A running job whose queue is gone still holds its GPUs (applied
             // above); it is just not the core's to preempt.
-            let Some(work) = work else {
+            let Some(mut work) = work else {
                 continue;
             };
+            // Running work goes on whatever its project's budget says; it
+            // only counts as the project's.
+            let _ = budget_gate(j, &mut work, &spent);
             if !j.flavor.is_empty() {
                 queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
             }
@@ -1012,7 +1106,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                 stopping_at: (j.state == JobState::Stopping).then(|| j.kill_at.unwrap_or(t)),
             });
         } else if j.state == JobState::Pending {
-            let Some(work) = work else {
+            let Some(mut work) = work else {
                 let reason = match aside.get(&j.spec.queue) {
                     Some(r) => format!("queue {:?} is set aside: {r}", j.spec.queue),
                     None => format!("queue {:?} does not exist (any more)", j.spec.queue),
@@ -1027,6 +1121,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                 ));
                 continue;
             }
+            if let Some(reason) = budget_gate(j, &mut work, &spent) {
+                blocked.push((j.id, why(j, reason)));
+                continue;
+            }
             pending.push(work);
         }
     }
@@ -1039,6 +1137,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
         blocked,
         evicted,
         fault: None,
+        spent,
     }
 }
 

@@ -538,9 +538,11 @@ pub struct World {
     pub history_saved_at: u64,
     /// Prices for cost reports, set by admins.
     pub prices: api::Prices,
-    /// Each budgeted queue's GPU-hours in its current period, as last
-    /// counted from the ledger: (period start, hours).
+    /// Each budgeted queue's use in its current period (in its budget's unit), as last
+    /// counted from the ledger: (period start, GPU-hours or cost).
     pub budget_used: BTreeMap<String, (u64, f64)>,
+    /// Each budgeted project's use in its current period, as `budget_used`.
+    pub project_budget_used: BTreeMap<String, (u64, f64)>,
     /// What `/metrics` counts since the server started (memory only).
     pub stats: Stats,
     /// GPU-seconds of every closed hold of the ledger, per team: counted

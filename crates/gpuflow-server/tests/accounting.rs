@@ -651,7 +651,8 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         .unwrap();
     let q = queue_view(&s, &lea).await;
     let used = &q["budget_use"];
-    assert!(used["used_gpu_hours"].as_f64().unwrap() > 0.0, "{q}");
+    assert!(used["used"].as_f64().unwrap() > 0.0, "{q}");
+    assert_eq!(used["unit"], "gpu-hours", "{q}");
     assert!(
         used["weight_factor"].as_f64().unwrap() < 1.0,
         "the weight tapers: {q}"
@@ -663,7 +664,7 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         .unwrap();
     let q = queue_view(&s, &lea).await;
     assert_eq!(q["budget_use"]["exhausted"], true, "{q}");
-    assert_eq!(q["budget_use"]["left_gpu_hours"], 0.0, "{q}");
+    assert_eq!(q["budget_use"]["left"], 0.0, "{q}");
     assert!(
         (q["budget_use"]["weight_factor"].as_f64().unwrap() - 0.2).abs() < 1e-9,
         "{q}"
@@ -714,4 +715,189 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         "admitted",
         "the renewed budget lets it borrow"
     );
+}
+
+async fn why(s: &Server, id: u64, token: &str) -> String {
+    let (_, v, _) = s
+        .call("GET", &format!("/v1/jobs/{id}/why"), token, None)
+        .await;
+    v.to_string()
+}
+
+/// A project's budget, in GPU-hours, through the API: admins set it (a
+/// lead may not; a taper, or two amounts, are refused), its team sees what
+/// is left; once spent its jobs start no new work (`why` and test-only
+/// submissions say so) while the queue's other jobs do; switched to stop
+/// borrowing, its jobs start within the guarantee only. A queue's budget
+/// in cost at the admins' prices stops the queue the same way.
+#[tokio::test]
+async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    cfg.min_runtime_s = 0;
+    let (s, admin, join) = open(&cfg).await;
+    let (admin, join) = (admin.unwrap(), join.unwrap());
+    for team in ["alpha", "beta"] {
+        s.ok("POST", "/v1/teams", &admin, json!({"name": team}))
+            .await;
+    }
+    s.ok(
+        "POST",
+        "/v1/queues",
+        &admin,
+        json!({"name": "alpha-q", "team": "alpha", "quotas": {"*": {"guaranteed": 2}}}),
+    )
+    .await;
+    let lea = s.user_token(&admin, "lea", "alpha", "team-lead").await;
+    let bo = s.user_token(&admin, "bo", "beta", "member").await;
+    s.ok(
+        "POST",
+        "/v1/projects",
+        &lea,
+        json!({"name": "p1", "team": "alpha"}),
+    )
+    .await;
+    let budget = |b: Value| json!({ "budget": b });
+    let one_gpu_hour = json!({"gpu_hours": 1.0, "period": "day", "taper_from": 1.0, "when_exhausted": "stop-admitting"});
+    let (st, v, _) = s
+        .call(
+            "PATCH",
+            "/v1/projects/p1",
+            &lea,
+            Some(budget(one_gpu_hour.clone())),
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    let (st, v, _) = s
+        .call(
+            "PATCH",
+            "/v1/projects/p1",
+            &admin,
+            Some(budget(json!({"gpu_hours": 1.0, "period": "day"}))),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("taper_from"), "{v}");
+    let (st, v, _) = s
+        .call(
+            "PATCH",
+            "/v1/projects/p1",
+            &admin,
+            Some(budget(
+                json!({"gpu_hours": 1.0, "cost": 5.0, "period": "day", "taper_from": 1.0}),
+            )),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v.to_string().contains("exactly one of gpu_hours and cost"),
+        "{v}"
+    );
+    s.ok("PATCH", "/v1/projects/p1", &admin, budget(one_gpu_hour))
+        .await;
+    let nt = s.register(&join).await;
+    let job = |project: Option<&str>, gpus: u32| {
+        let mut j = json!({"name": "j", "queue": "alpha-q",
+            "tasks": [{"name": "main", "command": ["sleep", "1000"], "resources": {"gpu": {"count": gpus}}}]});
+        if let Some(p) = project {
+            j["project"] = json!(p);
+        }
+        j
+    };
+    // The project's first job runs; it has held a GPU for two hours.
+    let a = s.ok("POST", "/v1/jobs", &admin, job(Some("p1"), 1)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    s.beat("n1", &nt, &[(a, "running")]).await;
+    s.shared.world.lock().await.jobs.get_mut(&a).unwrap().held[0].from -= 7200;
+    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+        .await
+        .unwrap();
+    // Its team sees the budget spent; another team does not see the project.
+    let (_, ps, _) = s.call("GET", "/v1/projects", &lea, None).await;
+    let p1 = &ps[0];
+    assert_eq!(p1["budget_use"]["exhausted"], true, "{ps}");
+    assert_eq!(p1["budget_use"]["left"], 0.0, "{ps}");
+    assert!(p1["budget_use"]["used"].as_f64().unwrap() >= 2.0, "{ps}");
+    let (_, ps, _) = s.call("GET", "/v1/projects", &bo, None).await;
+    assert_eq!(ps, json!([]));
+    // Spent, stop admitting: its next job waits and says why; a job of the
+    // same queue outside the project starts.
+    let b = s.ok("POST", "/v1/jobs", &admin, job(Some("p1"), 2)).await["id"]
+        .as_u64()
+        .unwrap();
+    let c = s.ok("POST", "/v1/jobs", &admin, job(None, 1)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    assert_eq!(s.state(b, &admin).await, "pending");
+    assert_eq!(s.state(c, &admin).await, "admitted");
+    let w = why(&s, b, &admin).await;
+    assert!(
+        w.contains("project p1's budget of 1 GPU-hours a day is used up")
+            && w.contains("start no new work"),
+        "{w}"
+    );
+    let (_, t, _) = s
+        .call(
+            "POST",
+            "/v1/jobs?test_only=true",
+            &admin,
+            Some(job(Some("p1"), 1)),
+        )
+        .await;
+    assert_eq!(t["would_start"], false, "{t}");
+    assert!(t.to_string().contains("project p1's budget"), "{t}");
+    // Stop borrowing instead: the project's jobs together are held to the
+    // queue's guarantee (2 GPUs); a holds one, b asks for two and waits,
+    // whoever else borrows; once a ends, b starts within it.
+    s.ok(
+        "PATCH",
+        "/v1/projects/p1",
+        &admin,
+        budget(json!({"gpu_hours": 1.0, "period": "day", "taper_from": 1.0, "when_exhausted": "stop-borrowing"})),
+    )
+    .await;
+    s.beat("n1", &nt, &[(a, "running"), (c, "running")]).await;
+    s.cycle().await;
+    assert_eq!(s.state(b, &admin).await, "pending");
+    let w = why(&s, b, &admin).await;
+    assert!(w.contains("project budget spent"), "{w}");
+    s.ok("POST", &format!("/v1/jobs/{a}/cancel"), &admin, json!({}))
+        .await;
+    s.beat("n1", &nt, &[(a, "stopped"), (c, "running")]).await;
+    s.cycle().await;
+    assert_eq!(s.state(b, &admin).await, "admitted", "within the guarantee");
+
+    // A queue budget in cost: 3 EUR a GPU-hour, 5 EUR a day; a's two hours
+    // cost 6: spent, the queue starts no new work.
+    s.ok(
+        "PUT",
+        "/v1/prices",
+        &admin,
+        json!({"currency": "EUR", "gpu_hour": {"*": 3.0}}),
+    )
+    .await;
+    s.ok(
+        "PATCH",
+        "/v1/queues/alpha-q",
+        &admin,
+        json!({"budget": {"cost": 5.0, "period": "day", "when_exhausted": "stop-admitting"}}),
+    )
+    .await;
+    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+        .await
+        .unwrap();
+    let q = queue_view(&s, &lea).await;
+    assert_eq!(q["budget_use"]["unit"], "cost", "{q}");
+    assert!(q["budget_use"]["used"].as_f64().unwrap() >= 6.0, "{q}");
+    assert_eq!(q["budget_use"]["exhausted"], true, "{q}");
+    let d = s.ok("POST", "/v1/jobs", &admin, job(None, 1)).await["id"]
+        .as_u64()
+        .unwrap();
+    s.cycle().await;
+    assert_eq!(s.state(d, &admin).await, "pending");
+    let w = why(&s, d, &admin).await;
+    assert!(w.contains("budget is used up"), "{w}");
 }

@@ -240,17 +240,11 @@ async function queues() {
     const borrowed = Object.entries(q.used || {}).reduce(
       (a, [f, u]) => a + Math.max(0, u - (((q.quotas || {})[f] || (q.quotas || {})['*'] || {}).guaranteed || 0)), 0);
     const b = q.budget_use;
-    const budget = q.budget && b
-      ? el('div', {},
-        el('div', { class: 'bar' + (b.exhausted ? ' over' : '') },
-          el('div', { style: 'width:' + Math.min(100, 100 * b.used_gpu_hours / Math.max(1e-9, q.budget.gpu_hours)) + '%' })),
-        el('span', { class: 'muted' }, num(b.left_gpu_hours) + ' of ' + num(q.budget.gpu_hours) + ' GPU-h left' +
-          (b.exhausted ? ' · exhausted' : b.weight_factor < 1 ? ' · weight ×' + num(b.weight_factor, 2) : '')))
-      : el('span', { class: 'muted' }, 'none');
+    const budget = budgetCell(q.budget, b);
     return el('tr', { 'data-queue': q.name },
       el('td', {}, el('b', {}, q.name)), el('td', {}, q.team), el('td', {}, badge(q.state || 'open')),
       el('td', { class: 'num' }, num(q.weight, 1)),
-      el('td', { class: 'num' }, num(guaranteed)), el('td', { class: 'num' }, num(used)),
+      el('td', { class: 'num' }, guaranteed >= 1e6 ? 'all' : num(guaranteed)), el('td', { class: 'num' }, num(used)),
       el('td', { class: 'num' }, num(borrowed)),
       el('td', { class: 'num' }, q.pending), el('td', { class: 'num' }, q.running),
       el('td', {}, budget));
@@ -260,6 +254,18 @@ async function queues() {
       el('thead', {}, el('tr', {}, ['Queue', 'Team', 'State', 'Weight', 'Guaranteed', 'In use', 'Borrowed', 'Pending', 'Running', 'Budget']
         .map((h, i) => el('th', { class: i >= 3 && i <= 8 ? 'num' : null }, h)))),
       el('tbody', {}, rows))));
+}
+
+// A budget as it stands: a bar of what is used, and what is left.
+function budgetCell(spec, b) {
+  if (!spec || !b) return el('span', { class: 'muted' }, 'none');
+  const limit = spec.gpu_hours ?? spec.cost ?? 0;
+  const unit = b.unit === 'cost' ? '' : ' GPU-h';
+  return el('div', { class: 'budget' },
+    el('div', { class: 'bar' + (b.exhausted ? ' over' : '') },
+      el('div', { style: 'width:' + Math.min(100, 100 * b.used / Math.max(1e-9, limit)) + '%' })),
+    el('span', { class: 'muted' }, qty(b.left) + ' of ' + qty(limit) + unit + ' left this ' + spec.period +
+      (b.exhausted ? ' · spent' : b.weight_factor < 1 ? ' · weight ×' + num(b.weight_factor, 2) : '')));
 }
 
 const GROUPS = {

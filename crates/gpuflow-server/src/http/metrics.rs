@@ -275,32 +275,52 @@ async fn metrics(
         );
     }
 
-    // Budgets: what each budgeted queue used and may use this period.
+    // Budgets: what each budgeted queue and project used this period.
     o.head(
         "gpuflow_queue_budget_gpu_hours",
         "gauge",
-        "A budgeted queue's GPU-hours per period.",
+        "A queue's GPU-hour budget per period (queues budgeted in GPU-hours).",
     );
     for (name, q) in &world.queues {
-        if let Some(b) = &q.budget {
-            o.line(
-                "gpuflow_queue_budget_gpu_hours",
-                &[("queue", name)],
-                b.gpu_hours,
-            );
+        if let Some(h) = q.budget.as_ref().and_then(|b| b.gpu_hours) {
+            o.line("gpuflow_queue_budget_gpu_hours", &[("queue", name)], h);
         }
     }
     o.head(
-        "gpuflow_queue_budget_used_gpu_hours",
+        "gpuflow_queue_budget_used_ratio",
         "gauge",
-        "GPU-hours a budgeted queue used in its current period (counted every 30 s).",
+        "Share of a queue's budget (GPU-hours or cost) used in its current period (counted every 30 s).",
     );
-    for (name, (_, used)) in &world.budget_used {
-        o.line(
-            "gpuflow_queue_budget_used_gpu_hours",
-            &[("queue", name)],
-            *used,
-        );
+    for (name, q) in &world.queues {
+        if let Some(b) = &q.budget {
+            let u = crate::accounting::budget_use(b, world.budget_used.get(name), t);
+            let ratio = if b.limit() > 0.0 {
+                u.used / b.limit()
+            } else {
+                1.0
+            };
+            o.line("gpuflow_queue_budget_used_ratio", &[("queue", name)], ratio);
+        }
+    }
+    o.head(
+        "gpuflow_project_budget_used_ratio",
+        "gauge",
+        "Share of a project's budget (GPU-hours or cost) used in its current period (counted every 30 s).",
+    );
+    for (name, p) in &world.projects {
+        if let Some(b) = &p.budget {
+            let u = crate::accounting::budget_use(b, world.project_budget_used.get(name), t);
+            let ratio = if b.limit() > 0.0 {
+                u.used / b.limit()
+            } else {
+                1.0
+            };
+            o.line(
+                "gpuflow_project_budget_used_ratio",
+                &[("project", name)],
+                ratio,
+            );
+        }
     }
 
     // Waits: submission to start, of the jobs in memory that started.

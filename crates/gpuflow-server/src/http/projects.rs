@@ -1,16 +1,27 @@
-//! Projects of a team, with their cost centres.
+//! Projects of a team, with their cost centres and budgets.
 
 use super::*;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new().route("/v1/projects", get(list_projects).post(create_project))
+    Router::new()
+        .route("/v1/projects", get(list_projects).post(create_project))
+        .route("/v1/projects/{name}", patch(patch_project))
+}
+
+fn view(world: &World, p: &api::Project) -> api::ProjectView {
+    api::ProjectView {
+        project: p.clone(),
+        budget_use: p.budget.as_ref().map(|b| {
+            crate::accounting::budget_use(b, world.project_budget_used.get(&p.name), now())
+        }),
+    }
 }
 
 async fn list_projects(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
-) -> Reply<Vec<api::Project>> {
+) -> Reply<Vec<api::ProjectView>> {
     let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
@@ -18,7 +29,7 @@ async fn list_projects(
             .map(|(_, p)| p)
             .filter(|p| caller.sees(&p.team))
             .take(page.limit)
-            .cloned()
+            .map(|p| view(&world, p))
             .collect(),
     ))
 }
@@ -29,10 +40,9 @@ async fn create_project(
 ) -> Result<(StatusCode, Json<api::Project>), Error> {
     let p: api::Project = json_body(body, shared.cfg.max_body_bytes)?;
     check_name("name", &p.name, "name")?;
-    if p.cost_centre.len() > 64 {
-        return Err(
-            ApiError::bad_request("invalid_project", "cost_centre: at most 64 characters").into(),
-        );
+    p.validate()?;
+    if p.budget.is_some() {
+        caller.need_admin("setting a project's budget")?;
     }
     let mut world = shared.world.lock().await;
     if !caller.leads(&p.team) {
@@ -64,4 +74,45 @@ async fn create_project(
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.projects.insert(p.name.clone(), p.clone());
     Ok((StatusCode::CREATED, Json(p)))
+}
+
+/// An admin changes a project's cost centre or budget.
+async fn patch_project(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<api::ProjectView> {
+    let patch: api::ProjectPatch = json_body(body, shared.cfg.max_body_bytes)?;
+    caller.need_admin("changing a project")?;
+    let mut world = shared.world.lock().await;
+    let Some(p) = world.projects.get(&name) else {
+        return Err(ApiError::not_found(format!("project {name:?} not found")).into());
+    };
+    let mut p = p.clone();
+    if let Some(cc) = patch.cost_centre {
+        p.cost_centre = cc;
+    }
+    if let Some(b) = patch.budget {
+        p.budget = b;
+    }
+    p.validate()?;
+    let mut change = Change::default();
+    change.batch.put.push(project_rec(&p));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "project.update",
+        &format!("project/{name}"),
+        serde_json::to_string(&p.budget).unwrap_or_default(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.projects.insert(name, p.clone());
+    drop(world);
+    // The new budget is counted now, not at the next 30 s count.
+    if let Err(e) = crate::accounting::refresh_budgets(&shared, now()).await {
+        tracing::error!(error = %e, "counting the budgets failed; retrying");
+    }
+    let world = shared.world.lock().await;
+    Ok(Json(view(&world, &p)))
 }
