@@ -284,6 +284,21 @@ const MAX_REPLICAS: u32 = 4096;
 const MAX_GPUS_PER_TASK: u32 = 64;
 const MAX_RUNTIME_S: u64 = 366 * 24 * 3600;
 
+/// A parse error at `path`, the path said once: YAML's errors start with
+/// the path of the mapping they are in (`tasks[0]: unknown field …`),
+/// which the full path already names.
+fn at_path(path: &str, message: &str) -> String {
+    let message = match message.split_once(": ") {
+        Some((head, rest)) if !head.contains(' ') && path.starts_with(head) => rest,
+        _ => message,
+    };
+    if path == "." || path.is_empty() {
+        message.to_string()
+    } else {
+        format!("{path}: {message}")
+    }
+}
+
 impl JobSpec {
     /// Parses a body as JSON (`json`) or YAML, then validates it.
     ///
@@ -293,14 +308,20 @@ impl JobSpec {
         let spec: JobSpec = if json {
             let de = &mut serde_json::Deserializer::from_slice(body);
             serde_path_to_error::deserialize(de).map_err(|e| {
-                ApiError::bad_request("invalid_spec", format!("{}: {}", e.path(), e.inner()))
+                ApiError::bad_request(
+                    "invalid_spec",
+                    at_path(&e.path().to_string(), &e.inner().to_string()),
+                )
             })?
         } else {
             let text = std::str::from_utf8(body)
                 .map_err(|_| ApiError::bad_request("invalid_spec", "the body is not UTF-8 text"))?;
             let de = serde_norway::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
-                ApiError::bad_request("invalid_spec", format!("{}: {}", e.path(), e.inner()))
+                ApiError::bad_request(
+                    "invalid_spec",
+                    at_path(&e.path().to_string(), &e.inner().to_string()),
+                )
             })?
         };
         spec.validate()?;
@@ -570,7 +591,27 @@ tasks:
     fn unknown_field_is_named_with_its_path() {
         let e = JobSpec::parse(GOOD.replace("replicas", "replica").as_bytes(), false).unwrap_err();
         assert!(
-            e.message.contains("tasks[0]") && e.message.contains("replica"),
+            e.message
+                .starts_with("tasks[0].replica: unknown field `replica`"),
+            "the path once: {}",
+            e.message
+        );
+        let e = JobSpec::parse(
+            GOOD.replace("kind: training", "kind: trainin").as_bytes(),
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("kind: unknown variant `trainin`"),
+            "the path once: {}",
+            e.message
+        );
+        let j = serde_json::to_string(&JobSpec::parse(GOOD.as_bytes(), false).unwrap())
+            .unwrap()
+            .replace("\"training\"", "\"trainin\"");
+        let e = JobSpec::parse(j.as_bytes(), true).unwrap_err();
+        assert!(
+            e.message.starts_with("kind: unknown variant"),
             "{}",
             e.message
         );

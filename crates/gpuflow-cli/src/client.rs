@@ -26,7 +26,7 @@ pub struct Conn {
         default_value = "http://127.0.0.1:7070"
     )]
     pub server: String,
-    /// API token; default: the admin token in the data directory of `gpuflow up`.
+    /// API token; default: the admin token in the data directory of `gpuflow up` ($GPUFLOW_DATA, else ~/.gpuflow).
     #[arg(long, global = true, env = "GPUFLOW_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     #[arg(long, global = true, value_enum, default_value = "table")]
@@ -295,6 +295,30 @@ pub enum EventCmd {
     },
 }
 
+/// An error in the command line (exit status 2), not in the request.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Checks a server address: a URL with its scheme.
+fn server_url(server: &str) -> anyhow::Result<String> {
+    let base = server.trim_end_matches('/');
+    if base.starts_with("http://") || base.starts_with("https://") {
+        return Ok(base.to_string());
+    }
+    Err(Usage(format!(
+        "--server {server:?} needs a scheme: http://{base} (or https:// for a server with TLS)"
+    ))
+    .into())
+}
+
 pub(crate) struct Client {
     http: ureq::Agent,
     base: String,
@@ -306,10 +330,13 @@ impl Client {
         let token = match &c.token {
             Some(t) => t.clone(),
             None => {
-                let path = crate::platform::default_data_dir().join("admin.token");
+                // `gpuflow up`'s data directory: GPUFLOW_DATA as for `up`.
+                let data = std::env::var_os("GPUFLOW_DATA")
+                    .map_or_else(crate::platform::default_data_dir, PathBuf::from);
+                let path = data.join("admin.token");
                 std::fs::read_to_string(&path)
                     .map(|s| s.trim().to_string())
-                    .map_err(|_| anyhow!("no token: pass --token or set GPUFLOW_TOKEN (an admin creates one with `gpuflow token create USER`)"))?
+                    .map_err(|_| Usage(format!("no token: pass --token or set GPUFLOW_TOKEN (an admin creates one with `gpuflow token create USER`); `gpuflow up`'s admin token was not at {} (after `up --data-dir D`, set GPUFLOW_DATA=D)", path.display())))?
             }
         };
         Ok(Client {
@@ -317,7 +344,7 @@ impl Client {
                 c.ca_cert.as_deref(),
                 std::time::Duration::from_secs(30),
             )?,
-            base: c.server.trim_end_matches('/').to_string(),
+            base: server_url(&c.server)?,
             token,
         })
     }
@@ -360,7 +387,22 @@ impl Client {
                 }
             }
         };
-        let mut resp = resp.with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let mut resp = resp.map_err(|e| {
+            let text = e.to_string();
+            // A TLS client talking to a plain HTTP server reads its answer
+            // as a corrupt TLS record.
+            if self.base.starts_with("https://")
+                && (text.contains("InvalidContentType") || text.contains("corrupt message"))
+            {
+                anyhow!(
+                    "the server at {} does not speak TLS: try {}",
+                    self.base,
+                    self.base.replacen("https://", "http://", 1)
+                )
+            } else {
+                anyhow!("cannot reach the server at {}: {text}", self.base)
+            }
+        })?;
         let status = resp.status().as_u16();
         // The server's warnings (`Warning: 299 gpuflow "..."`), on stderr.
         for w in resp.headers().get_all("warning") {

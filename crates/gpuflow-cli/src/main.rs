@@ -1,5 +1,7 @@
 //! The `gpuflow` command: argument parsing and wiring only. Data goes to
-//! stdout, diagnostics and progress to stderr; exit 0 on success, 2 on error.
+//! stdout, diagnostics and progress to stderr; exit 0 on success, 1 when the
+//! request failed, 2 on a usage error (the command line or, for `sim` and
+//! `bench`, their inputs).
 
 mod bench_api;
 mod client;
@@ -116,6 +118,10 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Simulators and benchmarks fail on their arguments and inputs: usage
+    // errors. Elsewhere an error is a request that failed, unless it says
+    // it is about the command line.
+    let local = matches!(cli.command, Command::Sim { .. } | Command::Bench { .. });
     let result = match cli.command {
         Command::Sim { command } => sim::run(command),
         Command::Bench { command } => sim::bench(command),
@@ -135,6 +141,7 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
-        std::process::exit(2);
+        let usage = local || e.downcast_ref::<client::Usage>().is_some();
+        std::process::exit(if usage { 2 } else { 1 });
     }
 }

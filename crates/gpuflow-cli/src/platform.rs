@@ -161,9 +161,11 @@ pub fn default_data_dir() -> PathBuf {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours for a person at a terminal, none in a log file.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -246,11 +248,13 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
                 running.scheme, running.addr
             );
             if let Some(t) = &running.new_admin_token {
-                let _ = writeln!(
-                    out,
-                    "admin token (also in {}): {t}",
-                    a.data_dir.join("admin.token").display()
-                );
+                // Printed for a person at a terminal; a log gets where it is.
+                let file = a.data_dir.join("admin.token");
+                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                    let _ = writeln!(out, "admin token (also in {}): {t}", file.display());
+                } else {
+                    let _ = writeln!(out, "admin token: in {}", file.display());
+                }
             }
         }
         tokio::signal::ctrl_c()
@@ -325,23 +329,34 @@ pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
         a.server.tls_cert.clone(),
     )?;
     let gpus = match &cfg.emulate {
+        Some(e) if e.count == 1 => "1 emulated GPU".into(),
         Some(e) => format!("{} emulated GPUs", e.count),
         None => "GPUs from NVML".into(),
     };
-    let admin_token = std::fs::read_to_string(a.server.data_dir.join("admin.token"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "(see the admin.token file of the data directory)".into());
+    // The token is for the person at the terminal; where stdout is a file
+    // (a log), only where to find it.
+    use std::io::{IsTerminal, Write};
+    let token_file = a.server.data_dir.join("admin.token");
+    let admin_token = match std::fs::read_to_string(&token_file) {
+        Ok(t) if std::io::stdout().is_terminal() => t.trim().to_string(),
+        _ => format!("in {}", token_file.display()),
+    };
+    // The CLI finds this server's token by itself in the default data
+    // directory, and through GPUFLOW_DATA in another.
+    let mut env = String::new();
+    if url != "http://127.0.0.1:7070" {
+        env.push_str(&format!("GPUFLOW_SERVER={url} "));
+    }
+    if a.server.data_dir != default_data_dir() {
+        env.push_str(&format!("GPUFLOW_DATA={} ", a.server.data_dir.display()));
+    }
     // Printing must not kill the platform when nobody reads stdout any more.
-    use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "gpuflow is up at {url}");
     let _ = writeln!(out, "  data:   {}", a.server.data_dir.display());
     let _ = writeln!(out, "  agent:  node {} with {gpus}", cfg.node);
     let _ = writeln!(out, "  dashboard: {url}/ui/ (sign in with the admin token)");
-    let _ = writeln!(
-        out,
-        "  try:    GPUFLOW_SERVER={url} GPUFLOW_TOKEN={admin_token} gpuflow job ls"
-    );
+    let _ = writeln!(out, "  try:    {env}gpuflow job ls");
     let _ = writeln!(out, "  admin token: {admin_token}");
     let _ = out.flush();
     drop(out);

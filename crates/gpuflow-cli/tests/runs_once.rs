@@ -179,6 +179,6 @@ fn a_second_server_on_a_data_directory_in_use_is_refused() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("another gpuflow server is running"), "{err}");
 }

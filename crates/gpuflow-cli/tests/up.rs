@@ -10,8 +10,13 @@ use std::time::Duration;
 
 use common::*;
 
-/// Starts `gpuflow up`; returns the process, its URL and the admin token it printed.
-fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, String, String) {
+/// What `gpuflow up` wrote to stderr (its log), as it runs.
+type Log = std::sync::Arc<std::sync::Mutex<String>>;
+
+/// Starts `gpuflow up`; returns the process, its URL, the admin token (from
+/// the file it names: a pipe is not a terminal, so it prints no token) and
+/// its log.
+fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, String, String, Log) {
     let port = free_port();
     let mut child = Command::new(BIN)
         .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
@@ -20,31 +25,47 @@ fn up(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> (Proc, Str
         .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log: Log = Default::default();
+    let l = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut l = l.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
     let proc = Proc(child);
     let mut lines = BufReader::new(stdout).lines();
     let mut url = None;
     let mut token = None;
+    let mut printed = String::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
         if let Some(u) = line.strip_prefix("gpuflow is up at ") {
             url = Some(u.trim().to_string());
         }
         if let Some(t) = line.trim().strip_prefix("admin token: ") {
-            token = Some(t.trim().to_string());
+            // Not a terminal: the token is not printed, only where it is.
+            let file = t.strip_prefix("in ").expect("no token in a log");
+            token = Some(std::fs::read_to_string(file).unwrap().trim().to_string());
             break;
         }
     }
     // Keep draining its output so the process never writes to a closed pipe.
     std::thread::spawn(move || for _ in lines {});
-    (
-        proc,
-        url.expect("up prints its address"),
-        token.expect("up prints the admin token"),
-    )
+    let token = token.expect("up says where the admin token is");
+    assert!(
+        !printed.contains(&token),
+        "the token went to a log: {printed}"
+    );
+    (proc, url.expect("up prints its address"), token, log)
 }
 
 #[test]
@@ -55,7 +76,7 @@ fn up_runs_a_job_on_nvml_gpus() {
         return;
     };
     let lib = lib.to_str().unwrap().to_string();
-    let (_proc, url, token) = up(
+    let (_proc, url, token, _log) = up(
         dir.path(),
         &["--nvml-lib", &lib],
         &[("FAKE_NVML_GPUS", "2")],
@@ -88,7 +109,7 @@ fn up_runs_mig_jobs_on_the_instances_nvml_reports() {
         return;
     };
     let lib = lib.to_str().unwrap().to_string();
-    let (_proc, url, token) = up(
+    let (_proc, url, token, _log) = up(
         dir.path(),
         &["--nvml-lib", &lib],
         &[
@@ -139,7 +160,7 @@ fn up_runs_every_sharing_mode_and_topology_on_nvml_and_charges_each_to_quota() {
     let lib = lib.to_str().unwrap().to_string();
     // Five GPUs: the first in MIG mode, the next three joined by NVLink, the
     // last on its own (fractions and time slices never share one GPU).
-    let (_proc, url, token) = up(
+    let (_proc, url, token, _log) = up(
         dir.path(),
         &["--nvml-lib", &lib],
         &[
@@ -227,7 +248,7 @@ fn up_runs_every_sharing_mode_and_topology_on_nvml_and_charges_each_to_quota() {
 fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     // A library path that does not exist: NVML does not load, as on a machine without GPUs.
-    let (proc, url, token) = up(dir.path(), &[], &[("LD_LIBRARY_PATH", "/nonexistent")]);
+    let (proc, url, token, log) = up(dir.path(), &[], &[("LD_LIBRARY_PATH", "/nonexistent")]);
     let api = Api::new(&url);
     let node = poll("the local agent registers", Duration::from_secs(30), || {
         api.get("/v1/nodes", &token)
@@ -241,19 +262,57 @@ fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
     } else {
         assert_eq!(node["inventory"]["gpus"].as_array().unwrap().len(), 4);
     }
-    // A second `up` on the same address fails with a message and status 2.
+    // A second `up` on the same address fails with a message and status 1.
     let port = url.rsplit(':').next().unwrap();
     let out = Command::new(BIN)
         .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(dir.path().join("other"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot listen"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The CLI finds the admin token through GPUFLOW_DATA, or says where it
+    // looked; a server address needs its scheme; https to a plain HTTP
+    // server is named as such. Usage errors exit 2, failed requests 1.
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env_remove("GPUFLOW_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let (code, out, err) = cli(&["node", "ls", "--server", &url], &[("GPUFLOW_DATA", data)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("READY") || out.contains("ready"), "{out}");
+    let (code, _, err) = cli(
+        &["node", "ls", "--server", &url],
+        &[("GPUFLOW_DATA", "/nonexistent")],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/nonexistent/admin.token"), "{err}");
+    let bare = url.trim_start_matches("http://");
+    let (code, _, err) = cli(&["node", "ls", "--server", bare, "--token", &token], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("needs a scheme: http://{bare}")),
+        "{err}"
+    );
+    let tls = url.replace("http://", "https://");
+    let (code, _, err) = cli(&["node", "ls", "--server", &tls, "--token", &token], &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("does not speak TLS: try http://"), "{err}");
     // SIGTERM stops it with status 0.
     let mut proc = proc;
     proc.signal("-TERM");
@@ -261,4 +320,9 @@ fn up_without_a_gpu_emulates_four_and_stops_cleanly() {
         proc.0.try_wait().unwrap()
     });
     assert!(status.success(), "{status}");
+    // Its log, written to a pipe: no colours, no token.
+    let log = log.lock().unwrap().clone();
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\x1b'), "ANSI colours in a log: {log}");
+    assert!(!log.contains(&token), "the token in the log");
 }

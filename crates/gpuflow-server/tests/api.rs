@@ -968,3 +968,69 @@ async fn why_diagnoses_a_job_the_cycle_did_not_reach() {
     assert!(r[0].starts_with("not reached this cycle"), "{r:?}");
     assert_eq!(r[1], "if its turn came now: it would start", "{r:?}");
 }
+
+/// Messages a new user met, each said once and plainly: a wrong method
+/// answers JSON that names it; a member without a team is told to name
+/// one; acting on a finished job says it has finished; a held job's `why`
+/// does not repeat itself.
+#[tokio::test]
+async fn messages_name_the_problem_once() {
+    let h = harness(None).await;
+    let (s, v) = h
+        .call(
+            "DELETE",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/json",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 405);
+    assert_eq!(v["code"], "method_not_allowed", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("DELETE is not allowed on /v1/jobs"),
+        "{v}"
+    );
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &h.admin,
+            json!({"name": "zed", "role": "member"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let m = v["message"].as_str().unwrap();
+    assert!(
+        m.contains("a member belongs to a team") && m.contains("--team"),
+        "{m}"
+    );
+    // Held: the reason says who held it, once.
+    let id = h.job("default").await;
+    let (s, v) = h
+        .json("POST", &format!("/v1/jobs/{id}/hold"), &h.admin, json!({}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, why) = h.get(&format!("/v1/jobs/{id}/why"), &h.admin).await;
+    let summary = why["summary"].as_str().unwrap();
+    assert_eq!(summary.matches("held").count(), 1, "{summary}");
+    // Finished: acting on it says so.
+    h.json(
+        "POST",
+        &format!("/v1/jobs/{id}/cancel"),
+        &h.admin,
+        json!({}),
+    )
+    .await;
+    let (s, v) = h
+        .json("POST", &format!("/v1/jobs/{id}/hold"), &h.admin, json!({}))
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(
+        v["message"],
+        format!("job {id} has finished (cancelled): there is nothing to hold")
+    );
+}

@@ -410,7 +410,11 @@ async fn why(
             _ => {
                 let summary = match j.state {
                     JobState::Pending => "waiting for the next scheduling cycle".to_string(),
-                    JobState::Held => format!("held by an admin: {}", j.reason),
+                    // The reason says who held it ("held by ana").
+                    JobState::Held => format!(
+                        "{}; releasing it (gpuflow job release {id}) queues it again",
+                        j.reason
+                    ),
                     JobState::Suspended => {
                         "suspended by its owner: resume it to queue it again".into()
                     }
@@ -517,7 +521,15 @@ async fn job_action(
     let mut next = j.clone();
     let who = &caller.user.name;
     let conflict = |what: &str| -> Error {
-        ApiError::conflict(format!("job {id} is {}: {what}", j.state.as_str())).into()
+        if j.state.finished() {
+            ApiError::conflict(format!(
+                "job {id} has finished ({}): there is nothing to {action}",
+                j.state.as_str()
+            ))
+            .into()
+        } else {
+            ApiError::conflict(format!("job {id} is {}: {what}", j.state.as_str())).into()
+        }
     };
     let Some(act) = crate::lifecycle::Action::parse(&action) else {
         return Err(ApiError::not_found(format!(

@@ -112,6 +112,18 @@ pub fn router(shared: Arc<Shared>) -> Router {
                 "no such endpoint; the API is described at /v1/openapi.json",
             ))
         })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                Error(ApiError::new(
+                    405,
+                    "method_not_allowed",
+                    format!(
+                        "{method} is not allowed on {}; the API is described at /v1/openapi.json",
+                        uri.path()
+                    ),
+                ))
+            },
+        )
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(detached))
         .with_state(shared)

@@ -45,6 +45,18 @@ async fn create_user(
             .into());
         }
         Role::Admin => {}
+        _ if u.team.is_empty() => {
+            return Err(ApiError::bad_request(
+                "invalid_user",
+                format!(
+                    "team: a {} belongs to a team; name it (gpuflow user create {} --role {} --team TEAM)",
+                    u.role.as_str(),
+                    u.name,
+                    u.role.as_str()
+                ),
+            )
+            .into());
+        }
         _ if !world.teams.contains_key(&u.team) => {
             return Err(ApiError::bad_request(
                 "unknown_team",
