@@ -9,12 +9,21 @@ use clap::{Args, Subcommand, ValueEnum};
 use gpuflow_api as api;
 use serde_json::Value;
 
-#[derive(Clone, Copy, Default, ValueEnum)]
+#[derive(Clone, Copy, Default, PartialEq, ValueEnum)]
 pub enum Format {
+    /// Columns for a person (times as local times and ages).
     #[default]
     Table,
+    /// Columns with more of them (nodes, exact times).
+    Wide,
+    /// The API's JSON, exact (Unix seconds).
     Json,
+    /// The API's answer as YAML.
+    Yaml,
 }
+
+/// `--no-headers`: tables without their heading line (set once per run).
+static NO_HEADERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Args, Clone)]
 pub struct Conn {
@@ -29,8 +38,12 @@ pub struct Conn {
     /// API token; default: the admin token in the data directory of `gpuflow up` ($GPUFLOW_DATA, else ~/.gpuflow).
     #[arg(long, global = true, env = "GPUFLOW_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    #[arg(long, global = true, value_enum, default_value = "table")]
+    /// How answers are shown.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
     pub output: Format,
+    /// Tables without their heading line (for scripts).
+    #[arg(long, global = true)]
+    pub no_headers: bool,
     /// PEM certificate to trust for an https server (e.g. its self-signed one).
     #[arg(long, global = true, env = "GPUFLOW_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
@@ -40,11 +53,10 @@ pub struct Conn {
 pub enum JobCmd {
     /// A job's GPU use: each attempt's GPU-hours and utilisation, each
     /// task's utilisation and GPU memory, and what stands out (like jobstats).
-    Stats {
-        id: u64,
-    },
+    Stats { id: u64 },
     /// Submit a job from a YAML or JSON file (`-` for stdin).
     Submit {
+        /// The job spec, YAML or JSON (`-`: stdin).
         #[arg(short = 'f', long)]
         file: PathBuf,
         /// Store nothing: say whether it would start now, where, or why it
@@ -52,61 +64,114 @@ pub enum JobCmd {
         #[arg(long)]
         test_only: bool,
     },
-    /// List jobs.
+    /// List jobs: the active ones (pending to stopping), newest first;
+    /// `--all` adds the finished ones.
     Ls {
-        #[arg(long)]
-        state: Option<String>,
+        /// Only these states, comma separated (running,pending).
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
+        /// Finished jobs too (with no --state).
+        #[arg(long, conflicts_with = "state")]
+        all: bool,
+        /// Only this queue's.
         #[arg(long)]
         queue: Option<String>,
+        /// Only this team's (admins see every team).
         #[arg(long)]
         team: Option<String>,
+        /// Only this user's.
         #[arg(long)]
         user: Option<String>,
+        /// At most this many (1 to 1000).
         #[arg(long)]
         limit: Option<usize>,
+        #[command(flatten)]
+        watch: Watch,
     },
-    /// One job with its tasks.
+    /// One job with its tasks (where they run, their GPUs and exit codes).
     Get {
         id: u64,
+        #[command(flatten)]
+        watch: Watch,
     },
     /// Why a job waits (or what it is doing).
-    Why {
-        id: u64,
-    },
+    Why { id: u64 },
     /// The end of each task's output.
-    Logs {
-        id: u64,
-    },
+    Logs { id: u64 },
+    /// Cancel jobs: by id, or every active job matching the filters (a
+    /// running job is signalled and stopped).
     Cancel {
-        id: u64,
+        ids: Vec<u64>,
+        /// Jobs of this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Jobs of this user.
+        #[arg(long)]
+        user: Option<String>,
+        /// Jobs in these states, comma separated (e.g. pending).
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
     },
     /// Stop a job and release its GPUs until it is resumed.
-    Suspend {
-        id: u64,
-    },
-    Resume {
-        id: u64,
-    },
+    Suspend { id: u64 },
+    /// Queue a suspended job again.
+    Resume { id: u64 },
     /// Keep a pending job from starting (admin).
-    Hold {
-        id: u64,
-    },
-    Release {
-        id: u64,
-    },
+    Hold { id: u64 },
+    /// Let a held job start again (admin).
+    Release { id: u64 },
 }
+
+/// `--watch`: show it again every `--interval` seconds.
+#[derive(Args, Clone, Copy)]
+pub struct Watch {
+    /// Show it again every --interval seconds, until interrupted.
+    #[arg(short = 'w', long)]
+    watch: bool,
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 2, requires = "watch")]
+    interval: u64,
+    /// Stop after this many refreshes.
+    #[arg(long, requires = "watch")]
+    count: Option<u64>,
+}
+
+impl Watch {
+    /// Runs `show` once, or again every interval while watching.
+    fn run(self, mut show: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let mut n = 0;
+        loop {
+            if self.watch {
+                use chrono::Local;
+                println!("--- {} ---", Local::now().format("%Y-%m-%d %H:%M:%S"));
+            }
+            show()?;
+            n += 1;
+            if !self.watch || self.count.is_some_and(|c| n >= c) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_secs(self.interval.max(1)));
+        }
+    }
+}
+
+/// The states `job ls` shows by default.
+const ACTIVE: &str = "pending,held,suspended,admitted,starting,running,stopping";
 
 #[derive(Subcommand)]
 pub enum QueueCmd {
+    /// Queues with their guarantees, borrow limits, use and budgets.
     Ls,
     /// Create a queue from a YAML or JSON file.
     Create {
+        /// The queue spec, YAML or JSON (`-`: stdin).
         #[arg(short = 'f', long)]
         file: PathBuf,
     },
     /// Change a queue.
     Set {
         name: String,
+        /// Its fair-share weight.
         #[arg(long)]
         weight: Option<f64>,
         #[arg(long, value_parser = ["open", "held", "draining"])]
@@ -115,40 +180,33 @@ pub enum QueueCmd {
         #[arg(long)]
         quota: Option<String>,
     },
-    Delete {
-        name: String,
-    },
+    /// Delete a queue with no unfinished jobs.
+    Delete { name: String },
 }
 
 #[derive(Subcommand)]
 pub enum NodeCmd {
+    /// Nodes with their state, GPUs, limits and last heartbeat.
     Ls,
     /// Let running work finish, start nothing new.
-    Drain {
-        name: String,
-    },
-    Cordon {
-        name: String,
-    },
+    Drain { name: String },
+    /// Start nothing new on a node (running work goes on).
+    Cordon { name: String },
     /// Take a cordoned node back into service.
-    Uncordon {
-        name: String,
-    },
+    Uncordon { name: String },
     /// The machine behind NAME is gone: requeue its work and let the next
     /// agent that registers NAME (with the join token) take it.
-    Replace {
-        name: String,
-    },
+    Replace { name: String },
     /// Forget the health marks (XID errors, ECC errors) of NAME's GPUs,
     /// after the fault was dealt with: they take work again.
-    Clear {
-        name: String,
-    },
+    Clear { name: String },
 }
 
 #[derive(Subcommand)]
 pub enum TeamCmd {
+    /// Teams and who their tasks run as.
     Ls,
+    /// Create a team (admins).
     Create {
         name: String,
         /// The system user the team's tasks run as on agents running as
@@ -169,10 +227,13 @@ pub enum TeamCmd {
 pub enum ProjectCmd {
     /// Projects with their cost centres and what is left of their budgets.
     Ls,
+    /// Create a project of a team (admins; team leads for their team).
     Create {
         name: String,
+        /// The team it belongs to.
         #[arg(long)]
         team: String,
+        /// The finance cost centre its usage is reported under.
         #[arg(long, default_value = "")]
         cost_centre: String,
     },
@@ -199,7 +260,10 @@ pub enum ProjectCmd {
 
 #[derive(Subcommand)]
 pub enum UserCmd {
+    /// Users you may see, with their teams and roles.
     Ls,
+    /// Create a user (admins; team leads for their team); then give them a
+    /// token with `gpuflow token create`.
     Create {
         name: String,
         #[arg(long, default_value = "")]
@@ -229,10 +293,13 @@ pub enum ReportCmd {
     /// Waits (p50, p95), outcomes, preemptions and lost GPU-hours of the
     /// jobs submitted in a range, by queue or kind.
     Jobs {
+        /// queue or kind.
         #[arg(long, default_value = "queue")]
         by: String,
+        /// Jobs submitted from (Unix seconds, 2026-12-01, or an age: 30d).
         #[arg(long, default_value = "30d")]
         from: String,
+        /// Jobs submitted until (as --from; default now).
         #[arg(long)]
         to: Option<String>,
     },
@@ -287,9 +354,13 @@ pub enum PriceCmd {
 
 #[derive(Subcommand)]
 pub enum EventCmd {
+    /// Events, oldest first: submissions, admissions, preemptions, node
+    /// changes, with their reasons.
     Ls {
+        /// Only this job's events.
         #[arg(long)]
         job: Option<u64>,
+        /// Events after this sequence number (the last one seen).
         #[arg(long)]
         after: Option<i64>,
     },
@@ -327,6 +398,7 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(c: &Conn) -> anyhow::Result<Client> {
+        NO_HEADERS.store(c.no_headers, std::sync::atomic::Ordering::Relaxed);
         let token = match &c.token {
             Some(t) => t.clone(),
             None => {
@@ -456,8 +528,40 @@ fn as_json(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
 fn print(format: Format, v: &Value, table: impl FnOnce(&Value) -> String) {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
-        Format::Table => print!("{}", table(v)),
+        Format::Yaml => print!("{}", serde_norway::to_string(v).unwrap_or_default()),
+        Format::Table | Format::Wide => print!("{}", table(v)),
     }
+}
+
+/// A Unix time as a person reads it: local date and time.
+fn local(v: &Value) -> String {
+    use chrono::TimeZone;
+    v.as_i64()
+        .and_then(|t| chrono::Local.timestamp_opt(t, 0).single())
+        .map_or_else(|| "-".into(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+}
+
+/// Seconds as a short age: 45s, 12m, 3h, 2d.
+fn age_of(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..90 => format!("{s}s"),
+        90..5400 => format!("{}m", s / 60),
+        5400..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// How long ago a Unix time was.
+fn ago(v: &Value) -> String {
+    v.as_i64()
+        .map_or_else(|| "-".into(), |t| age_of(unix_now() - t))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Aligned columns.
@@ -478,7 +582,11 @@ fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
         s.truncate(s.trim_end().len());
         s + "\n"
     };
-    let mut out = line(head.iter().map(|s| s.to_uppercase()).collect());
+    let mut out = if NO_HEADERS.load(std::sync::atomic::Ordering::Relaxed) {
+        String::new()
+    } else {
+        line(head.iter().map(|s| s.to_uppercase()).collect())
+    };
     for r in rows {
         out += &line(r);
     }
@@ -493,7 +601,39 @@ fn s(v: &Value) -> String {
     }
 }
 
-fn job_rows(v: &Value) -> String {
+/// GPUs a job asks for in all (whole GPUs, shares; a MIG instance or time
+/// slice counts one).
+fn gpus_of(spec: &Value) -> String {
+    let mut n = 0.0;
+    for t in spec["tasks"].as_array().into_iter().flatten() {
+        let g = &t["resources"]["gpu"];
+        if g.is_null() {
+            continue;
+        }
+        let each = match g["mode"].as_str().unwrap_or("whole") {
+            "whole" => g["count"].as_f64().unwrap_or(1.0),
+            "fraction" => g["fraction"].as_f64().unwrap_or(0.0),
+            _ => 1.0,
+        };
+        n += each * t["replicas"].as_f64().unwrap_or(1.0);
+    }
+    if n == n.trunc() {
+        format!("{n}")
+    } else {
+        format!("{n:.2}")
+    }
+}
+
+/// How long a job has run: from its start to its end, or to now.
+fn elapsed(j: &Value) -> String {
+    let Some(start) = j["started_at"].as_i64() else {
+        return "-".into();
+    };
+    let end = j["finished_at"].as_i64().unwrap_or_else(unix_now);
+    age_of(end - start)
+}
+
+fn job_rows(v: &Value, wide: bool) -> String {
     let rows = v
         .as_array()
         .into_iter()
@@ -507,28 +647,38 @@ fn job_rows(v: &Value) -> String {
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            vec![
+            let mut row = vec![
                 s(&j["id"]),
                 s(&j["name"]),
+                s(&j["user"]),
                 s(&j["team"]),
                 s(&j["queue"]),
                 s(&j["spec"]["kind"]),
+                gpus_of(&j["spec"]),
                 s(&j["state"]),
-                if nodes.is_empty() {
+                ago(&j["submitted_at"]),
+                elapsed(j),
+            ];
+            if wide {
+                row.push(if nodes.is_empty() {
                     "-".into()
                 } else {
                     nodes.join(",")
-                },
-                s(&j["reason"]),
-            ]
+                });
+                row.push(local(&j["submitted_at"]));
+            }
+            row.push(s(&j["reason"]));
+            row
         })
         .collect();
-    columns(
-        &[
-            "id", "name", "team", "queue", "kind", "state", "nodes", "reason",
-        ],
-        rows,
-    )
+    let mut head = vec![
+        "id", "name", "user", "team", "queue", "kind", "gpus", "state", "age", "time",
+    ];
+    if wide {
+        head.extend(["nodes", "submitted"]);
+    }
+    head.push("reason");
+    columns(&head, rows)
 }
 
 /// An estimated start in words: "unknown" without one (running work
@@ -596,64 +746,41 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
         }
         JobCmd::Ls {
             state,
+            all,
             queue,
             team,
             user,
             limit,
+            watch,
         } => {
-            let mut q = Vec::new();
-            for (k, v) in [
-                ("state", state),
-                ("queue", queue),
-                ("team", team),
-                ("user", user),
-                ("limit", limit.map(|l| l.to_string())),
-            ] {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            if !state.is_empty() {
+                q.append_pair("state", &state.join(","));
+            } else if !all {
+                q.append_pair("state", ACTIVE);
+            }
+            for (k, v) in [("queue", queue), ("team", team), ("user", user)] {
                 if let Some(v) = v {
-                    q.push(format!("{k}={v}"));
+                    q.append_pair(k, &v);
                 }
             }
-            let path = if q.is_empty() {
-                "/v1/jobs".to_string()
-            } else {
-                format!("/v1/jobs?{}", q.join("&"))
-            };
-            let v = c.call("GET", &path, None)?;
-            print(conn.output, &v, job_rows);
+            if let Some(l) = limit {
+                q.append_pair("limit", &l.to_string());
+            }
+            let path = format!("/v1/jobs?{}", q.finish());
+            let wide = conn.output == Format::Wide;
+            watch.run(|| {
+                let v = c.call("GET", &path, None)?;
+                print(conn.output, &v, |v| job_rows(v, wide));
+                Ok(())
+            })?;
         }
-        JobCmd::Get { id } => {
-            let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
-            print(conn.output, &v, |j| {
-                let mut out = format!(
-                    "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nattempts: {}, preemptions: {}\n",
-                    s(&j["id"]),
-                    s(&j["name"]),
-                    s(&j["spec"]["kind"]),
-                    s(&j["queue"]),
-                    s(&j["team"]),
-                    s(&j["user"]),
-                    s(&j["state"]),
-                    s(&j["reason"]),
-                    s(&j["attempts"]),
-                    s(&j["preemptions"])
-                );
-                let rows = j["tasks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|t| {
-                        vec![
-                            format!("{}/{}", s(&t["group"]), s(&t["index"])),
-                            s(&t["node"]),
-                            s(&t["gpus"]),
-                            s(&t["state"]),
-                            s(&t.get("exit_code").cloned().unwrap_or(Value::Null)),
-                        ]
-                    })
-                    .collect();
-                out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
-                out
-            });
+        JobCmd::Get { id, watch } => {
+            watch.run(|| {
+                let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
+                print(conn.output, &v, job_text);
+                Ok(())
+            })?;
         }
         JobCmd::Stats { id } => {
             let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
@@ -695,13 +822,119 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 out
             });
         }
-        JobCmd::Cancel { id } => return job_action(&c, conn.output, "cancel", id),
+        JobCmd::Cancel {
+            ids,
+            name,
+            user,
+            state,
+        } => return cancel(&c, conn.output, ids, name, user, state),
         JobCmd::Suspend { id } => return job_action(&c, conn.output, "suspend", id),
         JobCmd::Resume { id } => return job_action(&c, conn.output, "resume", id),
         JobCmd::Hold { id } => return job_action(&c, conn.output, "hold", id),
         JobCmd::Release { id } => return job_action(&c, conn.output, "release", id),
     }
     Ok(())
+}
+
+/// One job as text: what it is, its state, and its tasks.
+fn job_text(j: &Value) -> String {
+    let mut out = format!(
+        "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nsubmitted {} ({} ago), ran {}\nattempts: {}, preemptions: {}\n",
+        s(&j["id"]),
+        s(&j["name"]),
+        s(&j["spec"]["kind"]),
+        s(&j["queue"]),
+        s(&j["team"]),
+        s(&j["user"]),
+        s(&j["state"]),
+        s(&j["reason"]),
+        local(&j["submitted_at"]),
+        ago(&j["submitted_at"]),
+        elapsed(j),
+        s(&j["attempts"]),
+        s(&j["preemptions"])
+    );
+    let rows = j["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            vec![
+                format!("{}/{}", s(&t["group"]), s(&t["index"])),
+                s(&t["node"]),
+                t["gpus"]
+                    .as_array()
+                    .map(|g| g.iter().map(s).collect::<Vec<_>>().join(","))
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or_else(|| "-".into()),
+                s(&t["state"]),
+                s(&t.get("exit_code").cloned().unwrap_or(Value::Null)),
+            ]
+        })
+        .collect();
+    out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
+    out
+}
+
+/// Cancels the jobs named by id, or every active job matching the filters.
+fn cancel(
+    c: &Client,
+    output: Format,
+    ids: Vec<u64>,
+    name: Option<String>,
+    user: Option<String>,
+    state: Vec<String>,
+) -> anyhow::Result<()> {
+    let filtered = name.is_some() || user.is_some() || !state.is_empty();
+    if ids.is_empty() && !filtered {
+        return Err(Usage(
+            "name the jobs to cancel: one or more ids, or --name, --user or --state".into(),
+        )
+        .into());
+    }
+    let mut targets = ids;
+    if filtered {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair(
+            "state",
+            &if state.is_empty() {
+                ACTIVE.to_string()
+            } else {
+                state.join(",")
+            },
+        );
+        if let Some(u) = &user {
+            q.append_pair("user", u);
+        }
+        let v = c.call("GET", &format!("/v1/jobs?{}", q.finish()), None)?;
+        targets.extend(
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|j| name.as_ref().is_none_or(|n| j["name"] == n.as_str()))
+                .filter_map(|j| j["id"].as_u64()),
+        );
+        if targets.is_empty() {
+            eprintln!("no active job matches");
+            return Ok(());
+        }
+    }
+    // Each is tried; the failures are reported together at the end.
+    let mut failed = Vec::new();
+    for id in targets {
+        if let Err(e) = job_action(c, output, "cancel", id) {
+            eprintln!("error: job {id}: {e:#}");
+            failed.push(id);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "{} job(s) could not be cancelled: {failed:?}",
+            failed.len()
+        ))
+    }
 }
 
 fn job_action(c: &Client, output: Format, action: &str, id: u64) -> anyhow::Result<()> {
@@ -1147,7 +1380,7 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
             .map(|e| {
                 vec![
                     s(&e["seq"]),
-                    s(&e["at"]),
+                    local(&e["at"]),
                     s(&e.get("job").cloned().unwrap_or(Value::Null)),
                     s(&e["kind"]),
                     s(&e["message"]),

@@ -107,6 +107,9 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Shell completions: `gpuflow completion bash > /etc/bash_completion.d/gpuflow`
+    /// (or zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
     /// The event log.
     Event {
         #[command(subcommand)]
@@ -138,6 +141,16 @@ fn main() {
         Command::Event { command, conn } => client::event(&conn, command),
         Command::Report { command, conn } => client::report(&conn, command),
         Command::Price { command, conn } => client::price(&conn, command),
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "gpuflow",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

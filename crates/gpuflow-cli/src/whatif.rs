@@ -22,6 +22,7 @@ pub struct WhatifArgs {
     /// The jobs submitted from (Unix seconds, 2026-12-01, or an age: 30d).
     #[arg(long, default_value = "30d")]
     from: String,
+    /// The jobs submitted until (as --from; default now).
     #[arg(long)]
     to: Option<String>,
     /// The scheduling policy replayed (as `sim run`).
@@ -140,19 +141,18 @@ pub fn run(a: WhatifArgs) -> anyhow::Result<()> {
         ..SimConfig::default()
     };
     let (now, then) = whatif::compare(&spec, &recorded, &changes, &policy, &cfg, &price)?;
+    let out = json!({
+        "jobs": recorded.len(),
+        "left_out": w.left_out,
+        "guarantees_scaled": scaled,
+        "currency": w.prices.currency,
+        "now": summary_json(&now),
+        "whatif": summary_json(&then),
+    });
     match a.conn.output {
-        Format::Json => {
-            let out = json!({
-                "jobs": recorded.len(),
-                "left_out": w.left_out,
-                "guarantees_scaled": scaled,
-                "currency": w.prices.currency,
-                "now": summary_json(&now),
-                "whatif": summary_json(&then),
-            });
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        }
-        Format::Table => print!("{}", table(&w, recorded.len(), &now, &then)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+        Format::Yaml => print!("{}", serde_norway::to_string(&out)?),
+        Format::Table | Format::Wide => print!("{}", table(&w, recorded.len(), &now, &then)),
     }
     Ok(())
 }

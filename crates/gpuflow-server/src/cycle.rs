@@ -645,10 +645,7 @@ fn spent_projects(world: &World, t: u64) -> Spent {
                 return None;
             }
             let next = crate::accounting::period_start(b.period, u.period_start + 31 * 86_400);
-            let renews = humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_secs(next),
-            )
-            .to_string();
+            let renews = crate::when(next);
             let amount = match b.cost {
                 Some(c) => format!("{c} {}", world.prices.currency).trim_end().to_string(),
                 None => format!("{} GPU-hours", b.limit()),
@@ -1117,7 +1114,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             if let Some(nb) = j.not_before.filter(|&nb| nb > t) {
                 blocked.push((
                     j.id,
-                    why(j, format!("retrying after a failure; not before {nb}")),
+                    why(
+                        j,
+                        format!("retrying after a failure; not before {}", crate::when(nb)),
+                    ),
                 ));
                 continue;
             }

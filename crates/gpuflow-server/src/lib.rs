@@ -134,6 +134,12 @@ pub fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A time in messages: `2026-12-03T20:38:30Z` (the API's fields keep
+/// Unix seconds).
+pub fn when(t: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(t)).to_string()
+}
+
 /// Changes to commit together: records that changed (whole), plus events and
 /// audit lines.
 #[derive(Default)]

@@ -60,6 +60,7 @@ pub fn submitted(
         held: vec![],
         lost_gpu_hours: 0.0,
         util: vec![],
+        last_tasks: vec![],
     }
 }
 
@@ -96,7 +97,8 @@ pub fn preempt(j: &mut JobRec, by: u64, why: &str, kill_at: u64, lost_gpu_hours:
     j.preemptions += 1;
     j.lost_gpu_hours += lost_gpu_hours;
     j.reason = format!(
-        "preempted by job {by}: {why}; signalled now, killed at {kill_at} ({lost_gpu_hours:.2} GPU-hours since the last checkpoint)"
+        "preempted by job {by}: {why}; signalled now, killed at {} ({lost_gpu_hours:.2} GPU-hours since the last checkpoint)",
+        crate::when(kill_at)
     );
     "preempted"
 }
@@ -442,6 +444,7 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         j.finished_at = Some(at);
         j.reason = "all tasks exited with code 0".into();
         close_held(j, at);
+        j.last_tasks = j.task_views();
         j.allocs.clear();
         return Some("succeeded");
     }
@@ -570,6 +573,7 @@ fn release(j: &mut JobRec, at: u64) {
 /// A stopping job whose tasks are gone: release its GPUs and move on.
 pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     let after = j.after_stop.unwrap_or(AfterStop::Requeue);
+    let ended = j.task_views();
     release(j, t);
     let (state, reason) = match after {
         AfterStop::Requeue => (JobState::Pending, format!("{why}; requeued")),
@@ -595,6 +599,7 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     };
     if state.finished() {
         j.finished_at = Some(t);
+        j.last_tasks = ended;
     }
     j.state = state;
     j.reason = reason;

@@ -422,8 +422,15 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
             q("queue", name(), "only this queue's"),
             q(
                 "state",
-                json!({"type": "string", "enum": gpuflow_api::ALL_STATES.iter().map(|s| s.as_str()).collect::<Vec<_>>()}),
-                "only jobs in this state",
+                {
+                    let one = gpuflow_api::ALL_STATES
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join("|");
+                    json!({"type": "string", "pattern": format!("^({one})(,({one}))*$")})
+                },
+                "only jobs in these states, comma separated (`running,pending`)",
             ),
             q("user", name(), "only this user's"),
             q("project", name(), "only this project's"),

@@ -231,6 +231,10 @@ pub struct JobRec {
     /// Its GPUs' utilisation over its life (bounded; see [`push_util`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub util: Vec<api::UtilPoint>,
+    /// A finished job's last tasks as they ended: where they ran, on which
+    /// GPUs, with their exit codes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_tasks: Vec<api::TaskView>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points
@@ -295,9 +299,13 @@ impl JobRec {
         }
     }
 
-    pub fn view(&self) -> api::Job {
-        let tasks = self
-            .allocs
+    /// Its current attempt's tasks where they run (for a finished job, as
+    /// they ended).
+    pub fn task_views(&self) -> Vec<api::TaskView> {
+        if self.allocs.is_empty() && self.state.finished() {
+            return self.last_tasks.clone();
+        }
+        self.allocs
             .iter()
             .map(|a| {
                 let t = self
@@ -328,7 +336,11 @@ impl JobRec {
                     usage: t.and_then(|t| t.usage.clone()),
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    pub fn view(&self) -> api::Job {
+        let tasks = self.task_views();
         api::Job {
             id: self.id,
             name: self.spec.name.clone(),

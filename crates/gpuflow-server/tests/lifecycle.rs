@@ -238,11 +238,11 @@ fn preemption_eviction_and_lost_nodes_requeue() {
             report n1 running,running
               running (attempt 1): 2 tasks running [running]
             preempt 7
-              stopping (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint) [preempted]
+              stopping (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 1970-01-01T00:02:40Z (0.50 GPU-hours since the last checkpoint) [preempted]
             evict
-              stopping (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint) [-]
+              stopping (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 1970-01-01T00:02:40Z (0.50 GPU-hours since the last checkpoint) [-]
             report n1 stopped,stopped
-              pending (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint); requeued [requeued]
+              pending (attempt 1): preempted by job 7: its queue's guarantee is reclaimed; signalled now, killed at 1970-01-01T00:02:40Z (0.50 GPU-hours since the last checkpoint); requeued [requeued]
             admit n1
               admitted (attempt 2): admitted to n1 (attempt 2) [admitted]
             evict
@@ -345,9 +345,9 @@ fn every_attempt_holds_its_gpus_in_the_ledger_from_admission_to_release() {
             report n1 running,running
               running (attempt 1): 2 tasks running [running]
             preempt 9
-              stopping (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint) [preempted]
+              stopping (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 1970-01-01T00:02:40Z (0.50 GPU-hours since the last checkpoint) [preempted]
             report n1 stopped,stopped
-              pending (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 160 (0.50 GPU-hours since the last checkpoint); requeued [requeued]
+              pending (attempt 1): preempted by job 9: its queue's guarantee is reclaimed; signalled now, killed at 1970-01-01T00:02:40Z (0.50 GPU-hours since the last checkpoint); requeued [requeued]
             admit n2
               admitted (attempt 2): admitted to n2 (attempt 2) [admitted]
             report n2 exited:1,running

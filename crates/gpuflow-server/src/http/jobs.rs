@@ -298,14 +298,27 @@ async fn list_jobs(
             .into());
         }
     }
-    let state = match q.get("state") {
-        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            let all: Vec<&str> = api::ALL_STATES.iter().map(|s| s.as_str()).collect();
-            Error(ApiError::bad_request(
-                "bad_query",
-                format!("state: unknown state {s:?}; allowed: {}", all.join(", ")),
-            ))
-        })?),
+    // One state or several, comma separated (`running,pending`).
+    let states: Option<Vec<JobState>> = match q.get("state") {
+        Some(list) => Some(
+            list.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    JobState::parse(s).ok_or_else(|| {
+                        let all: Vec<&str> =
+                            api::ALL_STATES.iter().map(|s| s.as_str()).collect();
+                        Error(ApiError::bad_request(
+                            "bad_query",
+                            format!(
+                                "state: unknown state {s:?}; allowed: {} (several, comma separated)",
+                                all.join(", ")
+                            ),
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        ),
         None => None,
     };
     let limit = page_limit(q.get("limit"))?;
@@ -329,7 +342,7 @@ async fn list_jobs(
                 q.get("project")
                     .is_none_or(|t| j.project.as_ref() == Some(t))
             })
-            .filter(|(_, j)| state.is_none_or(|s| j.state == s))
+            .filter(|(_, j)| states.as_ref().is_none_or(|s| s.contains(&j.state)))
             .take(limit)
             .map(|(id, _)| *id)
             .collect();

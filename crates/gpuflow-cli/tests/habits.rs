@@ -1,0 +1,203 @@
+//! The CLI's conventions, as Slurm and kubectl users expect them: help on
+//! every command and flag, shell completions, exit codes (0 ok, 1 the
+//! request failed, 2 usage), `job ls` showing active jobs with USER, GPUS,
+//! AGE and TIME (`--all`, comma lists, `--no-headers`, `-o yaml|wide`),
+//! `--watch` with a bounded count, human times, finished jobs that keep
+//! their tasks, and cancelling several jobs or by filter.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn gpuflow(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("GPUFLOW_TOKEN")
+        .env_remove("GPUFLOW_SERVER")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every command and option of `gpuflow` and its subcommands (found from
+/// their own `--help`) with the ones lacking a description.
+fn undocumented(path: &mut Vec<String>, missing: &mut Vec<String>) {
+    let args: Vec<&str> = path.iter().map(String::as_str).chain(["--help"]).collect();
+    let (_, text, _) = gpuflow(&args);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut section = "";
+    for (i, l) in lines.iter().enumerate() {
+        if !l.starts_with(' ') && l.ends_with(':') {
+            section = l;
+            continue;
+        }
+        let t = l.trim();
+        // A description follows on the same line (after two spaces) or,
+        // for long ones, on the next line, indented deeper.
+        let described = t.contains("  ")
+            || lines
+                .get(i + 1)
+                .is_some_and(|n| n.starts_with("          ") && !n.trim().is_empty());
+        if section == "Commands:" && !t.is_empty() {
+            let name = t.split_whitespace().next().unwrap().to_string();
+            if name == "help" {
+                continue;
+            }
+            if !described {
+                missing.push(format!("{} {name}", path.join(" ")));
+            }
+            path.push(name);
+            undocumented(path, missing);
+            path.pop();
+        }
+        if section == "Options:" && t.starts_with('-') && !described {
+            missing.push(format!("{}: {t}", path.join(" ")));
+        }
+    }
+}
+
+#[test]
+fn every_command_and_flag_has_help_and_completions_are_generated() {
+    let mut missing = Vec::new();
+    undocumented(&mut vec![], &mut missing);
+    assert!(missing.is_empty(), "without help: {missing:#?}");
+    let (code, out, _) = gpuflow(&["completion", "bash"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("_gpuflow") && out.contains("cancel"), "{out}");
+    let (code, out, _) = gpuflow(&["completion", "zsh"]);
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("#compdef gpuflow"), "{out}");
+    let (code, out, _) = gpuflow(&["completion", "fish"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("complete -c gpuflow"), "{out}");
+    // Exit codes: a usage error 2, a request that failed 1.
+    let (code, _, err) = gpuflow(&["job", "ls", "--server", "127.0.0.1:9", "--token", "x"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = gpuflow(&[
+        "job",
+        "cancel",
+        "--server",
+        "http://127.0.0.1:9",
+        "--token",
+        "x",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("one or more ids"), "{err}");
+    let (code, _, err) = gpuflow(&[
+        "job",
+        "ls",
+        "--server",
+        "http://127.0.0.1:9",
+        "--token",
+        "x",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach the server"), "{err}");
+    let (code, _, _) = gpuflow(&["job", "frobnicate"]);
+    assert_eq!(code, Some(2));
+}
+
+#[test]
+fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        gpuflow(&all)
+    };
+    let submit = |name: &str, gpus: u32, script: &str| {
+        let (s, v) = api.submit_yaml(&admin, &job_yaml(name, "default", "batch", gpus, script, 1));
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_u64().unwrap()
+    };
+    let quick = submit("quick", 1, "echo done");
+    api.wait_state(quick, &admin, "succeeded", LONG);
+    let long = submit("long", 1, "sleep 300");
+    api.wait_state(long, &admin, "running", LONG);
+    let wide = submit("wide", 2, "sleep 300");
+    poll("the wide job waits", LONG, || {
+        (api.job(wide, &admin)["reason"].as_str()?
+            != "submitted; waiting for the next scheduling cycle")
+            .then_some(())
+    });
+
+    // Active jobs by default, newest first, with USER, GPUS, AGE and TIME.
+    let (code, out, err) = cli(&["job", "ls"]);
+    assert_eq!(code, Some(0), "{err}");
+    let head = out.lines().next().unwrap();
+    for col in ["ID", "USER", "GPUS", "STATE", "AGE", "TIME"] {
+        assert!(head.contains(col), "{head}");
+    }
+    assert!(out.contains("long") && out.contains("wide"), "{out}");
+    assert!(!out.contains("quick"), "finished jobs are hidden: {out}");
+    let (_, out, _) = cli(&["job", "ls", "--all"]);
+    assert!(out.contains("quick"), "{out}");
+    let (_, out, _) = cli(&["job", "ls", "--state", "running,succeeded", "--no-headers"]);
+    assert!(
+        out.contains("quick") && out.contains("long") && !out.contains("wide"),
+        "{out}"
+    );
+    assert!(!out.contains("STATE"), "no headers: {out}");
+    let (_, out, _) = cli(&["job", "ls", "-o", "wide"]);
+    assert!(out.lines().next().unwrap().contains("NODES"), "{out}");
+    let (_, out, _) = cli(&["job", "ls", "-o", "yaml"]);
+    let y: serde_json::Value = serde_norway::from_str(&out).unwrap();
+    assert_eq!(y.as_array().unwrap().len(), 2, "{out}");
+    // Watching: a bounded number of refreshes.
+    let (code, out, _) = cli(&["job", "ls", "--watch", "--interval", "1", "--count", "2"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.matches("--- ").count(), 2, "{out}");
+    assert_eq!(out.matches("long").count(), 2, "{out}");
+
+    // A finished job keeps its tasks: node, GPU and exit code.
+    let (_, out, _) = cli(&["job", "get", &quick.to_string()]);
+    let task = out
+        .lines()
+        .find(|l| l.starts_with("main/0"))
+        .unwrap_or_else(|| panic!("no task row: {out}"));
+    let cells: Vec<&str> = task.split_whitespace().collect();
+    assert_eq!(cells[1], "vm", "{out}");
+    assert_eq!(cells[4], "0", "exit code: {out}");
+
+    // Events in local time, not Unix seconds.
+    let (_, out, _) = cli(&["event", "ls", "--job", &quick.to_string()]);
+    let row = out.lines().nth(1).unwrap();
+    let at = row.split_whitespace().nth(1).unwrap();
+    assert!(
+        at.len() == 10 && at.chars().nth(4) == Some('-'),
+        "a date, not Unix seconds: {out}"
+    );
+
+    // Several ids at once; a filter matching nothing is not an error.
+    let (code, out, err) = cli(&["job", "cancel", &long.to_string(), &wide.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    let (code, _, err) = cli(&["job", "cancel", "--name", "nosuch"]);
+    assert_eq!(code, Some(0));
+    assert!(err.contains("no active job matches"), "{err}");
+    let again = submit("again", 2, "sleep 300");
+    let (code, out, err) = cli(&[
+        "job",
+        "cancel",
+        "--state",
+        "pending,running",
+        "--user",
+        "admin",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&format!("job {again}:")), "{out}");
+    // Cancelling a finished job fails the request: exit 1.
+    let (code, _, err) = cli(&["job", "cancel", &quick.to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("has finished (succeeded)"), "{err}");
+}
