@@ -482,6 +482,11 @@ pub struct QueueSpec {
     /// that name none; admins set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notebook_idle: Option<crate::IdleSpec>,
+    /// The longest a notebook submitted to this queue (or below it) may
+    /// run, in seconds: those without a `max_runtime_s` take it, longer ones
+    /// are refused; admins set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notebook_max_lifetime_s: Option<u64>,
     /// A GPU-hour budget per period for the queue's own jobs; admins set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
@@ -648,6 +653,15 @@ impl QueueSpec {
         if let Some(idle) = &self.notebook_idle {
             idle.check("notebook_idle", &mut |f, m| bad(&f, m));
         }
+        if self
+            .notebook_max_lifetime_s
+            .is_some_and(|l| !(1..=31_536_000).contains(&l))
+        {
+            bad(
+                "notebook_max_lifetime_s",
+                "must be 1 to 31536000 seconds (a year)".into(),
+            );
+        }
         if let Some(b) = &self.budget {
             b.check("budget", &mut |f, m| bad(&f, m));
         }
@@ -689,6 +703,9 @@ pub struct QueuePatch {
     /// Admin only.
     #[serde(default)]
     pub notebook_idle: Option<crate::IdleSpec>,
+    /// Admin only.
+    #[serde(default)]
+    pub notebook_max_lifetime_s: Option<u64>,
     /// Admin only.
     #[serde(default)]
     pub budget: Option<BudgetSpec>,

@@ -176,7 +176,9 @@ pub enum QueueCmd {
         weight: Option<f64>,
         #[arg(long, value_parser = ["open", "held", "draining"])]
         state: Option<String>,
-        /// Quotas as FLAVOR=GUARANTEED[,...] in GPUs (admin), e.g. H100=8,*=2.
+        /// Guarantees as FLAVOR=GPUS[,...] (admin), e.g. H100=8,*=2; the
+        /// queue's other quota settings (borrow and lend limits, caps, other
+        /// flavors) stay as they are.
         #[arg(long)]
         quota: Option<String>,
     },
@@ -973,9 +975,9 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                             .as_object()
                             .map(|m| {
                                 m.iter()
-                                    .map(|(f, x)| format!("{f}:{}", s(&x["guaranteed"])))
+                                    .map(|(f, x)| quota_text(f, x))
                                     .collect::<Vec<_>>()
-                                    .join(",")
+                                    .join(" ")
                             })
                             .unwrap_or_default();
                         let used = q["used"]
@@ -1042,15 +1044,29 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 patch.insert("state".into(), st.into());
             }
             if let Some(q) = quota {
-                let mut m = serde_json::Map::new();
+                // The API replaces a queue's quotas as a whole: start from
+                // the queue's own, so that the guarantees named change and
+                // everything else (borrow and lend limits, caps, the other
+                // flavors) stays.
+                let queues = c.call("GET", "/v1/queues", None)?;
+                let mut m = queues
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|x| x["name"] == name.as_str())
+                    .and_then(|x| x["quotas"].as_object().cloned())
+                    .ok_or_else(|| anyhow!("queue {name:?} not found"))?;
                 for part in q.split(',') {
                     let (f, g) = part
                         .split_once('=')
-                        .ok_or_else(|| anyhow!("--quota: {part:?} is not FLAVOR=GPUS"))?;
+                        .ok_or_else(|| Usage(format!("--quota: {part:?} is not FLAVOR=GPUS")))?;
                     let g: f64 = g
                         .parse()
-                        .map_err(|_| anyhow!("--quota: {g:?} is not a number of GPUs"))?;
-                    m.insert(f.into(), serde_json::json!({"guaranteed": g}));
+                        .map_err(|_| Usage(format!("--quota: {g:?} is not a number of GPUs")))?;
+                    let e = m
+                        .entry(f.to_string())
+                        .or_insert_with(|| serde_json::json!({}));
+                    e["guaranteed"] = g.into();
                 }
                 patch.insert("quotas".into(), Value::Object(m));
             }
@@ -1341,10 +1357,12 @@ pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
                             vec![
                                 s(&t["id"]),
                                 s(&t["user"]),
-                                s(&t["created_at"]),
-                                t["expires_at"]
-                                    .as_u64()
-                                    .map_or_else(|| "never".into(), |e| e.to_string()),
+                                local(&t["created_at"]),
+                                if t["expires_at"].is_null() {
+                                    "never".into()
+                                } else {
+                                    local(&t["expires_at"])
+                                },
                             ]
                         })
                         .collect(),
@@ -1400,6 +1418,24 @@ struct Report {
     rows_at: Option<&'static str>,
     head: Vec<String>,
     row: fn(&Value) -> Vec<String>,
+}
+
+/// A flavor's quota: `H100:8+4` (8 guaranteed, 4 more may be borrowed),
+/// `+any` when borrowing is unlimited, `^16` a cap; `all` for a guarantee
+/// of the whole cluster.
+fn quota_text(flavor: &str, q: &Value) -> String {
+    let g = q["guaranteed"].as_f64().unwrap_or(0.0);
+    let g = if g >= 1e6 {
+        "all".to_string()
+    } else {
+        format!("{g}")
+    };
+    let borrow = match q["borrow_limit"].as_f64() {
+        Some(b) => format!("+{b}"),
+        None => "+any".into(),
+    };
+    let cap = q["cap"].as_f64().map_or(String::new(), |c| format!("^{c}"));
+    format!("{flavor}:{g}{borrow}{cap}")
 }
 
 /// What is left of a budget: `12.5 of 100 GPU-h/month`, `SPENT` once

@@ -14,7 +14,7 @@ use gpuflow_agent::gpu::Emulated;
 #[derive(Args, Clone)]
 pub struct ServerArgs {
     /// Address to listen on (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    #[arg(long, env = "GPUFLOW_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
     /// Holds the embedded database, the admin token and the join token.
     #[arg(long, env = "GPUFLOW_DATA", default_value_os_t = default_data_dir())]

@@ -196,8 +196,81 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains(&format!("job {again}:")), "{out}");
+    // `queue set --quota` changes the guarantee it names and keeps the
+    // borrow limit; `queue ls` shows both (and the default queue's "all").
+    let (s, v) = api.post_json(
+        "/v1/queues",
+        &admin,
+        &serde_json::json!({"name": "vision", "team": "default", "quotas": {"emu-gpu": {"guaranteed": 1, "borrow_limit": 1}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (code, _, err) = cli(&["queue", "set", "vision", "--quota", "emu-gpu=2"]);
+    assert_eq!(code, Some(0), "{err}");
+    let qs = api.get("/v1/queues", &admin);
+    let q = qs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "vision")
+        .unwrap();
+    assert_eq!(q["quotas"]["emu-gpu"]["guaranteed"], 2.0, "{q}");
+    assert_eq!(q["quotas"]["emu-gpu"]["borrow_limit"], 1.0, "kept: {q}");
+    let (_, out, _) = cli(&["queue", "ls"]);
+    assert!(
+        out.contains("emu-gpu:2+1") && out.contains("*:all+any"),
+        "{out}"
+    );
     // Cancelling a finished job fails the request: exit 1.
     let (code, _, err) = cli(&["job", "cancel", &quick.to_string()]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("has finished (succeeded)"), "{err}");
+}
+
+/// Notebooks live at most their queue's lifetime: one without a max
+/// runtime takes it and is stopped when it is reached (cancelled, with a
+/// `lifetime-reached` event), one asking for longer is refused.
+#[test]
+fn a_notebook_is_stopped_at_its_queues_maximum_lifetime() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let (s, v) = api.call(
+        "PATCH",
+        "/v1/queues/default",
+        &admin,
+        Some(("application/json", br#"{"notebook_max_lifetime_s": 3}"#)),
+    );
+    assert_eq!(s, 200, "{v}");
+    let nb = |extra: &str| {
+        format!(
+            "name: nb\nqueue: default\nkind: notebook\n{extra}tasks:\n  - name: main\n    command: [sleep, '300']\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: 1}}}}\n"
+        )
+    };
+    let (s, v) = api.submit_yaml(&admin, &nb("max_runtime_s: 10\n"));
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("beyond the 3 s"),
+        "{v}"
+    );
+    let (s, v) = api.submit_yaml(&admin, &nb(""));
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    assert_eq!(api.job(id, &admin)["spec"]["max_runtime_s"], 3);
+    api.wait_state(id, &admin, "running", LONG);
+    let j = api.wait_state(id, &admin, "cancelled", LONG);
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("maximum lifetime of 3 s"),
+        "{j}"
+    );
+    let events = api.get(&format!("/v1/events?job={id}"), &admin);
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "lifetime-reached"),
+        "{events}"
+    );
 }

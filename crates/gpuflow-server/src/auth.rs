@@ -67,6 +67,7 @@ pub async fn bootstrap(
             parent: None,
             weight: 1.0,
             notebook_idle: None,
+            notebook_max_lifetime_s: None,
             budget: None,
             state: gpuflow_api::QueueState::Open,
             // The default queue is guaranteed whatever the cluster has.

@@ -824,11 +824,17 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         }
     }
     for (j, kind) in jobs {
+        if kind == "lifetime-reached" {
+            tracing::info!(job = j.id, team = %j.team, reason = %j.reason, "notebook reclaimed");
+        }
         change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
         change.job(j);
     }
     for (j, event) in idle {
         if let Some((kind, message)) = event {
+            if kind == "idle-stop" {
+                tracing::info!(job = j.id, team = %j.team, %message, "idle GPUs reclaimed");
+            }
             change.event(t, Some(j.id), &j.team, kind, message);
         }
         change.job(j);

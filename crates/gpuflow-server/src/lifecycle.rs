@@ -135,6 +135,17 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
     if !matches!(j.state, JobState::Running | JobState::Starting) || start + max > at {
         return None;
     }
+    if j.spec.kind == api::Kind::Notebook {
+        // A notebook's end of life is not its failure: it is stopped and
+        // ends cancelled, with its own event.
+        stop(
+            j,
+            at,
+            AfterStop::Cancel,
+            format!("reached its maximum lifetime of {max} s; stopped"),
+        );
+        return Some("lifetime-reached");
+    }
     stop(
         j,
         at,

@@ -198,6 +198,33 @@ async fn submit(
             at = q.parent.as_deref();
         }
     }
+    // A notebook lives at most its queue's (or the nearest ancestor's)
+    // lifetime: without a max runtime it takes it, beyond it it is refused.
+    if spec.kind == api::Kind::Notebook {
+        let mut at = Some(spec.queue.as_str());
+        while let Some(name) = at {
+            let Some(q) = world.queues.get(name) else {
+                break;
+            };
+            if let Some(life) = q.notebook_max_lifetime_s {
+                match spec.max_runtime_s {
+                    None => spec.max_runtime_s = Some(life),
+                    Some(m) if m > life => {
+                        return Err(ApiError::bad_request(
+                            "invalid_spec",
+                            format!(
+                                "max_runtime_s: {m} s is beyond the {life} s notebooks of queue {name} may live; ask for at most that"
+                            ),
+                        )
+                        .into());
+                    }
+                    Some(_) => {}
+                }
+                break;
+            }
+            at = q.parent.as_deref();
+        }
+    }
     if let Some(why) = crate::feasible::never_fits(&world, &spec) {
         return Err(ApiError::bad_request("never_fits", why).into());
     }

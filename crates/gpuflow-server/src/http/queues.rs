@@ -170,6 +170,11 @@ async fn create_queue(
     if q.budget.is_some() && !caller.admin() {
         return Err(ApiError::forbidden("only an admin sets a queue's budget").into());
     }
+    if q.notebook_max_lifetime_s.is_some() && !caller.admin() {
+        return Err(
+            ApiError::forbidden("only an admin sets a queue's notebook_max_lifetime_s").into(),
+        );
+    }
     if q.notebook_idle.is_some() && !caller.admin() {
         return Err(
             ApiError::forbidden("only an admin sets a queue's notebook_idle policy").into(),
@@ -284,6 +289,10 @@ async fn patch_queue(
     if let Some(b) = p.budget {
         caller.need_admin("setting a queue's budget")?;
         q.budget = Some(b);
+    }
+    if let Some(l) = p.notebook_max_lifetime_s {
+        caller.need_admin("setting a queue's notebook_max_lifetime_s")?;
+        q.notebook_max_lifetime_s = Some(l);
     }
     if let Some(idle) = p.notebook_idle {
         caller.need_admin("setting a queue's notebook_idle policy")?;
