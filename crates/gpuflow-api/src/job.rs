@@ -62,6 +62,76 @@ pub struct JobSpec {
     pub checkpoint: CheckpointSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleSpec>,
+    /// A job array, as Slurm writes it: `0-999`, `1,3,8-15`, with `%50` to
+    /// run at most 50 elements at once. One submission stores one job per
+    /// index; each task sees its index in `GPUFLOW_ARRAY_INDEX`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
+}
+
+/// The most elements one array submission may hold.
+pub const MAX_ARRAY: usize = 10_000;
+
+/// A parsed `array`: its indices, in order, and how many may run at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArraySpec {
+    pub indices: Vec<u32>,
+    pub max_concurrent: Option<u32>,
+}
+
+impl ArraySpec {
+    /// The `%N` of an array, without expanding its indices.
+    pub fn limit_of(s: &str) -> Option<u32> {
+        s.split_once('%').and_then(|(_, n)| n.trim().parse().ok())
+    }
+
+    /// Parses `0-999%50`, `1,3,8-15`, `7`.
+    ///
+    /// # Errors
+    /// What is wrong, with the form that works.
+    pub fn parse(s: &str) -> Result<ArraySpec, String> {
+        let form =
+            "write it as Slurm does: 0-999, 1,3,8-15, with %N to run at most N at once (0-999%50)";
+        let (list, limit) =
+            match s.split_once('%') {
+                Some((l, n)) => {
+                    let n: u32 =
+                        n.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                            format!("{s:?}: %N takes a number of at least 1; {form}")
+                        })?;
+                    (l, Some(n))
+                }
+                None => (s, None),
+            };
+        let mut indices = std::collections::BTreeSet::new();
+        for part in list.split(',') {
+            let part = part.trim();
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a, b),
+                None => (part, part),
+            };
+            let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) else {
+                return Err(format!(
+                    "{s:?}: {part:?} is not an index or a range; {form}"
+                ));
+            };
+            if a > b || b > 1_000_000 {
+                return Err(format!(
+                    "{s:?}: {part:?}: ranges go up (FIRST-LAST) and indices up to 1000000"
+                ));
+            }
+            if (b - a) as usize + indices.len() >= MAX_ARRAY {
+                return Err(format!(
+                    "{s:?}: more than {MAX_ARRAY} elements; split it into several arrays"
+                ));
+            }
+            indices.extend(a..=b);
+        }
+        Ok(ArraySpec {
+            indices: indices.into_iter().collect(),
+            max_concurrent: limit,
+        })
+    }
 }
 
 /// Replicas of one task with the same command and resources.
@@ -354,6 +424,11 @@ impl JobSpec {
             })
         };
         check_name("name", &self.name, &mut bad);
+        if let Some(a) = &self.array
+            && let Err(e) = ArraySpec::parse(a)
+        {
+            bad("array".into(), e);
+        }
         if self.queue.trim().is_empty() {
             bad("queue".into(), "must name a queue".into());
         }
@@ -577,6 +652,24 @@ tasks:
     command: [python, train.py]
     resources: {cpu: 4, memory_mib: 8192, gpu: {count: 2}}
 ";
+
+    #[test]
+    fn arrays_parse_as_slurm_writes_them() {
+        let a = ArraySpec::parse("0-3,7%2").unwrap();
+        assert_eq!(a.indices, vec![0, 1, 2, 3, 7]);
+        assert_eq!(a.max_concurrent, Some(2));
+        assert_eq!(ArraySpec::parse("5").unwrap().indices, vec![5]);
+        for bad in ["3-1", "a-b", "0-9%0", "0-20000", ""] {
+            assert!(ArraySpec::parse(bad).is_err(), "{bad}");
+        }
+        let e = JobSpec::parse(
+            GOOD.replace("kind: training", "kind: training\narray: 0-9%x")
+                .as_bytes(),
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("array"), "{e}");
+    }
 
     #[test]
     fn parses_yaml_and_json() {

@@ -8,5 +8,7 @@ pub mod job;
 pub mod wire;
 
 pub use error::{ApiError, FieldError};
-pub use job::{GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, TaskGroupSpec};
+pub use job::{
+    ArraySpec, GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, MAX_ARRAY, TaskGroupSpec,
+};
 pub use wire::*;

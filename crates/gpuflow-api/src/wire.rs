@@ -131,6 +131,9 @@ pub struct Job {
     /// What each attempt held, from the accounting ledger.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledger: Vec<Hold>,
+    /// The array it is an element of, with its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayRef>,
     /// Its GPUs' utilisation over its life, as its tasks were sampled
     /// (at most [`UTIL_POINTS`] points; older ones merged in pairs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -188,6 +191,29 @@ pub struct Why {
 pub struct Submitted {
     pub id: u64,
     pub state: JobState,
+    /// For an array: its id (its first element's) and how many elements
+    /// were stored, with consecutive ids from `id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayRef>,
+}
+
+/// What cancelling an array did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ArrayCancelled {
+    pub id: u64,
+    /// Elements that had not started: cancelled now.
+    pub cancelled: u32,
+    /// Elements that were running: signalled, cancelled once stopped.
+    pub stopping: u32,
+}
+
+/// An array, or one element of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ArrayRef {
+    /// The array's id: its first element's job id.
+    pub id: u64,
+    /// An element's index; for a submission, how many elements.
+    pub index: u32,
 }
 
 /// What a submission with `?test_only=true` would meet now (like

@@ -14,16 +14,22 @@ pub fn submit(
     store: &str,
     readers: usize,
     read_pause: Duration,
+    array: usize,
 ) -> anyhow::Result<()> {
-    if jobs == 0 || clients == 0 {
-        bail!("--jobs and --clients must be above 0");
+    if jobs == 0 || clients == 0 || array == 0 {
+        bail!("--jobs, --clients and --array must be above 0");
     }
-    let alone = run_submissions(jobs, clients, store, 0, read_pause)?;
+    if array > 1 && !jobs.is_multiple_of(array * clients) {
+        bail!(
+            "--jobs must be a multiple of --array × --clients, so that each client sends whole arrays"
+        );
+    }
+    let alone = run_submissions(jobs, clients, store, 0, read_pause, array)?;
     if readers > 0 {
         // The same submissions on a fresh server, while `readers` clients
         // poll `why` of a job the cycle does not reach (a diagnosis each)
         // and list jobs, as dashboards and impatient users do.
-        let with = run_submissions(jobs, clients, store, readers, read_pause)?;
+        let with = run_submissions(jobs, clients, store, readers, read_pause, array)?;
         println!(
             "with {readers} readers polling why and listing jobs: {:.0} submissions/s against {alone:.0} alone, ratio {:.2}",
             with,
@@ -41,6 +47,7 @@ fn run_submissions(
     store: &str,
     readers: usize,
     read_pause: Duration,
+    array: usize,
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
@@ -66,7 +73,15 @@ fn run_submissions(
         .context("a new installation has an admin token")?;
     let base = format!("http://{}/v1", running.addr);
     let url = format!("{base}/jobs");
-    let spec = "name: bench\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    replicas: 2\n    command: [python, train.py]\n    resources: {cpu: 4, memory_mib: 16384, gpu: {count: 1}}\n";
+    // With --array N, each submission is an array of N such jobs.
+    let spec = format!(
+        "name: bench\nqueue: default\nkind: batch\n{}tasks:\n  - name: main\n    replicas: 2\n    command: [python, train.py]\n    resources: {{cpu: 4, memory_mib: 16384, gpu: {{count: 1}}}}\n",
+        if array > 1 {
+            format!("array: 0-{}\n", array - 1)
+        } else {
+            String::new()
+        }
+    );
     let http = || -> ureq::Agent {
         ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -111,8 +126,9 @@ fn run_submissions(
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
         .map(|c| {
-            let (url, token, lat) = (url.clone(), token.clone(), latencies.clone());
-            let n = jobs / clients + usize::from(c < jobs % clients);
+            let (url, token, lat, spec) =
+                (url.clone(), token.clone(), latencies.clone(), spec.clone());
+            let n = (jobs / clients + usize::from(c < jobs % clients)) / array;
             std::thread::spawn(move || -> anyhow::Result<()> {
                 let http = http();
                 let mut mine = Vec::with_capacity(n);
@@ -122,7 +138,7 @@ fn run_submissions(
                         .post(&url)
                         .header("Authorization", format!("Bearer {token}"))
                         .header("Content-Type", "application/yaml")
-                        .send(spec)?;
+                        .send(spec.as_str())?;
                     if resp.status().as_u16() != 201 {
                         bail!("submission refused: HTTP {}", resp.status());
                     }
@@ -146,8 +162,13 @@ fn run_submissions(
     l.sort();
     let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1];
     let rate = jobs as f64 / wall.as_secs_f64();
+    let what = if array > 1 {
+        format!("{jobs} jobs in arrays of {array}")
+    } else {
+        format!("{jobs} submissions")
+    };
     println!(
-        "store {store}: {jobs} submissions, {clients} clients, {readers} readers ({} reads): {rate:.0} submissions/s; latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "store {store}: {what}, {clients} clients, {readers} readers ({} reads): {rate:.0} jobs/s; latency (per request) p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         reads.load(std::sync::atomic::Ordering::Relaxed),
         pct(0.50).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,

@@ -63,6 +63,10 @@ pub enum JobCmd {
         /// would wait and when it would start (like sbatch --test-only).
         #[arg(long)]
         test_only: bool,
+        /// Submit an array, one job per index (like sbatch --array):
+        /// 0-999, 1,3,8-15, with %N to run at most N at once (0-999%50).
+        #[arg(long)]
+        array: Option<String>,
     },
     /// List jobs: the active ones (pending to stopping), newest first;
     /// `--all` adds the finished ones.
@@ -82,6 +86,9 @@ pub enum JobCmd {
         /// Only this user's.
         #[arg(long)]
         user: Option<String>,
+        /// Only this array's elements (its id: the first element's).
+        #[arg(long)]
+        array: Option<u64>,
         /// At most this many (1 to 1000).
         #[arg(long)]
         limit: Option<usize>,
@@ -111,6 +118,9 @@ pub enum JobCmd {
         /// Jobs in these states, comma separated (e.g. pending).
         #[arg(long, value_delimiter = ',')]
         state: Vec<String>,
+        /// Every unfinished element of this array, in one change.
+        #[arg(long, conflicts_with_all = ["ids", "name", "user", "state"])]
+        array: Option<u64>,
     },
     /// Stop a job and release its GPUs until it is resumed.
     Suspend { id: u64 },
@@ -649,9 +659,13 @@ fn job_rows(v: &Value, wide: bool) -> String {
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
+            let name = match j["array"]["index"].as_u64() {
+                Some(i) => format!("{}[{i}]", s(&j["name"])),
+                None => s(&j["name"]),
+            };
             let mut row = vec![
                 s(&j["id"]),
-                s(&j["name"]),
+                name,
                 s(&j["user"]),
                 s(&j["team"]),
                 s(&j["queue"]),
@@ -701,13 +715,25 @@ fn eta_text(eta: Option<&Value>) -> String {
 pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
-        JobCmd::Submit { file, test_only } => {
-            let body = read_file(&file)?;
-            let ct = if file.extension().is_some_and(|e| e == "json") {
+        JobCmd::Submit {
+            file,
+            test_only,
+            array,
+        } => {
+            let mut body = read_file(&file)?;
+            let mut ct = if file.extension().is_some_and(|e| e == "json") {
                 "application/json"
             } else {
                 "application/yaml"
             };
+            if let Some(a) = array {
+                // The file's spec with its `array` set, sent as JSON.
+                let mut spec: Value = serde_norway::from_slice(&body)
+                    .map_err(|e| Usage(format!("{} is not YAML or JSON: {e}", file.display())))?;
+                spec["array"] = Value::String(a);
+                body = serde_json::to_vec(&spec)?;
+                ct = "application/json";
+            }
             if test_only {
                 let v = c.call("POST", "/v1/jobs?test_only=true", Some((ct, body)))?;
                 print(conn.output, &v, |v| {
@@ -742,8 +768,19 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                     other => break other?,
                 }
             };
-            print(conn.output, &v, |v| {
-                format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"]))
+            print(conn.output, &v, |v| match v["array"].as_object() {
+                Some(a) => {
+                    let (id, n) = (
+                        a["id"].as_u64().unwrap_or(0),
+                        a["index"].as_u64().unwrap_or(0),
+                    );
+                    format!(
+                        "array {id} submitted: {n} jobs, {id}-{} ({})\n",
+                        id + n.saturating_sub(1),
+                        s(&v["state"])
+                    )
+                }
+                None => format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"])),
             });
         }
         JobCmd::Ls {
@@ -752,6 +789,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             queue,
             team,
             user,
+            array,
             limit,
             watch,
         } => {
@@ -765,6 +803,9 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 if let Some(v) = v {
                     q.append_pair(k, &v);
                 }
+            }
+            if let Some(a) = array {
+                q.append_pair("array", &a.to_string());
             }
             if let Some(l) = limit {
                 q.append_pair("limit", &l.to_string());
@@ -824,11 +865,23 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 out
             });
         }
+        JobCmd::Cancel { array: Some(a), .. } => {
+            let v = c.call("POST", &format!("/v1/arrays/{a}/cancel"), None)?;
+            print(conn.output, &v, |v| {
+                format!(
+                    "array {}: {} cancelled, {} stopping\n",
+                    s(&v["id"]),
+                    s(&v["cancelled"]),
+                    s(&v["stopping"])
+                )
+            });
+        }
         JobCmd::Cancel {
             ids,
             name,
             user,
             state,
+            array: None,
         } => return cancel(&c, conn.output, ids, name, user, state),
         JobCmd::Suspend { id } => return job_action(&c, conn.output, "suspend", id),
         JobCmd::Resume { id } => return job_action(&c, conn.output, "resume", id),
@@ -890,7 +943,8 @@ fn cancel(
     let filtered = name.is_some() || user.is_some() || !state.is_empty();
     if ids.is_empty() && !filtered {
         return Err(Usage(
-            "name the jobs to cancel: one or more ids, or --name, --user or --state".into(),
+            "name the jobs to cancel: one or more ids, or --name, --user, --state or --array"
+                .into(),
         )
         .into());
     }

@@ -135,6 +135,9 @@ pub enum BenchCommand {
         /// fast as the server answers).
         #[arg(long, default_value_t = 0)]
         read_pause_ms: u64,
+        /// Submit arrays of this many jobs instead of single jobs.
+        #[arg(long, default_value_t = 1)]
+        array: usize,
     },
     /// Placement decisions per second on a synthetic cluster (one thread), with
     /// departures that hold the cluster near --target allocation.
@@ -460,12 +463,14 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             store,
             readers,
             read_pause_ms,
+            array,
         } => crate::bench_api::submit(
             jobs,
             clients,
             &store,
             readers,
             Duration::from_millis(read_pause_ms),
+            array,
         ),
         BenchCommand::ServerCycle {
             nodes,

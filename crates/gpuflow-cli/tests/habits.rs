@@ -274,3 +274,100 @@ fn a_notebook_is_stopped_at_its_queues_maximum_lifetime() {
         "{events}"
     );
 }
+
+/// A 1,000-element array in one submission: each element knows its index,
+/// at most `%3` run at once while GPUs are free, `why` says so, `ls` shows
+/// the elements by index, and one call cancels them all.
+#[test]
+fn a_thousand_element_array_runs_within_its_limit_and_is_cancelled_as_a_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "4xemu-gpu", &[]);
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        gpuflow(&all)
+    };
+    let file = dir.path().join("sweep.yaml");
+    std::fs::write(
+        &file,
+        job_yaml(
+            "sweep",
+            "default",
+            "batch",
+            1,
+            "echo index $GPUFLOW_ARRAY_INDEX; sleep 300",
+            1,
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cli(&[
+        "job",
+        "submit",
+        "-f",
+        file.to_str().unwrap(),
+        "--array",
+        "0-999%3",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("1000 jobs"), "{out}");
+    let first: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|w| w.trim_end_matches(':').parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    // Three run (four GPUs are free), never more.
+    let active = || -> Vec<serde_json::Value> {
+        api.get(
+            &format!("/v1/jobs?array={first}&state=admitted,starting,running,stopping"),
+            &admin,
+        )
+        .as_array()
+        .unwrap()
+        .clone()
+    };
+    poll("three elements run", LONG, || {
+        let a = active();
+        assert!(a.len() <= 3, "more than %3 at once: {}", a.len());
+        (a.iter().filter(|j| j["state"] == "running").count() == 3).then_some(())
+    });
+    for _ in 0..5 {
+        assert!(active().len() <= 3);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Each element knows its index.
+    let running = active();
+    let one = &running[0];
+    let index = one["array"]["index"].as_u64().unwrap();
+    let logs = poll("an element logs its index", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{}/logs", one["id"]), &admin);
+        let t = l["tasks"]["main/0"].as_str()?.to_string();
+        (!t.is_empty()).then_some(t)
+    });
+    assert!(logs.contains(&format!("index {index}")), "{logs}");
+    // A waiting element says why.
+    let last = first + 999;
+    let why = api.get(&format!("/v1/jobs/{last}/why"), &admin);
+    assert!(
+        why["summary"]
+            .as_str()
+            .unwrap()
+            .contains("runs at most 3 elements at once"),
+        "{why}"
+    );
+    let (_, out, _) = cli(&["job", "ls", "--array", &first.to_string(), "--limit", "2"]);
+    assert!(
+        out.contains("sweep[999]") && out.contains("sweep[998]"),
+        "{out}"
+    );
+    // One call cancels the whole array.
+    let (code, out, err) = cli(&["job", "cancel", "--array", &first.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("997 cancelled, 3 stopping"), "{out}");
+    poll("every element ends", LONG, || {
+        (api.get(&format!("/v1/jobs?array={first}&state=cancelled"), &admin)
+            .as_array()?
+            .len()
+            == 1000)
+            .then_some(())
+    });
+}

@@ -443,6 +443,10 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             set("LOCAL_RANK", local_rank.to_string());
             set("MASTER_ADDR", master.clone());
             set("MASTER_PORT", port.to_string());
+            if let Some(a) = &j.array {
+                set("GPUFLOW_ARRAY_ID", a.id.to_string());
+                set("GPUFLOW_ARRAY_INDEX", a.index.to_string());
+            }
             if let Some(c) = j.last_checkpoint {
                 // A requeued run resumes from here.
                 set("GPUFLOW_LAST_CHECKPOINT", c.to_string());

@@ -1016,6 +1016,14 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mut queues = queues;
     let classes = classes();
     let spent = spent_projects(world, t);
+    // Arrays with a limit: how many elements hold resources now; pending
+    // elements go to the core, in id order, only up to the limit.
+    let mut array_slots: BTreeMap<u64, u32> = BTreeMap::new();
+    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+        if let Some(a) = &j.array {
+            *array_slots.entry(a.id).or_default() += 1;
+        }
+    }
     let mut running = Vec::new();
     let mut pending = Vec::new();
     let mut blocked = Vec::new();
@@ -1130,6 +1138,26 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             if let Some(reason) = budget_gate(j, &mut work, &spent) {
                 blocked.push((j.id, why(j, reason)));
                 continue;
+            }
+            if let (Some(a), Some(limit)) = (
+                &j.array,
+                j.spec.array.as_deref().and_then(api::ArraySpec::limit_of),
+            ) {
+                let taken = array_slots.entry(a.id).or_default();
+                if *taken >= limit {
+                    blocked.push((
+                        j.id,
+                        why(
+                            j,
+                            format!(
+                                "array {} runs at most {limit} elements at once (%{limit}); the next starts when one ends",
+                                a.id
+                            ),
+                        ),
+                    ));
+                    continue;
+                }
+                *taken += 1;
             }
             pending.push(work);
         }

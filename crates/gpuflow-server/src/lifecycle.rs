@@ -61,6 +61,7 @@ pub fn submitted(
         lost_gpu_hours: 0.0,
         util: vec![],
         last_tasks: vec![],
+        array: None,
     }
 }
 

@@ -163,6 +163,14 @@ pub const ROUTES: &[Route] = &[
         Some("Advice[]"),
     ),
     r(
+        "post",
+        "/v1/arrays/{id}/cancel",
+        "the job's team (not viewers); admins",
+        "Cancel every unfinished element of an array in one change",
+        None,
+        Some("ArrayCancelled"),
+    ),
+    r(
         "get",
         "/v1/reports/workload",
         "admin",
@@ -373,6 +381,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::JobsRow,
         api::Advice,
         api::RecordedWorkload,
+        api::ArrayCancelled,
         api::Prices,
         api::ApiError
     );
@@ -392,7 +401,9 @@ pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,62}$";
 /// The schema of a path parameter of `path`.
 fn path_param(path: &str, name: &str) -> Value {
     let schema = match (name, path) {
-        ("id", p) if p.starts_with("/v1/jobs/") => json!({"type": "integer", "minimum": 1}),
+        ("id", p) if p.starts_with("/v1/jobs/") || p.starts_with("/v1/arrays/") => {
+            json!({"type": "integer", "minimum": 1})
+        }
         ("id", _) => json!({"type": "string", "pattern": "^[0-9a-f]{16}$"}),
         ("action", p) if p.starts_with("/v1/jobs/") => {
             json!({"type": "string", "enum": ["cancel", "suspend", "resume", "hold", "release"]})
@@ -434,6 +445,11 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
             ),
             q("user", name(), "only this user's"),
             q("project", name(), "only this project's"),
+            q(
+                "array",
+                json!({"type": "integer", "minimum": 1}),
+                "only this array's elements (its id: the first element's)",
+            ),
             limit(),
             q(
                 "before",

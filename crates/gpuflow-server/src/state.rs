@@ -235,6 +235,9 @@ pub struct JobRec {
     /// GPUs, with their exit codes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_tasks: Vec<api::TaskView>,
+    /// The array it is an element of, with its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<api::ArrayRef>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points
@@ -372,6 +375,7 @@ impl JobRec {
                 })
                 .collect(),
             util: self.util.clone(),
+            array: self.array.clone(),
         }
     }
 
@@ -496,6 +500,7 @@ pub struct JobSummary {
     pub user: String,
     pub project: Option<String>,
     pub state: JobState,
+    pub array: Option<u64>,
 }
 
 impl JobSummary {
@@ -506,6 +511,7 @@ impl JobSummary {
             user: j.user.clone(),
             project: j.spec.project.clone(),
             state: j.state,
+            array: j.array.as_ref().map(|a| a.id),
         }
     }
 }

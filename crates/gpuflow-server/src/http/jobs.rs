@@ -9,6 +9,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/jobs/{id}/why", get(why))
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/jobs/{id}/{action}", post(job_action))
+        .route("/v1/arrays/{id}/cancel", post(cancel_array))
 }
 
 pub(super) fn job_id(s: &str) -> Result<u64, Error> {
@@ -132,7 +133,18 @@ async fn submit(
             .summaries
             .get(&id)
             .map_or(JobState::Pending, |j| j.state);
-        return Ok((StatusCode::OK, Json(api::Submitted { id, state })).into_response());
+        let array = world.jobs.get(&id).and_then(|j| {
+            let a = j.array.as_ref()?;
+            let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
+                .ok()?
+                .indices
+                .len();
+            Some(api::ArrayRef {
+                id: a.id,
+                index: n as u32,
+            })
+        });
+        return Ok((StatusCode::OK, Json(api::Submitted { id, state, array })).into_response());
     }
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
@@ -256,6 +268,13 @@ async fn submit(
     }
     let at = now();
     let id = world.next_job + 1;
+    let array = match &spec.array {
+        Some(a) => Some(
+            api::ArraySpec::parse(a)
+                .map_err(|e| Error(ApiError::bad_request("invalid_spec", format!("array: {e}"))))?,
+        ),
+        None => None,
+    };
     let j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, key.clone(), at);
     if test_only {
         // The cycle the server would run now, with this job in it, on a
@@ -276,23 +295,53 @@ async fn submit(
         return Ok((StatusCode::OK, Json(answer)).into_response());
     }
     let mut change = Change::default();
-    change.event(
-        at,
-        Some(id),
-        &team,
-        "submitted",
-        format!("submitted by {} to queue {}", j.user, j.spec.queue),
-    );
+    // An array is one job per index, with consecutive ids, stored in one
+    // transaction.
+    let elements: Vec<JobRec> = match &array {
+        None => vec![j],
+        Some(a) => a
+            .indices
+            .iter()
+            .enumerate()
+            .map(|(k, &index)| {
+                let mut e = j.clone();
+                e.id = id + k as u64;
+                e.array = Some(api::ArrayRef { id, index });
+                if k > 0 {
+                    e.idempotency_key = None;
+                }
+                e
+            })
+            .collect(),
+    };
+    let last = id + elements.len() as u64 - 1;
+    for e in &elements {
+        let what = match &e.array {
+            Some(a) => format!(
+                "submitted by {} to queue {} (array {id}, index {})",
+                e.user, e.spec.queue, a.index
+            ),
+            None => format!("submitted by {} to queue {}", e.user, e.spec.queue),
+        };
+        change.event(at, Some(e.id), &team, "submitted", what);
+    }
     change.audit(
         at,
         &caller.user.name,
         "job.submit",
-        &format!("job/{id}"),
-        j.spec.name.clone(),
+        &if last > id {
+            format!("job/{id}-{last}")
+        } else {
+            format!("job/{id}")
+        },
+        elements[0].spec.name.clone(),
     );
-    change.job(j);
+    let count = elements.len() as u32;
+    for e in elements {
+        change.job(e);
+    }
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.next_job = id;
+    world.next_job = last;
     if let Some(k) = key {
         world.idempotency.insert((caller.user.name.clone(), k), id);
     }
@@ -303,6 +352,7 @@ async fn submit(
         Json(api::Submitted {
             id,
             state: JobState::Pending,
+            array: array.map(|_| api::ArrayRef { id, index: count }),
         }),
     )
         .into_response())
@@ -314,17 +364,21 @@ async fn list_jobs(
 ) -> Reply<Vec<api::Job>> {
     for k in q.keys() {
         if ![
-            "team", "queue", "state", "user", "project", "limit", "before",
+            "team", "queue", "state", "user", "project", "array", "limit", "before",
         ]
         .contains(&k.as_str())
         {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, limit, before"),
+                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, array, limit, before"),
             )
             .into());
         }
     }
+    let array = match q.get("array") {
+        Some(a) => Some(job_id(a)?),
+        None => None,
+    };
     // One state or several, comma separated (`running,pending`).
     let states: Option<Vec<JobState>> = match q.get("state") {
         Some(list) => Some(
@@ -370,6 +424,7 @@ async fn list_jobs(
                     .is_none_or(|t| j.project.as_ref() == Some(t))
             })
             .filter(|(_, j)| states.as_ref().is_none_or(|s| s.contains(&j.state)))
+            .filter(|(_, j)| array.is_none_or(|a| j.array == Some(a)))
             .take(limit)
             .map(|(id, _)| *id)
             .collect();
@@ -597,4 +652,64 @@ async fn job_action(
     drop(world);
     shared.wake.notify_one();
     Ok(Json(view))
+}
+
+/// Cancels every unfinished element of an array in one commit.
+async fn cancel_array(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<api::ArrayCancelled> {
+    let id = job_id(&id)?;
+    let mut world = shared.world.lock().await;
+    visible(&world, &caller, id)?;
+    let Some(team) = world
+        .summaries
+        .get(&id)
+        .filter(|s| s.array == Some(id))
+        .map(|s| s.team.clone())
+    else {
+        return Err(ApiError::not_found(format!(
+            "array {id} not found: an array's id is its first element's"
+        ))
+        .into());
+    };
+    if !caller.acts_on_jobs(&team) {
+        return Err(ApiError::forbidden(format!(
+            "your role ({}) may not cancel jobs of team {team:?}",
+            caller.user.role.as_str()
+        ))
+        .into());
+    }
+    let at = now();
+    let who = caller.user.name.clone();
+    let mut change = Change::default();
+    let (mut cancelled, mut stopping) = (0, 0);
+    let elements: Vec<JobRec> = world
+        .jobs
+        .values()
+        .filter(|j| !j.state.finished() && j.array.as_ref().is_some_and(|a| a.id == id))
+        .cloned()
+        .collect();
+    for mut j in elements {
+        if let Ok(kind) = crate::lifecycle::act(&mut j, crate::lifecycle::Action::Cancel, &who, at)
+        {
+            if j.state.finished() {
+                cancelled += 1;
+            } else {
+                stopping += 1;
+            }
+            change.event(at, Some(j.id), &team, kind, j.reason.clone());
+            change.job(j);
+        }
+    }
+    change.audit(at, &who, "array.cancel", &format!("array/{id}"), "");
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    drop(world);
+    shared.wake.notify_one();
+    Ok(Json(api::ArrayCancelled {
+        id,
+        cancelled,
+        stopping,
+    }))
 }
