@@ -343,6 +343,12 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         limits: node_limits.clone(),
     };
     let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
+    // Readiness checks: plain HTTP to the node's own tasks, a second at most.
+    let probe_http: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(1)))
+        .http_status_as_error(false)
+        .build()
+        .into();
     let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
     let mut node_token: Option<String> = None;
     let mut samples: Vec<gpuflow_api::GpuSample> = Vec::new();
@@ -392,6 +398,9 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     }
                 }
             };
+            for t in tasks.values_mut() {
+                t.probe(&probe_http);
+            }
             let sizes: Vec<(Key, u64)> = tasks.iter().map(|(k, t)| (*k, t.log_len())).collect();
             let hb = Heartbeat {
                 node: cfg.node.clone(),

@@ -155,6 +155,12 @@ pub struct Task {
     /// Its GPU use so far, and the sum of its utilisation samples.
     pub usage: TaskUsage,
     util_sum: f64,
+    /// The port it serves on (`PORT`), when it asked for one.
+    pub port: Option<u16>,
+    /// Its readiness check, and its last answer and when.
+    pub readiness: Option<gpuflow_api::job::Readiness>,
+    pub ready: Option<bool>,
+    probed_at: Option<Instant>,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -176,6 +182,10 @@ pub struct Record {
     pub gpus: Vec<u32>,
     #[serde(default)]
     pub limits: TaskLimits,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub readiness: Option<gpuflow_api::job::Readiness>,
 }
 
 /// A task's directory under the work directory.
@@ -254,6 +264,10 @@ impl Task {
             limits: TaskLimits::default(),
             usage: TaskUsage::default(),
             util_sum: 0.0,
+            port: None,
+            readiness: None,
+            ready: None,
+            probed_at: None,
         }
     }
 
@@ -296,6 +310,19 @@ impl Task {
         let mut task = Task::new(key(t), dir);
         task.gpus = t.gpus.clone();
         task.limits = t.limits;
+        task.readiness = t.readiness.clone();
+        // A serving task gets a port free now on this node (taken from the
+        // kernel's ephemeral range), in PORT and GPUFLOW_PORT.
+        if t.port {
+            task.port = std::net::TcpListener::bind("0.0.0.0:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .ok();
+        }
+        let port_env: Vec<(&str, String)> = task
+            .port
+            .map(|p| vec![("PORT", p.to_string()), ("GPUFLOW_PORT", p.to_string())])
+            .unwrap_or_default();
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
             let user = crate::user::resolve_task(crate::user::TaskUser {
@@ -368,6 +395,7 @@ impl Task {
                 .env("LANG", "C.UTF-8")
                 .envs(&t.env)
                 .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
+                .envs(port_env.iter().map(|(k, v)| (*k, v.as_str())))
                 .envs(mps_env(&t.limits))
                 .stdin(Stdio::null())
                 .stdout(out)
@@ -486,6 +514,10 @@ impl Task {
             limits: r.limits,
             usage: TaskUsage::default(),
             util_sum: 0.0,
+            port: r.port,
+            readiness: r.readiness.clone(),
+            ready: None,
+            probed_at: None,
         };
         let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
         if same && group_alive(r.pgid) {
@@ -516,6 +548,8 @@ impl Task {
             memory_mib: self.memory_mib,
             gpus: self.gpus.clone(),
             limits: self.limits,
+            port: self.port,
+            readiness: self.readiness.clone(),
         })
     }
 
@@ -723,6 +757,32 @@ impl Task {
         }
     }
 
+    /// Runs its readiness check when one is due: an HTTP GET of its path on
+    /// its port on this node; a 2xx or 3xx answer within a second is ready.
+    /// The agent runs no tenant code for it.
+    pub fn probe(&mut self, http: &ureq::Agent) {
+        let (Some(r), Some(port)) = (&self.readiness, self.port) else {
+            return;
+        };
+        if !self.running()
+            || self
+                .probed_at
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(r.period_s.max(1)))
+        {
+            return;
+        }
+        self.probed_at = Some(Instant::now());
+        let url = format!("http://127.0.0.1:{port}{}", r.http_path);
+        let ok = http
+            .get(&url)
+            .call()
+            .is_ok_and(|resp| (200..400).contains(&resp.status().as_u16()));
+        if self.ready != Some(ok) {
+            tracing::info!(job = self.key.0, port, ready = ok, "readiness changed");
+        }
+        self.ready = Some(ok);
+    }
+
     /// The current log size.
     pub fn log_len(&self) -> u64 {
         std::fs::metadata(&self.log).map_or(0, |m| m.len())
@@ -743,6 +803,8 @@ impl Task {
             group,
             index,
             phase: self.phase,
+            port: self.port,
+            ready: self.ready,
             exit_code: self.exit_code,
             started_at: Some(self.started_at).filter(|&t| t > 0),
             checkpoint_at: checkpoint_time(&self.checkpoint),

@@ -69,6 +69,42 @@ pub struct JobSpec {
     pub array: Option<String>,
 }
 
+/// How the agent checks that a task serves: an HTTP GET of `http_path` on
+/// its port (2xx or 3xx within a second is ready), every `period_s`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Readiness {
+    pub http_path: String,
+    #[serde(default = "two")]
+    pub period_s: u64,
+}
+
+fn two() -> u64 {
+    2
+}
+
+impl Readiness {
+    /// Adds what is wrong with it to `bad`.
+    pub fn check(&self, at: &str, bad: &mut dyn FnMut(String, String)) {
+        if !self.http_path.starts_with('/')
+            || self.http_path.len() > 256
+            || self
+                .http_path
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            bad(
+                format!("{at}.http_path"),
+                "a path on the task's port, starting with '/' (at most 256 characters, no spaces)"
+                    .into(),
+            );
+        }
+        if !(1..=300).contains(&self.period_s) {
+            bad(format!("{at}.period_s"), "must be 1 to 300 seconds".into());
+        }
+    }
+}
+
 /// The most elements one array submission may hold.
 pub const MAX_ARRAY: usize = 10_000;
 

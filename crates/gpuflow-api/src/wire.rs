@@ -917,6 +917,12 @@ pub struct TaskReport {
     pub group: u16,
     pub index: u32,
     pub phase: TaskPhase,
+    /// The port it serves on, when it asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Its readiness check's last answer, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// When it started on the node (Unix seconds).
@@ -1172,6 +1178,12 @@ pub struct DesiredTask {
     /// What the task may use; the agent enforces it where it can (cgroups).
     #[serde(default)]
     pub limits: TaskLimits,
+    /// The task serves on a port the agent picks (`PORT`, `GPUFLOW_PORT`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub port: bool,
+    /// How the agent checks the task is ready to serve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<crate::job::Readiness>,
 }
 
 /// A task's limits, from its spec's resources.
@@ -1299,4 +1311,191 @@ pub struct RecordedTeam {
     pub guaranteed: BTreeMap<String, f64>,
     /// Absent for a model: no limit.
     pub borrow_limit: BTreeMap<String, f64>,
+}
+
+// ---- inference services ----
+
+/// An inference service: `replicas` copies of one task, each its own job
+/// (so one that fails is replaced alone), each on a port the agent picks,
+/// listed as an endpoint once its readiness check passes. Replicas are of
+/// kind inference: never preempted by training.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub queue: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    pub replicas: u32,
+    /// The fewest and most replicas `scale` may set (default 1 and 100).
+    #[serde(default = "one_u32")]
+    pub min_replicas: u32,
+    #[serde(default = "hundred")]
+    pub max_replicas: u32,
+    /// What each replica runs (its `replicas` must stay 1); it serves on
+    /// `$PORT`.
+    pub task: crate::TaskGroupSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<crate::job::Readiness>,
+    #[serde(default)]
+    pub rollout: Rollout,
+    #[serde(default)]
+    pub priority: i32,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn hundred() -> u32 {
+    100
+}
+
+/// How a change of the task replaces replicas: at most `max_surge` more
+/// than `replicas` exist, and at least `replicas - max_unavailable` are
+/// ready, at any time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rollout {
+    #[serde(default = "one_u32")]
+    pub max_surge: u32,
+    #[serde(default)]
+    pub max_unavailable: u32,
+}
+
+impl Default for Rollout {
+    fn default() -> Rollout {
+        Rollout {
+            max_surge: 1,
+            max_unavailable: 0,
+        }
+    }
+}
+
+impl ServiceSpec {
+    /// # Errors
+    /// A 400 naming each wrong field.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        let mut errs = Vec::new();
+        let mut bad = |f: String, m: String| {
+            errs.push(FieldError {
+                field: f,
+                message: m,
+            })
+        };
+        if !valid_name(&self.name) {
+            bad(
+                "name".into(),
+                format!(
+                    "{:?} is not a valid name: 1 to 63 lowercase letters, digits, '-', '_' or '.'",
+                    self.name
+                ),
+            );
+        }
+        if !(1..=1000).contains(&self.max_replicas) || self.min_replicas > self.max_replicas {
+            bad(
+                "max_replicas".into(),
+                "min_replicas ≤ max_replicas ≤ 1000".into(),
+            );
+        }
+        if !(self.min_replicas..=self.max_replicas).contains(&self.replicas) {
+            bad(
+                "replicas".into(),
+                format!(
+                    "must be from min_replicas ({}) to max_replicas ({})",
+                    self.min_replicas, self.max_replicas
+                ),
+            );
+        }
+        if self.task.replicas != 1 {
+            bad(
+                "task.replicas".into(),
+                "a service's copies are its `replicas`; leave task.replicas out".into(),
+            );
+        }
+        if self.rollout.max_surge + self.rollout.max_unavailable == 0 {
+            bad(
+                "rollout".into(),
+                "max_surge or max_unavailable must be above 0, or no replica could ever be replaced".into(),
+            );
+        }
+        if let Some(r) = &self.readiness {
+            r.check("readiness", &mut bad);
+        }
+        if let Err(e) = self.job_spec(0).validate() {
+            if e.fields.is_empty() {
+                bad("task".into(), e.message);
+            }
+            for f in e.fields {
+                bad(format!("task ({})", f.field), f.message);
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(errs))
+        }
+    }
+
+    /// The job one replica is.
+    pub fn job_spec(&self, _version: u32) -> crate::JobSpec {
+        crate::JobSpec {
+            name: self.name.clone(),
+            queue: self.queue.clone(),
+            project: self.project.clone(),
+            kind: crate::Kind::Inference,
+            priority_class: None,
+            priority: self.priority,
+            tasks: vec![self.task.clone()],
+            topology: None,
+            max_runtime_s: None,
+            retry: crate::job::RetrySpec::default(),
+            checkpoint: crate::job::CheckpointSpec::default(),
+            idle: None,
+            array: None,
+        }
+    }
+}
+
+/// Changes to a service: its size (within its bounds), its task (a
+/// rolling replacement), its readiness check or rollout bounds.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePatch {
+    #[serde(default)]
+    pub replicas: Option<u32>,
+    #[serde(default)]
+    pub task: Option<crate::TaskGroupSpec>,
+    #[serde(default)]
+    pub readiness: Option<crate::job::Readiness>,
+    #[serde(default)]
+    pub rollout: Option<Rollout>,
+}
+
+/// A service as it stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ServiceView {
+    #[serde(flatten)]
+    pub spec: ServiceSpec,
+    pub team: String,
+    /// Bumped by each change of the task; replicas of older versions are
+    /// being replaced.
+    pub version: u32,
+    /// Replicas whose readiness check passes (or running, without one).
+    pub ready: u32,
+    pub members: Vec<ReplicaView>,
+    /// `address:port` of each ready replica: where clients connect.
+    pub endpoints: Vec<String>,
+}
+
+/// One replica of a service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReplicaView {
+    pub job: u64,
+    pub version: u32,
+    pub state: JobState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    pub ready: bool,
 }

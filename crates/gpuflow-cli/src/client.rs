@@ -169,6 +169,32 @@ impl Watch {
 const ACTIVE: &str = "pending,held,suspended,admitted,starting,running,stopping";
 
 #[derive(Subcommand)]
+pub enum ServiceCmd {
+    /// Services with their size, ready replicas and version.
+    Ls,
+    /// Create a service from a YAML or JSON file.
+    Create {
+        /// The service spec, YAML or JSON (`-`: stdin).
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// A service's replicas (node, port, ready) and endpoints.
+    Get { name: String },
+    /// Set a service's number of replicas (within its bounds).
+    Scale { name: String, replicas: u32 },
+    /// Roll out a new task from a YAML or JSON file (a task group spec),
+    /// replacing replicas within the service's rollout bounds.
+    Update {
+        name: String,
+        /// The new task, YAML or JSON (`-`: stdin).
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// Delete a service and stop its replicas.
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
 pub enum QueueCmd {
     /// Queues with their guarantees, borrow limits, use and budgets.
     Ls,
@@ -1817,4 +1843,126 @@ fn job_stats(j: &Value) -> String {
         out += &format!("\nnote: {fl}");
     }
     out + "\n"
+}
+
+pub fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let show = |v: &Value| {
+        let mut out = format!(
+            "service {} of team {} in queue {}: {} of {} replicas ready, version {}\n",
+            s(&v["name"]),
+            s(&v["team"]),
+            s(&v["queue"]),
+            s(&v["ready"]),
+            s(&v["replicas"]),
+            s(&v["version"])
+        );
+        let rows = v["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                vec![
+                    s(&m["job"]),
+                    s(&m["version"]),
+                    s(&m["state"]),
+                    s(&m.get("node").cloned().unwrap_or(Value::Null)),
+                    s(&m.get("port").cloned().unwrap_or(Value::Null)),
+                    if m["ready"] == true {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
+                ]
+            })
+            .collect();
+        out += &columns(&["job", "version", "state", "node", "port", "ready"], rows);
+        let ends: Vec<String> = v["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
+        out += &format!(
+            "endpoints: {}\n",
+            if ends.is_empty() {
+                "none yet".into()
+            } else {
+                ends.join(" ")
+            }
+        );
+        out
+    };
+    let patch = |name: &str, body: Value| -> anyhow::Result<Value> {
+        c.call(
+            "PATCH",
+            &format!("/v1/services/{name}"),
+            Some(("application/json", serde_json::to_vec(&body)?)),
+        )
+    };
+    match cmd {
+        ServiceCmd::Ls => {
+            let v = c.call("GET", "/v1/services", None)?;
+            print(conn.output, &v, |v| {
+                columns(
+                    &[
+                        "name",
+                        "team",
+                        "queue",
+                        "replicas",
+                        "ready",
+                        "version",
+                        "endpoints",
+                    ],
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|x| {
+                            vec![
+                                s(&x["name"]),
+                                s(&x["team"]),
+                                s(&x["queue"]),
+                                s(&x["replicas"]),
+                                s(&x["ready"]),
+                                s(&x["version"]),
+                                x["endpoints"]
+                                    .as_array()
+                                    .map(|e| e.iter().map(s).collect::<Vec<_>>().join(","))
+                                    .filter(|e| !e.is_empty())
+                                    .unwrap_or_else(|| "-".into()),
+                            ]
+                        })
+                        .collect(),
+                )
+            });
+        }
+        ServiceCmd::Create { file } => {
+            let v = c.call(
+                "POST",
+                "/v1/services",
+                Some(("application/json", as_json(&file)?)),
+            )?;
+            print(conn.output, &v, show);
+        }
+        ServiceCmd::Get { name } => {
+            let v = c.call("GET", &format!("/v1/services/{name}"), None)?;
+            print(conn.output, &v, show);
+        }
+        ServiceCmd::Scale { name, replicas } => {
+            let v = patch(&name, serde_json::json!({ "replicas": replicas }))?;
+            print(conn.output, &v, show);
+        }
+        ServiceCmd::Update { name, file } => {
+            let task: Value = serde_json::from_slice(&as_json(&file)?)?;
+            let v = patch(&name, serde_json::json!({ "task": task }))?;
+            print(conn.output, &v, show);
+        }
+        ServiceCmd::Delete { name } => {
+            c.call("DELETE", &format!("/v1/services/{name}"), None)?;
+            if matches!(conn.output, Format::Table | Format::Wide) {
+                println!("service {name} deleted; its replicas are stopping");
+            }
+        }
+    }
+    Ok(())
 }

@@ -51,6 +51,13 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Inference services: ls, create, get, scale, update, delete.
+    Service {
+        #[command(subcommand)]
+        command: client::ServiceCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
     /// Queues: ls, create, set, delete.
     Queue {
         #[command(subcommand)]
@@ -133,6 +140,7 @@ fn main() {
         Command::Agent(a) => platform::agent(a),
         Command::Job { command, conn } => client::job(&conn, command),
         Command::Queue { command, conn } => client::queue(&conn, command),
+        Command::Service { command, conn } => client::service(&conn, command),
         Command::Node { command, conn } => client::node(&conn, command),
         Command::Team { command, conn } => client::team(&conn, command),
         Command::Project { command, conn } => client::project(&conn, command),

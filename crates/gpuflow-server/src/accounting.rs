@@ -662,6 +662,8 @@ mod tests {
                 phase: api::TaskPhase::Exited,
                 exit_code: Some(0),
                 message: String::new(),
+                port: None,
+                ready: None,
                 usage: Some(api::TaskUsage {
                     samples: 10,
                     gpu_memory_peak_mib: peak,

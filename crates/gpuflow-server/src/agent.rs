@@ -480,6 +480,9 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                     signal: j.spec.checkpoint.signal.clone(),
                     grace_s: j.kill_at.unwrap_or(at).saturating_sub(at),
                 }),
+                // A service's replica serves on a port, checked for readiness.
+                port: j.service.is_some(),
+                readiness: j.service.as_ref().and_then(|s| s.readiness.clone()),
             });
         }
     }

@@ -830,6 +830,22 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
         change.job(j);
     }
+    // Services: replicas made and stopped to match their size and version;
+    // a replica the timers changed above waits for the next cycle.
+    let services = crate::services::reconcile(world, t);
+    let taken: std::collections::BTreeSet<u64> = change.jobs.keys().copied().collect();
+    for (id, j) in services.jobs {
+        if !taken.contains(&id) {
+            change.jobs.insert(id, j);
+        }
+    }
+    change.batch.events.extend(
+        services
+            .batch
+            .events
+            .into_iter()
+            .filter(|e| e.job.is_none_or(|id| !taken.contains(&id))),
+    );
     for (j, event) in idle {
         if let Some((kind, message)) = event {
             if kind == "idle-stop" {

@@ -17,6 +17,7 @@ pub mod feasible;
 pub mod http;
 pub mod lifecycle;
 pub mod openapi;
+pub mod services;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -241,6 +242,9 @@ pub async fn commit(
     world.stats.commit.observe(started.elapsed().as_secs_f64());
     for (id, j) in jobs {
         world.why.remove(&id);
+        // Jobs made by the server itself (a service's replicas) take ids
+        // after the last one.
+        world.next_job = world.next_job.max(id);
         world.put_job(j);
     }
     for n in nodes.into_values() {

@@ -62,6 +62,7 @@ pub fn submitted(
         util: vec![],
         last_tasks: vec![],
         array: None,
+        service: None,
     }
 }
 
@@ -277,6 +278,8 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             exit_code: r.exit_code,
             message: r.message.clone(),
             usage: r.usage.clone(),
+            port: r.port,
+            ready: r.ready,
         };
         match next
             .tasks
@@ -346,6 +349,8 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
                         exit_code: None,
                         message: String::new(),
                         usage: None,
+                        port: None,
+                        ready: None,
                     }),
                 }
             }

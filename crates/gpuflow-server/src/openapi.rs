@@ -163,6 +163,46 @@ pub const ROUTES: &[Route] = &[
         Some("Advice[]"),
     ),
     r(
+        "get",
+        "/v1/services",
+        "any token (own team)",
+        "Inference services with their replicas, readiness and endpoints",
+        None,
+        Some("ServiceView[]"),
+    ),
+    r(
+        "post",
+        "/v1/services",
+        "the queue's team (not viewers); admins",
+        "Create an inference service: replicas of one task, each its own job",
+        Some("ServiceSpec"),
+        Some("ServiceView"),
+    ),
+    r(
+        "get",
+        "/v1/services/{name}",
+        "any token (own team)",
+        "A service: its replicas, which are ready, its endpoints",
+        None,
+        Some("ServiceView"),
+    ),
+    r(
+        "patch",
+        "/v1/services/{name}",
+        "its team (not viewers); admins",
+        "Scale a service (within its bounds) or roll out a new task",
+        Some("ServicePatch"),
+        Some("ServiceView"),
+    ),
+    r(
+        "delete",
+        "/v1/services/{name}",
+        "its team (not viewers); admins",
+        "Delete a service and cancel its replicas",
+        None,
+        None,
+    ),
+    r(
         "post",
         "/v1/arrays/{id}/cancel",
         "the job's team (not viewers); admins",
@@ -382,6 +422,9 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::Advice,
         api::RecordedWorkload,
         api::ArrayCancelled,
+        api::ServiceSpec,
+        api::ServicePatch,
+        api::ServiceView,
         api::Prices,
         api::ApiError
     );
@@ -480,7 +523,8 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
         ],
         (
             "get",
-            "/v1/nodes" | "/v1/queues" | "/v1/teams" | "/v1/projects" | "/v1/users" | "/v1/tokens",
+            "/v1/nodes" | "/v1/queues" | "/v1/teams" | "/v1/projects" | "/v1/users" | "/v1/tokens"
+            | "/v1/services",
         ) => {
             vec![
                 limit(),
@@ -575,6 +619,7 @@ fn success(method: &str, path: &str) -> &'static str {
                 "/v1/projects",
                 "/v1/users",
                 "/v1/tokens",
+                "/v1/services",
             ]
             .contains(&path) =>
         {

@@ -184,6 +184,11 @@ pub struct TaskState {
     /// Its GPU use, as its agent sampled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<api::TaskUsage>,
+    /// The port it serves on and whether its readiness check passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -238,6 +243,9 @@ pub struct JobRec {
     /// The array it is an element of, with its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<api::ArrayRef>,
+    /// The service it is a replica of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceRef>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points
@@ -566,6 +574,8 @@ pub struct World {
     /// GPU-seconds of every closed hold of the ledger, per team: counted
     /// from every job as the store is loaded, then as holds close.
     pub team_closed_gpu_s: BTreeMap<String, f64>,
+    /// Inference services by name.
+    pub services: BTreeMap<String, ServiceRec>,
 }
 
 /// Bounds of the duration histograms, in seconds.
@@ -691,6 +701,39 @@ pub fn queue_rec(q: &QueueSpec) -> Record {
     put(Table::Queues, &q.name, &q.team, "", q)
 }
 
+/// An inference service: its spec, the version of its task (bumped by each
+/// change of the task) and its owners. Kept in the meta table under
+/// `service/NAME`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceRec {
+    pub spec: api::ServiceSpec,
+    pub version: u32,
+    pub team: String,
+    pub user: String,
+    /// Deleted: its replicas are being stopped; gone once none is left.
+    #[serde(default)]
+    pub deleted: bool,
+}
+
+pub fn service_rec(s: &ServiceRec) -> Record {
+    put(
+        Table::Meta,
+        &format!("service/{}", s.spec.name),
+        &s.team,
+        "",
+        s,
+    )
+}
+
+/// A job that is a replica of a service, of its task's `version`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceRef {
+    pub name: String,
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<gpuflow_api::job::Readiness>,
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(r: &Record) -> Result<T, ServerError> {
     serde_json::from_str(&r.doc).map_err(|e| ServerError::Corrupt {
         what: format!("{:?} {}", r.table, r.key),
@@ -753,6 +796,10 @@ impl World {
             }
             if r.key == "prices" {
                 w.prices = parse(&r)?;
+            }
+            if r.key.starts_with("service/") {
+                let s: ServiceRec = parse(&r)?;
+                w.services.insert(s.spec.name.clone(), s);
             }
         }
         Ok(w)

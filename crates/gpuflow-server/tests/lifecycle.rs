@@ -69,6 +69,8 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             message: String::new(),
                             breach: None,
                             usage: None,
+                            port: None,
+                            ready: None,
                         }
                     })
                     .collect();

@@ -13,6 +13,7 @@ mod nodes;
 mod projects;
 mod queues;
 mod reports;
+mod services;
 mod teams;
 mod tokens;
 mod ui;
@@ -96,6 +97,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(users::router())
         .merge(tokens::router())
         .merge(reports::router())
+        .merge(services::router())
         .merge(metrics::router())
         .merge(ui::router())
         // A heartbeat carries every task of a node: it may be larger.

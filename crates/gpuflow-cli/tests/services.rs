@@ -1,0 +1,199 @@
+//! Inference services on `gpuflow up` with emulated GPUs, each replica a
+//! real HTTP server (Python's) on the port its agent picked: readiness gates
+//! the endpoint list, a replica killed is replaced alone while the other
+//! keeps serving, scaling stays within the service's bounds, and a rolling
+//! replacement never leaves fewer ready replicas than asked for.
+//! Skipped, with the reason printed, without python3.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// A replica: answers 503 for `READY_AFTER` seconds, then 200 with its
+/// `VERSION`.
+const SERVER: &str = r#"
+import http.server, os, time
+start = time.time()
+delay = float(os.environ.get("READY_AFTER", "0"))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = time.time() - start >= delay
+        self.send_response(200 if ok else 503)
+        self.end_headers()
+        self.wfile.write(os.environ.get("VERSION", "v1").encode())
+    def log_message(self, *a):
+        pass
+print("pid", os.getpid(), flush=True)
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+"#;
+
+fn task(version: &str) -> Value {
+    json!({"name": "main", "command": ["python3", "-c", SERVER],
+        "env": {"READY_AFTER": "2", "VERSION": version},
+        "resources": {"cpu": 0.1, "memory_mib": 128, "gpu": {"count": 1}}})
+}
+
+fn fetch(endpoint: &str) -> Option<String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .into();
+    agent
+        .get(&format!("http://{endpoint}/"))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()
+}
+
+#[test]
+fn a_service_serves_replaces_scales_and_rolls_out_within_its_bounds() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "4xemu-gpu", &[]);
+    let spec = json!({"name": "web", "queue": "default", "replicas": 2, "max_replicas": 4,
+        "task": task("v1"), "readiness": {"http_path": "/", "period_s": 1},
+        "rollout": {"max_surge": 1, "max_unavailable": 0}});
+    let (s, v) = api.post_json("/v1/services", &admin, &spec);
+    assert_eq!(s, 201, "{v}");
+    let get = || api.get("/v1/services/web", &admin);
+    let ready_ids = |v: &Value| -> Vec<u64> {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["ready"] == true)
+            .map(|m| m["job"].as_u64().unwrap())
+            .collect()
+    };
+
+    // Readiness gates the endpoints: a running replica that answers 503 is
+    // not listed; once both answer, both are, and they serve.
+    let mut saw_running_unready = false;
+    let v = poll("two replicas ready", LONG, || {
+        let v = get();
+        let members = v["members"].as_array().unwrap();
+        let ready = ready_ids(&v).len();
+        assert_eq!(v["endpoints"].as_array().unwrap().len(), ready, "{v}");
+        saw_running_unready |= members
+            .iter()
+            .any(|m| m["state"] == "running" && m["ready"] == false);
+        (ready == 2).then_some(v)
+    });
+    assert!(
+        saw_running_unready,
+        "readiness never gated a running replica"
+    );
+    for e in v["endpoints"].as_array().unwrap() {
+        assert_eq!(fetch(e.as_str().unwrap()).as_deref(), Some("v1"), "{e}");
+    }
+
+    // A replica killed is replaced alone: the other keeps its job and runs on.
+    let ids = ready_ids(&v);
+    let (victim, other) = (ids[0], ids[1]);
+    let pid: i32 = poll("the victim prints its pid", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{victim}/logs"), &admin);
+        l["tasks"]["main/0"]
+            .as_str()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    });
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let v = poll("a new replica replaces the killed one", LONG, || {
+        let v = get();
+        let ready = ready_ids(&v);
+        (ready.len() == 2 && !ready.contains(&victim)).then_some(v)
+    });
+    assert!(ready_ids(&v).contains(&other), "{v}");
+    let o = api.job(other, &admin);
+    assert_eq!(
+        (o["state"].as_str(), o["attempts"].as_u64()),
+        (Some("running"), Some(1)),
+        "{o}"
+    );
+    assert_eq!(api.job(victim, &admin)["state"], "failed");
+
+    // Scaling within the bounds; beyond them, refused with the bounds.
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &api.url, "--token", &admin])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = cli(&["service", "scale", "web", "5"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("max_replicas (4)"), "{err}");
+    let (code, _, err) = cli(&["service", "scale", "web", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    poll("three ready", LONG, || {
+        (ready_ids(&get()).len() == 3).then_some(())
+    });
+    let (code, _, err) = cli(&["service", "scale", "web", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    poll("back to two", LONG, || {
+        let v = get();
+        (v["members"].as_array().unwrap().len() == 2 && ready_ids(&v).len() == 2).then_some(())
+    });
+
+    // A rolling replacement: never fewer than 2 ready, never more than 3
+    // replicas, until every replica runs version 2 and serves "v2".
+    let (s, v) = api.call(
+        "PATCH",
+        "/v1/services/web",
+        &admin,
+        Some((
+            "application/json",
+            json!({"task": task("v2")}).to_string().as_bytes(),
+        )),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["version"], 2);
+    let end = Instant::now() + LONG;
+    let v = loop {
+        let v = get();
+        let members = v["members"].as_array().unwrap();
+        let ready = ready_ids(&v).len();
+        assert!(ready >= 2, "fell below the bound during the rollout: {v}");
+        let alive = members.iter().filter(|m| m["state"] != "stopping").count();
+        assert!(alive <= 3, "more than replicas + max_surge: {v}");
+        if members.len() == 2 && members.iter().all(|m| m["version"] == 2) && ready == 2 {
+            break v;
+        }
+        assert!(Instant::now() < end, "the rollout did not finish: {v}");
+        std::thread::sleep(Duration::from_millis(150));
+    };
+    for e in v["endpoints"].as_array().unwrap() {
+        assert_eq!(fetch(e.as_str().unwrap()).as_deref(), Some("v2"), "{e}");
+    }
+    // Deleted: its replicas stop.
+    let (code, _, err) = cli(&["service", "delete", "web"]);
+    assert_eq!(code, Some(0), "{err}");
+    for m in v["members"].as_array().unwrap() {
+        let id = m["job"].as_u64().unwrap();
+        poll("the replica ends", LONG, || {
+            api.job(id, &admin)["state"]
+                .as_str()
+                .filter(|s| *s == "cancelled")
+                .map(|_| ())
+        });
+    }
+}

@@ -1,0 +1,235 @@
+//! Inference services: create, list, get (replicas, readiness, endpoints),
+//! change (scale within bounds, a new task rolled out), delete. Their
+//! replicas are jobs the cycle's `services::reconcile` keeps in step.
+
+use super::*;
+use crate::state::{ServiceRec, service_rec};
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/services", get(list_services).post(create_service))
+        .route(
+            "/v1/services/{name}",
+            get(get_service).patch(patch_service).delete(delete_service),
+        )
+}
+
+fn not_found(name: &str) -> Error {
+    ApiError::not_found(format!("service {name:?} not found")).into()
+}
+
+async fn list_services(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Reply<Vec<api::ServiceView>> {
+    let page = NamePage::parse(&q)?;
+    let world = shared.world.lock().await;
+    Ok(Json(
+        page.of(&world.services)
+            .map(|(_, s)| s)
+            .filter(|s| caller.sees(&s.team))
+            .take(page.limit)
+            .map(|s| crate::services::view(&world, s))
+            .collect(),
+    ))
+}
+
+async fn get_service(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Reply<api::ServiceView> {
+    let world = shared.world.lock().await;
+    match world.services.get(&name) {
+        Some(s) if caller.sees(&s.team) => Ok(Json(crate::services::view(&world, s))),
+        _ => Err(not_found(&name)),
+    }
+}
+
+async fn create_service(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<api::ServiceView>), Error> {
+    let spec: api::ServiceSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    spec.validate()?;
+    let mut world = shared.world.lock().await;
+    let Some(queue) = world.queues.get(&spec.queue) else {
+        return Err(ApiError::bad_request(
+            "unknown_queue",
+            format!("queue: {:?} does not exist", spec.queue),
+        )
+        .into());
+    };
+    let team = queue.team.clone();
+    if !caller.acts_on_jobs(&team) {
+        return Err(ApiError::forbidden(format!(
+            "you may not run services in queue {:?} of team {team:?}",
+            spec.queue
+        ))
+        .into());
+    }
+    if let Some(why) = crate::feasible::never_fits(&world, &spec.job_spec(1)) {
+        return Err(ApiError::bad_request("never_fits", why).into());
+    }
+    if world.services.contains_key(&spec.name) {
+        return Err(ApiError::conflict(format!("service {:?} already exists", spec.name)).into());
+    }
+    let svc = ServiceRec {
+        spec,
+        version: 1,
+        team: team.clone(),
+        user: caller.user.name.clone(),
+        deleted: false,
+    };
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(service_rec(&svc));
+    change.event(
+        at,
+        None,
+        &team,
+        "service-created",
+        format!(
+            "service {} created by {} with {} replicas",
+            svc.spec.name, caller.user.name, svc.spec.replicas
+        ),
+    );
+    change.audit(
+        at,
+        &caller.user.name,
+        "service.create",
+        &format!("service/{}", svc.spec.name),
+        "",
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.services.insert(svc.spec.name.clone(), svc.clone());
+    let view = crate::services::view(&world, &svc);
+    drop(world);
+    shared.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn patch_service(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<api::ServiceView> {
+    let patch: api::ServicePatch = json_body(body, shared.cfg.max_body_bytes)?;
+    let mut world = shared.world.lock().await;
+    let Some(svc) = world.services.get(&name).filter(|s| caller.sees(&s.team)) else {
+        return Err(not_found(&name));
+    };
+    if !caller.acts_on_jobs(&svc.team) {
+        return Err(ApiError::forbidden(format!(
+            "your role ({}) may not change services of team {:?}",
+            caller.user.role.as_str(),
+            svc.team
+        ))
+        .into());
+    }
+    let mut next = svc.clone();
+    if let Some(r) = patch.replicas {
+        next.spec.replicas = r;
+    }
+    if let Some(r) = patch.rollout {
+        next.spec.rollout = r;
+    }
+    // A new task or readiness check is a new version: rolled out.
+    let mut rolled = false;
+    if let Some(task) = patch.task {
+        rolled |= task != next.spec.task;
+        next.spec.task = task;
+    }
+    if let Some(r) = patch.readiness {
+        rolled |= Some(&r) != next.spec.readiness.as_ref();
+        next.spec.readiness = Some(r);
+    }
+    if rolled {
+        next.version += 1;
+    }
+    next.spec.validate()?;
+    let at = now();
+    let mut change = Change::default();
+    change.batch.put.push(service_rec(&next));
+    change.event(
+        at,
+        None,
+        &next.team,
+        "service-changed",
+        format!(
+            "service {name} changed by {}: {} replicas, version {}",
+            caller.user.name, next.spec.replicas, next.version
+        ),
+    );
+    change.audit(
+        at,
+        &caller.user.name,
+        "service.update",
+        &format!("service/{name}"),
+        "",
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.services.insert(name, next.clone());
+    let view = crate::services::view(&world, &next);
+    drop(world);
+    shared.wake.notify_one();
+    Ok(Json(view))
+}
+
+/// Deletes a service: its record goes, its replicas are cancelled.
+async fn delete_service(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    let mut world = shared.world.lock().await;
+    let Some(svc) = world.services.get(&name).filter(|s| caller.sees(&s.team)) else {
+        return Err(not_found(&name));
+    };
+    if !caller.acts_on_jobs(&svc.team) {
+        return Err(ApiError::forbidden(format!(
+            "your role ({}) may not delete services of team {:?}",
+            caller.user.role.as_str(),
+            svc.team
+        ))
+        .into());
+    }
+    let team = svc.team.clone();
+    let at = now();
+    let mut change = Change::default();
+    let who = caller.user.name.clone();
+    let replicas: Vec<JobRec> = world
+        .jobs
+        .values()
+        .filter(|j| !j.state.finished())
+        .filter(|j| j.service.as_ref().is_some_and(|s| s.name == name))
+        .cloned()
+        .collect();
+    for mut j in replicas {
+        if let Ok(kind) = crate::lifecycle::act(&mut j, crate::lifecycle::Action::Cancel, &who, at)
+        {
+            change.event(at, Some(j.id), &team, kind, j.reason.clone());
+            change.job(j);
+        }
+    }
+    change
+        .batch
+        .delete
+        .push((gpuflow_store::Table::Meta, format!("service/{name}")));
+    change.event(
+        at,
+        None,
+        &team,
+        "service-deleted",
+        format!("service {name} deleted by {who}"),
+    );
+    change.audit(at, &who, "service.delete", &format!("service/{name}"), "");
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.services.remove(&name);
+    drop(world);
+    shared.wake.notify_one();
+    Ok(StatusCode::NO_CONTENT)
+}

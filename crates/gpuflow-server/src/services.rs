@@ -1,0 +1,178 @@
+//! Inference services: each replica is a job of its own (kind inference,
+//! no retries), so one that fails is replaced alone. [`reconcile`], run
+//! with the cycle's timers, keeps every service at its size and replaces
+//! replicas of an older version of its task within the rollout bounds:
+//! never more than `replicas + max_surge` unfinished replicas, never fewer
+//! than `replicas - max_unavailable` ready ones because of a replacement.
+//! Pure: the state in, the change out.
+
+use std::collections::BTreeMap;
+
+use gpuflow_api::{self as api, JobState};
+
+use crate::Change;
+use crate::state::{JobRec, ServiceRec, ServiceRef, World};
+
+/// Whether a replica serves: running, and its readiness check passes (or
+/// it has none).
+pub fn ready(j: &JobRec) -> bool {
+    j.state == JobState::Running
+        && !j.tasks.is_empty()
+        && j.tasks.iter().all(|t| match &j.service {
+            Some(s) if s.readiness.is_some() => t.ready == Some(true),
+            _ => true,
+        })
+}
+
+/// The unfinished replicas of each service.
+fn replicas(world: &World) -> BTreeMap<&str, Vec<&JobRec>> {
+    let mut out: BTreeMap<&str, Vec<&JobRec>> = BTreeMap::new();
+    for j in world.jobs.values().filter(|j| !j.state.finished()) {
+        if let Some(s) = &j.service {
+            out.entry(s.name.as_str()).or_default().push(j);
+        }
+    }
+    out
+}
+
+/// Creates and stops replicas so that each service converges on its size
+/// and version.
+pub fn reconcile(world: &World, t: u64) -> Change {
+    let mut change = Change::default();
+    let all = replicas(world);
+    let mut next_id = world.next_job;
+    for svc in world.services.values() {
+        let mine = all.get(svc.spec.name.as_str()).cloned().unwrap_or_default();
+        // Replicas being stopped no longer count.
+        let live: Vec<&JobRec> = mine
+            .iter()
+            .copied()
+            .filter(|j| j.state != JobState::Stopping)
+            .collect();
+        let stop = |change: &mut Change, j: &JobRec, why: &str| {
+            let mut j = j.clone();
+            if let Ok(kind) = crate::lifecycle::act(
+                &mut j,
+                crate::lifecycle::Action::Cancel,
+                &format!("service {}", svc.spec.name),
+                t,
+            ) {
+                change.event(
+                    t,
+                    Some(j.id),
+                    &svc.team,
+                    kind,
+                    format!("{why}; {}", j.reason),
+                );
+                change.job(j);
+            }
+        };
+        if svc.deleted {
+            for j in live {
+                stop(&mut change, j, "its service was deleted");
+            }
+            continue;
+        }
+        let want = svc.spec.replicas as usize;
+        let (current, old): (Vec<&JobRec>, Vec<&JobRec>) = live
+            .iter()
+            .partition(|j| j.service.as_ref().is_some_and(|s| s.version == svc.version));
+        let ready_now = live.iter().filter(|j| ready(j)).count();
+        // 1. Too many of the current version (scaled down): stop the least
+        //    useful first (pending, then not ready, then the newest).
+        if current.len() > want {
+            let mut extra = current.clone();
+            extra.sort_by_key(|j| (ready(j), j.state.allocated(), std::cmp::Reverse(j.id)));
+            for j in extra.iter().take(current.len() - want) {
+                stop(&mut change, j, "scaled down");
+            }
+            continue;
+        }
+        // 2. Too few of the current version: new replicas, within the surge.
+        let room = (want + svc.spec.rollout.max_surge as usize).saturating_sub(live.len());
+        let missing = want - current.len();
+        for _ in 0..missing.min(if old.is_empty() { missing } else { room }) {
+            next_id += 1;
+            let mut j = crate::lifecycle::submitted(
+                next_id,
+                svc.spec.job_spec(svc.version),
+                &svc.team,
+                &svc.user,
+                None,
+                t,
+            );
+            j.service = Some(ServiceRef {
+                name: svc.spec.name.clone(),
+                version: svc.version,
+                readiness: svc.spec.readiness.clone(),
+            });
+            change.event(
+                t,
+                Some(j.id),
+                &svc.team,
+                "submitted",
+                format!(
+                    "replica of service {} (version {})",
+                    svc.spec.name, svc.version
+                ),
+            );
+            change.job(j);
+        }
+        // 3. Old replicas go while enough stay ready: those not ready at
+        //    once, ready ones one by one as the new ones are ready.
+        let floor = want.saturating_sub(svc.spec.rollout.max_unavailable as usize);
+        let mut ready_left = ready_now;
+        let mut old = old.clone();
+        old.sort_by_key(|j| (ready(j), j.id));
+        for j in old {
+            if ready(j) {
+                if ready_left <= floor {
+                    break;
+                }
+                ready_left -= 1;
+            }
+            stop(&mut change, j, "replaced by a new version");
+        }
+    }
+    change
+}
+
+/// A service as its viewers see it.
+pub fn view(world: &World, svc: &ServiceRec) -> api::ServiceView {
+    let mut members: Vec<api::ReplicaView> = world
+        .jobs
+        .values()
+        .filter(|j| !j.state.finished())
+        .filter(|j| j.service.as_ref().is_some_and(|s| s.name == svc.spec.name))
+        .map(|j| api::ReplicaView {
+            job: j.id,
+            version: j.service.as_ref().map_or(0, |s| s.version),
+            state: j.state,
+            node: j.allocs.first().map(|a| a.node.clone()),
+            port: j.tasks.first().and_then(|t| t.port),
+            ready: ready(j),
+        })
+        .collect();
+    members.sort_by_key(|m| m.job);
+    let endpoints = members
+        .iter()
+        .filter(|m| m.ready)
+        .filter_map(|m| {
+            let node = world.nodes.get(m.node.as_deref()?)?;
+            let host = if node.inventory.address.is_empty() {
+                node.name.clone()
+            } else {
+                node.inventory.address.clone()
+            };
+            Some(format!("{host}:{}", m.port?))
+        })
+        .collect();
+    api::ServiceView {
+        spec: svc.spec.clone(),
+        team: svc.team.clone(),
+        version: svc.version,
+        ready: members.iter().filter(|m| m.ready).count() as u32,
+        members,
+        endpoints,
+    }
+}
