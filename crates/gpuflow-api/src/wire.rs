@@ -711,6 +711,24 @@ pub struct QueueView {
     /// Its budget in the current period, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_use: Option<BudgetUse>,
+    /// GPUs it uses above its guarantee, per flavor.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub borrowed: BTreeMap<String, f64>,
+    /// Other queues using more than their guarantee on a flavor of which
+    /// this one leaves guarantee unused: who may be running on its GPUs
+    /// (and whom a job of its would reclaim them from).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub borrowers: Vec<Borrower>,
+}
+
+/// A queue borrowing GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Borrower {
+    pub queue: String,
+    pub team: String,
+    pub flavor: String,
+    /// GPUs above its guarantee.
+    pub gpus: f64,
 }
 
 /// Changes a team lead may make to a queue of their team.

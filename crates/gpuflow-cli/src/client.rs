@@ -54,11 +54,39 @@ pub enum JobCmd {
     /// A job's GPU use: each attempt's GPU-hours and utilisation, each
     /// task's utilisation and GPU memory, and what stands out (like jobstats).
     Stats { id: u64 },
-    /// Submit a job from a YAML or JSON file (`-` for stdin).
+    /// Submit a job from a YAML or JSON file (`-` for stdin), or a shell
+    /// command with --wrap.
     Submit {
         /// The job spec, YAML or JSON (`-`: stdin).
-        #[arg(short = 'f', long)]
-        file: PathBuf,
+        #[arg(
+            short = 'f',
+            long,
+            required_unless_present = "wrap",
+            conflicts_with = "wrap"
+        )]
+        file: Option<PathBuf>,
+        /// A shell command to run as a one-task job (like sbatch --wrap),
+        /// with --queue, --name, --kind, --gpus, --cpu and --memory-mib.
+        #[arg(long)]
+        wrap: Option<String>,
+        /// With --wrap: the queue.
+        #[arg(long, default_value = "default", requires = "wrap")]
+        queue: String,
+        /// With --wrap: the job's name.
+        #[arg(long, default_value = "wrap", requires = "wrap")]
+        name: String,
+        /// With --wrap: inference, notebook, training or batch.
+        #[arg(long, default_value = "batch", requires = "wrap")]
+        kind: String,
+        /// With --wrap: whole GPUs.
+        #[arg(long, default_value_t = 0, requires = "wrap")]
+        gpus: u32,
+        /// With --wrap: CPU cores.
+        #[arg(long, default_value_t = 1.0, requires = "wrap")]
+        cpu: f64,
+        /// With --wrap: memory in MiB.
+        #[arg(long, default_value_t = 1024, requires = "wrap")]
+        memory_mib: u64,
         /// Store nothing: say whether it would start now, where, or why it
         /// would wait and when it would start (like sbatch --test-only).
         #[arg(long)]
@@ -103,8 +131,20 @@ pub enum JobCmd {
     },
     /// Why a job waits (or what it is doing).
     Why { id: u64 },
-    /// The end of each task's output.
-    Logs { id: u64 },
+    /// The end of each task's output (the server keeps the last 16 KiB of
+    /// each task of the last five attempts).
+    Logs {
+        id: u64,
+        /// Only the last N lines of each task.
+        #[arg(long)]
+        tail: Option<usize>,
+        /// This attempt's output (default: the latest).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing what the tasks write, until the job ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
     /// Cancel jobs: by id, or every active job matching the filters (a
     /// running job is signalled and stopped).
     Cancel {
@@ -743,14 +783,41 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
     match cmd {
         JobCmd::Submit {
             file,
+            wrap,
+            queue,
+            name,
+            kind,
+            gpus,
+            cpu,
+            memory_mib,
             test_only,
             array,
         } => {
-            let mut body = read_file(&file)?;
-            let mut ct = if file.extension().is_some_and(|e| e == "json") {
-                "application/json"
-            } else {
-                "application/yaml"
+            let (mut body, mut ct, file) = match (file, wrap) {
+                (Some(file), _) => {
+                    let ct = if file.extension().is_some_and(|e| e == "json") {
+                        "application/json"
+                    } else {
+                        "application/yaml"
+                    };
+                    (read_file(&file)?, ct, file)
+                }
+                (None, Some(cmd)) => {
+                    let mut resources = serde_json::json!({"cpu": cpu, "memory_mib": memory_mib});
+                    if gpus > 0 {
+                        resources["gpu"] = serde_json::json!({ "count": gpus });
+                    }
+                    let spec = serde_json::json!({
+                        "name": name, "queue": queue, "kind": kind,
+                        "tasks": [{"name": "main", "command": ["sh", "-c", cmd], "resources": resources}],
+                    });
+                    (
+                        serde_json::to_vec(&spec)?,
+                        "application/json",
+                        PathBuf::from("--wrap"),
+                    )
+                }
+                (None, None) => return Err(Usage("give -f FILE or --wrap COMMAND".into()).into()),
             };
             if let Some(a) = array {
                 // The file's spec with its `array` set, sent as JSON.
@@ -876,21 +943,12 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 out
             });
         }
-        JobCmd::Logs { id } => {
-            let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
-            print(conn.output, &v, |v| {
-                let mut out = String::new();
-                if let Some(m) = v["tasks"].as_object() {
-                    for (task, text) in m {
-                        out += &format!("==> {task} <==\n{}", s(text));
-                        if !out.ends_with('\n') {
-                            out.push('\n');
-                        }
-                    }
-                }
-                out
-            });
-        }
+        JobCmd::Logs {
+            id,
+            tail,
+            attempt,
+            follow,
+        } => return logs(&c, conn.output, id, tail, attempt, follow),
         JobCmd::Cancel { array: Some(a), .. } => {
             let v = c.call("POST", &format!("/v1/arrays/{a}/cancel"), None)?;
             print(conn.output, &v, |v| {
@@ -915,6 +973,112 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::Release { id } => return job_action(&c, conn.output, "release", id),
     }
     Ok(())
+}
+
+/// A job's output: each task's, of one attempt, the last lines or all the
+/// server keeps; following, what is new every second until the job ends.
+fn logs(
+    c: &Client,
+    output: Format,
+    id: u64,
+    tail: Option<usize>,
+    attempt: Option<u32>,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let texts = |v: &Value| -> anyhow::Result<Vec<(String, String)>> {
+        let m = match attempt {
+            None => &v["tasks"],
+            Some(a) => {
+                let m = &v["attempts"][a.to_string()];
+                if m.is_null() {
+                    let kept: Vec<String> = v["attempts"]
+                        .as_object()
+                        .map(|o| o.keys().cloned().collect())
+                        .unwrap_or_default();
+                    return Err(Usage(format!(
+                        "--attempt {a}: no output kept for it; kept: {}",
+                        if kept.is_empty() {
+                            "none".into()
+                        } else {
+                            kept.join(", ")
+                        }
+                    ))
+                    .into());
+                }
+                m
+            }
+        };
+        Ok(m.as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, t)| (k.clone(), t.as_str().unwrap_or("").to_string()))
+            .collect())
+    };
+    let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
+    if !follow {
+        let tasks = texts(&v)?;
+        print(output, &v, |_| {
+            let mut out = String::new();
+            for (task, text) in &tasks {
+                let text = match tail {
+                    Some(n) => {
+                        let lines: Vec<&str> = text.lines().collect();
+                        lines[lines.len().saturating_sub(n)..].join("\n") + "\n"
+                    }
+                    None => text.clone(),
+                };
+                out += &format!("==> {task} <==\n{text}");
+                if !out.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            out
+        });
+        return Ok(());
+    }
+    // Following: what each task wrote since the last look (the server's
+    // window is the end of the output: the new part is what follows the
+    // part seen before).
+    use std::io::Write;
+    let mut seen: std::collections::BTreeMap<String, String> = Default::default();
+    loop {
+        let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
+        for (task, text) in texts(&v)? {
+            let before = seen.get(&task).cloned().unwrap_or_default();
+            let new = match text.find(before.as_str()).filter(|_| !before.is_empty()) {
+                Some(at) => &text[at + before.len()..],
+                None if before.is_empty() => match tail {
+                    Some(n) => {
+                        let lines: Vec<&str> = text.lines().collect();
+                        let start = lines.len().saturating_sub(n);
+                        let skip: usize = lines[..start].iter().map(|l| l.len() + 1).sum();
+                        &text[skip.min(text.len())..]
+                    }
+                    None => text.as_str(),
+                },
+                // The window moved past what was seen: print it whole.
+                None => text.as_str(),
+            };
+            if !new.is_empty() {
+                print!("{new}");
+                let _ = std::io::stdout().flush();
+            }
+            // Keep the last part seen, to find the new part next time.
+            let keep = text.len().saturating_sub(4096);
+            let keep = (keep..=text.len())
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(text.len());
+            seen.insert(task, text[keep..].to_string());
+        }
+        let job = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
+        if job["state"]
+            .as_str()
+            .is_some_and(|s| ["succeeded", "failed", "cancelled"].contains(&s))
+        {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 /// One job as text: what it is, its state, and its tasks.
@@ -1080,6 +1244,23 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                             s(&q["running"]),
                             s(&q["pending"]),
                             budget_left(&q["budget"], q.get("budget_use")),
+                            q["borrowers"]
+                                .as_array()
+                                .map(|b| {
+                                    b.iter()
+                                        .map(|b| {
+                                            format!(
+                                                "{}:{}:{}",
+                                                s(&b["queue"]),
+                                                s(&b["flavor"]),
+                                                s(&b["gpus"])
+                                            )
+                                        })
+                                        .collect::<Vec<_>>()
+                                        .join(" ")
+                                })
+                                .filter(|t| !t.is_empty())
+                                .unwrap_or_else(|| "-".into()),
                         ]
                     })
                     .collect();
@@ -1095,6 +1276,7 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                         "running",
                         "pending",
                         "budget left",
+                        "borrowing its gpus",
                     ],
                     rows,
                 )

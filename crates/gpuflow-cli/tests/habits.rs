@@ -220,6 +220,43 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
         out.contains("emu-gpu:2+1") && out.contains("*:all+any"),
         "{out}"
     );
+    // --wrap: a command as a job; logs with --tail, --attempt and -f.
+    let (code, out, err) = cli(&[
+        "job",
+        "submit",
+        "--wrap",
+        "echo one; echo two; echo three",
+        "--name",
+        "w",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let w: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    api.wait_state(w, &admin, "succeeded", LONG);
+    poll("its output arrives", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{w}/logs"), &admin);
+        l["tasks"]["main/0"]
+            .as_str()
+            .filter(|t| t.contains("three"))
+            .map(|_| ())
+    });
+    let (_, out, _) = cli(&["job", "logs", &w.to_string(), "--tail", "1"]);
+    assert!(out.contains("three") && !out.contains("one"), "{out}");
+    let (code, _, err) = cli(&["job", "logs", &w.to_string(), "--attempt", "7"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("kept: 1"), "{err}");
+    let (code, out, err) = cli(&[
+        "job",
+        "submit",
+        "--wrap",
+        "for i in 1 2 3; do echo line$i; sleep 1; done",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let f = out.split_whitespace().nth(1).unwrap().to_string();
+    let (code, out, err) = cli(&["job", "logs", &f, "-f"]);
+    assert_eq!(code, Some(0), "{err}");
+    for l in ["line1", "line2", "line3"] {
+        assert_eq!(out.matches(l).count(), 1, "followed once each: {out}");
+    }
     // Cancelling a finished job fails the request: exit 1.
     let (code, _, err) = cli(&["job", "cancel", &quick.to_string()]);
     assert_eq!(code, Some(1), "{err}");

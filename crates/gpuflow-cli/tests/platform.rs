@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -71,9 +71,22 @@ fn two_teams_run_preempt_cancel_and_explain() {
     });
     assert!(logs.contains("rank 0 world 1 gpus "), "{logs}");
 
-    // Bob cannot see it.
+    // Bob cannot see it, but sees which queue borrows his team's GPUs.
     let (s, _) = api.call("GET", &format!("/v1/jobs/{a1}"), &bob, None);
     assert_eq!(s, 404);
+    let qs = api.get("/v1/queues", &bob);
+    let beta = qs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "beta-q")
+        .unwrap();
+    let b = &beta["borrowers"][0];
+    assert_eq!(
+        (b["queue"].as_str(), b["team"].as_str(), b["gpus"].as_f64()),
+        (Some("alpha-q"), Some("alpha"), Some(2.0)),
+        "{beta}"
+    );
     assert!(api.get("/v1/jobs", &bob).as_array().unwrap().is_empty());
 
     // Bob's training job is within beta's guarantee: alice's borrowing job is
@@ -188,10 +201,18 @@ fn two_teams_run_preempt_cancel_and_explain() {
         j["reason"].as_str().unwrap().contains("cancelled by alice"),
         "{j}"
     );
-    assert!(
-        j["tasks"].as_array().unwrap().is_empty(),
-        "GPUs released: {j}"
-    );
+    // It keeps its tasks as they ended; its hold on the GPUs is closed and
+    // the node holds none of them for it.
+    assert_eq!(j["tasks"][0]["state"], "stopped", "{j}");
+    assert!(j["ledger"][0]["to"].as_u64().is_some(), "{j}");
+    let mine: Vec<Value> = j["tasks"][0]["gpus"].as_array().unwrap().clone();
+    let holders = api.get("/v1/nodes", &admin)[0]["holders"].clone();
+    for h in holders.as_array().into_iter().flatten() {
+        assert!(
+            h["job"].as_u64() != Some(a0) && !(mine.contains(&h["gpu"]) && h["team"] == "alpha"),
+            "{holders}"
+        );
+    }
 }
 
 #[test]

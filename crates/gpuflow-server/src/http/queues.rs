@@ -30,12 +30,21 @@ async fn list_queues(
                     budget_use: q.budget.as_ref().map(|b| {
                         crate::accounting::budget_use(b, world.budget_used.get(name), now())
                     }),
+                    borrowed: BTreeMap::new(),
+                    borrowers: Vec::new(),
                 },
             )
         })
         .collect();
-    // One pass over the jobs for the whole page.
+    // One pass over the jobs: every queue's use per flavor (borrowers may
+    // be any queue), and the page's counts.
+    let mut used: BTreeMap<(&str, &str), f64> = BTreeMap::new();
     for j in world.jobs.values() {
+        if j.state.allocated() {
+            *used
+                .entry((j.spec.queue.as_str(), j.flavor.as_str()))
+                .or_default() += crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+        }
         let Some(v) = out.get_mut(j.spec.queue.as_str()) else {
             continue;
         };
@@ -46,6 +55,44 @@ async fn list_queues(
             v.running += 1;
             *v.used.entry(j.flavor.clone()).or_default() +=
                 crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+        }
+    }
+    let guaranteed = |queue: &str, flavor: &str| -> f64 {
+        world.queues.get(queue).map_or(0.0, |q| {
+            q.quotas
+                .get(flavor)
+                .or_else(|| q.quotas.get("*"))
+                .map_or(0.0, |x| x.guaranteed)
+        })
+    };
+    let borrowing: Vec<api::Borrower> = used
+        .iter()
+        .filter_map(|(&(queue, flavor), &u)| {
+            let over = u - guaranteed(queue, flavor);
+            (over > 1e-9).then(|| api::Borrower {
+                queue: queue.to_string(),
+                team: world
+                    .queues
+                    .get(queue)
+                    .map_or_else(String::new, |q| q.team.clone()),
+                flavor: flavor.to_string(),
+                gpus: over,
+            })
+        })
+        .collect();
+    for (name, v) in out.iter_mut() {
+        for b in &borrowing {
+            if b.queue == *name {
+                v.borrowed.insert(b.flavor.clone(), b.gpus);
+            } else {
+                let mine = used
+                    .get(&(*name, b.flavor.as_str()))
+                    .copied()
+                    .unwrap_or(0.0);
+                if mine + 1e-9 < guaranteed(name, &b.flavor) {
+                    v.borrowers.push(b.clone());
+                }
+            }
         }
     }
     Ok(Json(out.into_values().collect()))
