@@ -74,6 +74,18 @@ fn when(k: &str, v: &str, now: u64) -> Result<u64, Error> {
         })
 }
 
+/// A 400 for a query parameter not in `allowed`, naming those that are.
+fn only(q: &BTreeMap<String, String>, allowed: &[&str]) -> Result<(), Error> {
+    match q.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad_request(
+            "bad_query",
+            format!("unknown parameter {k:?}; allowed: {}", allowed.join(", ")),
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// The `from` and `to` of a report's query (default: the last 30 days).
 fn range(q: &BTreeMap<String, String>, t: u64) -> Result<(u64, u64), Error> {
     let from = match q.get("from") {
@@ -97,15 +109,7 @@ async fn jobs_report(
     caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::JobsRow>> {
-    for k in q.keys() {
-        if !["by", "from", "to"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: by, from, to"),
-            )
-            .into());
-        }
-    }
+    only(&q, &["by", "from", "to"])?;
     let by_kind = match q.get("by").map(String::as_str) {
         None | Some("queue") => false,
         Some("kind") => true,
@@ -135,15 +139,7 @@ async fn usage(
     caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<api::UsageReport> {
-    for k in q.keys() {
-        if !["by", "period", "from", "to"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: by, period, from, to"),
-            )
-            .into());
-        }
-    }
+    only(&q, &["by", "period", "from", "to"])?;
     let by_name = q.get("by").map_or("team", String::as_str);
     let by = crate::accounting::By::parse(by_name).ok_or_else(|| {
         Error(ApiError::bad_request(
@@ -195,15 +191,7 @@ async fn low_use(
     caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::LowUse>> {
-    for k in q.keys() {
-        if !["below_pct", "for"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: below_pct, for"),
-            )
-            .into());
-        }
-    }
+    only(&q, &["below_pct", "for"])?;
     let below: f64 = match q.get("below_pct") {
         Some(v) => v
             .parse()
@@ -260,15 +248,7 @@ async fn advice(
     caller: Caller,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::Advice>> {
-    for k in q.keys() {
-        if !["from", "to"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: from, to"),
-            )
-            .into());
-        }
-    }
+    only(&q, &["from", "to"])?;
     let t = now();
     let range = range(&q, t)?;
     let (offer, prices) = {
@@ -314,15 +294,7 @@ async fn workload(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<api::RecordedWorkload> {
     caller.need_admin("reading the recorded workload")?;
-    for k in q.keys() {
-        if !["from", "to"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: from, to"),
-            )
-            .into());
-        }
-    }
+    only(&q, &["from", "to"])?;
     let t = now();
     let range = range(&q, t)?;
     let jobs = crate::every_job(&shared).await?;
