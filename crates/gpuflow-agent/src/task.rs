@@ -370,7 +370,14 @@ impl Task {
                 .mode(0o600)
                 .open(&log)
                 .map_err(io)?;
-            let err = out.try_clone().map_err(io)?;
+            // stderr apart from stdout, in its own file.
+            let err = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(err_log(&log))
+                .map_err(io)?;
             // A task user who cannot walk the agent's directories to its own
             // finds its checkpoint file relative to where it starts.
             let checkpoint_env = match &user {
@@ -783,19 +790,21 @@ impl Task {
         self.ready = Some(ok);
     }
 
-    /// The current log size.
+    /// The current size of its output, stdout and stderr together.
     pub fn log_len(&self) -> u64 {
-        std::fs::metadata(&self.log).map_or(0, |m| m.len())
+        let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        len(&self.log) + len(&err_log(&self.log))
     }
 
     /// The task's report; the log tail only when the log grew since the
     /// server last acknowledged it.
     pub fn report(&self) -> TaskReport {
         let (job, attempt, group, index) = self.key;
-        let log_tail = if self.log_len() != self.acked_log_len {
-            tail(&self.log)
+        let grew = self.log_len() != self.acked_log_len;
+        let (log_tail, err_tail) = if grew {
+            (tail(&self.log), tail(&err_log(&self.log)))
         } else {
-            String::new()
+            (String::new(), String::new())
         };
         TaskReport {
             job,
@@ -805,6 +814,7 @@ impl Task {
             phase: self.phase,
             port: self.port,
             ready: self.ready,
+            err_tail,
             exit_code: self.exit_code,
             started_at: Some(self.started_at).filter(|&t| t > 0),
             checkpoint_at: checkpoint_time(&self.checkpoint),
@@ -814,6 +824,11 @@ impl Task {
             usage: (self.usage.samples > 0).then(|| self.usage.clone()),
         }
     }
+}
+
+/// Where a task's stderr goes: beside its stdout's log.
+fn err_log(log: &Path) -> PathBuf {
+    log.with_file_name("errors.log")
 }
 
 fn tail(path: &Path) -> String {

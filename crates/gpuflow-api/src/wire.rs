@@ -941,6 +941,10 @@ pub struct TaskReport {
     /// Its readiness check's last answer, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
+    /// The end of what it wrote to stderr (`log_tail` is its stdout's),
+    /// sent, as that, only when its output grew.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub err_tail: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// When it started on the node (Unix seconds).

@@ -144,6 +144,9 @@ pub enum JobCmd {
         /// Keep printing what the tasks write, until the job ends.
         #[arg(short = 'f', long)]
         follow: bool,
+        /// stdout, stderr or both (each task's stderr shown apart).
+        #[arg(long, value_parser = ["stdout", "stderr", "both"], default_value = "both")]
+        stream: String,
     },
     /// Cancel jobs: by id, or every active job matching the filters (a
     /// running job is signalled and stopped).
@@ -948,7 +951,8 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             tail,
             attempt,
             follow,
-        } => return logs(&c, conn.output, id, tail, attempt, follow),
+            stream,
+        } => return logs(&c, conn.output, id, (tail, attempt, follow), &stream),
         JobCmd::Cancel { array: Some(a), .. } => {
             let v = c.call("POST", &format!("/v1/arrays/{a}/cancel"), None)?;
             print(conn.output, &v, |v| {
@@ -981,38 +985,50 @@ fn logs(
     c: &Client,
     output: Format,
     id: u64,
-    tail: Option<usize>,
-    attempt: Option<u32>,
-    follow: bool,
+    (tail, attempt, follow): (Option<usize>, Option<u32>, bool),
+    stream: &str,
 ) -> anyhow::Result<()> {
+    // Each task's stdout, then (labelled) its stderr, as asked.
     let texts = |v: &Value| -> anyhow::Result<Vec<(String, String)>> {
-        let m = match attempt {
-            None => &v["tasks"],
-            Some(a) => {
-                let m = &v["attempts"][a.to_string()];
-                if m.is_null() {
-                    let kept: Vec<String> = v["attempts"]
-                        .as_object()
-                        .map(|o| o.keys().cloned().collect())
-                        .unwrap_or_default();
-                    return Err(Usage(format!(
-                        "--attempt {a}: no output kept for it; kept: {}",
-                        if kept.is_empty() {
-                            "none".into()
-                        } else {
-                            kept.join(", ")
-                        }
-                    ))
-                    .into());
-                }
-                m
+        let mut out = Vec::new();
+        for (latest, all, label) in [
+            ("tasks", "attempts", ""),
+            ("stderr", "stderr_attempts", " (stderr)"),
+        ] {
+            if (stream == "stdout" && !label.is_empty()) || (stream == "stderr" && label.is_empty())
+            {
+                continue;
             }
-        };
-        Ok(m.as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, t)| (k.clone(), t.as_str().unwrap_or("").to_string()))
-            .collect())
+            let m = match attempt {
+                None => &v[latest],
+                Some(a) => {
+                    if v["attempts"][a.to_string()].is_null() {
+                        let kept: Vec<String> = v["attempts"]
+                            .as_object()
+                            .map(|o| o.keys().cloned().collect())
+                            .unwrap_or_default();
+                        return Err(Usage(format!(
+                            "--attempt {a}: no output kept for it; kept: {}",
+                            if kept.is_empty() {
+                                "none".into()
+                            } else {
+                                kept.join(", ")
+                            }
+                        ))
+                        .into());
+                    }
+                    &v[all][a.to_string()]
+                }
+            };
+            out.extend(
+                m.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, t)| (format!("{k}{label}"), t.as_str().unwrap_or("").to_string()))
+                    .filter(|(_, t)| label.is_empty() || !t.is_empty()),
+            );
+        }
+        Ok(out)
     };
     let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
     if !follow {

@@ -244,6 +244,26 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
     let (code, _, err) = cli(&["job", "logs", &w.to_string(), "--attempt", "7"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("kept: 1"), "{err}");
+    // stdout and stderr apart.
+    let (_, out, _) = cli(&["job", "submit", "--wrap", "echo to-out; echo to-err >&2"]);
+    let e: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    api.wait_state(e, &admin, "succeeded", LONG);
+    let l = poll("both streams arrive", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{e}/logs"), &admin);
+        l["stderr"]["main/0"]
+            .as_str()
+            .filter(|t| t.contains("to-err"))
+            .map(|_| l.clone())
+    });
+    assert_eq!(l["tasks"]["main/0"], "to-out\n", "{l}");
+    assert_eq!(l["stderr"]["main/0"], "to-err\n", "{l}");
+    let (_, out, _) = cli(&["job", "logs", &e.to_string()]);
+    assert!(
+        out.contains("==> main/0 <==\nto-out") && out.contains("==> main/0 (stderr) <==\nto-err"),
+        "{out}"
+    );
+    let (_, out, _) = cli(&["job", "logs", &e.to_string(), "--stream", "stderr"]);
+    assert!(out.contains("to-err") && !out.contains("to-out"), "{out}");
     let (code, out, err) = cli(&[
         "job",
         "submit",

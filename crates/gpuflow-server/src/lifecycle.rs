@@ -56,6 +56,7 @@ pub fn submitted(
         allocs: vec![],
         tasks: vec![],
         logs: Default::default(),
+        err_logs: Default::default(),
         idle_warned_at: None,
         held: vec![],
         lost_gpu_hours: 0.0,
@@ -305,6 +306,15 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             );
             let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
             next.logs
+                .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
+        }
+        if !r.err_tail.is_empty() {
+            next.err_logs.insert(
+                format!("{}/{}/{}", r.attempt, r.group, r.index),
+                r.err_tail.clone(),
+            );
+            let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
+            next.err_logs
                 .retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
         }
     }

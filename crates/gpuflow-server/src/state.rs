@@ -226,6 +226,10 @@ pub struct JobRec {
     /// text (the last [`LOG_ATTEMPTS`] attempts; records of older versions
     /// hold `group/index` keys, read as the latest attempt's).
     pub logs: BTreeMap<String, String>,
+    /// The same for what the tasks wrote to stderr (`logs` hold stdout;
+    /// records of older versions hold both there).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub err_logs: BTreeMap<String, String>,
     /// GPU-hours of work lost to preemptions (since each victim's last
     /// checkpoint), summed over its preemptions.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -71,6 +71,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             usage: None,
                             port: None,
                             ready: None,
+                            err_tail: String::new(),
                         }
                     })
                     .collect();

@@ -362,7 +362,8 @@ async function job(id) {
       events.map((e) => el('li', {}, el('span', { class: 'at' }, when(e.at)), el('b', {}, e.kind), ' ', e.message)))),
     el('div', { class: 'panel' }, el('h2', {}, 'Logs (latest attempt)'),
       Object.keys(logs.tasks).length
-        ? Object.entries(logs.tasks).map(([k, v]) => [el('div', { class: 'muted' }, k), el('pre', { class: 'log' }, v)])
+        ? [Object.entries(logs.tasks).map(([k, v]) => [el('div', { class: 'muted' }, k + ' · stdout'), el('pre', { class: 'log' }, v)]),
+          Object.entries(logs.stderr || {}).filter(([, v]) => v).map(([k, v]) => [el('div', { class: 'muted' }, k + ' · stderr'), el('pre', { class: 'log err' }, v)])]
         : el('p', { class: 'muted' }, 'No output yet.'))));
   mount(...parts);
 }

@@ -565,20 +565,21 @@ async fn why(
 #[derive(Serialize)]
 struct Logs {
     id: u64,
-    /// The latest attempt's tasks: `group/index` → the end of its output.
+    /// The latest attempt's tasks: `group/index` → the end of its stdout.
     tasks: BTreeMap<String, String>,
     /// Every kept attempt (the last five), by attempt number.
     attempts: BTreeMap<u32, BTreeMap<String, String>>,
+    /// As `tasks` and `attempts`, for stderr.
+    stderr: BTreeMap<String, String>,
+    stderr_attempts: BTreeMap<u32, BTreeMap<String, String>>,
 }
-async fn logs(
-    State(shared): State<Arc<Shared>>,
-    caller: Caller,
-    Path(id): Path<String>,
-) -> Reply<Logs> {
-    let id = job_id(&id)?;
-    let (j, _) = job_of(&shared, &caller, id).await?;
+/// A job's kept output by attempt and task name (`name/index`).
+fn by_attempt(
+    j: &JobRec,
+    logs: &BTreeMap<String, String>,
+) -> BTreeMap<u32, BTreeMap<String, String>> {
     let mut attempts: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
-    for (k, v) in &j.logs {
+    for (k, v) in logs {
         let Some((a, g, i)) = crate::state::log_key(k) else {
             continue;
         };
@@ -593,11 +594,29 @@ async fn logs(
             .or_default()
             .insert(format!("{name}/{i}"), v.clone());
     }
+    attempts
+}
+async fn logs(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<Logs> {
+    let id = job_id(&id)?;
+    let (j, _) = job_of(&shared, &caller, id).await?;
+    let attempts = by_attempt(&j, &j.logs);
+    let stderr_attempts = by_attempt(&j, &j.err_logs);
     let tasks = attempts.values().next_back().cloned().unwrap_or_default();
+    let stderr = stderr_attempts
+        .values()
+        .next_back()
+        .cloned()
+        .unwrap_or_default();
     Ok(Json(Logs {
         id,
         tasks,
         attempts,
+        stderr,
+        stderr_attempts,
     }))
 }
 async fn job_action(
