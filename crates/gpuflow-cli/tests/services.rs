@@ -61,7 +61,14 @@ fn a_service_serves_replaces_scales_and_rolls_out_within_its_bounds() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "4xemu-gpu", &[]);
-    let spec = json!({"name": "web", "queue": "default", "replicas": 2, "max_replicas": 4,
+    // Its queue guarantees 3 GPUs and lends nothing more.
+    let (s, v) = api.post_json(
+        "/v1/queues",
+        &admin,
+        &json!({"name": "serve", "team": "default", "quotas": {"emu-gpu": {"guaranteed": 3, "borrow_limit": 0}}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let spec = json!({"name": "web", "queue": "serve", "replicas": 2, "max_replicas": 4,
         "task": task("v1"), "readiness": {"http_path": "/", "period_s": 1},
         "rollout": {"max_surge": 1, "max_unavailable": 0}});
     let (s, v) = api.post_json("/v1/services", &admin, &spec);
@@ -142,11 +149,24 @@ fn a_service_serves_replaces_scales_and_rolls_out_within_its_bounds() {
     let (code, _, err) = cli(&["service", "scale", "web", "5"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("max_replicas (4)"), "{err}");
-    let (code, _, err) = cli(&["service", "scale", "web", "3"]);
+    // Four within the bounds, but the quota holds three: the fourth waits,
+    // and says why.
+    let (code, _, err) = cli(&["service", "scale", "web", "4"]);
     assert_eq!(code, Some(0), "{err}");
-    poll("three ready", LONG, || {
-        (ready_ids(&get()).len() == 3).then_some(())
+    let waiting = poll("three ready, one waiting on the quota", LONG, || {
+        let v = get();
+        let pending: Vec<u64> = v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["state"] == "pending")
+            .map(|m| m["job"].as_u64().unwrap())
+            .collect();
+        (ready_ids(&v).len() == 3 && pending.len() == 1).then(|| pending[0])
     });
+    let why = api.get(&format!("/v1/jobs/{waiting}/why"), &admin);
+    assert!(why.to_string().contains("quota"), "{why}");
+    assert_eq!(get()["endpoints"].as_array().unwrap().len(), 3);
     let (code, _, err) = cli(&["service", "scale", "web", "2"]);
     assert_eq!(code, Some(0), "{err}");
     poll("back to two", LONG, || {
