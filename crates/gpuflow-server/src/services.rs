@@ -176,3 +176,132 @@ pub fn view(world: &World, svc: &ServiceRec) -> api::ServiceView {
         endpoints,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(replicas: u32) -> World {
+        let spec: api::ServiceSpec = serde_json::from_value(serde_json::json!({
+            "name": "web", "queue": "q", "replicas": replicas,
+            "task": {"name": "main", "command": ["serve"]},
+            "rollout": {"max_surge": 1, "max_unavailable": 0}
+        }))
+        .unwrap();
+        let mut w = World::default();
+        w.services.insert(
+            "web".into(),
+            ServiceRec {
+                spec,
+                version: 1,
+                team: "t".into(),
+                user: "u".into(),
+                deleted: false,
+            },
+        );
+        w
+    }
+
+    /// A running replica of `version`, ready or not.
+    fn replica(w: &mut World, version: u32, is_ready: bool) -> u64 {
+        let id = w.next_job + 1;
+        w.next_job = id;
+        let svc = &w.services["web"];
+        let mut j = crate::lifecycle::submitted(id, svc.spec.job_spec(version), "t", "u", None, 0);
+        j.state = JobState::Running;
+        j.service = Some(ServiceRef {
+            name: "web".into(),
+            version,
+            readiness: Some(api::job::Readiness {
+                http_path: "/".into(),
+                period_s: 1,
+            }),
+        });
+        j.tasks.push(crate::state::TaskState {
+            group: 0,
+            index: 0,
+            phase: api::TaskPhase::Running,
+            exit_code: None,
+            message: String::new(),
+            usage: None,
+            port: Some(8000),
+            ready: Some(is_ready),
+        });
+        w.put_job(j);
+        id
+    }
+
+    /// Runs reconcile at `t` and applies its change: (made, stopped).
+    fn step(w: &mut World, t: u64) -> (usize, usize) {
+        let c = reconcile(w, t);
+        apply(w, c)
+    }
+
+    fn apply(w: &mut World, c: Change) -> (usize, usize) {
+        let (mut made, mut stopped) = (0, 0);
+        for (_, j) in c.jobs {
+            if w.jobs.contains_key(&j.id) {
+                stopped += 1;
+            } else {
+                made += 1;
+            }
+            w.next_job = w.next_job.max(j.id);
+            w.put_job(j);
+        }
+        (made, stopped)
+    }
+
+    #[test]
+    fn a_service_is_kept_at_its_size_and_a_lost_replica_is_replaced_alone() {
+        let mut w = world(2);
+        assert_eq!(step(&mut w, 10), (2, 0), "two made");
+        assert_eq!(step(&mut w, 11), (0, 0), "steady");
+        // One fails: one new, the other untouched.
+        let first = *w.jobs.keys().next().unwrap();
+        w.jobs.get_mut(&first).unwrap().state = JobState::Failed;
+        let c = reconcile(&w, 12);
+        assert!(
+            !c.jobs
+                .keys()
+                .any(|id| *id != first && w.jobs.contains_key(id))
+        );
+        assert_eq!(apply(&mut w, c), (1, 0));
+    }
+
+    #[test]
+    fn a_rollout_surges_by_one_and_stops_old_replicas_only_as_new_ones_are_ready() {
+        let mut w = world(2);
+        let old = [replica(&mut w, 1, true), replica(&mut w, 1, true)];
+        w.services.get_mut("web").unwrap().version = 2;
+        // One new replica (the surge), no old one stopped: none is ready yet.
+        assert_eq!(step(&mut w, 10), (1, 0));
+        assert_eq!(step(&mut w, 11), (0, 0), "waits for readiness");
+        // The new one is ready: one old one goes, and only one.
+        let new = *w.jobs.keys().max().unwrap();
+        let mut j = w.jobs[&new].clone();
+        j.state = JobState::Running;
+        j.tasks.push(crate::state::TaskState {
+            group: 0,
+            index: 0,
+            phase: api::TaskPhase::Running,
+            exit_code: None,
+            message: String::new(),
+            usage: None,
+            port: Some(8001),
+            ready: Some(true),
+        });
+        w.put_job(j);
+        let c = reconcile(&w, 12);
+        let stopped: Vec<u64> = c
+            .jobs
+            .keys()
+            .copied()
+            .filter(|id| old.contains(id))
+            .collect();
+        assert_eq!(stopped.len(), 1, "{:?}", c.jobs.keys());
+        let (_, s) = apply(&mut w, c);
+        assert_eq!(s, 1);
+        let ready_left = w.jobs.values().filter(|j| ready(j)).count();
+        assert!(ready_left >= 2, "never below replicas - max_unavailable");
+    }
+}
