@@ -240,7 +240,10 @@ pub enum ServiceCmd {
 #[derive(Subcommand)]
 pub enum QueueCmd {
     /// Queues with their guarantees, borrow limits, use and budgets.
-    Ls,
+    Ls {
+        #[command(flatten)]
+        watch: Watch,
+    },
     /// Create a queue from a YAML or JSON file.
     Create {
         /// The queue spec, YAML or JSON (`-`: stdin).
@@ -268,7 +271,10 @@ pub enum QueueCmd {
 #[derive(Subcommand)]
 pub enum NodeCmd {
     /// Nodes with their state, GPUs, limits and last heartbeat.
-    Ls,
+    Ls {
+        #[command(flatten)]
+        watch: Watch,
+    },
     /// Let running work finish, start nothing new.
     Drain { name: String },
     /// Start nothing new on a node (running work goes on).
@@ -1223,80 +1229,83 @@ fn human(secs: u64) -> String {
 pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
-        QueueCmd::Ls => {
-            let v = c.call("GET", "/v1/queues", None)?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|q| {
-                        let quotas = q["quotas"]
-                            .as_object()
-                            .map(|m| {
-                                m.iter()
-                                    .map(|(f, x)| quota_text(f, x))
-                                    .collect::<Vec<_>>()
-                                    .join(" ")
-                            })
-                            .unwrap_or_default();
-                        let used = q["used"]
-                            .as_object()
-                            .map(|m| {
-                                m.iter()
-                                    .map(|(f, x)| format!("{f}:{}", s(x)))
-                                    .collect::<Vec<_>>()
-                                    .join(",")
-                            })
-                            .unwrap_or_default();
-                        vec![
-                            s(&q["name"]),
-                            s(&q["team"]),
-                            s(&q.get("parent").cloned().unwrap_or(Value::Null)),
-                            s(&q["weight"]),
-                            s(&q["state"]),
-                            quotas,
-                            used,
-                            s(&q["running"]),
-                            s(&q["pending"]),
-                            budget_left(&q["budget"], q.get("budget_use")),
-                            q["borrowers"]
-                                .as_array()
-                                .map(|b| {
-                                    b.iter()
-                                        .map(|b| {
-                                            format!(
-                                                "{}:{}:{}",
-                                                s(&b["queue"]),
-                                                s(&b["flavor"]),
-                                                s(&b["gpus"])
-                                            )
-                                        })
+        QueueCmd::Ls { watch } => {
+            watch.run(|| {
+                let v = c.call("GET", "/v1/queues", None)?;
+                print(conn.output, &v, |v| {
+                    let rows = v
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|q| {
+                            let quotas = q["quotas"]
+                                .as_object()
+                                .map(|m| {
+                                    m.iter()
+                                        .map(|(f, x)| quota_text(f, x))
                                         .collect::<Vec<_>>()
                                         .join(" ")
                                 })
-                                .filter(|t| !t.is_empty())
-                                .unwrap_or_else(|| "-".into()),
-                        ]
-                    })
-                    .collect();
-                columns(
-                    &[
-                        "name",
-                        "team",
-                        "parent",
-                        "weight",
-                        "state",
-                        "guaranteed",
-                        "used",
-                        "running",
-                        "pending",
-                        "budget left",
-                        "borrowing its gpus",
-                    ],
-                    rows,
-                )
-            });
+                                .unwrap_or_default();
+                            let used = q["used"]
+                                .as_object()
+                                .map(|m| {
+                                    m.iter()
+                                        .map(|(f, x)| format!("{f}:{}", s(x)))
+                                        .collect::<Vec<_>>()
+                                        .join(",")
+                                })
+                                .unwrap_or_default();
+                            vec![
+                                s(&q["name"]),
+                                s(&q["team"]),
+                                s(&q.get("parent").cloned().unwrap_or(Value::Null)),
+                                s(&q["weight"]),
+                                s(&q["state"]),
+                                quotas,
+                                used,
+                                s(&q["running"]),
+                                s(&q["pending"]),
+                                budget_left(&q["budget"], q.get("budget_use")),
+                                q["borrowers"]
+                                    .as_array()
+                                    .map(|b| {
+                                        b.iter()
+                                            .map(|b| {
+                                                format!(
+                                                    "{}:{}:{}",
+                                                    s(&b["queue"]),
+                                                    s(&b["flavor"]),
+                                                    s(&b["gpus"])
+                                                )
+                                            })
+                                            .collect::<Vec<_>>()
+                                            .join(" ")
+                                    })
+                                    .filter(|t| !t.is_empty())
+                                    .unwrap_or_else(|| "-".into()),
+                            ]
+                        })
+                        .collect();
+                    columns(
+                        &[
+                            "name",
+                            "team",
+                            "parent",
+                            "weight",
+                            "state",
+                            "guaranteed",
+                            "used",
+                            "running",
+                            "pending",
+                            "budget left",
+                            "borrowing its gpus",
+                        ],
+                        rows,
+                    )
+                });
+                Ok(())
+            })?;
         }
         QueueCmd::Create { file } => {
             let v = c.call(
@@ -1370,73 +1379,78 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
 pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let (action, name) = match cmd {
-        NodeCmd::Ls => {
-            let v = c.call("GET", "/v1/nodes", None)?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|n| {
-                        let gpus = n["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-                        let model = n["inventory"]["gpus"]
-                            .get(0)
-                            .map_or("-".into(), |g| s(&g["model"]));
-                        let emu = if n["inventory"]["emulated"].as_bool() == Some(true) {
-                            " (emulated)"
-                        } else {
-                            ""
-                        };
-                        let sick = n["inventory"]["gpus"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter(|g| g["unhealthy"].is_string())
-                            .count();
-                        let sick = if sick > 0 {
-                            format!(", {sick} UNHEALTHY")
-                        } else {
-                            String::new()
-                        };
-                        let busy = n["gpus_now"].as_array().filter(|g| !g.is_empty()).map_or(
-                            "-".to_string(),
-                            |g| {
-                                let avg =
-                                    g.iter().filter_map(|x| x["util_pct"].as_u64()).sum::<u64>()
+        NodeCmd::Ls { watch } => {
+            watch.run(|| {
+                let v = c.call("GET", "/v1/nodes", None)?;
+                print(conn.output, &v, |v| {
+                    let rows = v
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|n| {
+                            let gpus = n["inventory"]["gpus"].as_array().map_or(0, Vec::len);
+                            let model = n["inventory"]["gpus"]
+                                .get(0)
+                                .map_or("-".into(), |g| s(&g["model"]));
+                            let emu = if n["inventory"]["emulated"].as_bool() == Some(true) {
+                                " (emulated)"
+                            } else {
+                                ""
+                            };
+                            let sick = n["inventory"]["gpus"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter(|g| g["unhealthy"].is_string())
+                                .count();
+                            let sick = if sick > 0 {
+                                format!(", {sick} UNHEALTHY")
+                            } else {
+                                String::new()
+                            };
+                            let busy = n["gpus_now"].as_array().filter(|g| !g.is_empty()).map_or(
+                                "-".to_string(),
+                                |g| {
+                                    let avg = g
+                                        .iter()
+                                        .filter_map(|x| x["util_pct"].as_u64())
+                                        .sum::<u64>()
                                         / g.len() as u64;
-                                format!("{avg}%")
-                            },
-                        );
-                        let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
-                        let l = &n["inventory"]["limits"];
-                        let limits = match l["cgroup"].as_str() {
-                            Some(v) if !v.is_empty() => format!(
-                                "cgroup {v}: {}",
-                                l["controllers"]
-                                    .as_array()
-                                    .into_iter()
-                                    .flatten()
-                                    .map(s)
-                                    .collect::<Vec<_>>()
-                                    .join(",")
-                            ),
-                            _ => format!("NONE ({})", s(&l["note"])),
-                        };
-                        vec![
-                            s(&n["name"]),
-                            s(&n["state"]),
-                            format!("{gpus} × {model}{emu}{sick}"),
-                            format!("{used}/{gpus}"),
-                            busy,
-                            limits,
-                        ]
-                    })
-                    .collect();
-                columns(
-                    &["name", "state", "gpus", "in use", "gpu util", "limits"],
-                    rows,
-                )
-            });
+                                    format!("{avg}%")
+                                },
+                            );
+                            let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
+                            let l = &n["inventory"]["limits"];
+                            let limits = match l["cgroup"].as_str() {
+                                Some(v) if !v.is_empty() => format!(
+                                    "cgroup {v}: {}",
+                                    l["controllers"]
+                                        .as_array()
+                                        .into_iter()
+                                        .flatten()
+                                        .map(s)
+                                        .collect::<Vec<_>>()
+                                        .join(",")
+                                ),
+                                _ => format!("NONE ({})", s(&l["note"])),
+                            };
+                            vec![
+                                s(&n["name"]),
+                                s(&n["state"]),
+                                format!("{gpus} × {model}{emu}{sick}"),
+                                format!("{used}/{gpus}"),
+                                busy,
+                                limits,
+                            ]
+                        })
+                        .collect();
+                    columns(
+                        &["name", "state", "gpus", "in use", "gpu util", "limits"],
+                        rows,
+                    )
+                });
+                Ok(())
+            })?;
             return Ok(());
         }
         NodeCmd::Drain { name } => ("drain", name),

@@ -158,6 +158,12 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
     assert_eq!(code, Some(0));
     assert_eq!(out.matches("--- ").count(), 2, "{out}");
     assert_eq!(out.matches("long").count(), 2, "{out}");
+    let (code, out, _) = cli(&["node", "ls", "-w", "--interval", "1", "--count", "2"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.matches("--- ").count(), 2, "{out}");
+    let (code, out, _) = cli(&["queue", "ls", "--watch", "--count", "1"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.matches("--- ").count(), 1, "{out}");
 
     // A finished job keeps its tasks: node, GPU and exit code.
     let (_, out, _) = cli(&["job", "get", &quick.to_string()]);
