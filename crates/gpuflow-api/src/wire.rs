@@ -197,6 +197,20 @@ pub struct Submitted {
     pub array: Option<ArrayRef>,
 }
 
+/// Many job specs to submit in one request (`POST /v1/jobs/batch`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSubmit {
+    /// Job specs, as for `POST /v1/jobs` (JSON), arrays excepted.
+    pub jobs: Vec<serde_json::Value>,
+}
+
+/// The ids of a batch's jobs, in its order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct BatchSubmitted {
+    pub ids: Vec<u64>,
+}
+
 /// What cancelling an array did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ArrayCancelled {

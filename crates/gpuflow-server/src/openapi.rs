@@ -204,6 +204,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "post",
+        "/v1/jobs/batch",
+        "members and team leads of the queues' teams; admins",
+        "Submit many jobs in one transaction: all stored, with consecutive ids, or none (the first wrong one named by its place)",
+        Some("BatchSubmit"),
+        Some("BatchSubmitted"),
+    ),
+    r(
+        "post",
         "/v1/arrays/{id}/cancel",
         "the job's team (not viewers); admins",
         "Cancel every unfinished element of an array in one change",
@@ -422,6 +430,8 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::Advice,
         api::RecordedWorkload,
         api::ArrayCancelled,
+        api::BatchSubmit,
+        api::BatchSubmitted,
         api::ServiceSpec,
         api::ServicePatch,
         api::ServiceView,
@@ -620,6 +630,7 @@ fn success(method: &str, path: &str) -> &'static str {
                 "/v1/users",
                 "/v1/tokens",
                 "/v1/services",
+                "/v1/jobs/batch",
             ]
             .contains(&path) =>
         {

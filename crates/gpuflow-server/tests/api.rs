@@ -1034,3 +1034,71 @@ async fn messages_name_the_problem_once() {
         format!("job {id} has finished (cancelled): there is nothing to hold")
     );
 }
+
+/// A batch of jobs in one request: all stored with consecutive ids, or
+/// none, with the wrong one named by its place; another team's queue is
+/// refused for the whole batch.
+#[tokio::test]
+async fn a_batch_is_stored_whole_or_not_at_all() {
+    let h = harness(None).await;
+    let spec = |name: &str| {
+        json!({"name": name, "queue": "default", "kind": "batch",
+            "tasks": [{"name": "main", "command": ["sleep", "1"]}]})
+    };
+    let before = h.stored_jobs().await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/jobs/batch",
+            &h.admin,
+            json!({"jobs": [spec("a"), {"name": "b", "queue": "default", "tasks": []}, spec("c")]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["message"].as_str().unwrap().starts_with("jobs[1]"), "{v}");
+    assert_eq!(h.stored_jobs().await, before, "nothing stored");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/jobs/batch",
+            &h.admin,
+            json!({"jobs": [spec("a"), spec("b"), spec("c")]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert_eq!((ids[1], ids[2]), (ids[0] + 1, ids[0] + 2));
+    assert_eq!(h.stored_jobs().await, before + 3);
+    let (s, j) = h.get(&format!("/v1/jobs/{}", ids[2]), &h.admin).await;
+    assert_eq!((s, j["name"].as_str()), (200, Some("c")), "{j}");
+    // A member of a team without the default queue: the whole batch is refused.
+    let (s, _) = h
+        .json("POST", "/v1/teams", &h.admin, json!({"name": "other"}))
+        .await;
+    assert_eq!(s, 201);
+    let (s, _) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &h.admin,
+            json!({"name": "oz", "team": "other", "role": "member"}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (_, t) = h
+        .json("POST", "/v1/tokens", &h.admin, json!({"user": "oz"}))
+        .await;
+    let oz = t["token"].as_str().unwrap();
+    let (s, v) = h
+        .json("POST", "/v1/jobs/batch", oz, json!({"jobs": [spec("x")]}))
+        .await;
+    assert_eq!(s, 403, "{v}");
+    assert!(v["message"].as_str().unwrap().starts_with("jobs[0]"), "{v}");
+    assert_eq!(h.stored_jobs().await, before + 3);
+}

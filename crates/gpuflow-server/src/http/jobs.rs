@@ -10,6 +10,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/jobs/{id}/{action}", post(job_action))
         .route("/v1/arrays/{id}/cancel", post(cancel_array))
+        .route("/v1/jobs/batch", post(submit_batch))
 }
 
 pub(super) fn job_id(s: &str) -> Result<u64, Error> {
@@ -84,68 +85,10 @@ async fn stored_jobs(shared: &Shared, ids: &[u64]) -> Result<Vec<JobRec>, Error>
         })
         .collect()
 }
-async fn submit(
-    State(shared): State<Arc<Shared>>,
-    caller: Caller,
-    headers: HeaderMap,
-    Query(q): Query<BTreeMap<String, String>>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Response, Error> {
-    let test_only = match q.get("test_only").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return Err(ApiError::bad_request("bad_query", "test_only: true or false").into());
-        }
-    };
-    if let Some(k) = q.keys().find(|k| *k != "test_only") {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("unknown parameter {k:?}; allowed: test_only"),
-        )
-        .into());
-    }
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let json = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("json"));
-    let mut spec = JobSpec::parse(&body, json)?;
-    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
-        None => None,
-        Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "bad_header",
-                "Idempotency-Key: 1 to 128 visible ASCII characters",
-            )
-            .into());
-        }
-    };
-    let mut world = shared.world.lock().await;
-    if let Some(k) = &key
-        && let Some(&id) = world
-            .idempotency
-            .get(&(caller.user.name.clone(), k.clone()))
-    {
-        // A retry of a submission that was stored: the same job, not a second one.
-        let state = world
-            .summaries
-            .get(&id)
-            .map_or(JobState::Pending, |j| j.state);
-        let array = world.jobs.get(&id).and_then(|j| {
-            let a = j.array.as_ref()?;
-            let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
-                .ok()?
-                .indices
-                .len();
-            Some(api::ArrayRef {
-                id: a.id,
-                index: n as u32,
-            })
-        });
-        return Ok((StatusCode::OK, Json(api::Submitted { id, state, array })).into_response());
-    }
+/// Checks a spec against the state: its queue exists, is a leaf and the
+/// caller may use it, its idle policy, its project and that some node could
+/// hold it; fills in the queue's notebook defaults. Returns its team.
+fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<String, Error> {
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
             .queues
@@ -237,7 +180,7 @@ async fn submit(
             at = q.parent.as_deref();
         }
     }
-    if let Some(why) = crate::feasible::never_fits(&world, &spec) {
+    if let Some(why) = crate::feasible::never_fits(world, spec) {
         return Err(ApiError::bad_request("never_fits", why).into());
     }
     let team = queue.team.clone();
@@ -266,6 +209,71 @@ async fn submit(
             }
         }
     }
+    Ok(team)
+}
+async fn submit(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, Error> {
+    let test_only = match q.get("test_only").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::bad_request("bad_query", "test_only: true or false").into());
+        }
+    };
+    if let Some(k) = q.keys().find(|k| *k != "test_only") {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("unknown parameter {k:?}; allowed: test_only"),
+        )
+        .into());
+    }
+    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let mut spec = JobSpec::parse(&body, json)?;
+    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "bad_header",
+                "Idempotency-Key: 1 to 128 visible ASCII characters",
+            )
+            .into());
+        }
+    };
+    let mut world = shared.world.lock().await;
+    if let Some(k) = &key
+        && let Some(&id) = world
+            .idempotency
+            .get(&(caller.user.name.clone(), k.clone()))
+    {
+        // A retry of a submission that was stored: the same job, not a second one.
+        let state = world
+            .summaries
+            .get(&id)
+            .map_or(JobState::Pending, |j| j.state);
+        let array = world.jobs.get(&id).and_then(|j| {
+            let a = j.array.as_ref()?;
+            let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
+                .ok()?
+                .indices
+                .len();
+            Some(api::ArrayRef {
+                id: a.id,
+                index: n as u32,
+            })
+        });
+        return Ok((StatusCode::OK, Json(api::Submitted { id, state, array })).into_response());
+    }
+    let team = check_spec(&world, &caller, &mut spec)?;
     let at = now();
     let id = world.next_job + 1;
     let array = match &spec.array {
@@ -731,4 +739,85 @@ async fn cancel_array(
         cancelled,
         stopping,
     }))
+}
+
+/// Many jobs in one request and one transaction: all stored, with
+/// consecutive ids, or none (the first wrong one named by its place).
+async fn submit_batch(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<api::BatchSubmitted>), Error> {
+    let batch: api::BatchSubmit = json_body(body, shared.cfg.max_body_bytes)?;
+    if batch.jobs.is_empty() || batch.jobs.len() > api::MAX_ARRAY {
+        return Err(ApiError::bad_request(
+            "invalid_batch",
+            format!("jobs: 1 to {} specs", api::MAX_ARRAY),
+        )
+        .into());
+    }
+    let mut specs = Vec::with_capacity(batch.jobs.len());
+    for (i, v) in batch.jobs.iter().enumerate() {
+        let at = |e: ApiError| -> Error {
+            ApiError::bad_request("invalid_spec", format!("jobs[{i}]: {}", e.message)).into()
+        };
+        let spec = JobSpec::parse(v.to_string().as_bytes(), true).map_err(at)?;
+        if spec.array.is_some() {
+            return Err(ApiError::bad_request(
+                "invalid_spec",
+                format!("jobs[{i}].array: submit an array on its own (POST /v1/jobs)"),
+            )
+            .into());
+        }
+        specs.push(spec);
+    }
+    let mut world = shared.world.lock().await;
+    let mut jobs = Vec::with_capacity(specs.len());
+    let t = now();
+    for (i, mut spec) in specs.into_iter().enumerate() {
+        let team = check_spec(&world, &caller, &mut spec).map_err(|Error(e)| {
+            Error(ApiError::new(
+                e.status,
+                &e.code,
+                format!("jobs[{i}]: {}", e.message),
+            ))
+        })?;
+        let id = world.next_job + 1 + i as u64;
+        jobs.push(crate::lifecycle::submitted(
+            id,
+            spec,
+            &team,
+            &caller.user.name,
+            None,
+            t,
+        ));
+    }
+    let mut change = Change::default();
+    for j in &jobs {
+        change.event(
+            t,
+            Some(j.id),
+            &j.team,
+            "submitted",
+            format!(
+                "submitted by {} to queue {} (in a batch)",
+                j.user, j.spec.queue
+            ),
+        );
+    }
+    let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+    change.audit(
+        t,
+        &caller.user.name,
+        "job.submit",
+        &format!("job/{}-{}", ids[0], ids[ids.len() - 1]),
+        format!("{} jobs in a batch", ids.len()),
+    );
+    for j in jobs {
+        change.job(j);
+    }
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    drop(world);
+    shared.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(api::BatchSubmitted { ids })))
 }
