@@ -527,7 +527,8 @@ pub struct QueueSpec {
     /// are refused; admins set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notebook_max_lifetime_s: Option<u64>,
-    /// A GPU-hour budget per period for the queue's own jobs; admins set it.
+    /// A budget per period (GPU-hours or cost) for the queue's own jobs;
+    /// admins set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
 }

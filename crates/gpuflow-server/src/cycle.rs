@@ -833,19 +833,16 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     // Services: replicas made and stopped to match their size and version;
     // a replica the timers changed above waits for the next cycle.
     let services = crate::services::reconcile(world, t);
-    let taken: std::collections::BTreeSet<u64> = change.jobs.keys().copied().collect();
+    let events: Vec<_> = services
+        .batch
+        .events
+        .into_iter()
+        .filter(|e| e.job.is_none_or(|id| !change.jobs.contains_key(&id)))
+        .collect();
+    change.batch.events.extend(events);
     for (id, j) in services.jobs {
-        if !taken.contains(&id) {
-            change.jobs.insert(id, j);
-        }
+        change.jobs.entry(id).or_insert(j);
     }
-    change.batch.events.extend(
-        services
-            .batch
-            .events
-            .into_iter()
-            .filter(|e| e.job.is_none_or(|id| !taken.contains(&id))),
-    );
     for (j, event) in idle {
         if let Some((kind, message)) = event {
             if kind == "idle-stop" {

@@ -39,6 +39,10 @@ fn replicas(world: &World) -> BTreeMap<&str, Vec<&JobRec>> {
 /// and version.
 pub fn reconcile(world: &World, t: u64) -> Change {
     let mut change = Change::default();
+    // Every cycle runs this: without services, no pass over the jobs.
+    if world.services.is_empty() {
+        return change;
+    }
     let all = replicas(world);
     let mut next_id = world.next_job;
     for svc in world.services.values() {
@@ -202,6 +206,20 @@ mod tests {
         w
     }
 
+    /// A running task serving on `port`.
+    fn running_task(port: u16, ready: bool) -> crate::state::TaskState {
+        crate::state::TaskState {
+            group: 0,
+            index: 0,
+            phase: api::TaskPhase::Running,
+            exit_code: None,
+            message: String::new(),
+            usage: None,
+            port: Some(port),
+            ready: Some(ready),
+        }
+    }
+
     /// A running replica of `version`, ready or not.
     fn replica(w: &mut World, version: u32, is_ready: bool) -> u64 {
         let id = w.next_job + 1;
@@ -217,16 +235,7 @@ mod tests {
                 period_s: 1,
             }),
         });
-        j.tasks.push(crate::state::TaskState {
-            group: 0,
-            index: 0,
-            phase: api::TaskPhase::Running,
-            exit_code: None,
-            message: String::new(),
-            usage: None,
-            port: Some(8000),
-            ready: Some(is_ready),
-        });
+        j.tasks.push(running_task(8000, is_ready));
         w.put_job(j);
         id
     }
@@ -280,16 +289,7 @@ mod tests {
         let new = *w.jobs.keys().max().unwrap();
         let mut j = w.jobs[&new].clone();
         j.state = JobState::Running;
-        j.tasks.push(crate::state::TaskState {
-            group: 0,
-            index: 0,
-            phase: api::TaskPhase::Running,
-            exit_code: None,
-            message: String::new(),
-            usage: None,
-            port: Some(8001),
-            ready: Some(true),
-        });
+        j.tasks.push(running_task(8001, true));
         w.put_job(j);
         let c = reconcile(&w, 12);
         let stopped: Vec<u64> = c

@@ -348,20 +348,20 @@ pub fn compare(
     // The replay is of GPUs: a recorded job's CPU and memory are not
     // known to the simulator, which sizes each task by its GPUs (8 cores
     // and 64 GiB a GPU), so no node is short of them.
+    let gpu_bound = |s: &mut ClusterSpec| {
+        for g in &mut s.nodes {
+            g.cpu = g.cpu.max(u64::from(g.gpus) * 8);
+            g.mem_gib = g.mem_gib.max(u64::from(g.gpus) * 64);
+        }
+    };
     let mut spec = spec.clone();
-    for g in &mut spec.nodes {
-        g.cpu = g.cpu.max(u64::from(g.gpus) * 8);
-        g.mem_gib = g.mem_gib.max(u64::from(g.gpus) * 64);
-    }
+    gpu_bound(&mut spec);
     let spec = &spec;
     let mut changed = spec.clone();
     for c in changes {
         c.apply(&mut changed).map_err(SimError::Invalid)?;
     }
-    for g in &mut changed.nodes {
-        g.cpu = g.cpu.max(u64::from(g.gpus) * 8);
-        g.mem_gib = g.mem_gib.max(u64::from(g.gpus) * 64);
-    }
+    gpu_bound(&mut changed);
     fit_guarantees(&mut changed);
     // Run until every job could have run one after another on one GPU
     // (the simulator otherwise stops at a multiple of the last arrival,

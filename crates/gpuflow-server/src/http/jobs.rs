@@ -85,6 +85,24 @@ async fn stored_jobs(shared: &Shared, ids: &[u64]) -> Result<Vec<JobRec>, Error>
         })
         .collect()
 }
+/// The first setting `get` finds going up from `queue` to the root, with
+/// the queue it was found on.
+fn nearest<T>(
+    world: &World,
+    queue: &str,
+    get: impl Fn(&api::QueueSpec) -> Option<T>,
+) -> Option<(String, T)> {
+    let mut at = Some(queue);
+    while let Some(name) = at {
+        let q = world.queues.get(name)?;
+        if let Some(v) = get(q) {
+            return Some((name.to_string(), v));
+        }
+        at = q.parent.as_deref();
+    }
+    None
+}
+
 /// Checks a spec against the state: its queue exists, is a leaf and the
 /// caller may use it, its idle policy, its project and that some node could
 /// hold it; fills in the queue's notebook defaults. Returns its team.
@@ -140,44 +158,30 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
     }
     // A notebook with GPUs and without an idle policy takes its queue's (or
     // the nearest ancestor's) default, set by an admin.
-    if spec.kind == api::Kind::Notebook && spec.idle.is_none() && uses_gpus {
-        let mut at = Some(spec.queue.as_str());
-        while let Some(name) = at {
-            let Some(q) = world.queues.get(name) else {
-                break;
-            };
-            if let Some(idle) = &q.notebook_idle {
-                spec.idle = Some(idle.clone());
-                break;
-            }
-            at = q.parent.as_deref();
-        }
+    if spec.kind == api::Kind::Notebook
+        && spec.idle.is_none()
+        && uses_gpus
+        && let Some((_, idle)) = nearest(world, &spec.queue, |q| q.notebook_idle.clone())
+    {
+        spec.idle = Some(idle);
     }
     // A notebook lives at most its queue's (or the nearest ancestor's)
     // lifetime: without a max runtime it takes it, beyond it it is refused.
-    if spec.kind == api::Kind::Notebook {
-        let mut at = Some(spec.queue.as_str());
-        while let Some(name) = at {
-            let Some(q) = world.queues.get(name) else {
-                break;
-            };
-            if let Some(life) = q.notebook_max_lifetime_s {
-                match spec.max_runtime_s {
-                    None => spec.max_runtime_s = Some(life),
-                    Some(m) if m > life => {
-                        return Err(ApiError::bad_request(
-                            "invalid_spec",
-                            format!(
-                                "max_runtime_s: {m} s is beyond the {life} s notebooks of queue {name} may live; ask for at most that"
-                            ),
-                        )
-                        .into());
-                    }
-                    Some(_) => {}
-                }
-                break;
+    if spec.kind == api::Kind::Notebook
+        && let Some((name, life)) = nearest(world, &spec.queue, |q| q.notebook_max_lifetime_s)
+    {
+        match spec.max_runtime_s {
+            None => spec.max_runtime_s = Some(life),
+            Some(m) if m > life => {
+                return Err(ApiError::bad_request(
+                    "invalid_spec",
+                    format!(
+                        "max_runtime_s: {m} s is beyond the {life} s notebooks of queue {name} may live; ask for at most that"
+                    ),
+                )
+                .into());
             }
-            at = q.parent.as_deref();
+            Some(_) => {}
         }
     }
     if let Some(why) = crate::feasible::never_fits(world, spec) {

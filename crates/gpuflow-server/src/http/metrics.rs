@@ -293,12 +293,8 @@ async fn metrics(
     );
     for (name, q) in &world.queues {
         if let Some(b) = &q.budget {
-            let u = crate::accounting::budget_use(b, world.budget_used.get(name), t);
-            let ratio = if b.limit() > 0.0 {
-                u.used / b.limit()
-            } else {
-                1.0
-            };
+            let ratio =
+                crate::accounting::core_budget(b, world.budget_used.get(name), t).used_share();
             o.line("gpuflow_queue_budget_used_ratio", &[("queue", name)], ratio);
         }
     }
@@ -309,12 +305,8 @@ async fn metrics(
     );
     for (name, p) in &world.projects {
         if let Some(b) = &p.budget {
-            let u = crate::accounting::budget_use(b, world.project_budget_used.get(name), t);
-            let ratio = if b.limit() > 0.0 {
-                u.used / b.limit()
-            } else {
-                1.0
-            };
+            let ratio = crate::accounting::core_budget(b, world.project_budget_used.get(name), t)
+                .used_share();
             o.line(
                 "gpuflow_project_budget_used_ratio",
                 &[("project", name)],

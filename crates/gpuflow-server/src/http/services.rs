@@ -18,6 +18,29 @@ fn not_found(name: &str) -> Error {
     ApiError::not_found(format!("service {name:?} not found")).into()
 }
 
+/// The service `name` if the caller may `what` it (its team's members and
+/// leads, admins): a 404 when they may not see it, a 403 when they may
+/// only look.
+fn owned<'w>(
+    world: &'w World,
+    caller: &Caller,
+    name: &str,
+    what: &str,
+) -> Result<&'w ServiceRec, Error> {
+    let Some(svc) = world.services.get(name).filter(|s| caller.sees(&s.team)) else {
+        return Err(not_found(name));
+    };
+    if !caller.acts_on_jobs(&svc.team) {
+        return Err(ApiError::forbidden(format!(
+            "your role ({}) may not {what} services of team {:?}",
+            caller.user.role.as_str(),
+            svc.team
+        ))
+        .into());
+    }
+    Ok(svc)
+}
+
 async fn list_services(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
@@ -119,18 +142,7 @@ async fn patch_service(
 ) -> Reply<api::ServiceView> {
     let patch: api::ServicePatch = json_body(body, shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
-    let Some(svc) = world.services.get(&name).filter(|s| caller.sees(&s.team)) else {
-        return Err(not_found(&name));
-    };
-    if !caller.acts_on_jobs(&svc.team) {
-        return Err(ApiError::forbidden(format!(
-            "your role ({}) may not change services of team {:?}",
-            caller.user.role.as_str(),
-            svc.team
-        ))
-        .into());
-    }
-    let mut next = svc.clone();
+    let mut next = owned(&world, &caller, &name, "change")?.clone();
     if let Some(r) = patch.replicas {
         next.spec.replicas = r;
     }
@@ -186,18 +198,7 @@ async fn delete_service(
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
     let mut world = shared.world.lock().await;
-    let Some(svc) = world.services.get(&name).filter(|s| caller.sees(&s.team)) else {
-        return Err(not_found(&name));
-    };
-    if !caller.acts_on_jobs(&svc.team) {
-        return Err(ApiError::forbidden(format!(
-            "your role ({}) may not delete services of team {:?}",
-            caller.user.role.as_str(),
-            svc.team
-        ))
-        .into());
-    }
-    let team = svc.team.clone();
+    let team = owned(&world, &caller, &name, "delete")?.team.clone();
     let at = now();
     let mut change = Change::default();
     let who = caller.user.name.clone();
