@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use gpuflow_api::{Desired, Heartbeat, Inventory, Register, Registered};
+use gpuflow_api::{Desired, Heartbeat, Inventory, Register, Registered, TaskReport};
 
 use crate::gpu::{Emulated, Gpus};
 use crate::task::{Key, Task};
@@ -113,6 +113,10 @@ fn write_node_token(dir: &std::path::Path, token: &str) {
 }
 
 const RECORDS: &str = "tasks.json";
+
+/// The most task output one heartbeat carries (the server takes
+/// heartbeats of up to 16 MiB).
+const LOG_BUDGET: u64 = 8 << 20;
 
 /// Adopts the tasks a previous agent process left running in `dir`.
 fn adopt_all(dir: &std::path::Path, cgroups: Option<&cgroup::Cgroups>) -> BTreeMap<Key, Task> {
@@ -355,6 +359,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut last_sample = Instant::now();
     let mut interval = Duration::from_secs(2);
     let mut last_error = Instant::now() - Duration::from_secs(60);
+    let mut beats: usize = 0;
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
         // After starting or stopping tasks, report back soon rather than a full
@@ -401,20 +406,48 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             for t in tasks.values_mut() {
                 t.probe(&probe_http);
             }
-            let sizes: Vec<(Key, u64)> = tasks.iter().map(|(k, t)| (*k, t.log_len())).collect();
+            // Each heartbeat ships at most LOG_BUDGET bytes of output,
+            // starting at a different task each time so that none waits
+            // behind a noisy one for long.
+            let mut budget = LOG_BUDGET;
+            let n = tasks.len().max(1);
+            let first = beats % n;
+            beats = beats.wrapping_add(1);
+            let reports: Vec<TaskReport> = tasks
+                .values()
+                .cycle()
+                .skip(first)
+                .take(tasks.len())
+                .map(|t| t.report(&mut budget))
+                .collect();
+            let shipped: Vec<(Key, [Option<u64>; 2])> = reports
+                .iter()
+                .map(|r| {
+                    let end =
+                        |c: &Option<gpuflow_api::LogChunk>| c.as_ref().map(|c| c.offset + c.len);
+                    (
+                        (r.job, r.attempt, r.group, r.index),
+                        [end(&r.stdout), end(&r.stderr)],
+                    )
+                })
+                .collect();
             let hb = Heartbeat {
                 node: cfg.node.clone(),
                 inventory: inventory(),
-                tasks: tasks.values().map(Task::report).collect(),
+                tasks: reports,
                 gpus: samples.clone(),
             };
             let sent = keeper::boot_ms();
             match client.post::<_, Desired>("/v1/agent/heartbeat", &token, &hb)? {
                 Ok(d) => {
                     renew(sent, d.lease_s);
-                    for (k, len) in sizes {
+                    for (k, ends) in shipped {
                         if let Some(t) = tasks.get_mut(&k) {
-                            t.acked_log_len = len;
+                            for (acked, end) in t.acked.iter_mut().zip(ends) {
+                                if let Some(end) = end {
+                                    *acked = end;
+                                }
+                            }
                         }
                     }
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
@@ -503,6 +536,7 @@ fn reconcile(
             }
             None => {}
             Some(t) => {
+                t.identify(d, dir, launch);
                 if let Some(s) = &d.stop {
                     changed |= t.stop(&s.signal, Duration::from_secs(s.grace_s));
                 }
@@ -518,6 +552,7 @@ fn reconcile(
             changed |= t.stop("SIGTERM", Duration::from_secs(10));
             true
         } else {
+            t.end_probe();
             false
         }
     });

@@ -10,7 +10,6 @@
 //! exists is never started again, only reported as it ended (from its
 //! keeper's exit record), whatever happened to the agent meanwhile.
 
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -115,8 +114,16 @@ fn checkpoint_time(path: &Path) -> Option<u64> {
         .map(|d| d.as_secs())
 }
 
-/// Log bytes sent with each report.
-const LOG_TAIL: u64 = 16 * 1024;
+/// The most of one stream's output one report carries while the task
+/// runs; the rest follows in the next reports.
+const CHUNK_RUNNING: u64 = 256 * 1024;
+/// The same once it has ended (its last reports before the server lets it
+/// go).
+const CHUNK_ENDED: u64 = 1024 * 1024;
+/// Output further behind than this is skipped, not shipped (the server
+/// marks the gap): a task writing faster than its node ships costs a gap in
+/// its kept log, never an unbounded heartbeat.
+const BEHIND_MAX: u64 = 1024 * 1024;
 
 pub struct Task {
     pub key: Key,
@@ -130,9 +137,9 @@ pub struct Task {
     pub log: PathBuf,
     checkpoint: PathBuf,
     pub message: String,
-    /// Log size the server has acknowledged; the tail is sent only when the
-    /// log has grown since, to keep heartbeats small.
-    pub acked_log_len: u64,
+    /// How much of its stdout and stderr the server has acknowledged: the
+    /// next report ships from there.
+    pub acked: [u64; 2],
     /// The leader's start time (clock ticks since boot), to recognise it
     /// after an agent restart even if its pid has been reused since.
     start_ticks: u64,
@@ -161,6 +168,20 @@ pub struct Task {
     pub readiness: Option<gpuflow_api::job::Readiness>,
     pub ready: Option<bool>,
     probed_at: Option<Instant>,
+    /// Who and where a readiness command runs as: the task's identity.
+    probe_as: Option<ProbeAs>,
+    /// A readiness command under way, and since when.
+    probing: Option<(Child, Instant)>,
+}
+
+/// A readiness command's identity: the task's user, environment and
+/// directory.
+#[derive(Clone, Debug)]
+pub struct ProbeAs {
+    ids: Option<(u32, u32)>,
+    env: Vec<(String, String)>,
+    task_dir: PathBuf,
+    work: Option<std::ffi::CString>,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -252,7 +273,7 @@ impl Task {
             log: task_dir.join("output.log"),
             checkpoint: task_dir.join("checkpoint"),
             message: String::new(),
-            acked_log_len: 0,
+            acked: [0, 0],
             start_ticks: 0,
             exit: exit_path(dir, k),
             started_at: unix_now(),
@@ -268,6 +289,8 @@ impl Task {
             readiness: None,
             ready: None,
             probed_at: None,
+            probe_as: None,
+            probing: None,
         }
     }
 
@@ -319,10 +342,6 @@ impl Task {
                 .map(|a| a.port())
                 .ok();
         }
-        let port_env: Vec<(&str, String)> = task
-            .port
-            .map(|p| vec![("PORT", p.to_string()), ("GPUFLOW_PORT", p.to_string())])
-            .unwrap_or_default();
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
             let user = crate::user::resolve_task(crate::user::TaskUser {
@@ -386,23 +405,12 @@ impl Task {
                 }
                 _ => checkpoint.clone(),
             };
-            let name = user
-                .as_ref()
-                .map_or_else(agent_user_name, |u| u.name.clone());
+            let env = environment(t, &task_dir, user.as_ref(), task.port);
             let mut cmd = Command::new(&t.command[0]);
             cmd.args(&t.command[1..])
                 .env_clear()
-                .env(
-                    "PATH",
-                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                )
-                .env("HOME", &task_dir)
-                .env("USER", &name)
-                .env("LOGNAME", &name)
-                .env("LANG", "C.UTF-8")
-                .envs(&t.env)
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
-                .envs(port_env.iter().map(|(k, v)| (*k, v.as_str())))
                 .envs(mps_env(&t.limits))
                 .stdin(Stdio::null())
                 .stdout(out)
@@ -418,6 +426,7 @@ impl Task {
                 ),
                 None => None,
             };
+            let probe_work = work.clone();
             let lease_fd = launch.lease_fd;
             let (exit_fd, procs_fds, kill_fd) = {
                 use std::os::fd::AsRawFd;
@@ -442,29 +451,9 @@ impl Task {
                     if pid > 0 {
                         crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal, kill_fd);
                     }
-                    // The task joins its cgroup (as root, before it drops
-                    // privileges); its keeper stays outside.
-                    for &fd in &procs_fds {
-                        if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    if let Some((uid, gid)) = ids {
-                        let groups = [gid];
-                        if libc::setgroups(1, groups.as_ptr()) != 0
-                            || libc::setgid(gid) != 0
-                            || libc::setuid(uid) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    // A working directory of the spec's is entered as the
-                    // task's user, so it grants nothing the user lacks.
-                    if let Some(w) = &work
-                        && libc::chdir(w.as_ptr()) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                    // The task becomes itself; its keeper stays outside
+                    // its cgroup.
+                    become_task(&procs_fds, ids, work.as_deref())?;
                     libc::umask(0o022);
                     Ok(())
                 });
@@ -473,6 +462,14 @@ impl Task {
                 .spawn()
                 .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]));
             drop((exit, procs, cgroup_kill));
+            if t.readiness.as_ref().is_some_and(|r| r.command.is_some()) {
+                task.probe_as = Some(ProbeAs {
+                    ids,
+                    env,
+                    task_dir: task_dir.clone(),
+                    work: probe_work,
+                });
+            }
             child
         })();
         match result {
@@ -509,7 +506,7 @@ impl Task {
             log: r.log.clone(),
             checkpoint: r.checkpoint.clone(),
             message: String::new(),
-            acked_log_len: 0,
+            acked: [0, 0],
             start_ticks: r.start_ticks,
             exit: r.exit.clone(),
             started_at: r.started_at,
@@ -525,6 +522,8 @@ impl Task {
             readiness: r.readiness.clone(),
             ready: None,
             probed_at: None,
+            probe_as: None,
+            probing: None,
         };
         let same = start_ticks(r.pgid).is_some_and(|t| t == r.start_ticks);
         if same && group_alive(r.pgid) {
@@ -765,12 +764,34 @@ impl Task {
     }
 
     /// Runs its readiness check when one is due: an HTTP GET of its path on
-    /// its port on this node; a 2xx or 3xx answer within a second is ready.
-    /// The agent runs no tenant code for it.
+    /// its port on this node (a 2xx or 3xx answer within a second is
+    /// ready), or its command (exit 0 within its timeout is ready; looked
+    /// at on each call, never waited for).
     pub fn probe(&mut self, http: &ureq::Agent) {
-        let (Some(r), Some(port)) = (&self.readiness, self.port) else {
+        let Some(r) = self.readiness.clone() else {
             return;
         };
+        if !self.running() {
+            self.end_probe();
+        }
+        if let Some((child, since)) = &mut self.probing {
+            let answer = match child.try_wait() {
+                Ok(Some(status)) => Some(status.success()),
+                Ok(None) if since.elapsed() >= Duration::from_secs(r.timeout_s) => {
+                    // SAFETY: signals the probe's own process group.
+                    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                    let _ = child.wait();
+                    Some(false)
+                }
+                Ok(None) => None,
+                Err(_) => Some(false),
+            };
+            if let Some(ok) = answer {
+                self.probing = None;
+                self.answer(ok);
+            }
+            return;
+        }
         if !self.running()
             || self
                 .probed_at
@@ -779,32 +800,91 @@ impl Task {
             return;
         }
         self.probed_at = Some(Instant::now());
-        let url = format!("http://127.0.0.1:{port}{}", r.http_path);
+        if let Some(cmd) = &r.command {
+            match self
+                .probe_as
+                .as_ref()
+                .map(|p| spawn_probe(p, cmd, self.group.as_ref()))
+            {
+                Some(Ok(child)) => self.probing = Some((child, Instant::now())),
+                Some(Err(e)) => {
+                    tracing::warn!(job = self.key.0, error = %e, "readiness command cannot start");
+                    self.answer(false);
+                }
+                // Adopted after a restart: no identity until the server
+                // names the task again (see `identify`).
+                None => {}
+            }
+            return;
+        }
+        let (Some(path), Some(port)) = (&r.http_path, self.port) else {
+            return;
+        };
+        let url = format!("http://127.0.0.1:{port}{path}");
         let ok = http
             .get(&url)
             .call()
             .is_ok_and(|resp| (200..400).contains(&resp.status().as_u16()));
+        self.answer(ok);
+    }
+
+    /// Stops a readiness command under way (its task is gone).
+    pub fn end_probe(&mut self) {
+        if let Some((mut child, _)) = self.probing.take() {
+            // SAFETY: signals the probe's own process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+
+    fn answer(&mut self, ok: bool) {
         if self.ready != Some(ok) {
-            tracing::info!(job = self.key.0, port, ready = ok, "readiness changed");
+            tracing::info!(job = self.key.0, ready = ok, "readiness changed");
         }
         self.ready = Some(ok);
     }
 
-    /// The current size of its output, stdout and stderr together.
-    pub fn log_len(&self) -> u64 {
-        let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-        len(&self.log) + len(&err_log(&self.log))
+    /// Gives an adopted task (after an agent restart) the identity its
+    /// readiness command runs as, from the server's word for it.
+    pub fn identify(&mut self, t: &DesiredTask, dir: &Path, launch: &Launch) {
+        if self.probe_as.is_some() || t.readiness.as_ref().is_none_or(|r| r.command.is_none()) {
+            return;
+        }
+        let Ok(user) = crate::user::resolve_task(crate::user::TaskUser {
+            run_as: t.run_as.as_deref(),
+            team_uid: t.team_uid,
+            uid_base: launch.task_uid_base,
+            default: &launch.run_as,
+        }) else {
+            return;
+        };
+        let task_dir = task_dir(dir, self.key);
+        self.probe_as = Some(ProbeAs {
+            ids: user.as_ref().map(|u| (u.uid, u.gid)),
+            env: environment(t, &task_dir, user.as_ref(), self.port),
+            task_dir,
+            work: t
+                .working_dir
+                .as_ref()
+                .and_then(|w| std::ffi::CString::new(w.as_str()).ok()),
+        });
+        self.readiness.clone_from(&t.readiness);
     }
 
-    /// The task's report; the log tail only when the log grew since the
-    /// server last acknowledged it.
-    pub fn report(&self) -> TaskReport {
+    /// The task's report, with the output the server has not acknowledged
+    /// yet (as much as `budget` bytes allow; what it ships is taken from
+    /// `budget`).
+    pub fn report(&self, budget: &mut u64) -> TaskReport {
         let (job, attempt, group, index) = self.key;
-        let grew = self.log_len() != self.acked_log_len;
-        let (log_tail, err_tail) = if grew {
-            (tail(&self.log), tail(&err_log(&self.log)))
+        let most = if self.phase == TaskPhase::Running {
+            CHUNK_RUNNING
         } else {
-            (String::new(), String::new())
+            CHUNK_ENDED
+        };
+        let mut next = |path: &Path, acked: u64| {
+            let c = chunk(path, acked, most.min(*budget))?;
+            *budget = budget.saturating_sub(c.len);
+            Some(c)
         };
         TaskReport {
             job,
@@ -814,11 +894,11 @@ impl Task {
             phase: self.phase,
             port: self.port,
             ready: self.ready,
-            err_tail,
+            stdout: next(&self.log, self.acked[0]),
+            stderr: next(&err_log(&self.log), self.acked[1]),
             exit_code: self.exit_code,
             started_at: Some(self.started_at).filter(|&t| t > 0),
             checkpoint_at: checkpoint_time(&self.checkpoint),
-            log_tail,
             message: self.message.clone(),
             breach: self.breach,
             usage: (self.usage.samples > 0).then(|| self.usage.clone()),
@@ -826,18 +906,193 @@ impl Task {
     }
 }
 
+/// A task's environment, and its readiness command's: a plain `PATH`,
+/// `HOME` (its own directory), `USER`, `LANG`, then the spec's variables
+/// and its port; never the agent's (which may hold its tokens).
+fn environment(
+    t: &DesiredTask,
+    task_dir: &Path,
+    user: Option<&crate::user::RunAs>,
+    port: Option<u16>,
+) -> Vec<(String, String)> {
+    let name = user.map_or_else(agent_user_name, |u| u.name.clone());
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME".into(), task_dir.display().to_string()),
+        ("USER".into(), name.clone()),
+        ("LOGNAME".into(), name),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    env.extend(t.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Some(p) = port {
+        env.push(("PORT".into(), p.to_string()));
+        env.push(("GPUFLOW_PORT".into(), p.to_string()));
+    }
+    env
+}
+
+/// In a forked child before exec: joins the task's cgroup (as root, before
+/// dropping privileges), becomes its user, and enters the spec's working
+/// directory as that user (so it grants nothing the user lacks). Calls only
+/// async-signal-safe functions (write, setgroups, setgid, setuid, chdir).
+fn become_task(
+    procs_fds: &[i32],
+    ids: Option<(u32, u32)>,
+    work: Option<&std::ffi::CStr>,
+) -> std::io::Result<()> {
+    // SAFETY: plain system calls on descriptors and a C string the caller
+    // holds.
+    unsafe {
+        for &fd in procs_fds {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if let Some((uid, gid)) = ids {
+            let groups = [gid];
+            if libc::setgroups(1, groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if let Some(w) = work
+            && libc::chdir(w.as_ptr()) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Starts a readiness command as its task runs: its user, environment,
+/// directory and cgroup, in a process group of its own, with no input or
+/// output.
+fn spawn_probe(
+    p: &ProbeAs,
+    cmd: &[String],
+    group: Option<&crate::cgroup::TaskGroup>,
+) -> Result<Child, String> {
+    let procs = match group {
+        Some(g) => g.procs_files()?,
+        None => Vec::new(),
+    };
+    let procs_fds: Vec<i32> = {
+        use std::os::fd::AsRawFd;
+        procs.iter().map(AsRawFd::as_raw_fd).collect()
+    };
+    let ids = p.ids;
+    let work = p.work.clone();
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .env_clear()
+        .envs(p.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .current_dir(&p.task_dir);
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (see `become_task`) on memory
+    // prepared before the fork.
+    unsafe {
+        c.pre_exec(move || become_task(&procs_fds, ids, work.as_deref()));
+    }
+    let child = c
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd[0]));
+    drop(procs);
+    child
+}
+
 /// Where a task's stderr goes: beside its stdout's log.
 fn err_log(log: &Path) -> PathBuf {
     log.with_file_name("errors.log")
 }
 
-fn tail(path: &Path) -> String {
-    let Ok(mut f) = File::open(path) else {
-        return String::new();
-    };
-    let len = f.metadata().map_or(0, |m| m.len());
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL)));
+/// The next piece of a task's output after the `acked` bytes the server
+/// has: at most `most` bytes, ending on a whole character unless a longer
+/// one is cut by the file's end; from `BEHIND_MAX` before the end when the
+/// server is further behind. `None` when there is nothing new.
+fn chunk(path: &Path, acked: u64, most: u64) -> Option<gpuflow_api::LogChunk> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let len = f.metadata().ok().filter(std::fs::Metadata::is_file)?.len();
+    // A file shorter than acknowledged was replaced: start it again.
+    let from = if len < acked { 0 } else { acked }.max(len.saturating_sub(BEHIND_MAX));
+    if from >= len || most == 0 {
+        return None;
+    }
+    f.seek(SeekFrom::Start(from)).ok()?;
     let mut buf = Vec::new();
-    let _ = f.take(LOG_TAIL).read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
+    f.take(most.min(len - from)).read_to_end(&mut buf).ok()?;
+    let mut n = buf.len();
+    if from + (n as u64) < len {
+        // Not the end: leave a character cut in two for the next piece.
+        if let Err(e) = std::str::from_utf8(&buf)
+            && e.error_len().is_none()
+            && e.valid_up_to() > 0
+        {
+            n = e.valid_up_to();
+        }
+    }
+    buf.truncate(n);
+    Some(gpuflow_api::LogChunk {
+        offset: from,
+        len: n as u64,
+        text: String::from_utf8_lossy(&buf).into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &Path, bytes: &[u8]) {
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn chunks_follow_the_acknowledged_offset_and_cut_between_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("output.log");
+        assert_eq!(chunk(&log, 0, 100), None, "no file yet");
+        write(&log, "héllo\n".as_bytes());
+        // 2 bytes would cut "é" in two: the piece stops before it.
+        let c = chunk(&log, 0, 2).unwrap();
+        assert_eq!((c.offset, c.len, c.text.as_str()), (0, 1, "h"));
+        let c = chunk(&log, 1, 100).unwrap();
+        assert_eq!((c.offset, c.len, c.text.as_str()), (1, 6, "éllo\n"));
+        assert_eq!(chunk(&log, 7, 100), None, "nothing new");
+        assert_eq!(chunk(&log, 0, 0), None, "no budget left");
+        // Replaced by a shorter file: from its start again.
+        write(&log, b"new\n");
+        assert_eq!(chunk(&log, 7, 100).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn output_far_behind_is_skipped_not_shipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("output.log");
+        write(&log, &vec![b'x'; (BEHIND_MAX + 5000) as usize]);
+        let c = chunk(&log, 0, CHUNK_ENDED).unwrap();
+        assert_eq!((c.offset, c.len), (5000, BEHIND_MAX.min(CHUNK_ENDED)));
+    }
+
+    #[test]
+    fn a_log_replaced_by_a_link_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        write(&secret, b"the agent's secret\n");
+        let log = dir.path().join("output.log");
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        assert_eq!(chunk(&log, 0, 100), None);
+    }
 }

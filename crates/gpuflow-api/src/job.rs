@@ -69,38 +69,83 @@ pub struct JobSpec {
     pub array: Option<String>,
 }
 
-/// How the agent checks that a task serves: an HTTP GET of `http_path` on
-/// its port (2xx or 3xx within a second is ready), every `period_s`.
+/// How the agent checks that a task serves, every `period_s`: an HTTP GET
+/// of `http_path` on its port (a 2xx or 3xx answer within a second is
+/// ready), or a `command` run beside the task, as its user, in its cgroup,
+/// with its environment and directory (exit 0 within `timeout_s` is ready).
+/// One of the two.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Readiness {
-    pub http_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
     #[serde(default = "two")]
     pub period_s: u64,
+    /// How long a command may run before it counts as a failure.
+    #[serde(default = "one_s")]
+    pub timeout_s: u64,
 }
 
 fn two() -> u64 {
     2
 }
 
+fn one_s() -> u64 {
+    1
+}
+
 impl Readiness {
+    /// An HTTP check of `path`.
+    #[must_use]
+    pub fn http(path: &str, period_s: u64) -> Readiness {
+        Readiness {
+            http_path: Some(path.to_string()),
+            command: None,
+            period_s,
+            timeout_s: 1,
+        }
+    }
+
     /// Adds what is wrong with it to `bad`.
     pub fn check(&self, at: &str, bad: &mut dyn FnMut(String, String)) {
-        if !self.http_path.starts_with('/')
-            || self.http_path.len() > 256
-            || self
-                .http_path
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
-            bad(
-                format!("{at}.http_path"),
-                "a path on the task's port, starting with '/' (at most 256 characters, no spaces)"
-                    .into(),
-            );
+        match (&self.http_path, &self.command) {
+            (Some(_), Some(_)) | (None, None) => bad(
+                at.to_string(),
+                "give one check: http_path (an HTTP GET on the task's port) or command".into(),
+            ),
+            (Some(path), None) => {
+                if !path.starts_with('/')
+                    || path.len() > 256
+                    || path.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    bad(
+                        format!("{at}.http_path"),
+                        "a path on the task's port, starting with '/' (at most 256 characters, no spaces)"
+                            .into(),
+                    );
+                }
+            }
+            (None, Some(cmd)) => {
+                if cmd.is_empty()
+                    || cmd[0].is_empty()
+                    || cmd.len() > 64
+                    || cmd.iter().any(|a| a.len() > 4096 || a.contains('\0'))
+                {
+                    bad(
+                        format!("{at}.command"),
+                        "a program and its arguments (at most 64, each at most 4096 bytes, no NUL)"
+                            .into(),
+                    );
+                }
+            }
         }
         if !(1..=300).contains(&self.period_s) {
             bad(format!("{at}.period_s"), "must be 1 to 300 seconds".into());
+        }
+        if !(1..=60).contains(&self.timeout_s) {
+            bad(format!("{at}.timeout_s"), "must be 1 to 60 seconds".into());
         }
     }
 }

@@ -956,10 +956,10 @@ pub struct TaskReport {
     /// Its readiness check's last answer, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
-    /// The end of what it wrote to stderr (`log_tail` is its stdout's),
-    /// sent, as that, only when its output grew.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub err_tail: String,
+    /// What it wrote to stderr since the server last acknowledged it (or
+    /// the next part of that), when there is something new.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<LogChunk>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// When it started on the node (Unix seconds).
@@ -969,9 +969,9 @@ pub struct TaskReport {
     /// named by `GPUFLOW_CHECKPOINT_FILE`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_at: Option<u64>,
-    /// The end of its output (at most 16 KiB).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub log_tail: String,
+    /// The same for its stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<LogChunk>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// The limit it was killed at, when it broke one.
@@ -980,6 +980,18 @@ pub struct TaskReport {
     /// Its use of its GPUs since it started, as its agent sampled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<TaskUsage>,
+}
+
+/// A piece of what a task wrote to one stream: `len` bytes from byte
+/// `offset` of its output, as text (bytes that are not UTF-8 replaced).
+/// The server appends it after what it has, skipping a part it already
+/// has and marking a gap (the agent skips ahead of output it cannot ship
+/// in time).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LogChunk {
+    pub offset: u64,
+    pub len: u64,
+    pub text: String,
 }
 
 /// A limit a task was killed at.

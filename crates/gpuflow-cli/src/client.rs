@@ -1058,13 +1058,13 @@ fn logs(
         });
         return Ok(());
     }
-    // Following: what each task wrote since the last look (the server's
-    // window is the end of the output: the new part is what follows the
-    // part seen before).
+    // Following: what each task wrote since the last look (the window asked
+    // for is the end of the output: the new part is what follows the part
+    // seen before).
     use std::io::Write;
     let mut seen: std::collections::BTreeMap<String, String> = Default::default();
     loop {
-        let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
+        let v = c.call("GET", &format!("/v1/jobs/{id}/logs?tail_bytes=65536"), None)?;
         for (task, text) in texts(&v)? {
             let before = seen.get(&task).cloned().unwrap_or_default();
             let new = match text.find(before.as_str()).filter(|_| !before.is_empty()) {

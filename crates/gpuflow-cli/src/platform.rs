@@ -36,6 +36,10 @@ pub struct ServerArgs {
     /// Seconds a job runs before it may be preempted.
     #[arg(long, default_value_t = 300)]
     pub min_runtime: u64,
+    /// Output kept per job, in MiB, over all its tasks, streams and
+    /// attempts; beyond it only each task's last 16 KiB is kept.
+    #[arg(long, default_value_t = 16)]
+    pub job_log_mib: u64,
     /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
     #[arg(long, default_value_t = 1000)]
     pub cycle_ms: u64,
@@ -176,6 +180,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.node_timeout_s = a.node_timeout.max(1);
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
+    c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());
     Ok(c)

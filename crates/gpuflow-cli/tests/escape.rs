@@ -124,7 +124,10 @@ fn a_job_on_a_separate_agent_reaches_no_secret() {
     poll("the node registers", LONG, || {
         (api.get("/v1/nodes", &admin).as_array()?.len() == 1).then_some(())
     });
-    let node_token = std::fs::read_to_string(dir.path().join("work-n1/node.token")).unwrap();
+    // The agent writes its token once the server's answer is in.
+    let node_token = poll("the agent keeps its node token", LONG, || {
+        std::fs::read_to_string(dir.path().join("work-n1/node.token")).ok()
+    });
     attack(
         &api,
         &admin,

@@ -270,6 +270,18 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
     );
     let (_, out, _) = cli(&["job", "logs", &e.to_string(), "--stream", "stderr"]);
     assert!(out.contains("to-err") && !out.contains("to-out"), "{out}");
+    // The server keeps the whole output, far beyond one report's worth
+    // (about 290 KiB here), every line once and in order.
+    let (_, out, _) = cli(&["job", "submit", "--wrap", "seq 1 50000"]);
+    let big: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    api.wait_state(big, &admin, "succeeded", LONG);
+    let out = poll("the whole output arrives", LONG, || {
+        let (_, out, _) = cli(&["job", "logs", &big.to_string()]);
+        out.contains("\n50000\n").then_some(out)
+    });
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    let want: Vec<String> = (1..=50000).map(|i| i.to_string()).collect();
+    assert!(lines == want, "{} lines: {:?}…", lines.len(), &lines[..3]);
     let (code, out, err) = cli(&[
         "job",
         "submit",

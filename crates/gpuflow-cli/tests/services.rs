@@ -217,3 +217,71 @@ fn a_service_serves_replaces_scales_and_rolls_out_within_its_bounds() {
         });
     }
 }
+
+/// A readiness command runs beside its replica as the replica does (same
+/// user, directory and environment, not the agent's root): the replica is
+/// listed once the command succeeds. A command that hangs is killed at its
+/// timeout and keeps its replica unready, without holding up the agent.
+#[test]
+fn a_readiness_command_runs_as_its_replica_and_a_hanging_one_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let replica = |script: &str| {
+        json!({"name": "main", "command": ["sh", "-c", script],
+            "resources": {"cpu": 0.1, "memory_mib": 64, "gpu": {"count": 1}}})
+    };
+    let probe = "id -u > probe-uid; test -f ready";
+    let spec = json!({"name": "cmd", "queue": "default", "replicas": 1,
+        "task": replica("echo task $(id -u); sleep 3; touch ready; sleep 3; echo probe $(cat probe-uid); sleep 600"),
+        "readiness": {"command": ["sh", "-c", probe], "period_s": 1}});
+    let (s, v) = api.post_json("/v1/services", &admin, &spec);
+    assert_eq!(s, 201, "{v}");
+    let spec = json!({"name": "hang", "queue": "default", "replicas": 1,
+        "task": replica("sleep 600"),
+        "readiness": {"command": ["sleep", "100"], "period_s": 1, "timeout_s": 1}});
+    let (s, v) = api.post_json("/v1/services", &admin, &spec);
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = api.post_json(
+        "/v1/services",
+        &admin,
+        &json!({"name": "bad", "queue": "default", "replicas": 1, "task": replica("true"),
+            "readiness": {"command": [], "http_path": "/"}}),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("give one check"),
+        "{v}"
+    );
+
+    let mut saw_unready = false;
+    let v = poll("the command's replica becomes ready", LONG, || {
+        let v = api.get("/v1/services/cmd", &admin);
+        let m = &v["members"][0];
+        saw_unready |= m["state"] == "running" && m["ready"] == false;
+        (v["endpoints"].as_array()?.len() == 1).then_some(v)
+    });
+    assert!(saw_unready, "listed before its command succeeded: {v}");
+    let job = v["members"][0]["job"].as_u64().unwrap();
+    let out = poll("the replica reports who its probe ran as", LONG, || {
+        let l = api.get(&format!("/v1/jobs/{job}/logs"), &admin);
+        let out = l["tasks"]["main/0"].as_str()?.to_string();
+        out.contains("probe ").then_some(out)
+    });
+    let uid = |what: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(what))
+            .map(|u| u.trim().to_string())
+    };
+    assert_eq!(uid("task "), uid("probe "), "{out}");
+    assert!(uid("probe ").is_some_and(|u| !u.is_empty()), "{out}");
+
+    // The hanging one: running, never ready, nothing listed.
+    let h = api.get("/v1/services/hang", &admin);
+    let m = &h["members"][0];
+    assert_eq!(
+        (m["state"].as_str(), m["ready"].as_bool()),
+        (Some("running"), Some(false)),
+        "{h}"
+    );
+    assert_eq!(h["endpoints"].as_array().unwrap().len(), 0, "{h}");
+}

@@ -281,7 +281,13 @@ pub async fn heartbeat(
         live.last_heartbeat = at;
         live.gpus_now = gpus_now;
     }
-    let changed_jobs = apply_reports(&world, &name, &hb.tasks, at, &mut change);
+    let changed_jobs = apply_reports(
+        &world,
+        &name,
+        &hb.tasks,
+        (at, shared.cfg.job_log_bytes),
+        &mut change,
+    );
     commit(shared.store.as_ref(), &mut world, change).await?;
     if changed_jobs {
         shared.wake.notify_one();
@@ -294,12 +300,14 @@ pub async fn heartbeat(
     }))
 }
 
-/// Folds a node's task reports into its jobs. Returns whether a job changed state.
+/// Folds a node's task reports into its jobs, and their output (within
+/// `log_limit` bytes a job) into the store's log. Returns whether a job
+/// changed state.
 fn apply_reports(
     world: &World,
     node: &str,
     reports: &[TaskReport],
-    at: u64,
+    (at, log_limit): (u64, u64),
     change: &mut Change,
 ) -> bool {
     let mut by_job: BTreeMap<u64, Vec<&TaskReport>> = BTreeMap::new();
@@ -316,17 +324,30 @@ fn apply_reports(
         let Some(j) = world.jobs.get(&id) else {
             continue;
         };
-        if !j.state.allocated() {
-            continue;
-        }
         let mine: Vec<&TaskReport> = by_job.get(&id).cloned().unwrap_or_default();
         let mut next = j.clone();
+        // Output first, while the tasks are still placed (a task's last
+        // output may come with the report that ends the job, or after).
+        for r in &mine {
+            let pieces = crate::output::take(&mut next, node, r, log_limit);
+            change.batch.logs.extend(pieces);
+        }
+        if !j.state.allocated() {
+            if next.log_marks != j.log_marks {
+                change.job(next);
+            }
+            continue;
+        }
         let kind = crate::lifecycle::report(&mut next, node, &mine, at);
         for (kind, message) in crate::lifecycle::breaches(j, &mine) {
             change.event(at, Some(j.id), &j.team, kind, message);
         }
-        if (next.state, &next.tasks, next.last_checkpoint, &next.logs)
-            != (j.state, &j.tasks, j.last_checkpoint, &j.logs)
+        if (
+            next.state,
+            &next.tasks,
+            next.last_checkpoint,
+            &next.log_marks,
+        ) != (j.state, &j.tasks, j.last_checkpoint, &j.log_marks)
         {
             if let Some(kind) = kind {
                 change.event(at, Some(next.id), &next.team, kind, next.reason.clone());

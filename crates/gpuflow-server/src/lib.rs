@@ -17,6 +17,7 @@ pub mod feasible;
 pub mod http;
 pub mod lifecycle;
 pub mod openapi;
+pub mod output;
 pub mod services;
 pub mod state;
 
@@ -67,6 +68,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Finished jobs stay in memory this long, then are read from the store.
     pub keep_finished_s: u64,
+    /// Output stored per job (all its tasks, streams and attempts); beyond
+    /// it each task's last 16 KiB is kept.
+    pub job_log_bytes: u64,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Tests of the server's supervision only: a fault injected into every
@@ -105,6 +109,7 @@ impl Config {
             min_runtime_s: 300,
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,
+            job_log_bytes: 16 << 20,
             tls: None,
             fault: None,
         }

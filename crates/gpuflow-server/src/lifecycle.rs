@@ -57,6 +57,8 @@ pub fn submitted(
         tasks: vec![],
         logs: Default::default(),
         err_logs: Default::default(),
+        log_marks: Default::default(),
+        log_kept: 0,
         idle_warned_at: None,
         held: vec![],
         lost_gpu_hours: 0.0,
@@ -250,20 +252,6 @@ pub fn act(j: &mut JobRec, action: Action, who: &str, at: u64) -> Result<Kind, S
     })
 }
 
-/// Keeps the end of a task's output (stdout or stderr) per attempt
-/// (`attempt/group/index`), the last few attempts only.
-fn keep_tail(logs: &mut std::collections::BTreeMap<String, String>, r: &TaskReport, text: &str) {
-    if text.is_empty() {
-        return;
-    }
-    logs.insert(
-        format!("{}/{}/{}", r.attempt, r.group, r.index),
-        text.to_string(),
-    );
-    let oldest = r.attempt.saturating_sub(crate::state::LOG_ATTEMPTS - 1);
-    logs.retain(|k, _| crate::state::log_key(k).is_none_or(|(a, _, _)| a >= oldest));
-}
-
 /// Folds `node`'s reports of this job's current attempt into it (reports of
 /// tasks not placed on that node, or of another attempt, change nothing),
 /// then settles its state. Returns the event kind when the state moved.
@@ -312,8 +300,6 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
         if let Some(c) = r.checkpoint_at {
             next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
         }
-        keep_tail(&mut next.logs, r, &r.log_tail);
-        keep_tail(&mut next.err_logs, r, &r.err_tail);
     }
     if mine
         .iter()

@@ -86,7 +86,7 @@ pub const ROUTES: &[Route] = &[
         "get",
         "/v1/jobs/{id}/logs",
         "any token (own team)",
-        "The end of each task's output, by group/index",
+        "Each task's stdout and stderr by attempt and name/index: all of it up to the job log limit, then each stream's last 16 KiB",
         None,
         None,
     ),
@@ -508,6 +508,18 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "before",
                 json!({"type": "integer", "minimum": 1}),
                 "jobs with smaller ids (the next page: the last id seen)",
+            ),
+        ],
+        ("get", "/v1/jobs/{id}/logs") => vec![
+            q(
+                "attempt",
+                json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),
+                "only this attempt's output",
+            ),
+            q(
+                "tail_bytes",
+                json!({"type": "integer", "minimum": 0}),
+                "only the last this many bytes of each text",
             ),
         ],
         ("get", "/v1/events") => vec![

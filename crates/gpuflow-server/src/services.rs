@@ -230,10 +230,7 @@ mod tests {
         j.service = Some(ServiceRef {
             name: "web".into(),
             version,
-            readiness: Some(api::job::Readiness {
-                http_path: "/".into(),
-                period_s: 1,
-            }),
+            readiness: Some(api::job::Readiness::http("/", 1)),
         });
         j.tasks.push(running_task(8000, is_ready));
         w.put_job(j);

@@ -222,14 +222,23 @@ pub struct JobRec {
     pub flavor: String,
     pub allocs: Vec<Alloc>,
     pub tasks: Vec<TaskState>,
-    /// The end of each task's output per attempt, `attempt/group/index` →
-    /// text (the last [`LOG_ATTEMPTS`] attempts; records of older versions
-    /// hold `group/index` keys, read as the latest attempt's).
+    /// The last 16 KiB of each task's output per attempt,
+    /// `attempt/group/index` → text (the last [`LOG_ATTEMPTS`] attempts;
+    /// records of older versions hold `group/index` keys, read as the
+    /// latest attempt's). The whole output, up to the job's log limit, is
+    /// in the store's log (see [`crate::output`]).
     pub logs: BTreeMap<String, String>,
     /// The same for what the tasks wrote to stderr (`logs` hold stdout;
     /// records of older versions hold both there).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub err_logs: BTreeMap<String, String>,
+    /// How far each task's stream reached and how much of it is stored,
+    /// `attempt/group/index/out|err` → mark (the kept attempts only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub log_marks: BTreeMap<String, crate::output::Mark>,
+    /// Bytes of output stored for it, counted against the job log limit.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub log_kept: u64,
     /// GPU-hours of work lost to preemptions (since each victim's last
     /// checkpoint), summed over its preemptions.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -271,6 +280,10 @@ pub fn push_util(util: &mut Vec<api::UtilPoint>, p: api::UtilPoint) {
         *util = merged;
     }
     util.push(p);
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
 }
 
 fn is_zero(x: &f64) -> bool {

@@ -65,13 +65,13 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             exit_code,
                             started_at: Some(at - 5),
                             checkpoint_at: None,
-                            log_tail: String::new(),
+                            stdout: None,
                             message: String::new(),
                             breach: None,
                             usage: None,
                             port: None,
                             ready: None,
-                            err_tail: String::new(),
+                            stderr: None,
                         }
                     })
                     .collect();

@@ -900,7 +900,7 @@ async fn finished_jobs_leave_memory_and_are_read_from_the_store() {
             "POST",
             "/v1/agent/heartbeat",
             &tok,
-            json!({"node": "n1", "inventory": inventory(&["GPU-a"], 65536), "tasks": [{"job": done, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "log_tail": "all done\n"}]}),
+            json!({"node": "n1", "inventory": inventory(&["GPU-a"], 65536), "tasks": [{"job": done, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "stdout": {"offset": 0, "len": 9, "text": "all done\n"}}]}),
         )
         .await;
     assert_eq!(s, 200, "{v}");
@@ -1204,5 +1204,148 @@ async fn an_evicted_job_counts_in_its_queues_quota_until_it_is_gone() {
             "pending",
             "queue t would hold more than its cap of 2 GPUs"
         );
+    }
+}
+
+/// A heartbeat of `node` reporting job `job`'s task 0/0 in `phase` with
+/// pieces of its output, `(stream, offset, text)`.
+async fn ship(
+    h: &H,
+    (node, token): (&str, &str),
+    (job, phase): (u64, &str),
+    pieces: &[(&str, u64, &str)],
+) -> (u16, Value) {
+    let mut task = json!({"job": job, "attempt": 1, "group": 0, "index": 0, "phase": phase, "exit_code": if phase == "exited" { Some(0) } else { None }});
+    for (stream, offset, text) in pieces {
+        task[*stream] = json!({"offset": offset, "len": text.len(), "text": text});
+    }
+    h.json(
+        "POST",
+        "/v1/agent/heartbeat",
+        token,
+        json!({"node": node, "inventory": inventory(&[&format!("GPU-{node}")], 65536), "tasks": [task]}),
+    )
+    .await
+}
+
+/// The whole output of a job's only task, on both stores: kept beyond one
+/// report's 16 KiB, each byte once whatever is sent again or overlaps,
+/// gaps marked, NUL bytes replaced (PostgreSQL refuses them), the job's log
+/// limit held (its last 16 KiB kept past it, with what is missing said),
+/// nothing from a node the task does not run on, the last output after the
+/// job ended, and all of it read from the store once the job left memory.
+async fn output_kept(store: Option<String>) {
+    let h = harness_on(store, |c| c.job_log_bytes = 64 << 10).await;
+    let t1 = register(&h, "n1", inventory(&["GPU-n1"], 65536)).await;
+    let id = submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let t2 = register(&h, "n2", inventory(&["GPU-n2"], 65536)).await;
+    let (n1, n2) = (("n1", t1.as_str()), ("n2", t2.as_str()));
+    let logs = |q: &'static str| {
+        let h = &h;
+        async move {
+            let (s, v) = h.get(&format!("/v1/jobs/{id}/logs{q}"), &h.admin).await;
+            assert_eq!(s, 200, "{v}");
+            (
+                v["tasks"]["main/0"].as_str().unwrap_or("").to_string(),
+                v["stderr"]["main/0"].as_str().unwrap_or("").to_string(),
+            )
+        }
+    };
+    let running = (id, "running");
+    let first = [("stdout", 0, "hello\n"), ("stderr", 0, "oops\n")];
+    assert_eq!(ship(&h, n1, running, &first).await.0, 200);
+    // The same heartbeat again (its reply was lost), then an overlap.
+    ship(&h, n1, running, &first).await;
+    ship(&h, n1, running, &[("stdout", 3, "lo\nworld\n")]).await;
+    assert_eq!(logs("").await, ("hello\nworld\n".into(), "oops\n".into()));
+    // A node that lies about a task it does not run adds nothing.
+    let (s, _) = ship(&h, n2, running, &[("stdout", 12, "evil\n")]).await;
+    assert_eq!(s, 200);
+    assert!(!logs("").await.0.contains("evil"));
+    // A gap the agent skipped, and a NUL byte.
+    ship(&h, n1, running, &[("stdout", 100, "late\0\n")]).await;
+    let (out, _) = logs("").await;
+    assert!(
+        out.starts_with("hello\nworld\n[gpuflow: 88 bytes of output skipped")
+            && out.ends_with("late\u{fffd}\n"),
+        "{out:?}"
+    );
+    // Far beyond 16 KiB: 40 KiB in pieces of 10, all kept.
+    let line = |i: usize| format!("{i:09}\n");
+    let block = |from: usize| (from..from + 1024).map(line).collect::<String>();
+    let mut offset = 106;
+    for k in 0..4 {
+        let b = block(k * 1024);
+        ship(&h, n1, running, &[("stdout", offset, &b)]).await;
+        offset += b.len() as u64;
+    }
+    let (out, _) = logs("").await;
+    for i in [0, 1023, 2048, 4095] {
+        assert_eq!(out.matches(&line(i)).count(), 1, "line {i} once");
+    }
+    // Over the job's 64 KiB: what follows is not stored, the last 16 KiB
+    // stay, and the text says how much is missing in between.
+    for k in 4..8 {
+        let b = block(k * 1024);
+        ship(&h, n1, running, &[("stdout", offset, &b)]).await;
+        offset += b.len() as u64;
+    }
+    let (out, _) = logs("").await;
+    assert!(out.contains(&line(6143)), "the part within the limit");
+    assert!(!out.contains(&line(6400)), "a part over it");
+    assert!(out.ends_with(&line(8191)), "the end");
+    assert!(
+        out.contains("bytes not kept: the job's output went over its log limit of 64 KiB; the last 16 KiB follow"),
+        "{}",
+        &out[out.len() - 17000..out.len() - 16300]
+    );
+    let (tail, _) = logs("?tail_bytes=10").await;
+    assert_eq!(tail, line(8191));
+    for (q, says) in [
+        (
+            "?tail_bytes=ten",
+            "tail_bytes: \"ten\" is not a whole number",
+        ),
+        ("?lines=3", "unknown parameter \"lines\""),
+    ] {
+        let (s, v) = h.get(&format!("/v1/jobs/{id}/logs{q}"), &h.admin).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    // The task ends; its last output, in the report after, still counts.
+    let ended = (id, "exited");
+    ship(&h, n1, ended, &[("stdout", offset, "bye\n")]).await;
+    assert_eq!(
+        job_state(&h.get(&format!("/v1/jobs/{id}"), &h.admin).await.1),
+        "succeeded"
+    );
+    ship(&h, n1, ended, &[("stderr", 5, "last words\n")]).await;
+    assert_eq!(logs("").await.1, "oops\nlast words\n");
+    // Out of memory, from the store.
+    h.shared
+        .world
+        .lock()
+        .await
+        .prune_finished(u64::MAX / 2, 3600);
+    assert!(!h.shared.world.lock().await.jobs.contains_key(&id));
+    let (out, err) = logs("?attempt=1").await;
+    assert!(out.starts_with("hello\nworld\n") && out.ends_with("bye\n"));
+    assert_eq!(err, "oops\nlast words\n");
+    let (out, _) = logs("?attempt=2").await;
+    assert_eq!(out, "");
+}
+
+#[tokio::test]
+async fn output_is_kept_whole_once_and_within_the_job_limit_sqlite() {
+    output_kept(None).await;
+}
+
+#[tokio::test]
+async fn output_is_kept_whole_once_and_within_the_job_limit_postgres() {
+    match gpuflow_store::pgtest::TempPostgres::start() {
+        Ok(Some(pg)) => output_kept(Some(pg.url.clone())).await,
+        Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),
+        Err(e) => panic!("{e}"),
     }
 }

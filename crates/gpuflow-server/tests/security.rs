@@ -123,7 +123,7 @@ async fn a_node_name_belongs_to_the_agent_that_registered_it() {
         &h,
         "n2",
         &other,
-        json!([{"job": 1, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "log_tail": "", "message": ""}]),
+        json!([{"job": 1, "attempt": 1, "group": 0, "index": 0, "phase": "exited", "exit_code": 0, "message": ""}]),
     )
     .await;
     assert_eq!(s, 200);

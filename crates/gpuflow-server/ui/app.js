@@ -323,7 +323,7 @@ async function job(id) {
   const [why, events, logs] = await Promise.all([
     waiting ? api('/v1/jobs/' + j.id + '/why') : null,
     api('/v1/events?job=' + j.id),
-    api('/v1/jobs/' + j.id + '/logs'),
+    api('/v1/jobs/' + j.id + '/logs?tail_bytes=65536'),
   ]);
   const gh = (j.ledger || []).reduce((a, h) => a + h.gpu_hours, 0);
   const parts = [

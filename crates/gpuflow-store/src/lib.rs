@@ -89,6 +89,20 @@ pub struct StoredEvent {
     pub event: NewEvent,
 }
 
+/// A piece of one task's output (stdout or stderr) of one attempt, from
+/// byte `offset` of what the task wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogPiece {
+    pub job: u64,
+    pub attempt: u32,
+    pub group: u16,
+    pub index: u32,
+    /// `out` or `err`.
+    pub stream: String,
+    pub offset: u64,
+    pub text: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewAudit {
     pub at: u64,
@@ -111,6 +125,8 @@ pub struct Batch {
     pub delete: Vec<(Table, String)>,
     pub events: Vec<NewEvent>,
     pub audit: Vec<NewAudit>,
+    /// Output appended to tasks' logs.
+    pub logs: Vec<LogPiece>,
 }
 
 impl Batch {
@@ -119,6 +135,7 @@ impl Batch {
             && self.delete.is_empty()
             && self.events.is_empty()
             && self.audit.is_empty()
+            && self.logs.is_empty()
     }
 }
 
@@ -168,6 +185,13 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// On a database error.
     async fn audit(&self, after: i64, limit: i64) -> Result<Vec<StoredAudit>, StoreError>;
+
+    /// A job's stored output, of one attempt or all, in the order it was
+    /// appended.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn logs(&self, job: u64, attempt: Option<u32>) -> Result<Vec<LogPiece>, StoreError>;
 }
 
 /// The SQL store, over SQLite or PostgreSQL.
@@ -330,6 +354,20 @@ impl Store for SqlStore {
             .execute(&mut *tx)
             .await?;
         }
+        for l in &batch.logs {
+            sqlx::query(
+                "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(l.job as i64)
+            .bind(i64::from(l.attempt))
+            .bind(i64::from(l.group))
+            .bind(i64::from(l.index))
+            .bind(&l.stream)
+            .bind(l.offset as i64)
+            .bind(&l.text)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -394,6 +432,33 @@ impl Store for SqlStore {
                         target: r.try_get(4)?,
                         detail: r.try_get(5)?,
                     },
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    async fn logs(&self, job: u64, attempt: Option<u32>) -> Result<Vec<LogPiece>, StoreError> {
+        let sql = if attempt.is_some() {
+            "SELECT attempt, grp, idx, stream, offset_bytes, text FROM logs WHERE job = $1 AND attempt = $2 ORDER BY seq"
+        } else {
+            "SELECT attempt, grp, idx, stream, offset_bytes, text FROM logs WHERE job = $1 ORDER BY seq"
+        };
+        let mut q = sqlx::query(sql).bind(job as i64);
+        if let Some(a) = attempt {
+            q = q.bind(i64::from(a));
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LogPiece {
+                    job,
+                    attempt: r.try_get::<i64, _>(0)? as u32,
+                    group: r.try_get::<i64, _>(1)? as u16,
+                    index: r.try_get::<i64, _>(2)? as u32,
+                    stream: r.try_get(3)?,
+                    offset: r.try_get::<i64, _>(4)? as u64,
+                    text: r.try_get(5)?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

@@ -26,6 +26,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         "CREATE TABLE projects (key TEXT PRIMARY KEY CHECK (length(key) > 0), team TEXT NOT NULL, state TEXT NOT NULL, doc TEXT NOT NULL)",
     ),
+    (
+        3,
+        "CREATE TABLE logs (seq {ID}, job BIGINT NOT NULL, attempt BIGINT NOT NULL, grp BIGINT NOT NULL, idx BIGINT NOT NULL, stream TEXT NOT NULL, offset_bytes BIGINT NOT NULL, text TEXT NOT NULL);
+     CREATE INDEX logs_job ON logs (job, attempt, seq)",
+    ),
 ];
 
 pub(crate) async fn run(pool: &AnyPool, backend: &str) -> Result<(), StoreError> {

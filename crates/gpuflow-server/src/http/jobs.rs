@@ -577,7 +577,7 @@ async fn why(
 #[derive(Serialize)]
 struct Logs {
     id: u64,
-    /// The latest attempt's tasks: `group/index` → the end of its stdout.
+    /// The latest attempt's tasks: `name/index` → its stdout.
     tasks: BTreeMap<String, String>,
     /// Every kept attempt (the last five), by attempt number.
     attempts: BTreeMap<u32, BTreeMap<String, String>>,
@@ -585,38 +585,66 @@ struct Logs {
     stderr: BTreeMap<String, String>,
     stderr_attempts: BTreeMap<u32, BTreeMap<String, String>>,
 }
-/// A job's kept output by attempt and task name (`name/index`).
-fn by_attempt(
-    j: &JobRec,
-    logs: &BTreeMap<String, String>,
-) -> BTreeMap<u32, BTreeMap<String, String>> {
-    let mut attempts: BTreeMap<u32, BTreeMap<String, String>> = BTreeMap::new();
-    for (k, v) in logs {
-        let Some((a, g, i)) = crate::state::log_key(k) else {
-            continue;
-        };
-        let a = if a == u32::MAX { j.attempts } else { a };
-        let name = j
-            .spec
-            .tasks
-            .get(g as usize)
-            .map_or_else(|| g.to_string(), |t| t.name.clone());
-        attempts
-            .entry(a)
-            .or_default()
-            .insert(format!("{name}/{i}"), v.clone());
-    }
-    attempts
-}
+
+/// A job's output, each task's stdout and stderr per attempt: all of it the
+/// server keeps (up to the job log limit, then each stream's last 16 KiB),
+/// or one attempt's, or the end of each.
 async fn logs(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Logs> {
     let id = job_id(&id)?;
+    let number = |k: &str| -> Result<Option<u64>, Error> {
+        q.get(k)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    Error::from(ApiError::bad_request(
+                        "bad_query",
+                        format!("{k}: {v:?} is not a whole number"),
+                    ))
+                })
+            })
+            .transpose()
+    };
+    if let Some(k) = q
+        .keys()
+        .find(|k| !["attempt", "tail_bytes"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("unknown parameter {k:?}; allowed: attempt, tail_bytes"),
+        )
+        .into());
+    }
+    let attempt = number("attempt")?.map(|a| u32::try_from(a).unwrap_or(u32::MAX));
+    let tail_bytes = number("tail_bytes")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let (j, _) = job_of(&shared, &caller, id).await?;
-    let attempts = by_attempt(&j, &j.logs);
-    let stderr_attempts = by_attempt(&j, &j.err_logs);
+    let pieces = shared
+        .store
+        .logs(id, attempt)
+        .await
+        .map_err(crate::ServerError::from)?;
+    let limit = shared.cfg.job_log_bytes;
+    let read = |stream: &str| {
+        let mut all = crate::output::by_name(&j, crate::output::texts(&j, &pieces, stream, limit));
+        if let Some(a) = attempt {
+            all.retain(|k, _| *k == a);
+        }
+        if let Some(n) = tail_bytes {
+            for text in all.values_mut().flat_map(BTreeMap::values_mut) {
+                let from = text.len().saturating_sub(n);
+                let from = (from..=text.len())
+                    .find(|i| text.is_char_boundary(*i))
+                    .unwrap_or(text.len());
+                text.drain(..from);
+            }
+        }
+        all
+    };
+    let attempts = read("out");
+    let stderr_attempts = read("err");
     let tasks = attempts.values().next_back().cloned().unwrap_or_default();
     let stderr = stderr_attempts
         .values()

@@ -31,7 +31,7 @@ pub async fn harness_with(f: impl FnOnce(&mut Config)) -> H {
     harness_on(None, f).await
 }
 
-async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H {
+pub async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
     cfg.store_url = store;
