@@ -79,18 +79,33 @@ pub struct RunArgs {
     /// Cluster file (TOML: node groups and team queues); default: the synthetic study's.
     #[arg(long)]
     cluster: Option<PathBuf>,
-    /// Job trace (CSV); default: the seeded synthetic 4-team workload.
-    #[arg(long)]
+    /// Job trace (CSV); default: a generated workload (--workload).
+    #[arg(long, conflicts_with = "workload")]
     trace: Option<PathBuf>,
-    /// Seed of the synthetic workload and of tie-breaking.
+    /// The generated workload: `synthetic` (four teams, our own study) or
+    /// `realistic` (after published studies of production GPU clusters:
+    /// one-GPU jobs, heavy-tailed durations, sweeps, daily and weekly
+    /// cycles, Zipf-sized teams, early failures, rough time limits).
+    #[arg(long, value_parser = ["synthetic", "realistic"])]
+    workload: Option<String>,
+    /// Seed of the generated workload and of tie-breaking.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Hours of arrivals in the synthetic workload.
-    #[arg(long, default_value_t = 72)]
-    hours: u64,
-    /// Offered GPU load of the synthetic workload (share of capacity).
-    #[arg(long, default_value_t = 0.9)]
-    load: f64,
+    /// Hours of arrivals in the generated workload (default: 72 synthetic,
+    /// 168 realistic).
+    #[arg(long)]
+    hours: Option<u64>,
+    /// Offered GPU load (share of capacity) of the generated workload
+    /// (default 0.9), or the load a --trace is rescaled to (its arrival
+    /// times stretched or compressed).
+    #[arg(long)]
+    load: Option<f64>,
+    /// GPUs of the realistic workload's cluster (8-GPU nodes).
+    #[arg(long, default_value_t = 512)]
+    gpus: u64,
+    /// Teams of the realistic workload.
+    #[arg(long, default_value_t = 10)]
+    teams: usize,
     /// Relative GPU demand of the synthetic teams, comma separated (default:
     /// their weights 1,1,2,1); e.g. 3,1,2,1 makes team-a over-submit.
     #[arg(long)]
@@ -349,13 +364,29 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
 fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
     use gpuflow_sim::dynamic::{self, SimConfig, SimPolicy};
     use gpuflow_sim::dynreport;
+    use gpuflow_sim::realistic::{self, Realistic};
     use gpuflow_sim::workload::{self, ClusterSpec, Synthetic};
-    if !(0.05..=2.0).contains(&a.load) || a.hours == 0 {
+    let load = a.load.unwrap_or(0.9);
+    if !(0.05..=2.0).contains(&load) || a.hours == Some(0) {
         bail!("--load must be between 0.05 and 2 and --hours above 0");
     }
+    let realistic_run = a.workload.as_deref() == Some("realistic");
+    if realistic_run && (a.demand.is_some()) {
+        bail!("--demand shapes the synthetic workload; the realistic one sizes its teams itself");
+    }
+    if !(8..=100_000).contains(&a.gpus) || !(1..=100).contains(&a.teams) {
+        bail!("--gpus must be 8 to 100000 and --teams 1 to 100");
+    }
+    let realistic = Realistic {
+        gpus: a.gpus,
+        load,
+        hours: a.hours.unwrap_or(168),
+        seed: a.seed,
+        teams: a.teams,
+    };
     let mut synthetic = Synthetic {
-        hours: a.hours,
-        load: a.load,
+        hours: a.hours.unwrap_or(72),
+        load,
         ..Synthetic::four_teams(a.seed)
     };
     if let Some(d) = &a.demand {
@@ -379,10 +410,28 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
     }
     let spec = match &a.cluster {
         Some(p) => ClusterSpec::load(p)?,
+        None if realistic_run => realistic.cluster(),
         None => synthetic.cluster(),
     };
     let jobs = match &a.trace {
-        Some(p) => workload::load_trace(p)?,
+        Some(p) => {
+            let mut jobs = workload::load_trace(p)?;
+            if let Some(l) = a.load {
+                let gpus: u64 = spec
+                    .nodes
+                    .iter()
+                    .map(|g| g.count as u64 * g.gpus as u64)
+                    .sum();
+                let was = realistic::offered_load(&jobs, gpus);
+                realistic::rescale(&mut jobs, gpus, l);
+                eprintln!(
+                    "offered load {was:.2} rescaled to {l:.2} (arrival times × {:.3})",
+                    was / l
+                );
+            }
+            jobs
+        }
+        None if realistic_run => realistic.jobs(),
         None => synthetic.jobs(),
     };
     let policies: Vec<SimPolicy> = a
@@ -401,7 +450,11 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     if a.trace.is_none() {
         report::write(
-            &a.out.join("synthetic_trace.csv"),
+            &a.out.join(if realistic_run {
+                "realistic_trace.csv"
+            } else {
+                "synthetic_trace.csv"
+            }),
             &workload::trace_csv(&jobs),
         )?;
     }

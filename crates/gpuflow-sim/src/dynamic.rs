@@ -141,6 +141,8 @@ pub struct SimResult {
     pub capacity_gpu_hours: f64,
     pub preemptions: u32,
     pub lost_gpu_hours: f64,
+    /// GPU-hours held by running jobs, all of it (lost work included).
+    pub run_gpu_hours: f64,
     pub cycles: u64,
     /// Jobs still waiting or running when the simulation stopped.
     pub unfinished: usize,
@@ -232,7 +234,9 @@ pub fn simulate(
         max_runtime: j.max_runtime,
         grace: sim.grace,
     };
+    let mut run_gpu_hours = 0.0;
     let mut account = |team: &str, milli: u64, from: u64, to: u64| {
+        run_gpu_hours += milli as f64 / 1000.0 * to.saturating_sub(from) as f64 / 3600.0;
         let (a, b) = (from.min(horizon), to.min(horizon));
         if b > a {
             *team_gpu_hours.get_mut(team).expect("team") +=
@@ -392,6 +396,7 @@ pub fn simulate(
         capacity_gpu_hours: capacity_milli as f64 / 1000.0 * horizon as f64 / 3600.0,
         preemptions,
         lost_gpu_hours: lost_total,
+        run_gpu_hours,
         cycles,
         unfinished,
     })
@@ -492,6 +497,47 @@ pub fn mean_p95(values: &mut [f64]) -> (f64, f64) {
     let mean = values.iter().sum::<f64>() / values.len() as f64;
     let rank = ((0.95 * values.len() as f64).ceil() as usize).clamp(1, values.len());
     (mean, values[rank - 1])
+}
+
+/// The waits of a group of jobs that started, hours.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Waits {
+    pub jobs: usize,
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub max: f64,
+}
+
+/// [`Waits`] of some outcomes.
+pub fn waits<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Waits {
+    let mut w: Vec<f64> = outcomes
+        .filter_map(|o| o.first_start.map(|s| (s - o.submit) as f64 / 3600.0))
+        .collect();
+    if w.is_empty() {
+        return Waits::default();
+    }
+    let (mean, p95) = mean_p95(&mut w);
+    Waits {
+        jobs: w.len(),
+        mean,
+        p50: w[(w.len() - 1) / 2],
+        p95,
+        max: w[w.len() - 1],
+    }
+}
+
+/// From the first submission to the last job's end, hours (to the end of
+/// the simulation when work was left).
+pub fn makespan(r: &SimResult) -> f64 {
+    let first = r.outcomes.iter().map(|o| o.submit).min().unwrap_or(0);
+    let last = r
+        .outcomes
+        .iter()
+        .filter_map(|o| o.finish)
+        .max()
+        .unwrap_or(first);
+    (last - first) as f64 / 3600.0
 }
 
 /// Statistics of a group of jobs: (jobs, mean wait, p95 wait, mean JCT, p95 JCT), hours.

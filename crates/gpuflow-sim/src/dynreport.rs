@@ -2,26 +2,34 @@
 
 use std::fmt::Write as _;
 
-use crate::dynamic::{SimResult, group_stats, jain, kind_name, team_shares};
+use crate::dynamic::{
+    Outcome, SimResult, group_stats, jain, kind_name, makespan, team_shares, waits,
+};
 use crate::workload::KINDS;
 
-/// The text report: per kind and per team, then cluster-wide figures.
+/// The text report: waits per kind (and for all jobs) and per team, then
+/// cluster-wide figures.
 pub fn table(results: &[SimResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "wait and job completion time (JCT), hours, per kind");
     let _ = writeln!(
         out,
-        "{:<11} {:<10} {:>6} {:>9} {:>9} {:>9} {:>9}",
-        "policy", "kind", "jobs", "wait avg", "wait p95", "JCT avg", "JCT p95"
+        "{:<11} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "policy", "kind", "jobs", "wait avg", "p50", "p95", "max", "JCT avg", "JCT p95"
     );
     for r in results {
-        for k in 0..KINDS.len() {
-            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.kind == k));
+        let kinds = (0..KINDS.len()).map(|k| (kind_name(k), Some(k)));
+        for (name, k) in kinds.chain([("all", None)]) {
+            let of = |o: &&Outcome| k.is_none_or(|k| o.kind == k);
+            let w = waits(r.outcomes.iter().filter(of));
+            if w.jobs == 0 && k.is_some() {
+                continue;
+            }
+            let (_, _, _, mj, pj) = group_stats(r.outcomes.iter().filter(of));
             let _ = writeln!(
                 out,
-                "{:<11} {:<10} {n:>6} {mw:>9.2} {pw:>9.2} {mj:>9.2} {pj:>9.2}",
-                r.policy,
-                kind_name(k)
+                "{:<11} {name:<10} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {mj:>8.2} {pj:>8.2}",
+                r.policy, w.jobs, w.mean, w.p50, w.p95, w.max
             );
         }
     }
@@ -31,12 +39,12 @@ pub fn table(results: &[SimResult]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<11} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8}",
-        "policy", "team", "wait avg", "wait p95", "share", "target", "off by", "demand"
+        "{:<11} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "policy", "team", "p50", "p95", "max", "share", "target", "off by", "demand"
     );
     for r in results {
         for (team, share, target) in team_shares(r) {
-            let (_, mw, pw, _, _) = group_stats(r.outcomes.iter().filter(|o| o.team == team));
+            let w = waits(r.outcomes.iter().filter(|o| o.team == team));
             let off = if target > 0.0 {
                 (share / target - 1.0) * 100.0
             } else {
@@ -44,8 +52,11 @@ pub fn table(results: &[SimResult]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<11} {team:<8} {mw:>9.2} {pw:>9.2} {:>7.1}% {:>7.1}% {off:>+7.1}% {:>7.1}%",
+                "{:<11} {team:<8} {:>8.2} {:>8.2} {:>8.2} {:>7.1}% {:>7.1}% {off:>+7.1}% {:>7.1}%",
                 r.policy,
+                w.p50,
+                w.p95,
+                w.max,
                 share * 100.0,
                 target * 100.0,
                 demand_share(r, &team) * 100.0
@@ -54,18 +65,28 @@ pub fn table(results: &[SimResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<11} {:>11} {:>6} {:>12} {:>13} {:>11} {:>7}",
-        "policy", "GPU alloc %", "Jain", "preemptions", "GPU-h lost", "unfinished", "cycles"
+        "\n{:<11} {:>11} {:>6} {:>12} {:>11} {:>7} {:>10} {:>11} {:>7}",
+        "policy",
+        "GPU alloc %",
+        "Jain",
+        "preemptions",
+        "GPU-h lost",
+        "lost %",
+        "makespan h",
+        "unfinished",
+        "cycles"
     );
     for r in results {
-        let alloc: f64 = r.team_gpu_hours.values().sum::<f64>() / r.capacity_gpu_hours * 100.0;
         let _ = writeln!(
             out,
-            "{:<11} {alloc:>11.1} {:>6.3} {:>12} {:>13.1} {:>11} {:>7}",
+            "{:<11} {:>11.1} {:>6.3} {:>12} {:>11.1} {:>6.2}% {:>10.1} {:>11} {:>7}",
             r.policy,
+            alloc_pct(r),
             jain(r),
             r.preemptions,
             r.lost_gpu_hours,
+            lost_pct(r),
+            makespan(r),
             r.unfinished,
             r.cycles
         );
@@ -73,29 +94,62 @@ pub fn table(results: &[SimResult]) -> String {
     out
 }
 
-/// CSV: one row per policy and group (kind or team).
+/// GPU-hours allocated in the arrival window over the cluster's, percent.
+fn alloc_pct(r: &SimResult) -> f64 {
+    r.team_gpu_hours.values().sum::<f64>() / r.capacity_gpu_hours * 100.0
+}
+
+/// GPU-hours lost to preemption over the GPU-hours run, percent.
+fn lost_pct(r: &SimResult) -> f64 {
+    if r.run_gpu_hours > 0.0 {
+        r.lost_gpu_hours / r.run_gpu_hours * 100.0
+    } else {
+        0.0
+    }
+}
+
+/// CSV: one row per policy and group (kind, team, and `all` with the
+/// cluster-wide figures).
 pub fn csv(results: &[SimResult]) -> String {
     let mut out = String::from(
-        "policy,group,name,jobs,wait_avg_h,wait_p95_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share\n",
+        "policy,group,name,jobs,wait_avg_h,wait_p50_h,wait_p95_h,wait_max_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share,makespan_h,lost_pct,alloc_pct,jain\n",
     );
+    let row = |out: &mut String,
+               r: &SimResult,
+               group: &str,
+               name: &str,
+               of: &dyn Fn(&Outcome) -> bool| {
+        let w = waits(r.outcomes.iter().filter(|o| of(o)));
+        let (_, _, _, mj, pj) = group_stats(r.outcomes.iter().filter(|o| of(o)));
+        let _ = write!(
+            out,
+            "{},{group},{name},{},{:.4},{:.4},{:.4},{:.4},{mj:.4},{pj:.4}",
+            r.policy, w.jobs, w.mean, w.p50, w.p95, w.max
+        );
+    };
     for r in results {
         for k in 0..KINDS.len() {
-            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.kind == k));
-            let _ = writeln!(
-                out,
-                "{},kind,{},{n},{mw:.4},{pw:.4},{mj:.4},{pj:.4},,,",
-                r.policy,
-                kind_name(k)
-            );
+            row(&mut out, r, "kind", kind_name(k), &|o| o.kind == k);
+            out.push_str(",,,,,,,\n");
         }
         for (team, share, target) in team_shares(r) {
-            let (n, mw, pw, mj, pj) = group_stats(r.outcomes.iter().filter(|o| o.team == team));
+            row(&mut out, r, "team", &team, &|o| o.team == team);
             let _ = writeln!(
                 out,
-                "{},team,{team},{n},{mw:.4},{pw:.4},{mj:.4},{pj:.4},{:.2},{share:.4},{target:.4}",
-                r.policy, r.team_gpu_hours[&team]
+                ",{:.2},{share:.4},{target:.4},,,,",
+                r.team_gpu_hours[&team]
             );
         }
+        row(&mut out, r, "all", "all", &|_| true);
+        let _ = writeln!(
+            out,
+            ",{:.2},,,{:.2},{:.4},{:.2},{:.4}",
+            r.run_gpu_hours,
+            makespan(r),
+            lost_pct(r),
+            alloc_pct(r),
+            jain(r)
+        );
     }
     out
 }

@@ -10,6 +10,7 @@ pub mod dynreport;
 mod error;
 pub mod fragmentation;
 pub mod openb;
+pub mod realistic;
 pub mod report;
 pub mod whatif;
 pub mod workload;

@@ -248,6 +248,30 @@ impl ClusterSpec {
     }
 }
 
+/// A cluster of `gpus` GPUs on 8-GPU H100 nodes in racks of 16, with a
+/// queue per team `(name, weight, guaranteed H100s)`, free to borrow.
+pub fn h100_cluster(gpus: u64, teams: impl Iterator<Item = (String, f64, u64)>) -> ClusterSpec {
+    ClusterSpec {
+        nodes: vec![NodeGroup {
+            count: gpus.div_ceil(8) as u32,
+            gpus: 8,
+            model: "H100".into(),
+            cpu: 128,
+            mem_gib: 1024,
+            rack_size: Some(16),
+        }],
+        queues: teams
+            .map(|(name, weight, guaranteed)| QueueSpec {
+                name,
+                weight,
+                guaranteed: BTreeMap::from([("H100".to_string(), guaranteed)]),
+                borrow_limit: BTreeMap::new(),
+                budget: None,
+            })
+            .collect(),
+    }
+}
+
 /// Kinds of work, in the order of the default priority classes.
 pub const KINDS: &[&str] = &["inference", "notebook", "training", "batch"];
 
@@ -449,30 +473,12 @@ impl Synthetic {
     /// guaranteed its weighted share and free to borrow.
     pub fn cluster(&self) -> ClusterSpec {
         let total: f64 = self.teams.iter().map(|(_, w)| w).sum();
-        ClusterSpec {
-            nodes: vec![NodeGroup {
-                count: (self.gpus / 8) as u32,
-                gpus: 8,
-                model: "H100".into(),
-                cpu: 128,
-                mem_gib: 1024,
-                rack_size: Some(16),
-            }],
-            queues: self
-                .teams
+        h100_cluster(
+            self.gpus,
+            self.teams
                 .iter()
-                .map(|(n, w)| QueueSpec {
-                    name: n.clone(),
-                    weight: *w,
-                    guaranteed: BTreeMap::from([(
-                        "H100".to_string(),
-                        (self.gpus as f64 * w / total).floor() as u64,
-                    )]),
-                    borrow_limit: BTreeMap::new(),
-                    budget: None,
-                })
-                .collect(),
-        }
+                .map(|(n, w)| (n.clone(), *w, (self.gpus as f64 * w / total).floor() as u64)),
+        )
     }
 
     /// Generates the jobs. Shares of GPU demand: inference 15 %, notebooks 10 %,

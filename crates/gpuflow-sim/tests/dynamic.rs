@@ -254,3 +254,58 @@ fn a_spent_budget_stops_borrowing_but_not_work_within_the_guarantee() {
     assert!(free.iter().all(|&(s, _)| used_in_period(&free, s) < 1000.0));
     assert!(used_in_period(&free, 35_999) > 30.0);
 }
+
+/// The realistic workload runs under every policy, and the reports carry
+/// per-team p50/p95/max waits and one `all` row per policy with the
+/// makespan and the share of GPU-hours lost.
+#[test]
+fn the_realistic_workload_reports_every_policy_whole() {
+    use gpuflow_sim::realistic::Realistic;
+    let r = Realistic {
+        gpus: 128,
+        hours: 48,
+        ..Realistic::new(2)
+    };
+    let (spec, jobs) = (r.cluster(), r.jobs());
+    let results: Vec<_> = SimPolicy::NAMES
+        .iter()
+        .map(|p| {
+            dynamic::simulate(
+                &spec,
+                &jobs,
+                &SimPolicy::named(p).unwrap(),
+                &SimConfig::default(),
+                2,
+            )
+            .unwrap()
+        })
+        .collect();
+    for res in &results {
+        assert_eq!(res.outcomes.len(), jobs.len());
+        let w = dynamic::waits(res.outcomes.iter());
+        assert!(w.p50 <= w.p95 && w.p95 <= w.max, "{w:?}");
+        assert!(res.run_gpu_hours >= res.lost_gpu_hours);
+    }
+    let csv = gpuflow_sim::dynreport::csv(&results);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    for line in csv.lines() {
+        assert_eq!(line.split(',').count(), header.len(), "{line}");
+    }
+    for p in SimPolicy::NAMES {
+        let all: Vec<&str> = csv
+            .lines()
+            .filter(|l| l.starts_with(&format!("{p},all,all,")))
+            .collect();
+        assert_eq!(all.len(), 1, "{p}: {csv}");
+        let cols: Vec<&str> = all[0].split(',').collect();
+        let makespan: f64 = cols[header.iter().position(|h| *h == "makespan_h").unwrap()]
+            .parse()
+            .unwrap();
+        assert!(makespan >= 40.0, "{makespan}");
+    }
+    let table = gpuflow_sim::dynreport::table(&results);
+    assert!(
+        table.contains("team-10") && table.contains("makespan h"),
+        "{table}"
+    );
+}
