@@ -12,6 +12,8 @@ use gpuflow_sim::fragmentation::{self, Config};
 use gpuflow_sim::{openb, report};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::client::Usage;
+
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Output {
     Table,
@@ -110,6 +112,13 @@ pub struct RunArgs {
     /// their weights 1,1,2,1); e.g. 3,1,2,1 makes team-a over-submit.
     #[arg(long)]
     demand: Option<String>,
+    /// Settings of a policy changed for an experiment, `POLICY.KEY=VALUE`,
+    /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
+    /// slurm-like.max_reservations=100` (settings: tries_per_queue,
+    /// max_reservations, min_runtime, history_weight, preemption,
+    /// notebooks_borrow).
+    #[arg(long)]
+    tune: Vec<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.
     #[arg(long, default_value = "fifo,slurm-like,slurm-qos,gpuflow")]
     policy: String,
@@ -434,7 +443,7 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
         None if realistic_run => realistic.jobs(),
         None => synthetic.jobs(),
     };
-    let policies: Vec<SimPolicy> = a
+    let mut policies: Vec<SimPolicy> = a
         .policy
         .split(',')
         .map(|n| {
@@ -446,6 +455,23 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    for t in &a.tune {
+        let Some((policy, key, value)) = t
+            .split_once('.')
+            .and_then(|(p, kv)| kv.split_once('=').map(|(k, v)| (p, k, v)))
+        else {
+            return Err(Usage(format!("--tune {t:?}: write POLICY.KEY=VALUE")).into());
+        };
+        let Some(p) = policies.iter_mut().find(|p| p.name == policy) else {
+            return Err(Usage(format!(
+                "--tune {t:?}: policy {policy:?} is not in --policy"
+            ))
+            .into());
+        };
+        p.tune(key, value)
+            .map_err(|e| Usage(format!("--tune {t:?}: {e}")))?;
+        eprintln!("{policy}: {key} = {value}");
+    }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     if a.trace.is_none() {

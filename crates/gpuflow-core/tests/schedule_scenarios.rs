@@ -229,6 +229,41 @@ fn backfill_lets_short_jobs_run_before_a_reservation_but_never_delays_it() {
     .assert_eq(&out);
 }
 
+/// Several reservations a cycle (Slurm's `bf_max_job_test`): each blocked
+/// gang, in order, holds the nodes where it could start earliest, on nodes
+/// the ones before it did not take; a job that would still run when the
+/// first starts keeps off all of them.
+#[test]
+fn several_gangs_hold_reservations_in_order_and_backfill_respects_them_all() {
+    let out = run("
+        config preemption=off quotas=off reservations=2
+        node n1 gpus=8*H100
+        node n2 gpus=8*H100
+        node n3 gpus=8*H100
+        queue org H100=24
+        queue team parent=org H100=24
+        run 10 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=2000
+        run 11 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=5000
+        run 12 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=8000
+        run 13 queue=team class=training gpu=whole:8 cpu=1 started=0 runtime=12000
+        job 1 queue=team class=training prio=9 gpu=whole:8 cpu=1 runtime=3600   # first gang: n1 at t=5000
+        job 2 queue=team class=training prio=8 gpu=whole:8 cpu=1 runtime=3600   # second gang: another node
+        job 3 queue=team class=batch gpu=whole:4 cpu=1 runtime=500              # ends before both: backfills
+        job 4 queue=team class=batch gpu=whole:4 cpu=1 runtime=9000             # would delay them
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          start job 3 on H100: n2[4,5,6,7]
+          reserve n1 for job 1 from t=5000
+          reserve n2 for job 2 from t=8000
+          pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
+          pending job 4 (#3 in queue, eta t=12000): capacity is reserved for job 1 from t=5000s and this job would not end before
+    "#]]
+    .assert_eq(&out);
+}
+
 #[test]
 fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
     let fifo = run("

@@ -87,6 +87,54 @@ impl SimPolicy {
     }
 
     pub const NAMES: &'static [&'static str] = &["fifo", "slurm-like", "slurm-qos", "gpuflow"];
+
+    /// The settings [`SimPolicy::tune`] knows.
+    pub const KNOBS: &'static [&'static str] = &[
+        "tries_per_queue",
+        "max_reservations",
+        "min_runtime",
+        "history_weight",
+        "preemption",
+        "notebooks_borrow",
+    ];
+
+    /// Changes one setting of the core's configuration, for experiments:
+    /// `tries_per_queue=N`, `max_reservations=N`, `min_runtime=SECONDS`,
+    /// `history_weight=X`, `preemption=true|false`,
+    /// `notebooks_borrow=true|false`.
+    ///
+    /// # Errors
+    /// An unknown setting or a value of the wrong type, said as such.
+    pub fn tune(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let bad = || format!("{key}={value}: not a valid value for {key}");
+        let c = &mut self.config;
+        match key {
+            "tries_per_queue" => c.tries_per_queue = value.parse().map_err(|_| bad())?,
+            "max_reservations" => c.max_reservations = value.parse().map_err(|_| bad())?,
+            "min_runtime" => c.min_runtime = value.parse().map_err(|_| bad())?,
+            "history_weight" => {
+                c.history_weight = value
+                    .parse()
+                    .ok()
+                    .filter(|w: &f64| (0.0..=1.0).contains(w))
+                    .ok_or_else(bad)?;
+            }
+            "preemption" => c.preemption = value.parse().map_err(|_| bad())?,
+            "notebooks_borrow" => {
+                let b = value.parse().map_err(|_| bad())?;
+                for class in c.classes.iter_mut().filter(|k| k.name == "notebook") {
+                    class.may_borrow = b;
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown setting {key:?}; known: {}",
+                    SimPolicy::KNOBS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Simulator settings.

@@ -200,6 +200,11 @@ pub struct Config {
     pub disruption_window: u64,
     /// Jobs tried per leaf queue per cycle after which the queue waits for the next cycle.
     pub tries_per_queue: usize,
+    /// Jobs blocked by capacity that get a reservation each cycle, in
+    /// order (Slurm's `bf_max_job_test`): each holds the nodes where it
+    /// could start earliest, and later jobs that would still run then keep
+    /// off every reserved node.
+    pub max_reservations: usize,
     /// Whether priority classes order the queue (off: one tier, as a Slurm
     /// partition with a single QoS, where priority is priority plus age).
     pub class_tiers: bool,
@@ -221,6 +226,7 @@ impl Default for Config {
             disruption_budget: None,
             disruption_window: 3600,
             tries_per_queue: 8,
+            max_reservations: 1,
             class_tiers: true,
         }
     }
@@ -645,7 +651,12 @@ struct Cycle<'a> {
     not_reached: Vec<u32>,
     admitted: Vec<(JobId, String, Placement)>,
     preempted: Vec<Preemption>,
-    reservation: Option<Reservation>,
+    /// This cycle's reservations, in the order they were made.
+    reservations: Vec<Reservation>,
+    /// Each holder's start.
+    reserved: rustc_hash::FxHashMap<JobId, u64>,
+    /// The earliest start among them (`u64::MAX`: none).
+    reserved_from: u64,
     /// Per user and queue: (milli-GPU, running jobs), for the queues with
     /// per-user limits (the only readers).
     users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)>,
@@ -794,7 +805,9 @@ impl<'a> Cycle<'a> {
             not_reached: vec![u32::MAX; pending.len()],
             admitted: Vec::new(),
             preempted: Vec::new(),
-            reservation: None,
+            reservations: Vec::new(),
+            reserved: Default::default(),
+            reserved_from: u64::MAX,
             users,
             protected,
             ready,
@@ -1190,8 +1203,11 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
-        // Backfill: the first job blocked by capacity (not quota) gets a reservation.
-        if self.cfg.backfill && self.reservation.is_none() {
+        // Backfill: the first jobs blocked by capacity (not quota) get a reservation.
+        if self.cfg.backfill
+            && self.reservations.len() < self.cfg.max_reservations.max(1)
+            && !self.reserved.contains_key(&self.pending[i].job.id)
+        {
             let open = flavors.iter().find(|f| self.quota_check(i, f).is_ok());
             if let Some(flavor) = open {
                 self.reserve(i, flavor);
@@ -1449,14 +1465,14 @@ impl<'a> Cycle<'a> {
         job
     }
 
-    /// Whether job `i` must keep off reserved nodes: a reservation for
-    /// another job starts before it would end.
+    /// Whether job `i` must keep off reserved nodes: it holds no
+    /// reservation, and one starts before it would end.
     fn avoids_reserved(&self, i: usize) -> bool {
         let w = &self.pending[i];
-        match &self.reservation {
-            Some(r) if r.job != w.job.id => w.max_runtime.is_none_or(|m| self.now + m > r.start_at),
-            _ => false,
-        }
+        self.reserved_from != u64::MAX
+            && !self.reserved.contains_key(&w.job.id)
+            && w.max_runtime
+                .is_none_or(|m| self.now + m > self.reserved_from)
     }
 
     /// Job `i`'s placement problem on `flavor` (see [`PlaceKey`]).
@@ -1513,8 +1529,13 @@ impl<'a> Cycle<'a> {
     /// Nothing stays placed, and it leaves no trace on later tie-breaks.
     fn fits_now(&mut self, i: usize, flavor: &str) -> Option<Placement> {
         let job = self.job_on(i, flavor);
+        self.fits_now_as(&job)
+    }
+
+    /// [`Cycle::fits_now`] of a job already built.
+    fn fits_now_as(&mut self, job: &Job) -> Option<Placement> {
         let trial = self.placer.begin_trial();
-        let p = self.placer.try_place_job(&job);
+        let p = self.placer.try_place_job(job);
         if let Some(p) = &p {
             self.placer.release(p);
         }
@@ -1529,7 +1550,7 @@ impl<'a> Cycle<'a> {
                 .rejections
                 .iter()
                 .any(|(r, _)| *r == crate::placement::Reject::Reserved)
-                && let Some(r) = &self.reservation
+                && let Some(r) = self.reservations.iter().min_by_key(|r| r.start_at)
             {
                 return PendingReason::Reservation {
                     job: r.job,
@@ -2169,6 +2190,10 @@ impl<'a> Cycle<'a> {
             })
             .collect();
         ending.sort();
+        // It would start later, when another reservation may hold the
+        // nodes: it keeps off all of them.
+        let mut job = self.job_on(i, flavor);
+        job.constraints.avoid_reserved = true;
         // Running jobs are released and taken back below: a trial.
         let trial = self.placer.begin_trial();
         let mut released = Vec::new();
@@ -2176,7 +2201,7 @@ impl<'a> Cycle<'a> {
         for (end, k) in ending {
             self.placer.release(&self.running[k].allocations);
             released.push(k);
-            if let Some(p) = self.fits_now(i, flavor) {
+            if let Some(p) = self.fits_now_as(&job) {
                 found = Some((end, p));
                 break;
             }
@@ -2194,7 +2219,9 @@ impl<'a> Cycle<'a> {
             }
             // Fits seen before may have used these nodes.
             self.epoch += 1;
-            self.reservation = Some(Reservation {
+            self.reserved_from = self.reserved_from.min(start_at);
+            self.reserved.insert(self.pending[i].job.id, start_at);
+            self.reservations.push(Reservation {
                 job: self.pending[i].job.id,
                 start_at,
                 nodes,
@@ -2221,8 +2248,8 @@ impl<'a> Cycle<'a> {
     }
 
     fn explain(mut self) -> Plan {
-        // Release the reservation's hold: the next cycle decides again.
-        if let Some(r) = &self.reservation {
+        // Release the reservations' hold: the next cycle decides again.
+        for r in &self.reservations {
             for &n in &r.nodes {
                 self.placer.set_reserved(n, false);
             }
@@ -2322,10 +2349,8 @@ impl<'a> Cycle<'a> {
             if flag & HELD != 0 {
                 t = None;
             }
-            if let Some(r) = &self.reservation
-                && r.job == self.pend_id[i]
-            {
-                t = Some(r.start_at);
+            if let Some(&start_at) = self.reserved.get(&self.pend_id[i]) {
+                t = Some(start_at);
             }
             eta[i] = t.unwrap_or(NO_ETA);
         }
@@ -2376,7 +2401,7 @@ impl<'a> Cycle<'a> {
         Plan {
             admitted: self.admitted,
             preempted: self.preempted,
-            reservations: self.reservation.into_iter().collect(),
+            reservations: self.reservations,
             pending,
         }
     }

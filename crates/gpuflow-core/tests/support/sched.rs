@@ -6,7 +6,7 @@
 //! queue org H100=8                          # guaranteed GPUs per flavor
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
-//! config ordering=fifo|priority|fair preemption=off backfill=off quotas=off min_runtime=0
+//! config ordering=fifo|priority|fair preemption=off backfill=off quotas=off min_runtime=0 reservations=N
 //!        budget=2 window=3600 aging=3600 history=0.5 tries=8
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
@@ -186,6 +186,7 @@ pub fn run(fixture: &str) -> String {
                         "aging" => cfg.aging_step = v.parse().unwrap(),
                         "history" => cfg.history_weight = v.parse().unwrap(),
                         "tries" => cfg.tries_per_queue = v.parse().unwrap(),
+                        "reservations" => cfg.max_reservations = v.parse().unwrap(),
                         _ => panic!("unknown config {k}"),
                     }
                 }
