@@ -758,7 +758,19 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     )
     .await;
     let budget = |b: Value| json!({ "budget": b });
-    let one_gpu_hour = json!({"gpu_hours": 1.0, "period": "day", "taper_from": 1.0, "when_exhausted": "stop-admitting"});
+    // A job backdated two hours must fall inside the budget's current
+    // period: a day, unless the day began less than two hours ago (then a
+    // week or a month).
+    let now = gpuflow_server::now();
+    let (_, per) = [
+        (gpuflow_api::BudgetPeriod::Day, "day"),
+        (gpuflow_api::BudgetPeriod::Week, "week"),
+        (gpuflow_api::BudgetPeriod::Month, "month"),
+    ]
+    .into_iter()
+    .find(|(p, _)| now - gpuflow_server::accounting::period_start(*p, now) >= 7300)
+    .expect("within two hours of a day, a week and a month that began together");
+    let one_gpu_hour = json!({"gpu_hours": 1.0, "period": per, "taper_from": 1.0, "when_exhausted": "stop-admitting"});
     let (st, v, _) = s
         .call(
             "PATCH",
@@ -835,8 +847,9 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     assert_eq!(s.state(c, &admin).await, "admitted");
     let w = why(&s, b, &admin).await;
     assert!(
-        w.contains("project p1's budget of 1 GPU-hours a day is used up")
-            && w.contains("start no new work"),
+        w.contains(&format!(
+            "project p1's budget of 1 GPU-hours a {per} is used up"
+        )) && w.contains("start no new work"),
         "{w}"
     );
     let (_, t, _) = s
@@ -856,7 +869,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
         "PATCH",
         "/v1/projects/p1",
         &admin,
-        budget(json!({"gpu_hours": 1.0, "period": "day", "taper_from": 1.0, "when_exhausted": "stop-borrowing"})),
+        budget(json!({"gpu_hours": 1.0, "period": per, "taper_from": 1.0, "when_exhausted": "stop-borrowing"})),
     )
     .await;
     s.beat("n1", &nt, &[(a, "running"), (c, "running")]).await;
@@ -870,7 +883,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     s.cycle().await;
     assert_eq!(s.state(b, &admin).await, "admitted", "within the guarantee");
 
-    // A queue budget in cost: 3 EUR a GPU-hour, 5 EUR a day; a's two hours
+    // A queue budget in cost: 3 EUR a GPU-hour, 5 EUR a period; a's two hours
     // cost 6: spent, the queue starts no new work.
     s.ok(
         "PUT",
@@ -883,7 +896,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
         "PATCH",
         "/v1/queues/alpha-q",
         &admin,
-        json!({"budget": {"cost": 5.0, "period": "day", "when_exhausted": "stop-admitting"}}),
+        json!({"budget": {"cost": 5.0, "period": per, "when_exhausted": "stop-admitting"}}),
     )
     .await;
     gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
