@@ -778,9 +778,7 @@ impl Task {
             let answer = match child.try_wait() {
                 Ok(Some(status)) => Some(status.success()),
                 Ok(None) if since.elapsed() >= Duration::from_secs(r.timeout_s) => {
-                    // SAFETY: signals the probe's own process group.
-                    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                    let _ = child.wait();
+                    kill_probe(child);
                     Some(false)
                 }
                 Ok(None) => None,
@@ -831,9 +829,7 @@ impl Task {
     /// Stops a readiness command under way (its task is gone).
     pub fn end_probe(&mut self) {
         if let Some((mut child, _)) = self.probing.take() {
-            // SAFETY: signals the probe's own process group.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
+            kill_probe(&mut child);
         }
     }
 
@@ -967,6 +963,15 @@ fn become_task(
         }
     }
     Ok(())
+}
+
+/// Kills a readiness command that has not been reaped (its process group)
+/// and reaps it.
+fn kill_probe(child: &mut Child) {
+    // SAFETY: signals the probe's own process group, whose leader is
+    // unreaped, so the id is still its own.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
 }
 
 /// Starts a readiness command as its task runs: its user, environment,

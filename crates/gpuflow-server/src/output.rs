@@ -41,7 +41,7 @@ pub struct Mark {
 /// the job stays within `limit` bytes.
 pub fn take(j: &mut JobRec, node: &str, r: &TaskReport, limit: u64) -> Vec<LogPiece> {
     let mut pieces = Vec::new();
-    if r.attempt != j.attempts {
+    if r.attempt != j.attempts || (r.stdout.is_none() && r.stderr.is_none()) {
         return pieces;
     }
     let key = format!("{}/{}/{}", r.attempt, r.group, r.index);
@@ -123,7 +123,7 @@ pub fn take(j: &mut JobRec, node: &str, r: &TaskReport, limit: u64) -> Vec<LogPi
 
 /// The smallest character boundary of `s` at or after `i` (its length at
 /// most).
-fn ceil_boundary(s: &str, i: usize) -> usize {
+pub fn ceil_boundary(s: &str, i: usize) -> usize {
     (i.min(s.len())..=s.len())
         .find(|&i| s.is_char_boundary(i))
         .unwrap_or(s.len())

@@ -634,10 +634,7 @@ async fn logs(
         }
         if let Some(n) = tail_bytes {
             for text in all.values_mut().flat_map(BTreeMap::values_mut) {
-                let from = text.len().saturating_sub(n);
-                let from = (from..=text.len())
-                    .find(|i| text.is_char_boundary(*i))
-                    .unwrap_or(text.len());
+                let from = crate::output::ceil_boundary(text, text.len().saturating_sub(n));
                 text.drain(..from);
             }
         }
