@@ -47,9 +47,10 @@ pub enum SimCommand {
         #[arg(long, default_value = "sim-out")]
         out: PathBuf,
         /// Share of the pod list's tasks whose shapes form the fragmentation mix
-        /// (most common shapes first), between 0 and 1.
-        #[arg(long, default_value_t = 1.0)]
-        mix_coverage: f64,
+        /// (most common shapes first), between 0 and 1. Default: each policy's
+        /// own (all GPU tasks; 95 % of all tasks for `fgd`, as in the paper).
+        #[arg(long)]
+        mix_coverage: Option<f64>,
         /// Also print, per policy, the GPU request dropped before 100 % arrived, by request kind.
         #[arg(long)]
         show_drops: bool,
@@ -271,8 +272,10 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
             show_drops,
             output,
         } => {
-            if !(mix_coverage > 0.0 && mix_coverage <= 1.0) {
-                bail!("--mix-coverage {mix_coverage}: must be above 0 and at most 1");
+            if let Some(c) = mix_coverage
+                && !(c > 0.0 && c <= 1.0)
+            {
+                bail!("--mix-coverage {c}: must be above 0 and at most 1");
             }
             if !(1.0..=3.0).contains(&inflation) {
                 bail!("--inflation {inflation}: must be between 1.0 and 3.0");

@@ -8,9 +8,10 @@
 //! is the expectation of that over the mix of shapes the cluster sees. Placing a
 //! task so that this expectation grows least keeps capacity usable for what comes.
 //!
-//! Host memory is left out of the shapes, as in the paper; tasks that need no GPU
-//! and MIG or time-sliced tasks do not enter the mix (they fragment nothing in
-//! milli-GPU terms).
+//! Host memory is left out of the shapes, as in the paper; MIG and time-sliced
+//! tasks do not enter the mix (they fragment nothing in milli-GPU terms). Tasks
+//! that need no GPU enter it only when asked ([`Typical::cpu_tasks`], as the
+//! paper's simulator does): all free GPU capacity is fragmented for them.
 
 use std::collections::BTreeMap;
 
@@ -18,13 +19,36 @@ use crate::ids::CpuMilli;
 use crate::model::{GpuHealth, Node};
 use crate::request::{GpuRequest, TaskRequest};
 
+/// Which tasks' shapes form a policy's mix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Typical {
+    /// Share of the tasks covered, most common shapes first (0 < coverage ≤ 1).
+    pub coverage: f64,
+    /// Whether tasks that need no GPU enter the mix.
+    pub cpu_tasks: bool,
+}
+
+impl Typical {
+    /// Every GPU task's shape.
+    pub const ALL_GPU: Typical = Typical {
+        coverage: 1.0,
+        cpu_tasks: false,
+    };
+    /// The FGD paper's simulator: the most common shapes of all tasks, with
+    /// and without GPUs, until they cover 95 % of them.
+    pub const PAPER: Typical = Typical {
+        coverage: 0.95,
+        cpu_tasks: true,
+    };
+}
+
 /// One task shape of the mix and its share of arrivals.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MixShape {
     pub cpu: CpuMilli,
-    /// Milli-GPU per GPU (1000 for whole GPUs).
+    /// Milli-GPU per GPU (1000 for whole GPUs, 0 for a task without GPUs).
     pub milli: u32,
-    /// GPUs per task (1 for a fractional task).
+    /// GPUs per task (1 for a fractional task, 0 for a task without GPUs).
     pub count: u32,
     /// Accepted models; empty for any.
     pub models: Vec<String>,
@@ -56,11 +80,34 @@ impl WorkloadMix {
         weighting: MixWeighting,
         coverage: f64,
     ) -> WorkloadMix {
+        WorkloadMix::typical(
+            tasks,
+            weighting,
+            Typical {
+                coverage,
+                cpu_tasks: false,
+            },
+        )
+    }
+
+    /// Tallies the shapes of `tasks` as `typical` says: the most common ones
+    /// until they cover its share of the total, renormalised.
+    pub fn typical<'a>(
+        tasks: impl IntoIterator<Item = &'a TaskRequest>,
+        weighting: MixWeighting,
+        typical: Typical,
+    ) -> WorkloadMix {
+        let coverage = typical.coverage;
         let mut tally: BTreeMap<(u64, u32, u32, Vec<String>), f64> = BTreeMap::new();
         for t in tasks {
             let (milli, count) = match &t.gpu {
                 GpuRequest::Whole { count } if *count > 0 => (1000, *count as u32),
                 GpuRequest::Fraction { milli, .. } if milli.0 > 0 => (milli.0, 1),
+                GpuRequest::None | GpuRequest::Whole { .. } | GpuRequest::Fraction { .. }
+                    if typical.cpu_tasks =>
+                {
+                    (0, 0)
+                }
                 _ => continue,
             };
             let w = match weighting {
@@ -155,7 +202,7 @@ pub fn fragmentation(node: &Node, free_cpu: u64, free_milli: &[u32], mix: &Workl
     for s in &mix.shapes {
         let accepts =
             |i: usize| s.models.is_empty() || s.models.iter().any(|m| *m == node.gpus[i].model);
-        let lost = if s.cpu.0 > free_cpu {
+        let lost = if s.cpu.0 > free_cpu || s.count == 0 {
             total
         } else {
             // GPUs this shape could use, and the free share it could not.
@@ -231,6 +278,31 @@ mod tests {
         assert_eq!(fragmentation(&node, 64_000, &[300, 300], &mix), 600.0);
         // No CPU left: all free GPU is lost.
         assert_eq!(fragmentation(&node, 0, &[1000, 1000], &mix), 2000.0);
+    }
+
+    #[test]
+    fn the_papers_mix_counts_tasks_without_gpus_and_loses_all_free_gpu_to_them() {
+        let node = Node::new(
+            0,
+            "n",
+            CpuMilli(64_000),
+            MemMib(1 << 20),
+            vec![Gpu::plain("V100", MemMib(16_384)); 2],
+        );
+        let mut tasks = vec![task(1000, GpuRequest::Whole { count: 1 }); 3];
+        tasks.push(task(8000, GpuRequest::None));
+        let gpu_only = WorkloadMix::typical(&tasks, MixWeighting::Tasks, Typical::ALL_GPU);
+        assert_eq!(gpu_only.shapes.len(), 1);
+        let paper = WorkloadMix::typical(&tasks, MixWeighting::Tasks, Typical::PAPER);
+        assert_eq!(paper.shapes.len(), 2);
+        let cpu = paper.shapes.iter().find(|s| s.count == 0).unwrap();
+        assert_eq!((cpu.milli, cpu.weight), (0, 0.25));
+        // An idle node: the whole-GPU shape loses nothing, the CPU-only shape
+        // all 2000 milli-GPU, a quarter of the mix.
+        assert_eq!(fragmentation(&node, 64_000, &[1000, 1000], &paper), 500.0);
+        assert_eq!(fragmentation(&node, 64_000, &[1000, 1000], &gpu_only), 0.0);
+        // The CPU ratio of the mix counts CPU-only tasks too.
+        assert!(paper.gpu_milli_per_cpu_milli() < gpu_only.gpu_milli_per_cpu_milli());
     }
 
     #[test]

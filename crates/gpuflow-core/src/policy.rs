@@ -2,6 +2,7 @@
 //! The named policies are the FGD paper's baselines and gpuflow's own.
 
 use crate::error::CoreError;
+use crate::mix::Typical;
 use crate::placement::scorers::Scorer;
 
 /// How equal-best nodes are chosen between.
@@ -20,6 +21,8 @@ pub enum PickChoice {
     Tightest,
     /// Uniformly at random (the random baseline).
     Random,
+    /// The lowest-numbered GPU (the FGD paper's simulator).
+    First,
 }
 
 /// A placement policy.
@@ -33,6 +36,8 @@ pub struct Policy {
     pub gang_locality: f64,
     /// Weight of the spread context scorer for jobs that ask to be spread.
     pub spread: f64,
+    /// Which task shapes form the mix the fragmentation scorers expect.
+    pub typical: Typical,
 }
 
 impl Policy {
@@ -44,6 +49,7 @@ impl Policy {
             pick: PickChoice::Tightest,
             gang_locality: 1.0,
             spread: 1.0,
+            typical: Typical::ALL_GPU,
         }
     }
 
@@ -71,9 +77,20 @@ impl Policy {
         Policy::of("clustering", &[(Scorer::Clustering, 1.0)])
     }
 
-    /// The FGD paper's policy: least growth of expected fragmentation.
+    /// The FGD paper's policy as its simulator runs it: least growth of
+    /// expected fragmentation scored as a whole number from 0 to 100
+    /// ([`Scorer::FgdKube`]); among equal nodes the one whose name sorts
+    /// first (the simulator names nodes after a random rank, and its
+    /// kube-scheduler is patched to pick the first name, not a random one);
+    /// the first of equal GPUs; and the mix of the shapes that cover 95 % of
+    /// all tasks, those without GPUs included.
     pub fn fgd() -> Policy {
-        Policy::of("fgd", &[(Scorer::Fragmentation, 1.0)])
+        Policy {
+            tie_break: TieBreak::First,
+            pick: PickChoice::First,
+            typical: Typical::PAPER,
+            ..Policy::of("fgd", &[(Scorer::FgdKube, 1.0)])
+        }
     }
 
     /// gpuflow's default: least growth of fragmentation (FGD), plus least growth

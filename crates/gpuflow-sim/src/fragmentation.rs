@@ -20,8 +20,9 @@ pub struct Config {
     /// Total GPU request of the arriving pods, as a multiple of GPU capacity.
     pub inflation: f64,
     pub policies: Vec<Policy>,
-    /// Share of pods whose shapes enter the fragmentation mix (most common first).
-    pub mix_coverage: f64,
+    /// Share of pods whose shapes enter the fragmentation mix (most common
+    /// first), instead of each policy's own ([`Policy::typical`]).
+    pub mix_coverage: Option<f64>,
     pub mix_weighting: MixWeighting,
 }
 
@@ -34,7 +35,7 @@ impl Default for Config {
                 .iter()
                 .filter_map(|n| Policy::named(n))
                 .collect(),
-            mix_coverage: 1.0,
+            mix_coverage: None,
             mix_weighting: MixWeighting::Tasks,
         }
     }
@@ -84,6 +85,25 @@ pub fn arrivals(pods: &[Pod], capacity_milli: u64, inflation: f64, seed: u64) ->
     order
 }
 
+/// The nodes in a seeded random order, numbered in it. The paper's simulator
+/// prefixes each node's name with a random rank and, among equal scores, takes
+/// the node whose name sorts first; with [`gpuflow_core::TieBreak::First`] the
+/// lowest node id plays that part.
+pub fn ranked(nodes: &[Node], seed: u64) -> Vec<Node> {
+    let mut rng = SplitMix64::new(seed ^ 0x6e6f_6465_7261_6e6b);
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    rng.shuffle(&mut order);
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(id, i)| {
+            let mut n = nodes[i].clone();
+            n.id = gpuflow_core::NodeId(id as u32);
+            n
+        })
+        .collect()
+}
+
 /// Runs one policy on one seed.
 ///
 /// # Errors
@@ -99,12 +119,13 @@ pub fn run(
     if capacity == 0 {
         return Err(SimError::Invalid("the node list has no GPUs".to_string()));
     }
-    let cluster = Cluster::new(nodes.to_vec()).map_err(|e| SimError::Invalid(e.to_string()))?;
-    let mix = WorkloadMix::from_tasks(
-        pods.iter().map(|p| &p.request),
-        cfg.mix_weighting,
-        cfg.mix_coverage,
-    );
+    let cluster =
+        Cluster::new(ranked(nodes, seed)).map_err(|e| SimError::Invalid(e.to_string()))?;
+    let mut typical = policy.typical;
+    if let Some(c) = cfg.mix_coverage {
+        typical.coverage = c;
+    }
+    let mix = WorkloadMix::typical(pods.iter().map(|p| &p.request), cfg.mix_weighting, typical);
     let mut placer = Placer::new(cluster, policy.clone(), mix, seed);
     let order = arrivals(pods, capacity, cfg.inflation, seed);
     let points = (cfg.inflation * 100.0).floor() as usize;

@@ -22,22 +22,32 @@ fn trace_dir() -> Option<PathBuf> {
 }
 
 #[test]
-fn openb_default_reproduces_the_paper_and_gpuflow_beats_fgd() {
+fn openb_default_reproduces_the_paper_and_gpuflow_beats_its_fgd() {
     let Some(dir) = trace_dir() else { return };
     let (nodes, pods) = openb::load(&dir, "default").unwrap();
     assert_eq!(nodes.len(), 1213);
     assert_eq!(nodes.iter().map(|n| n.gpus.len()).sum::<usize>(), 6212);
     let cfg = Config {
-        policies: vec![Policy::random(), Policy::best_fit(), Policy::gpuflow()],
+        policies: vec![
+            Policy::random(),
+            Policy::best_fit(),
+            Policy::fgd(),
+            Policy::gpuflow(),
+        ],
         ..Config::default()
     };
     assert_eq!(cfg.seeds, (42..=51).collect::<Vec<_>>());
     let runs = fragmentation::run_all(&nodes, &pods, &cfg, &|| {}).unwrap();
     let s = fragmentation::summarize(&runs, &cfg);
     let at100 = |name: &str| s.iter().find(|x| x.policy == name).unwrap().unallocated[100];
-    let (random, best_fit, gpuflow) = (at100("random"), at100("best-fit"), at100("gpuflow"));
+    let (random, best_fit, fgd, gpuflow) = (
+        at100("random"),
+        at100("best-fit"),
+        at100("fgd"),
+        at100("gpuflow"),
+    );
     eprintln!(
-        "unallocated GPU % at 100% arrived: random {random:.2}, best-fit {best_fit:.2}, gpuflow {gpuflow:.2}"
+        "unallocated GPU % at 100% arrived: random {random:.2}, best-fit {best_fit:.2}, fgd {fgd:.2}, gpuflow {gpuflow:.2}"
     );
     // The paper's Figure 9: random 13.70, best-fit 7.14, FGD 4.77.
     assert!(
@@ -48,9 +58,15 @@ fn openb_default_reproduces_the_paper_and_gpuflow_beats_fgd() {
         (best_fit - 7.14).abs() <= 0.7,
         "best-fit {best_fit:.2} is not within 0.7 of the paper's 7.14"
     );
+    // Our FGD is the paper's as its simulator runs it (it was 5.6 before
+    // the simulator's scoring and tie-break were followed).
     assert!(
-        gpuflow < 4.77,
-        "gpuflow {gpuflow:.2} does not beat the paper's FGD (4.77)"
+        (fgd - 4.77).abs() <= 0.7,
+        "fgd {fgd:.2} is not within 0.7 of the paper's 4.77"
+    );
+    assert!(
+        gpuflow < 4.77 && gpuflow < fgd,
+        "gpuflow {gpuflow:.2} does not beat FGD (the paper's 4.77, ours {fgd:.2})"
     );
     // Every run accounts for every pod, and unallocated never grows as load arrives.
     for r in &runs {
@@ -62,6 +78,31 @@ fn openb_default_reproduces_the_paper_and_gpuflow_beats_fgd() {
             r.seed
         );
     }
+}
+
+#[test]
+fn openb_gpushare100_reproduces_the_papers_fgd_and_gpuflow_beats_it() {
+    let Some(dir) = trace_dir() else { return };
+    let (nodes, pods) = openb::load(&dir, "gpushare100").unwrap();
+    let cfg = Config {
+        policies: vec![Policy::fgd(), Policy::gpuflow()],
+        ..Config::default()
+    };
+    let runs = fragmentation::run_all(&nodes, &pods, &cfg, &|| {}).unwrap();
+    let s = fragmentation::summarize(&runs, &cfg);
+    let at100 = |name: &str| s.iter().find(|x| x.policy == name).unwrap().unallocated[100];
+    let (fgd, gpuflow) = (at100("fgd"), at100("gpuflow"));
+    eprintln!("gpushare100, unallocated GPU % at 100% arrived: fgd {fgd:.2}, gpuflow {gpuflow:.2}");
+    // The paper's GPU-sharing experiment puts FGD at about 13.4 % on this list; ours was
+    // 19.1 % while it broke equal scores at random.
+    assert!(
+        (fgd - 13.4).abs() <= 0.7,
+        "fgd {fgd:.2} is not within 0.7 of the paper's 13.4"
+    );
+    assert!(
+        gpuflow < fgd,
+        "gpuflow {gpuflow:.2} does not beat fgd {fgd:.2}"
+    );
 }
 
 #[test]

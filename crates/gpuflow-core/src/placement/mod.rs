@@ -981,7 +981,8 @@ impl Placer {
             return Eval::Reject(Reject::GpuCapacity);
         }
         free_milli(node, usage, &mut s.free);
-        let uses_frag = self.policy.uses(Scorer::Fragmentation);
+        let uses_frag =
+            self.policy.uses(Scorer::Fragmentation) || self.policy.uses(Scorer::FgdKube);
         let shape = self.cluster.shape_id(id);
         let frag_before = if uses_frag {
             memo_fragmentation(
@@ -1050,7 +1051,7 @@ impl Placer {
                 .iter()
                 .map(|&(sc, w)| w * scorers::score(sc, &input))
                 .sum();
-            // Equal picks: the tightest GPU, or each equally likely.
+            // Equal picks: the tightest GPU, the first, or each equally likely.
             let left = tightness(pick, &s.after);
             match best {
                 Some((b, _, l)) if score <= b + TIE => {
@@ -1068,7 +1069,7 @@ impl Placer {
                                     best = Some((score, pick, left));
                                 }
                             }
-                            PickChoice::Tightest => {}
+                            PickChoice::Tightest | PickChoice::First => {}
                         }
                     }
                 }

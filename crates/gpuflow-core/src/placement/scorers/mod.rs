@@ -36,6 +36,9 @@ pub enum Scorer {
     Clustering,
     /// Least growth of expected fragmentation under the workload mix (FGD).
     Fragmentation,
+    /// [`Scorer::Fragmentation`] as the FGD paper's simulator scores it: a whole
+    /// number from 0 to 100, so near ties are ties.
+    FgdKube,
     /// Multi-GPU picks inside one NVLink island or NUMA node.
     GpuLocality,
     /// Least growth of GPU capacity stranded for lack of CPU at the mix's CPU-per-GPU ratio.
@@ -51,6 +54,7 @@ impl Scorer {
         Scorer::DotProduct,
         Scorer::Clustering,
         Scorer::Fragmentation,
+        Scorer::FgdKube,
         Scorer::GpuLocality,
         Scorer::Balance,
         Scorer::Scarcity,
@@ -63,6 +67,7 @@ impl Scorer {
             Scorer::DotProduct => "dot-product",
             Scorer::Clustering => "clustering",
             Scorer::Fragmentation => "fragmentation",
+            Scorer::FgdKube => "fgd-kube",
             Scorer::GpuLocality => "gpu-locality",
             Scorer::Balance => "balance",
             Scorer::Scarcity => "scarcity",
@@ -108,6 +113,7 @@ pub(crate) fn score(s: Scorer, i: &ScoreInput) -> f64 {
         Scorer::DotProduct => dot_product::score(i),
         Scorer::Clustering => clustering::score(i),
         Scorer::Fragmentation => fragmentation::score(i),
+        Scorer::FgdKube => fragmentation::score_kube(i),
         Scorer::GpuLocality => gpu_locality::score(i),
         Scorer::Balance => balance::score(i),
         Scorer::Scarcity => scarcity::score(i),
