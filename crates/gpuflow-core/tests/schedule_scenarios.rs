@@ -516,12 +516,12 @@ fn the_backlog_is_ordered_by_class_then_aged_priority_then_submission() {
     expect![[r#"
         cycle t=7200
           pending job 1 (#7 in queue, eta unknown): queue org is held: it accepts work but starts none
-          pending job 2 (#6 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 2 (#6 in queue, eta t=7200): not reached this cycle: 4 job(s) ahead were tried first
           pending job 3 (#3 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 4 (#2 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 5 (#1 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 6 (#4 in queue, eta unknown): queue org is held: it accepts work but starts none
-          pending job 7 (#5 in queue, eta unknown): queue org is held: it accepts work but starts none
+          pending job 7 (#5 in queue, eta t=7200): not reached this cycle: 4 job(s) ahead were tried first
     "#]].assert_eq(&out);
 }
 
@@ -736,6 +736,31 @@ fn victims_lose_the_least_work_then_hold_the_fewest_gpus() {
         cycle t=1000
           preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
+
+/// No head-of-line blocking across classes: the queue's notebooks are held by
+/// their class's quota (notebooks may not borrow), and after their one try
+/// (`tries=1`) only the other notebooks wait; the batch job behind them starts.
+#[test]
+fn a_class_held_by_its_quota_does_not_hold_the_queues_other_classes() {
+    let out = run("
+        config tries=1
+        node n1 gpus=4*H100
+        queue org H100=4
+        queue team parent=org H100=2,borrow=2
+        run 10 queue=team class=notebook gpu=whole:2 cpu=1 started=0
+        job 1 queue=team class=notebook submit=1 gpu=whole:1 cpu=1   # would borrow: held
+        job 2 queue=team class=notebook submit=2 gpu=whole:1 cpu=1   # same class: waits
+        job 3 queue=team class=batch submit=3 gpu=whole:1 cpu=1      # another class: starts
+        cycle 100
+    ");
+    expect![[r#"
+        cycle t=100
+          start job 3 on H100: n1[2]
+          pending job 1 (#1 in queue, eta unknown): notebook jobs must fit the guaranteed H100 quota: jobs that may not borrow would hold 3 of 2 GPUs
+          pending job 2 (#2 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
     "#]]
     .assert_eq(&out);
 }

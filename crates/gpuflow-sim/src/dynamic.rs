@@ -96,12 +96,15 @@ impl SimPolicy {
         "history_weight",
         "preemption",
         "notebooks_borrow",
+        "disruption_budget",
+        "disruption_window",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
     /// `tries_per_queue=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
-    /// `notebooks_borrow=true|false`.
+    /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
+    /// `disruption_window=SECONDS`.
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -120,6 +123,24 @@ impl SimPolicy {
                     .ok_or_else(bad)?;
             }
             "preemption" => c.preemption = value.parse().map_err(|_| bad())?,
+            "disruption_budget" => {
+                c.disruption_budget = match value {
+                    "none" => None,
+                    v => Some(
+                        v.parse()
+                            .ok()
+                            .filter(|b: &f64| b.is_finite() && *b >= 0.0)
+                            .ok_or_else(bad)?,
+                    ),
+                }
+            }
+            "disruption_window" => {
+                c.disruption_window = value
+                    .parse()
+                    .ok()
+                    .filter(|w: &u64| *w > 0)
+                    .ok_or_else(bad)?
+            }
             "notebooks_borrow" => {
                 let b = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "notebook") {

@@ -198,7 +198,10 @@ pub struct Config {
     /// GPU-hours of lost work each queue may suffer per window; `None`: no limit.
     pub disruption_budget: Option<f64>,
     pub disruption_window: u64,
-    /// Jobs tried per leaf queue per cycle after which the queue waits for the next cycle.
+    /// Failed tries per leaf queue per cycle, shared out equally among the
+    /// classes the queue has pending: a class that used its share waits for
+    /// the next cycle, and the queue's other classes go on (no head-of-line
+    /// blocking across classes).
     pub tries_per_queue: usize,
     /// Jobs blocked by capacity that get a reservation each cycle, in
     /// order (Slurm's `bf_max_job_test`): each holds the nodes where it
@@ -1086,7 +1089,27 @@ impl<'a> Cycle<'a> {
                 let mut heap: BinaryHeap<(std::cmp::Reverse<LeafKey>, std::cmp::Reverse<QueueId>)> =
                     BinaryHeap::new();
                 let mut cursor: BTreeMap<QueueId, usize> = BTreeMap::new();
-                let mut tries: BTreeMap<QueueId, usize> = BTreeMap::new();
+                // No head-of-line blocking across classes: a queue's failed
+                // tries are shared out among the classes it has pending, and
+                // a class that used its share holds back only its own jobs
+                // (kept with the queue position where it did). The queue's
+                // total stays about `tries_per_queue`.
+                let mut share: BTreeMap<QueueId, usize> = BTreeMap::new();
+                for (&q, list) in &self.per_queue {
+                    let mut classes: Vec<usize> =
+                        list.iter().map(|&j| self.pending[j].class).collect();
+                    classes.sort_unstable();
+                    classes.dedup();
+                    share.insert(
+                        q,
+                        self.cfg
+                            .tries_per_queue
+                            .div_ceil(classes.len().max(1))
+                            .max(1),
+                    );
+                }
+                let mut tries: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
+                let mut blocked: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
                 for &q in self.per_queue.keys() {
                     heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
                 }
@@ -1098,19 +1121,22 @@ impl<'a> Cycle<'a> {
                     }
                     let list = &self.per_queue[&q];
                     let c = cursor.entry(q).or_default();
+                    while let Some(&j) = list.get(*c) {
+                        let Some(&at) = blocked.get(&(q, self.pending[j].class)) else {
+                            break;
+                        };
+                        self.not_reached[j] = at as u32;
+                        *c += 1;
+                    }
                     let Some(&i) = list.get(*c) else { continue };
                     *c += 1;
-                    let admitted = self.try_admit(i);
-                    let t = tries.entry(q).or_default();
-                    if !admitted {
+                    if !self.try_admit(i) {
+                        let class = self.pending[i].class;
+                        let t = tries.entry((q, class)).or_default();
                         *t += 1;
-                    }
-                    if *t >= self.cfg.tries_per_queue {
-                        let c = cursor[&q];
-                        for &j in &self.per_queue[&q][c..] {
-                            self.not_reached[j] = c as u32;
+                        if *t >= share[&q] {
+                            blocked.insert((q, class), cursor[&q]);
                         }
-                        continue;
                     }
                     heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
                 }
