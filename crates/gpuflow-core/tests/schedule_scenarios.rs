@@ -764,3 +764,35 @@ fn a_class_held_by_its_quota_does_not_hold_the_queues_other_classes() {
     "#]]
     .assert_eq(&out);
 }
+
+/// Slurm's multifactor priority (the faithful Slurm baseline): fair share
+/// outweighs age, so team-b, which used nothing, goes before team-a's older
+/// job; age and size only order jobs of equal fair share (job 3, older than
+/// job 4 and as big, goes first; job 5, bigger, before both).
+#[test]
+fn multifactor_priority_puts_fair_share_before_age_and_size_as_slurm_does() {
+    let out = run("
+        config ordering=multifactor preemption=off quotas=off backfill=off
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue team-a parent=org H100=4
+        queue team-b parent=org H100=4
+        usage team-a 100
+        run 10 queue=team-a class=batch gpu=whole:7 cpu=1 started=0
+        job 1 queue=team-a class=batch submit=0 gpu=whole:1 cpu=1      # oldest, but team-a used more
+        job 2 queue=team-b class=batch submit=3000 gpu=whole:1 cpu=1   # starts
+        job 3 queue=team-a class=batch submit=100 gpu=whole:1 cpu=1
+        job 4 queue=team-a class=batch submit=200 gpu=whole:1 cpu=1
+        job 5 queue=team-a class=batch submit=300 gpu=whole:2 cpu=1
+        cycle 3600
+    ");
+    expect![[r#"
+        cycle t=3600
+          start job 2 on H100: n1[7]
+          pending job 1 (#2 in queue, eta unknown): on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta unknown): on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 4 (#4 in queue, eta unknown): on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 5 (#1 in queue, eta unknown): on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

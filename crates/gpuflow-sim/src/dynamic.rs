@@ -5,9 +5,10 @@
 //! requeued with the work since their last checkpoint lost.
 //!
 //! Policies are configurations of the same core: FIFO (submission order,
-//! head-of-line blocking, no quotas), Slurm-like (class priority with age,
-//! EASY backfill on declared max runtimes, no quotas, no preemption) and
-//! gpuflow (fair share over quotas, bounded preemption and backfill).
+//! head-of-line blocking, no quotas), Slurm-like (Slurm's multifactor
+//! priority: fair share with decay, age and job size; EASY backfill on
+//! declared max runtimes, no quotas, no preemption) and gpuflow (fair share
+//! over quotas, bounded preemption and backfill).
 
 use std::collections::BTreeMap;
 
@@ -40,11 +41,15 @@ impl SimPolicy {
         }
     }
 
-    /// One partition with a single QoS: priority plus age, EASY backfill on
-    /// declared max runtimes, no preemption, no quotas.
+    /// One partition with a single QoS, configured as Slurm's multifactor
+    /// priority documentation's example (fair share 100,000 with a 7-day
+    /// usage half-life, age 1,000 up to one day, job size 1,000; see
+    /// [`schedule::Multifactor`]), EASY backfill on declared max runtimes, no
+    /// preemption, no quotas. Every pending job is tried each cycle.
     pub fn slurm() -> SimPolicy {
         let config = Config {
-            ordering: Ordering::Priority,
+            ordering: Ordering::Multifactor,
+            aging_step: 0,
             preemption: false,
             backfill: true,
             quotas: false,

@@ -174,6 +174,38 @@ pub enum Ordering {
     /// Weighted dominant-resource fair share between queues, then class,
     /// priority and age inside a queue.
     FairShare,
+    /// Slurm's multifactor priority across all queues (see [`Multifactor`]):
+    /// class tier first when `class_tiers` is on, then the weighted sum of
+    /// age, fair-share and job-size factors plus the job's own priority.
+    Multifactor,
+}
+
+/// Weights of Slurm's multifactor priority plugin (`PriorityWeight*`), for
+/// [`Ordering::Multifactor`]. A job's priority is the whole part of
+/// `age · min(waited / max_age, 1) + fairshare · 2^(−U/S) + job_size · gpus / cluster gpus`
+/// plus its own priority, where `U` is its queue's share of the decayed usage
+/// of all leaf queues (half-life `Config::usage_half_life`) and `S` its
+/// queue's share of their weights: Slurm's classic fair-share factor over one
+/// level of accounts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Multifactor {
+    pub age: f64,
+    pub fairshare: f64,
+    pub job_size: f64,
+    /// `PriorityMaxAge`, seconds.
+    pub max_age: u64,
+}
+
+impl Default for Multifactor {
+    /// The configuration example of Slurm's multifactor priority documentation.
+    fn default() -> Multifactor {
+        Multifactor {
+            age: 1000.0,
+            fairshare: 100_000.0,
+            job_size: 1000.0,
+            max_age: 24 * 3600,
+        }
+    }
 }
 
 /// Scheduler settings.
@@ -211,6 +243,8 @@ pub struct Config {
     /// Whether priority classes order the queue (off: one tier, as a Slurm
     /// partition with a single QoS, where priority is priority plus age).
     pub class_tiers: bool,
+    /// Weights of [`Ordering::Multifactor`].
+    pub multifactor: Multifactor,
 }
 
 impl Default for Config {
@@ -231,6 +265,7 @@ impl Default for Config {
             tries_per_queue: 8,
             max_reservations: 1,
             class_tiers: true,
+            multifactor: Multifactor::default(),
         }
     }
 }
@@ -927,6 +962,55 @@ impl<'a> Cycle<'a> {
         w.priority.saturating_add(steps as i32)
     }
 
+    /// Slurm's classic fair-share factor `2^(−U/S)` per leaf queue (see
+    /// [`Multifactor`]).
+    fn fair_share_factors(&self) -> BTreeMap<QueueId, f64> {
+        let leaves: Vec<(QueueId, f64, f64)> = self
+            .queues
+            .list()
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (QueueId(i as u32), q.weight.max(0.0)))
+            .filter(|&(id, _)| self.queues.is_leaf(id))
+            .map(|(id, w)| (id, w, self.history.usage.get(&id).copied().unwrap_or(0.0)))
+            .collect();
+        let used: f64 = leaves.iter().map(|l| l.2).sum();
+        let weights: f64 = leaves.iter().map(|l| l.1).sum();
+        leaves
+            .into_iter()
+            .map(|(id, weight, usage)| {
+                let u = if used > 0.0 { usage / used } else { 0.0 };
+                let s = if weights > 0.0 { weight / weights } else { 0.0 };
+                (id, if s > 0.0 { 2f64.powf(-u / s) } else { 0.0 })
+            })
+            .collect()
+    }
+
+    /// A job's multifactor priority (see [`Multifactor`]).
+    fn multifactor_priority(
+        &self,
+        w: &Workload,
+        fair_share: &BTreeMap<QueueId, f64>,
+        cluster_gpus: u64,
+    ) -> i32 {
+        let m = &self.cfg.multifactor;
+        let waited = self.now.saturating_sub(w.submitted) as f64;
+        let age = if m.max_age == 0 {
+            1.0
+        } else {
+            (waited / m.max_age as f64).min(1.0)
+        };
+        let gpus = w.gpu_milli() as f64 / 1000.0;
+        let size = if cluster_gpus > 0 {
+            (gpus / cluster_gpus as f64).min(1.0)
+        } else {
+            0.0
+        };
+        let fs = fair_share.get(&w.queue).copied().unwrap_or(0.0);
+        let p = m.age * age + m.fairshare * fs + m.job_size * size;
+        (p.floor().min(i32::MAX as f64 / 2.0) as i32).saturating_add(w.priority)
+    }
+
     fn order(&mut self) {
         use std::cmp::Reverse;
         // The order is (class tier, priority with aging) highest first, then
@@ -937,6 +1021,16 @@ impl<'a> Cycle<'a> {
         // sorted, which the stable sort takes in about one pass.
         type Tier = (Reverse<u32>, Reverse<i32>);
         let n = self.pending.len();
+        let factors = (self.cfg.ordering == Ordering::Multifactor).then(|| {
+            let gpus = self
+                .placer
+                .cluster()
+                .nodes()
+                .iter()
+                .map(|n| n.gpus.len() as u64)
+                .sum::<u64>();
+            (self.fair_share_factors(), gpus)
+        });
         let mut bucket_of: rustc_hash::FxHashMap<Tier, u32> = Default::default();
         let mut tiers: Vec<Tier> = Vec::new();
         // (bucket, submitted, id, queue) per job: one pass over the jobs.
@@ -950,7 +1044,10 @@ impl<'a> Cycle<'a> {
                     } else {
                         0
                     }),
-                    Reverse(self.effective_priority(w)),
+                    Reverse(match &factors {
+                        Some((f, gpus)) => self.multifactor_priority(w, f, *gpus),
+                        None => self.effective_priority(w),
+                    }),
                 ),
             };
             let b = *bucket_of.entry(tier).or_insert_with(|| {
@@ -1069,7 +1166,7 @@ impl<'a> Cycle<'a> {
                 .unzip();
         }
         match self.cfg.ordering {
-            Ordering::Fifo | Ordering::Priority => {
+            Ordering::Fifo | Ordering::Priority | Ordering::Multifactor => {
                 let order = std::mem::take(&mut self.global);
                 for (pos, &i) in order.iter().enumerate() {
                     let admitted = self.try_admit(i);

@@ -6,8 +6,9 @@
 //! queue org H100=8                          # guaranteed GPUs per flavor
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
-//! config ordering=fifo|priority|fair preemption=off backfill=off quotas=off min_runtime=0 reservations=N
+//! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
 //!        budget=2 window=3600 aging=3600 history=0.5 tries=8
+//! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
 //! cycle 1000                                # one cycle at t=1000 s
@@ -174,6 +175,7 @@ pub fn run(fixture: &str) -> String {
                             cfg.ordering = match v {
                                 "fifo" => Ordering::Fifo,
                                 "priority" => Ordering::Priority,
+                                "multifactor" => Ordering::Multifactor,
                                 _ => Ordering::FairShare,
                             }
                         }
@@ -240,6 +242,10 @@ pub fn run(fixture: &str) -> String {
             "job" => {
                 let (w, _) = parse_work(&toks[1..], &queues, &cfg);
                 fx.pending.push(w);
+            }
+            "usage" => {
+                let q = queues.by_name(toks[1]).expect("a known queue");
+                *history.usage.entry(q).or_default() += toks[2].parse::<f64>().unwrap();
             }
             "cycle" => {
                 let now: u64 = toks[1].parse().unwrap();
