@@ -36,6 +36,11 @@ pub struct ServerArgs {
     /// Seconds a job runs before it may be preempted.
     #[arg(long, default_value_t = 300)]
     pub min_runtime: u64,
+    /// Seconds of work since its last checkpoint (or its start) above which
+    /// a job is not preempted until it checkpoints, so that no preemption
+    /// loses more; 0: no limit.
+    #[arg(long, default_value_t = 3600)]
+    pub max_unsaved: u64,
     /// Output kept per job, in MiB, over all its tasks, streams and
     /// attempts; beyond it only each task's last 16 KiB is kept.
     #[arg(long, default_value_t = 16)]
@@ -180,6 +185,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.node_timeout_s = a.node_timeout.max(1);
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
+    c.max_unsaved_s = (a.max_unsaved > 0).then_some(a.max_unsaved);
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());

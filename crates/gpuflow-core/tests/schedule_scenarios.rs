@@ -158,7 +158,7 @@ fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never(
 #[test]
 fn preemption_respects_min_runtime_and_the_disruption_budget() {
     let out = run("
-        config min_runtime=600 budget=1
+        config min_runtime=600 budget=1 max_unsaved=none
         node n1 gpus=2*H100
         queue org H100=2
         queue team parent=org H100=2
@@ -795,4 +795,41 @@ fn multifactor_priority_puts_fair_share_before_age_and_size_as_slurm_does() {
           pending job 5 (#1 in queue, eta unknown): on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
+}
+
+/// Protect unsaved work: no victim loses more than `max_unsaved` seconds of
+/// work. Job 10 has run 2 h without a checkpoint and keeps its GPU (without
+/// the limit it is the victim); once it has checkpointed, it may be chosen.
+#[test]
+fn a_victim_with_more_than_an_hour_of_unsaved_work_is_not_preempted() {
+    let fixture = |limit: &str, checkpoint: &str| {
+        run(&format!(
+            "
+            config max_unsaved={limit}
+            node n1 gpus=1*H100
+            queue org H100=1
+            queue team parent=org H100=1
+            run 10 queue=team class=batch gpu=whole:1 cpu=1 started=0 {checkpoint}
+            job 1 queue=team class=training gpu=whole:1 cpu=1
+            cycle 7200
+            "
+        ))
+    };
+    expect![[r#"
+        cycle t=7200
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&fixture("3600", ""));
+    expect![[r#"
+        cycle t=7200
+          preempt job 10 for job 1 (Priority): signal now, kill at t=7230, loses 2.00 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&fixture("none", ""));
+    expect![[r#"
+        cycle t=7200
+          preempt job 10 for job 1 (Priority): signal now, kill at t=7230, loses 0.06 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&fixture("3600", "checkpoint=7000"));
 }

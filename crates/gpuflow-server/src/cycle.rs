@@ -104,7 +104,7 @@ pub async fn run_once_with(
         let change = timers(&world, &shared.cfg, t);
         commit(shared.store.as_ref(), &mut world, change).await?;
         world.prune_finished(t, shared.cfg.keep_finished_s);
-        Taken::take(&world, t, shared.cfg.min_runtime_s).map(|mut taken| {
+        Taken::take(&world, t, &shared.cfg).map(|mut taken| {
             taken.snap.fault = shared.cfg.fault.clone();
             taken
         })
@@ -175,10 +175,13 @@ pub async fn run_once_with(
 }
 
 /// The queues running more `flavor` GPUs than they are guaranteed, with
-/// how much, and when the first of their jobs passes the minimum runtime
-/// (before which none is preempted); `None` when no queue borrows.
-fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<String> {
+/// how much, and when the first of their jobs may be preempted: once past
+/// the minimum runtime, unless it holds more unsaved work than the limit (it
+/// is kept until it checkpoints); `None` when no queue borrows.
+fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String> {
     let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    // Per queue: the earliest time one of its jobs may be preempted
+    // (u64::MAX: none may until it checkpoints).
     let mut first_preemptible: BTreeMap<&str, u64> = BTreeMap::new();
     for j in world
         .jobs
@@ -186,7 +189,12 @@ fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<St
         .filter(|j| j.state.allocated() && j.flavor == flavor)
     {
         *used.entry(j.spec.queue.as_str()).or_default() += quota_milli(&j.spec);
-        let from = j.started_at.unwrap_or(t) + min_runtime;
+        let started = j.started_at.unwrap_or(t);
+        let saved = j.last_checkpoint.unwrap_or(started).max(started);
+        let from = match cfg.max_unsaved {
+            Some(m) if t.saturating_sub(saved) > m => u64::MAX,
+            _ => started + cfg.min_runtime,
+        };
         let e = first_preemptible
             .entry(j.spec.queue.as_str())
             .or_insert(from);
@@ -212,7 +220,12 @@ fn borrowers(world: &World, flavor: &str, t: u64, min_runtime: u64) -> Option<St
     if over.is_empty() {
         return None;
     }
-    let when = if from <= t {
+    let when = if from == u64::MAX {
+        format!(
+            "each of their jobs holds more than {} s of work since its last checkpoint and is not preempted until it checkpoints or ends",
+            cfg.max_unsaved.unwrap_or(0)
+        )
+    } else if from <= t {
         "their jobs are past the minimum runtime".to_string()
     } else {
         format!(
@@ -238,7 +251,7 @@ async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerE
         let history = world.history.to_core(&snap.queues);
         (snap, history)
     };
-    let cfg = config(shared.cfg.min_runtime_s);
+    let cfg = config(&shared.cfg);
     let culprit = tokio::task::spawn_blocking(move || {
         let ids: Vec<usize> = (0..snap.pending.len()).collect();
         let mut fails = |subset: &[usize]| {
@@ -340,7 +353,7 @@ struct Taken {
 
 impl Taken {
     /// `None` when nothing waits and nothing runs.
-    fn take(world: &World, t: u64, min_runtime: u64) -> Option<Taken> {
+    fn take(world: &World, t: u64, server: &crate::Config) -> Option<Taken> {
         let pending = world
             .jobs
             .values()
@@ -356,7 +369,7 @@ impl Taken {
         Some(Taken {
             snap,
             history,
-            cfg: config(min_runtime),
+            cfg: config(server),
             t,
             pending,
             shapes: world
@@ -568,7 +581,7 @@ impl Computed {
                     if let schedule::PendingReason::Quota { flavor, .. } = r {
                         let line = lenders
                             .entry(flavor.to_string())
-                            .or_insert_with(|| borrowers(world, flavor, t, taken.cfg.min_runtime));
+                            .or_insert_with(|| borrowers(world, flavor, t, &taken.cfg));
                         if let Some(line) = line {
                             reasons.push(line.clone());
                         }
@@ -609,9 +622,10 @@ impl Computed {
 }
 
 /// The core's configuration for the server's cycles.
-fn config(min_runtime: u64) -> Config {
+fn config(server: &crate::Config) -> Config {
     Config {
-        min_runtime,
+        min_runtime: server.min_runtime_s,
+        max_unsaved: server.max_unsaved_s,
         classes: classes(),
         ..Config::default()
     }
@@ -705,13 +719,13 @@ pub struct Trial {
 
 impl Trial {
     /// Takes the snapshot (the only part that needs the state lock).
-    pub fn take(world: &World, t: u64, min_runtime: u64) -> Trial {
+    pub fn take(world: &World, t: u64, server: &crate::Config) -> Trial {
         let snap = snapshot(world, t);
         let history = world.history.to_core(&snap.queues);
         Trial {
             snap,
             history,
-            cfg: config(min_runtime),
+            cfg: config(server),
             t,
         }
     }

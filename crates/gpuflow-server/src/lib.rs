@@ -64,6 +64,9 @@ pub struct Config {
     pub cycle_interval: Duration,
     /// A job runs at least this long before it may be preempted.
     pub min_runtime_s: u64,
+    /// A job with more work than this since its last checkpoint (or its
+    /// start) is not preempted; `None`: no limit.
+    pub max_unsaved_s: Option<u64>,
     /// Request bodies larger than this are refused.
     pub max_body_bytes: usize,
     /// Finished jobs stay in memory this long, then are read from the store.
@@ -107,6 +110,7 @@ impl Config {
             node_timeout_s: 30,
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
+            max_unsaved_s: Some(3600),
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,
             job_log_bytes: 16 << 20,

@@ -1166,6 +1166,56 @@ async fn a_borrowing_gang_is_reclaimed_for_a_queue_within_its_guarantee() {
     );
 }
 
+/// Protect unsaved work: a borrower whose job holds more work since its
+/// last checkpoint than the limit keeps its GPU when the owner comes back,
+/// and `why` says so; without the limit it is reclaimed.
+#[tokio::test]
+async fn a_borrower_with_more_unsaved_work_than_the_limit_keeps_its_gpu_and_why_says_so() {
+    for limit in [Some(1), None] {
+        let h = harness_with(|c| {
+            c.min_runtime_s = 0;
+            c.max_unsaved_s = limit;
+        })
+        .await;
+        let a = &h.admin;
+        for (team, guaranteed) in [("owner", 1.0), ("borrower", 0.0)] {
+            team_with_queue(&h, team, guaranteed).await;
+        }
+        let tok = register(&h, "n1", inventory(&["GPU-a"], 65536)).await;
+        let theirs = submit(&h, "borrower", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        heartbeat(
+            &h,
+            "n1",
+            &tok,
+            inventory(&["GPU-a"], 65536),
+            &[(theirs, 1, "running")],
+        )
+        .await;
+        assert_eq!(
+            job_state(&h.get(&format!("/v1/jobs/{theirs}"), a).await.1),
+            "running"
+        );
+        // Two seconds of unsaved work: over a limit of one.
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        let mine = submit(&h, "owner", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        let state = job_state(&h.get(&format!("/v1/jobs/{theirs}"), a).await.1);
+        if limit.is_none() {
+            assert_eq!(state, "stopping", "reclaimed without a limit");
+            continue;
+        }
+        assert_eq!(state, "running", "protected by the limit");
+        let (_, why) = h.get(&format!("/v1/jobs/{mine}/why"), a).await;
+        let reasons = why["reasons"].to_string();
+        assert!(
+            reasons.contains("borrowing H100 beyond their guarantee: borrower (1.00 GPUs, 0.00 guaranteed)")
+                && reasons.contains("more than 1 s of work since its last checkpoint and is not preempted until it checkpoints or ends"),
+            "{why}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_evicted_job_counts_in_its_queues_quota_until_it_is_gone() {
     let h = harness(None).await;

@@ -103,13 +103,14 @@ impl SimPolicy {
         "notebooks_borrow",
         "disruption_budget",
         "disruption_window",
+        "max_unsaved",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
     /// `tries_per_queue=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
-    /// `disruption_window=SECONDS`.
+    /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`.
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -137,6 +138,12 @@ impl SimPolicy {
                             .filter(|b: &f64| b.is_finite() && *b >= 0.0)
                             .ok_or_else(bad)?,
                     ),
+                }
+            }
+            "max_unsaved" => {
+                c.max_unsaved = match value {
+                    "none" => None,
+                    v => Some(v.parse().map_err(|_| bad())?),
                 }
             }
             "disruption_window" => {

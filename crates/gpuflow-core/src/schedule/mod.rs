@@ -155,12 +155,16 @@ impl Running {
 
     /// [`Running::lost_gpu_seconds`] for a known GPU demand in milli-GPU.
     fn lost_with(&self, now: u64, milli: u64) -> f64 {
-        let since = now.saturating_sub(
+        self.unsaved(now) as f64 * milli as f64 / 1000.0
+    }
+
+    /// Seconds of work since its last checkpoint (or its start).
+    pub fn unsaved(&self, now: u64) -> u64 {
+        now.saturating_sub(
             self.last_checkpoint
                 .unwrap_or(self.started)
                 .max(self.started),
-        );
-        since as f64 * milli as f64 / 1000.0
+        )
     }
 }
 
@@ -227,6 +231,11 @@ pub struct Config {
     pub aging_cap: i32,
     /// Runtime before a job may be preempted, seconds.
     pub min_runtime: u64,
+    /// Protect unsaved work: a running job with more than this many seconds
+    /// of work since its last checkpoint (or its start) is not preempted, so
+    /// no victim loses more; it becomes a candidate again once it
+    /// checkpoints. `None`: no limit.
+    pub max_unsaved: Option<u64>,
     /// GPU-hours of lost work each queue may suffer per window; `None`: no limit.
     pub disruption_budget: Option<f64>,
     pub disruption_window: u64,
@@ -260,6 +269,7 @@ impl Default for Config {
             aging_step: 3600,
             aging_cap: 10,
             min_runtime: 300,
+            max_unsaved: Some(3600),
             disruption_budget: None,
             disruption_window: 3600,
             tries_per_queue: 8,
@@ -796,7 +806,8 @@ impl<'a> Cycle<'a> {
                 node: NODE_UNKNOWN,
                 gpus: 0,
                 preemptible: class.is_some_and(|c| c.preemptible)
-                    && now.saturating_sub(r.started) >= cfg.min_runtime,
+                    && now.saturating_sub(r.started) >= cfg.min_runtime
+                    && cfg.max_unsaved.is_none_or(|m| r.unsaved(now) <= m),
                 victim: r.stopping_at.is_some(),
             });
             if has_user_limits(queues, r.work.queue) {

@@ -7,7 +7,7 @@
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
-//!        budget=2 window=3600 aging=3600 history=0.5 tries=8
+//!        budget=2 window=3600 aging=3600 history=0.5 tries=8 max_unsaved=3600|none
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
@@ -183,6 +183,9 @@ pub fn run(fixture: &str) -> String {
                         "backfill" => cfg.backfill = v != "off",
                         "quotas" => cfg.quotas = v != "off",
                         "min_runtime" => cfg.min_runtime = v.parse().unwrap(),
+                        "max_unsaved" => {
+                            cfg.max_unsaved = (v != "none").then(|| v.parse().unwrap())
+                        }
                         "budget" => cfg.disruption_budget = Some(v.parse().unwrap()),
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "aging" => cfg.aging_step = v.parse().unwrap(),

@@ -291,7 +291,7 @@ async fn submit(
     if test_only {
         // The cycle the server would run now, with this job in it, on a
         // snapshot; nothing is stored and no id is used up.
-        let trial = crate::cycle::Trial::take(&world, at, shared.cfg.min_runtime_s);
+        let trial = crate::cycle::Trial::take(&world, at, &shared.cfg);
         drop(world);
         let _turn = shared.diagnoses.acquire().await;
         let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
@@ -505,11 +505,9 @@ async fn why(
                 // worked out once per cycle.
                 let d = match world.diagnosed.get(&id) {
                     Some(found) => Err(found.clone()),
-                    None if world.unreached.contains(&id) => Ok(crate::cycle::Trial::take(
-                        &world,
-                        crate::now(),
-                        shared.cfg.min_runtime_s,
-                    )),
+                    None if world.unreached.contains(&id) => {
+                        Ok(crate::cycle::Trial::take(&world, crate::now(), &shared.cfg))
+                    }
                     None => Err(None),
                 };
                 (w, Some(d))
