@@ -115,7 +115,7 @@ pub struct RunArgs {
     demand: Option<String>,
     /// Settings of a policy changed for an experiment, `POLICY.KEY=VALUE`,
     /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
-    /// slurm-like.max_reservations=100` (settings: tries_per_queue,
+    /// slurm-like.max_reservations=100` (settings: tries_per_queue, tries_per_cycle,
     /// max_reservations, min_runtime, history_weight, preemption,
     /// notebooks_borrow, disruption_budget, disruption_window, max_unsaved).
     #[arg(long)]

@@ -516,12 +516,12 @@ fn the_backlog_is_ordered_by_class_then_aged_priority_then_submission() {
     expect![[r#"
         cycle t=7200
           pending job 1 (#7 in queue, eta unknown): queue org is held: it accepts work but starts none
-          pending job 2 (#6 in queue, eta t=7200): not reached this cycle: 4 job(s) ahead were tried first
+          pending job 2 (#6 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 3 (#3 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 4 (#2 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 5 (#1 in queue, eta unknown): queue org is held: it accepts work but starts none
           pending job 6 (#4 in queue, eta unknown): queue org is held: it accepts work but starts none
-          pending job 7 (#5 in queue, eta t=7200): not reached this cycle: 4 job(s) ahead were tried first
+          pending job 7 (#5 in queue, eta unknown): queue org is held: it accepts work but starts none
     "#]].assert_eq(&out);
 }
 
@@ -832,4 +832,46 @@ fn a_victim_with_more_than_an_hour_of_unsaved_work_is_not_preempted() {
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&fixture("3600", "checkpoint=7000"));
+}
+
+/// A cycle's failed tries are shared among the queues with pending work:
+/// one queue alone tries deeper than `tries_per_queue` (here 2), and reaches
+/// the job that fits behind four that do not.
+#[test]
+fn a_queue_alone_tries_deeper_into_its_backlog_within_the_cycles_tries() {
+    let fixture = |per_cycle: u32| {
+        run(&format!(
+            "
+            config tries=2 tries_per_cycle={per_cycle} preemption=off backfill=off
+            node n1 gpus=4*H100
+            queue org H100=4
+            queue team parent=org H100=4
+            run 10 queue=team class=batch gpu=whole:2 cpu=1 started=0
+            job 1 queue=team class=batch submit=1 gpu=whole:4 cpu=1
+            job 2 queue=team class=batch submit=2 gpu=whole:4 cpu=1
+            job 3 queue=team class=batch submit=3 gpu=whole:4 cpu=1
+            job 4 queue=team class=batch submit=4 gpu=whole:4 cpu=1
+            job 5 queue=team class=batch submit=5 gpu=whole:2 cpu=1   # fits
+            cycle 100
+            "
+        ))
+    };
+    expect![[r#"
+        cycle t=100
+          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
+          pending job 4 (#4 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
+          pending job 5 (#5 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
+    "#]]
+    .assert_eq(&fixture(0));
+    expect![[r#"
+        cycle t=100
+          start job 5 on H100: n1[2,3]
+          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 4 (#4 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&fixture(10));
 }

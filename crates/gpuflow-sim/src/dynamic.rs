@@ -96,6 +96,7 @@ impl SimPolicy {
     /// The settings [`SimPolicy::tune`] knows.
     pub const KNOBS: &'static [&'static str] = &[
         "tries_per_queue",
+        "tries_per_cycle",
         "max_reservations",
         "min_runtime",
         "history_weight",
@@ -107,7 +108,7 @@ impl SimPolicy {
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
-    /// `tries_per_queue=N`, `max_reservations=N`, `min_runtime=SECONDS`,
+    /// `tries_per_queue=N`, `tries_per_cycle=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
     /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`.
@@ -119,6 +120,7 @@ impl SimPolicy {
         let c = &mut self.config;
         match key {
             "tries_per_queue" => c.tries_per_queue = value.parse().map_err(|_| bad())?,
+            "tries_per_cycle" => c.tries_per_cycle = value.parse().map_err(|_| bad())?,
             "max_reservations" => c.max_reservations = value.parse().map_err(|_| bad())?,
             "min_runtime" => c.min_runtime = value.parse().map_err(|_| bad())?,
             "history_weight" => {

@@ -242,8 +242,14 @@ pub struct Config {
     /// Failed tries per leaf queue per cycle, shared out equally among the
     /// classes the queue has pending: a class that used its share waits for
     /// the next cycle, and the queue's other classes go on (no head-of-line
-    /// blocking across classes).
+    /// blocking across classes). A queue gets more when `tries_per_cycle`
+    /// allows.
     pub tries_per_queue: usize,
+    /// Failed tries a cycle may spend in all, shared out equally among the
+    /// leaf queues with pending jobs (each gets at least `tries_per_queue`):
+    /// few queues try deep into their backlogs, many queues keep the cycle's
+    /// cost bounded.
+    pub tries_per_cycle: usize,
     /// Jobs blocked by capacity that get a reservation each cycle, in
     /// order (Slurm's `bf_max_job_test`): each holds the nodes where it
     /// could start earliest, and later jobs that would still run then keep
@@ -273,6 +279,7 @@ impl Default for Config {
             disruption_budget: None,
             disruption_window: 3600,
             tries_per_queue: 8,
+            tries_per_cycle: 3_000,
             max_reservations: 1,
             class_tiers: true,
             multifactor: Multifactor::default(),
@@ -1201,20 +1208,19 @@ impl<'a> Cycle<'a> {
                 // tries are shared out among the classes it has pending, and
                 // a class that used its share holds back only its own jobs
                 // (kept with the queue position where it did). The queue's
-                // total stays about `tries_per_queue`.
+                // total stays about its part of `tries_per_cycle`, at least
+                // `tries_per_queue`.
                 let mut share: BTreeMap<QueueId, usize> = BTreeMap::new();
+                let per_queue = self
+                    .cfg
+                    .tries_per_queue
+                    .max(self.cfg.tries_per_cycle / self.per_queue.len().max(1));
                 for (&q, list) in &self.per_queue {
                     let mut classes: Vec<usize> =
                         list.iter().map(|&j| self.pending[j].class).collect();
                     classes.sort_unstable();
                     classes.dedup();
-                    share.insert(
-                        q,
-                        self.cfg
-                            .tries_per_queue
-                            .div_ceil(classes.len().max(1))
-                            .max(1),
-                    );
+                    share.insert(q, per_queue.div_ceil(classes.len().max(1)).max(1));
                 }
                 let mut tries: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
                 let mut blocked: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();

@@ -8,6 +8,7 @@
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
 //!        budget=2 window=3600 aging=3600 history=0.5 tries=8 max_unsaved=3600|none
+//!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
@@ -190,8 +191,13 @@ pub fn run(fixture: &str) -> String {
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "aging" => cfg.aging_step = v.parse().unwrap(),
                         "history" => cfg.history_weight = v.parse().unwrap(),
-                        "tries" => cfg.tries_per_queue = v.parse().unwrap(),
+                        "tries" => {
+                            // Exactly N a queue: no cycle-wide share on top.
+                            cfg.tries_per_queue = v.parse().unwrap();
+                            cfg.tries_per_cycle = 0;
+                        }
                         "reservations" => cfg.max_reservations = v.parse().unwrap(),
+                        "tries_per_cycle" => cfg.tries_per_cycle = v.parse().unwrap(),
                         _ => panic!("unknown config {k}"),
                     }
                 }
