@@ -67,6 +67,9 @@ pub struct Config {
     /// A job with more work than this since its last checkpoint (or its
     /// start) is not preempted; `None`: no limit.
     pub max_unsaved_s: Option<u64>,
+    /// Failed tries a cycle may spend, shared among the queues with pending
+    /// jobs (each gets at least 8); see the core's `Config::tries_per_cycle`.
+    pub tries_per_cycle: usize,
     /// Request bodies larger than this are refused.
     pub max_body_bytes: usize,
     /// Finished jobs stay in memory this long, then are read from the store.
@@ -111,6 +114,7 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_unsaved_s: Some(3600),
+            tries_per_cycle: gpuflow_core::schedule::Config::default().tries_per_cycle,
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,
             job_log_bytes: 16 << 20,
