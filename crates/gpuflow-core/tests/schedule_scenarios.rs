@@ -799,7 +799,8 @@ fn multifactor_priority_puts_fair_share_before_age_and_size_as_slurm_does() {
 
 /// Protect unsaved work: no victim loses more than `max_unsaved` seconds of
 /// work. Job 10 has run 2 h without a checkpoint and keeps its GPU (without
-/// the limit it is the victim); once it has checkpointed, it may be chosen.
+/// the limit it is the victim), and job 1 is told so; once job 10 has
+/// checkpointed, it may be chosen.
 #[test]
 fn a_victim_with_more_than_an_hour_of_unsaved_work_is_not_preempted() {
     let fixture = |limit: &str, checkpoint: &str| {
@@ -817,7 +818,7 @@ fn a_victim_with_more_than_an_hour_of_unsaved_work_is_not_preempted() {
     };
     expect![[r#"
         cycle t=7200
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; 1 running job(s) that could make room hold more than 1 h of work since their last checkpoint and are not preempted until they checkpoint or end
     "#]]
     .assert_eq(&fixture("3600", ""));
     expect![[r#"

@@ -406,6 +406,13 @@ pub enum PendingReason {
     WaitingForPreemption {
         victims: usize,
     },
+    /// Running jobs that could make room hold more work since their last
+    /// checkpoint than `Config::max_unsaved` and are kept until they
+    /// checkpoint or end.
+    UnsavedWork {
+        jobs: usize,
+        limit_s: u64,
+    },
     /// Preemption would help, but would pass a queue's disruption budget.
     DisruptionBudget {
         queue: String,
@@ -531,6 +538,19 @@ impl fmt::Display for PendingReason {
                 f,
                 "preempting would pass queue {queue}'s disruption budget: {used:.2} of {budget:.2} GPU-hours already lost in the window"
             ),
+            PendingReason::UnsavedWork { jobs, limit_s } => {
+                let limit = if limit_s % 3600 == 0 {
+                    format!("{} h", limit_s / 3600)
+                } else if limit_s % 60 == 0 {
+                    format!("{} min", limit_s / 60)
+                } else {
+                    format!("{limit_s} s")
+                };
+                write!(
+                    f,
+                    "{jobs} running job(s) that could make room hold more than {limit} of work since their last checkpoint and are not preempted until they checkpoint or end"
+                )
+            }
             PendingReason::NotReached { ahead } => write!(
                 f,
                 "not reached this cycle: {ahead} job(s) ahead were tried first"
@@ -641,6 +661,9 @@ struct RunInfo {
     gpus: u64,
     /// Its class is preemptible and it ran its minimum runtime.
     preemptible: bool,
+    /// It would be preemptible but holds more unsaved work than
+    /// `Config::max_unsaved`.
+    unsaved_held: bool,
     /// Told to stop, this cycle or earlier.
     victim: bool,
 }
@@ -723,6 +746,10 @@ struct Cycle<'a> {
     /// not stopping at the start of the cycle: (flavor index, rank, priority,
     /// index into `running`), scanned by every victim search of the queue.
     own_scan: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>>,
+    /// Running jobs kept for their unsaved work ([`RunInfo::unsaved_held`]):
+    /// per queue (flavor, rank, priority), and counted per (queue, flavor).
+    held_own: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32)>>,
+    held_count: rustc_hash::FxHashMap<(QueueId, u32), usize>,
     /// Indices into `running`, per queue.
     running_by_queue: rustc_hash::FxHashMap<QueueId, Vec<usize>>,
     /// Per flavor, the queues with running jobs that use more than their
@@ -815,6 +842,10 @@ impl<'a> Cycle<'a> {
                 preemptible: class.is_some_and(|c| c.preemptible)
                     && now.saturating_sub(r.started) >= cfg.min_runtime
                     && cfg.max_unsaved.is_none_or(|m| r.unsaved(now) <= m),
+                unsaved_held: class.is_some_and(|c| c.preemptible)
+                    && r.stopping_at.is_none()
+                    && now.saturating_sub(r.started) >= cfg.min_runtime
+                    && cfg.max_unsaved.is_some_and(|m| r.unsaved(now) > m),
                 victim: r.stopping_at.is_some(),
             });
             if has_user_limits(queues, r.work.queue) {
@@ -867,6 +898,23 @@ impl<'a> Cycle<'a> {
             users,
             protected,
             ready,
+            held_own: {
+                let mut m: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32)>> =
+                    Default::default();
+                for r in run.iter().filter(|r| r.unsaved_held) {
+                    m.entry(r.queue)
+                        .or_default()
+                        .push((r.flavor, r.rank, r.priority));
+                }
+                m
+            },
+            held_count: {
+                let mut m: rustc_hash::FxHashMap<(QueueId, u32), usize> = Default::default();
+                for r in run.iter().filter(|r| r.unsaved_held) {
+                    *m.entry((r.queue, r.flavor)).or_default() += 1;
+                }
+                m
+            },
             own_scan: {
                 let mut m: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>> =
                     Default::default();
@@ -1342,6 +1390,12 @@ impl<'a> Cycle<'a> {
                     return self.wait(i, PendingReason::WaitingForPreemption { victims: n });
                 }
             }
+            if let Some(limit_s) = self.cfg.max_unsaved {
+                let jobs = self.unsaved_held_for(i, &flavors);
+                if jobs > 0 {
+                    reasons.push(PendingReason::UnsavedWork { jobs, limit_s });
+                }
+            }
         }
         // Backfill: the first jobs blocked by capacity (not quota) get a reservation.
         if self.cfg.backfill
@@ -1748,6 +1802,36 @@ impl<'a> Cycle<'a> {
         }
         self.admitted.push((w.job.id, flavor.to_string(), p));
         self.admitted_idx.push(i);
+    }
+
+    /// Running jobs job `i` could preempt on `flavors` (its own queue's of
+    /// lower priority; borrowers' where it is within its guarantee) but that
+    /// are kept for their unsaved work.
+    fn unsaved_held_for(&self, i: usize, flavors: &[Arc<str>]) -> usize {
+        let w = &self.pending[i];
+        let my_rank = (self.rank(w), w.priority);
+        let mut n = 0;
+        for flavor in flavors {
+            let fi = self.fidx(flavor);
+            n += self
+                .held_own
+                .get(&w.queue)
+                .into_iter()
+                .flatten()
+                .filter(|&&(f, rank, priority)| f == fi && (rank, priority) < my_rank)
+                .count();
+            if fi != NO_FLAVOR && self.within_guarantee(i, flavor) {
+                n += self
+                    .borrowers
+                    .get(&**flavor)
+                    .into_iter()
+                    .flatten()
+                    .filter(|&&q| q != w.queue)
+                    .map(|&q| self.held_count.get(&(q, fi)).copied().unwrap_or(0))
+                    .sum::<usize>();
+            }
+        }
+        n
     }
 
     /// Victims whose removal lets job `i` fit (quota and placement), chosen to
