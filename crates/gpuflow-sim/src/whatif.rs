@@ -284,15 +284,8 @@ pub fn summarise(
             .collect()
     };
     let mut all = waits(None);
-    let start = r.outcomes.iter().map(|o| o.submit).min().unwrap_or(0);
-    let end = r
-        .outcomes
-        .iter()
-        .filter_map(|o| o.finish)
-        .max()
-        .unwrap_or(start)
-        .max(start + 1);
-    let span_h = (end - start) as f64 / 3600.0;
+    // At least a second, so that rates stay finite.
+    let span_h = crate::dynamic::makespan(r).max(1.0 / 3600.0);
     let gpus: u64 = spec
         .nodes
         .iter()

@@ -746,10 +746,9 @@ struct Cycle<'a> {
     /// not stopping at the start of the cycle: (flavor index, rank, priority,
     /// index into `running`), scanned by every victim search of the queue.
     own_scan: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32, u32)>>,
-    /// Running jobs kept for their unsaved work ([`RunInfo::unsaved_held`]):
-    /// per queue (flavor, rank, priority), and counted per (queue, flavor).
-    held_own: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32)>>,
-    held_count: rustc_hash::FxHashMap<(QueueId, u32), usize>,
+    /// Running jobs kept for their unsaved work ([`RunInfo::unsaved_held`]),
+    /// per queue: (flavor index, rank, priority).
+    held: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32)>>,
     /// Indices into `running`, per queue.
     running_by_queue: rustc_hash::FxHashMap<QueueId, Vec<usize>>,
     /// Per flavor, the queues with running jobs that use more than their
@@ -829,6 +828,9 @@ impl<'a> Cycle<'a> {
             let milli = r.work.gpu_milli();
             let fi = flavor_index(queues, &r.flavor);
             let class = cfg.classes.get(r.work.class);
+            let may_preempt = class.is_some_and(|c| c.preemptible)
+                && now.saturating_sub(r.started) >= cfg.min_runtime;
+            let over_unsaved = cfg.max_unsaved.is_some_and(|m| r.unsaved(now) > m);
             run.push(RunInfo {
                 id: r.work.job.id,
                 queue: r.work.queue,
@@ -839,13 +841,8 @@ impl<'a> Cycle<'a> {
                 lost: r.lost_with(now, milli),
                 node: NODE_UNKNOWN,
                 gpus: 0,
-                preemptible: class.is_some_and(|c| c.preemptible)
-                    && now.saturating_sub(r.started) >= cfg.min_runtime
-                    && cfg.max_unsaved.is_none_or(|m| r.unsaved(now) <= m),
-                unsaved_held: class.is_some_and(|c| c.preemptible)
-                    && r.stopping_at.is_none()
-                    && now.saturating_sub(r.started) >= cfg.min_runtime
-                    && cfg.max_unsaved.is_some_and(|m| r.unsaved(now) > m),
+                preemptible: may_preempt && !over_unsaved,
+                unsaved_held: may_preempt && over_unsaved && r.stopping_at.is_none(),
                 victim: r.stopping_at.is_some(),
             });
             if has_user_limits(queues, r.work.queue) {
@@ -898,20 +895,13 @@ impl<'a> Cycle<'a> {
             users,
             protected,
             ready,
-            held_own: {
+            held: {
                 let mut m: rustc_hash::FxHashMap<QueueId, Vec<(u32, u32, i32)>> =
                     Default::default();
                 for r in run.iter().filter(|r| r.unsaved_held) {
                     m.entry(r.queue)
                         .or_default()
                         .push((r.flavor, r.rank, r.priority));
-                }
-                m
-            },
-            held_count: {
-                let mut m: rustc_hash::FxHashMap<(QueueId, u32), usize> = Default::default();
-                for r in run.iter().filter(|r| r.unsaved_held) {
-                    *m.entry((r.queue, r.flavor)).or_default() += 1;
                 }
                 m
             },
@@ -1264,11 +1254,14 @@ impl<'a> Cycle<'a> {
                     .tries_per_queue
                     .max(self.cfg.tries_per_cycle / self.per_queue.len().max(1));
                 for (&q, list) in &self.per_queue {
-                    let mut classes: Vec<usize> =
-                        list.iter().map(|&j| self.pending[j].class).collect();
-                    classes.sort_unstable();
-                    classes.dedup();
-                    share.insert(q, per_queue.div_ceil(classes.len().max(1)).max(1));
+                    // Distinct classes pending, as bits (classes past the
+                    // 128th share the last bit: a larger share, never a
+                    // smaller one).
+                    let classes = list
+                        .iter()
+                        .fold(0u128, |m, &j| m | 1 << self.pending[j].class.min(127))
+                        .count_ones() as usize;
+                    share.insert(q, per_queue.div_ceil(classes.max(1)).max(1));
                 }
                 let mut tries: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
                 let mut blocked: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
@@ -1810,16 +1803,20 @@ impl<'a> Cycle<'a> {
     fn unsaved_held_for(&self, i: usize, flavors: &[Arc<str>]) -> usize {
         let w = &self.pending[i];
         let my_rank = (self.rank(w), w.priority);
+        let held = |q: QueueId, fi: u32, below: Option<(u32, i32)>| {
+            self.held
+                .get(&q)
+                .into_iter()
+                .flatten()
+                .filter(|&&(f, rank, priority)| {
+                    f == fi && below.is_none_or(|b| (rank, priority) < b)
+                })
+                .count()
+        };
         let mut n = 0;
         for flavor in flavors {
             let fi = self.fidx(flavor);
-            n += self
-                .held_own
-                .get(&w.queue)
-                .into_iter()
-                .flatten()
-                .filter(|&&(f, rank, priority)| f == fi && (rank, priority) < my_rank)
-                .count();
+            n += held(w.queue, fi, Some(my_rank));
             if fi != NO_FLAVOR && self.within_guarantee(i, flavor) {
                 n += self
                     .borrowers
@@ -1827,7 +1824,7 @@ impl<'a> Cycle<'a> {
                     .into_iter()
                     .flatten()
                     .filter(|&&q| q != w.queue)
-                    .map(|&q| self.held_count.get(&(q, fi)).copied().unwrap_or(0))
+                    .map(|&q| held(q, fi, None))
                     .sum::<usize>();
             }
         }
