@@ -1,0 +1,636 @@
+//! The scheduler on Kubernetes: watch caches of nodes, pods, `GpuQueue`s and
+//! disruption budgets (kube-runtime reflectors: list, then watch with
+//! bookmarks, listing again after `410 Gone`); while this replica holds the
+//! lease, a cycle every `interval` and whenever something changes:
+//! 1. [`snapshot::build`] turns the caches into the core's inputs;
+//! 2. `gpuflow_core::schedule::schedule` plans;
+//! 3. the plan is written: a gang's pods are first annotated with their
+//!    planned nodes ([`snapshot::PLANNED`]), then each is bound through the
+//!    binding subresource, so a scheduler that stops half-way through a gang
+//!    is finished by the next one; victims are deleted with their grace
+//!    period (their containers get SIGTERM: the checkpoint signal), within
+//!    their disruption budgets; a pod that waits gets `PodScheduled=False`
+//!    with gpuflow's reasons, position and ETA, and an event when that
+//!    changes.
+//!
+//! Pods it bound are remembered until the cache shows them bound
+//! (kube-scheduler's "assumed" pods), so a cycle never places a pod twice or
+//! counts a node's GPUs as free before the cache catches up.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gpuflow_core::schedule::{self, Config, History, PriorityClass};
+use k8s_openapi::api::core::v1::{
+    Binding, Event, EventSource, Node, ObjectReference, Pod, PodCondition,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::crd::GpuQueue;
+use crate::lease::Elector;
+use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
+
+/// How the scheduler runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Pods with this `schedulerName` are gpuflow's.
+    pub scheduler_name: String,
+    /// This replica's name in the lease.
+    pub identity: String,
+    /// The namespace of the lease.
+    pub namespace: String,
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    /// Cycles run at least this often, and when something changes.
+    pub interval: Duration,
+    pub topology: TopologyLabels,
+    pub config: Config,
+    /// Bindings in flight at once.
+    pub bind_concurrency: usize,
+    /// A waiting pod's condition is rewritten at most this often unless its
+    /// reasons change.
+    pub explain_every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            scheduler_name: "gpuflow".into(),
+            identity: std::env::var("HOSTNAME").unwrap_or_else(|_| "gpuflow".into()),
+            namespace: "gpuflow-system".into(),
+            lease_name: "gpuflow-scheduler".into(),
+            lease_duration: Duration::from_secs(15),
+            interval: Duration::from_secs(1),
+            topology: TopologyLabels::default(),
+            config: Config::default(),
+            bind_concurrency: 64,
+            explain_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one cycle did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cycle {
+    pub bound: usize,
+    pub preempted: usize,
+    pub explained: usize,
+    pub pending: usize,
+}
+
+struct Caches {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    queues: Store<GpuQueue>,
+    budgets: Store<PodDisruptionBudget>,
+}
+
+/// A scheduler replica.
+pub struct Scheduler {
+    client: Client,
+    settings: Settings,
+    caches: Caches,
+    changed: Arc<tokio::sync::Notify>,
+    elector: Elector,
+    history: History,
+    assumed: BTreeMap<String, String>,
+    /// Per waiting pod: the reasons last written and when.
+    explained: BTreeMap<String, (String, Instant)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn reflect<K>(
+    api: Api<K>,
+    changed: Arc<tokio::sync::Notify>,
+) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => changed.notify_one(),
+                Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
+            }
+        }
+    });
+    (reader, task)
+}
+
+fn reflector<K, W>(
+    writer: reflector::store::Writer<K>,
+    stream: W,
+) -> impl futures::Stream<Item = W::Item>
+where
+    K: kube::runtime::reflector::Lookup + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+    W: futures::Stream<Item = watcher::Result<watcher::Event<K>>>,
+{
+    kube::runtime::reflector::reflector(writer, stream)
+}
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+impl Scheduler {
+    /// Starts the watches; [`Scheduler::run`] or [`Scheduler::tick`] then
+    /// schedule.
+    pub fn new(client: Client, settings: Settings) -> Scheduler {
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let mut tasks = Vec::new();
+        let (nodes, t) = reflect(Api::<Node>::all(client.clone()), changed.clone());
+        tasks.push(t);
+        let (pods, t) = reflect(Api::<Pod>::all(client.clone()), changed.clone());
+        tasks.push(t);
+        let (queues, t) = reflect(Api::<GpuQueue>::all(client.clone()), changed.clone());
+        tasks.push(t);
+        let (budgets, t) = reflect(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            changed.clone(),
+        );
+        tasks.push(t);
+        let elector = Elector::new(
+            Api::namespaced(client.clone(), &settings.namespace),
+            &settings.lease_name,
+            &settings.identity,
+            settings.lease_duration,
+        );
+        Scheduler {
+            client,
+            settings,
+            caches: Caches {
+                nodes,
+                pods,
+                queues,
+                budgets,
+            },
+            changed,
+            elector,
+            history: History::default(),
+            assumed: BTreeMap::new(),
+            explained: BTreeMap::new(),
+            tasks,
+        }
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn ready(&self) {
+        let c = &self.caches;
+        let _ = c.nodes.wait_until_ready().await;
+        let _ = c.pods.wait_until_ready().await;
+        let _ = c.queues.wait_until_ready().await;
+        let _ = c.budgets.wait_until_ready().await;
+    }
+
+    /// Runs until `stop` resolves: renews or takes the lease, and schedules
+    /// while it holds it. Gives the lease up on the way out.
+    ///
+    /// # Errors
+    /// None so far: API failures are logged and retried.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+        self.ready().await;
+        let mut stop = std::pin::pin!(stop);
+        let renew_every = self.settings.lease_duration / 3;
+        let mut renewed: Option<Instant> = None;
+        loop {
+            let leading = match renewed {
+                Some(at) if at.elapsed() < renew_every => true,
+                _ => match self.elector.try_lead().await {
+                    Ok(true) => {
+                        renewed = Some(Instant::now());
+                        true
+                    }
+                    Ok(false) => {
+                        if renewed.take().is_some() {
+                            tracing::warn!(
+                                identity = self.elector.identity(),
+                                "lost the lease; following"
+                            );
+                        }
+                        false
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the lease could not be read or renewed; not scheduling");
+                        renewed = None;
+                        false
+                    }
+                },
+            };
+            if leading {
+                match self.tick().await {
+                    Ok(c) if c.bound + c.preempted > 0 => tracing::info!(
+                        bound = c.bound,
+                        preempted = c.preempted,
+                        pending = c.pending,
+                        "cycle"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cycle failed; retrying"),
+                }
+            }
+            let wait = if leading {
+                self.settings.interval
+            } else {
+                renew_every.max(Duration::from_millis(100))
+            };
+            tokio::select! {
+                () = &mut stop => break,
+                () = tokio::time::sleep(wait) => {}
+                () = self.changed.notified(), if leading => {
+                    // Let a burst of changes settle into one cycle.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        if renewed.is_some() {
+            let _ = self.elector.release().await;
+        }
+        Ok(())
+    }
+
+    /// One cycle on the caches as they are. The caller must hold the lease.
+    ///
+    /// # Errors
+    /// On an API failure other than a pod gone or already bound.
+    pub async fn tick(&mut self) -> anyhow::Result<Cycle> {
+        let nodes = self.caches.nodes.state();
+        let pods = self.caches.pods.state();
+        let queues = self.caches.queues.state();
+        let budgets = self.caches.budgets.state();
+        // Assumed pods the cache now shows bound, or gone, are forgotten.
+        let by_uid: BTreeMap<&str, &Pod> = pods
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, p.as_ref())))
+            .collect();
+        self.assumed.retain(|uid, _| {
+            by_uid.get(uid.as_str()).is_some_and(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_none_or(str::is_empty)
+            })
+        });
+        let classes: Vec<PriorityClass> = self.settings.config.classes.clone();
+        let node_refs: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
+        let pod_refs: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+        let queue_refs: Vec<&GpuQueue> = queues.iter().map(AsRef::as_ref).collect();
+        let budget_refs: Vec<&PodDisruptionBudget> = budgets.iter().map(AsRef::as_ref).collect();
+        let mut snap = snapshot::build(&Inputs {
+            nodes: &node_refs,
+            pods: &pod_refs,
+            queues: &queue_refs,
+            budgets: &budget_refs,
+            assumed: &self.assumed,
+            scheduler_name: &self.settings.scheduler_name,
+            topology: &self.settings.topology,
+            classes: &classes,
+        });
+        let mut cfg = self.settings.config.clone();
+        cfg.classes = snap.classes.clone();
+        let now = Timestamp::now().as_second().max(0) as u64;
+        let plan = schedule::schedule(
+            now,
+            &mut snap.placer,
+            &mut snap.queues,
+            &snap.running,
+            &snap.pending,
+            &mut self.history,
+            &cfg,
+        );
+        let mut out = Cycle {
+            pending: plan.pending.len() + snap.held.len(),
+            ..Cycle::default()
+        };
+        // 1. Gangs an earlier cycle planned and did not finish binding.
+        out.bound += self.bind_all(snap.planned.clone()).await?;
+        // 2. Admissions: plan every pod of a gang, then bind them.
+        let mut binds = Vec::new();
+        let mut to_plan = Vec::new();
+        for (id, _flavor, placement) in &plan.admitted {
+            let gang = &snap.gangs[id];
+            for a in placement {
+                let pod = gang.pods[a.task.group as usize][a.task.index as usize].clone();
+                let node = snap.node_names[a.node.0 as usize].clone();
+                if gang.all().count() > 1 {
+                    to_plan.push((pod.clone(), node.clone()));
+                }
+                binds.push((pod, node));
+            }
+        }
+        self.annotate(&to_plan).await?;
+        out.bound += self.bind_all(binds).await?;
+        // 3. Preemptions, within the victims' disruption budgets.
+        let mut allowed = snap.budgets.clone();
+        let mut victims = BTreeSet::new();
+        for p in &plan.preempted {
+            if !victims.insert(p.victim) {
+                continue;
+            }
+            let Some(gang) = snap.gangs.get(&p.victim) else {
+                continue;
+            };
+            let n = gang.all().count() as i32;
+            if gang
+                .budgets
+                .iter()
+                .any(|b| allowed.get(b).copied().unwrap_or(0) < n)
+            {
+                tracing::info!(gang = %gang.key, "preemption held back by a disruption budget");
+                continue;
+            }
+            for b in &gang.budgets {
+                *allowed.entry(b.clone()).or_default() -= n;
+            }
+            for pod in gang.all() {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(gang.grace.min(u32::MAX as u64) as u32),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&pod.name, &dp).await {
+                    Ok(_) => {}
+                    Err(e) if status_code(&e) == Some(404) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let by = snap
+                    .gangs
+                    .get(&p.by)
+                    .map(|g| g.key.clone())
+                    .unwrap_or_default();
+                self.event(
+                    pod,
+                    "Preempted",
+                    &format!("gpuflow: preempted for {by} ({})", gang_reason(p.reason)),
+                )
+                .await;
+            }
+            out.preempted += 1;
+        }
+        // 4. Explanations.
+        let mut waiting: Vec<(PodRef, String)> = snap.held.clone();
+        for p in &plan.pending {
+            let Some(gang) = snap.gangs.get(&p.job) else {
+                continue;
+            };
+            let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+            let mut msg = if reasons.is_empty() {
+                "gpuflow: waiting for the next cycle".to_string()
+            } else {
+                format!("gpuflow: {}", reasons.join("; "))
+            };
+            msg.push_str(&format!(
+                "; position {} in queue {}",
+                p.position, gang.queue
+            ));
+            if let Some(eta) = p.eta {
+                let at = Timestamp::from_second(eta as i64)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                msg.push_str(&format!("; expected to start by {at}"));
+            }
+            for pod in gang.all() {
+                waiting.push((pod.clone(), msg.clone()));
+            }
+        }
+        let by_name: BTreeMap<(String, String), Arc<Pod>> = pods
+            .iter()
+            .map(|p| {
+                (
+                    (
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    ),
+                    p.clone(),
+                )
+            })
+            .collect();
+        let still: BTreeSet<String> = waiting.iter().map(|(p, _)| p.uid.clone()).collect();
+        self.explained.retain(|uid, _| still.contains(uid));
+        for (pod, msg) in waiting {
+            let Some(current) = by_name.get(&(pod.namespace.clone(), pod.name.clone())) else {
+                continue;
+            };
+            if self.explain(current, &pod, &msg).await? {
+                out.explained += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `gpuflow.io/node` on each pod of a gang before any is bound.
+    async fn annotate(&self, plan: &[(PodRef, String)]) -> anyhow::Result<()> {
+        let client = &self.client;
+        let results: Vec<Result<(), kube::Error>> = futures::stream::iter(plan.iter().cloned())
+            .map(|(pod, node)| async move {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+                let patch = json!({"metadata": {"annotations": {PLANNED: node}}});
+                match api
+                    .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) if status_code(&e) == Some(404) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            })
+            .buffer_unordered(self.settings.bind_concurrency.max(1))
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<(), _>>()?;
+        Ok(())
+    }
+
+    /// Binds pods to nodes; returns how many it bound. A pod already bound
+    /// (`409`) or gone (`404`) is skipped.
+    async fn bind_all(&mut self, binds: Vec<(PodRef, String)>) -> anyhow::Result<usize> {
+        let client = &self.client;
+        let results: Vec<(PodRef, String, Result<bool, kube::Error>)> =
+            futures::stream::iter(binds)
+                .map(|(pod, node)| async move {
+                    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+                    let binding = Binding {
+                        metadata: ObjectMeta {
+                            name: Some(pod.name.clone()),
+                            namespace: Some(pod.namespace.clone()),
+                            uid: None,
+                            ..ObjectMeta::default()
+                        },
+                        target: ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Node".into()),
+                            name: Some(node.clone()),
+                            ..ObjectReference::default()
+                        },
+                    };
+                    let r: Result<kube::core::Status, kube::Error> = api
+                        .create_subresource("binding", &pod.name, &PostParams::default(), &binding)
+                        .await;
+                    let r = match r {
+                        Ok(_) => Ok(true),
+                        Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                    (pod, node, r)
+                })
+                .buffer_unordered(self.settings.bind_concurrency.max(1))
+                .collect()
+                .await;
+        let mut bound = 0;
+        let mut first_err = None;
+        for (pod, node, r) in results {
+            match r {
+                Ok(true) => {
+                    self.assumed.insert(pod.uid, node);
+                    bound += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(pod = %pod, node, error = %e, "binding failed");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if bound == 0 => Err(e.into()),
+            _ => Ok(bound),
+        }
+    }
+
+    /// Sets a waiting pod's `PodScheduled=False` condition to `msg`, and
+    /// records an event, when the reasons changed or the last write is
+    /// older than `explain_every`. True when it wrote.
+    async fn explain(&mut self, current: &Pod, pod: &PodRef, msg: &str) -> anyhow::Result<bool> {
+        let conditions = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let old = conditions.iter().find(|c| c.type_ == "PodScheduled");
+        if old.is_some_and(|c| c.message.as_deref() == Some(msg)) {
+            return Ok(false);
+        }
+        // The reasons without position and ETA decide whether this is news.
+        let gist = msg.split("; position").next().unwrap_or(msg).to_string();
+        let news = match self.explained.get(&pod.uid) {
+            Some((g, at)) => *g != gist || at.elapsed() >= self.settings.explain_every,
+            None => true,
+        };
+        if !news {
+            return Ok(false);
+        }
+        let mut conditions: Vec<PodCondition> = conditions
+            .into_iter()
+            .filter(|c| c.type_ != "PodScheduled")
+            .collect();
+        conditions.push(PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some(msg.to_string()),
+            last_transition_time: Some(Time(Timestamp::now())),
+            ..PodCondition::default()
+        });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let patch = json!({"status": {"conditions": conditions}});
+        match api
+            .patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if status_code(&e) == Some(404) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        let changed = self.explained.get(&pod.uid).is_none_or(|(g, _)| *g != gist);
+        self.explained
+            .insert(pod.uid.clone(), (gist, Instant::now()));
+        if changed {
+            self.event(pod, "FailedScheduling", msg).await;
+        }
+        Ok(true)
+    }
+
+    /// Records an event on a pod; a failure is logged, not fatal.
+    async fn event(&self, pod: &PodRef, reason: &str, msg: &str) {
+        let now = Timestamp::now();
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", pod.name)),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(msg.into()),
+            type_: Some(
+                if reason == "FailedScheduling" {
+                    "Warning"
+                } else {
+                    "Normal"
+                }
+                .into(),
+            ),
+            source: Some(EventSource {
+                component: Some(self.settings.scheduler_name.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.settings.scheduler_name.clone()),
+            reporting_instance: Some(self.settings.identity.clone()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            tracing::warn!(pod = %pod, error = %e, "could not record an event");
+        }
+    }
+
+    /// Holds or renews the lease once; true while this replica leads.
+    ///
+    /// # Errors
+    /// When the API fails.
+    pub async fn try_lead(&self) -> Result<bool, kube::Error> {
+        self.elector.try_lead().await
+    }
+}
+
+fn gang_reason(r: schedule::PreemptReason) -> &'static str {
+    match r {
+        schedule::PreemptReason::Priority => "higher priority",
+        schedule::PreemptReason::Reclaim => "its queue reclaims its guarantee",
+    }
+}

@@ -1,0 +1,1280 @@
+//! The cluster as the core sees it: Kubernetes nodes, pods, `GpuQueue`s and
+//! disruption budgets turned into the core's nodes, queues, running and
+//! pending jobs. Pure: the scheduler loop reads the objects from its watch
+//! caches and calls [`build`].
+//!
+//! - **Nodes** (in name order; the core's node id is the index): allocatable
+//!   CPU and memory; `nvidia.com/gpu` whole GPUs of the model and memory the
+//!   GPU feature discovery labels say (`nvidia.com/gpu.product`,
+//!   `nvidia.com/gpu.memory` in MiB); each MIG resource
+//!   (`nvidia.com/mig-1g.10gb: 7`) one GPU in MIG mode holding that many
+//!   instances; topology and NVLink domain from configurable labels;
+//!   `NoSchedule`/`NoExecute` taints; cordoned when unschedulable, lost when
+//!   not `Ready`.
+//! - **Pods** bound by anyone and not finished count as usage. Ours (those
+//!   whose `schedulerName` is gpuflow's) are grouped into gangs ([`gang_key`])
+//!   and become running or pending jobs; others only hold resources.
+//! - **Refusals**: a pod gpuflow cannot schedule as asked (a resource it does
+//!   not support, an image its queue does not allow, a namespace no queue
+//!   takes) is not given to the core; it gets the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuflow_core::cluster::{Allocation, Cluster, GpuPick};
+use gpuflow_core::ids::{CpuMilli, JobId, MemMib, NodeId, TaskId};
+use gpuflow_core::mix::{MixWeighting, WorkloadMix};
+use gpuflow_core::model::{Gpu, MigInstance, Node, NodeState, Taint};
+use gpuflow_core::placement::Placer;
+use gpuflow_core::policy::Policy;
+use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, QueueState, Queues, UserLimits};
+use gpuflow_core::request::{
+    Constraints, GpuRequest, Job, TaskGroup, TaskRequest, Topology, TopologyLevel,
+};
+use gpuflow_core::schedule::{PriorityClass, Running, Workload};
+use k8s_openapi::api::core::v1::{Node as KNode, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::crd::{self, GpuQueue};
+use crate::quantity;
+
+/// Whole GPUs, as NVIDIA's device plugin names them.
+pub const GPU: &str = "nvidia.com/gpu";
+/// MIG instances: `nvidia.com/mig-<profile>` (the device plugin's mixed strategy).
+pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// GPU feature discovery's labels.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+pub const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+/// The annotation holding the node a gang's pod was planned on, written
+/// before any of the gang is bound, so that a scheduler that stops half-way
+/// is finished by the next.
+pub const PLANNED: &str = "gpuflow.io/node";
+/// Pod labels naming a queue.
+pub const QUEUE_LABELS: [&str; 2] = ["gpuflow.io/queue", "kueue.x-k8s.io/queue-name"];
+
+/// Where topology comes from: the node labels holding a node's rack, block
+/// and NVLink domain.
+#[derive(Clone, Debug)]
+pub struct TopologyLabels {
+    pub rack: String,
+    pub block: String,
+    pub nvlink: String,
+}
+
+impl Default for TopologyLabels {
+    fn default() -> Self {
+        TopologyLabels {
+            rack: "gpuflow.io/rack".into(),
+            block: "gpuflow.io/block".into(),
+            nvlink: "nvidia.com/gpu.clique".into(),
+        }
+    }
+}
+
+/// A pod, by name and uid.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A job's pods: `pods[group][index]` is the pod of task (group, index).
+#[derive(Clone, Debug)]
+pub struct Gang {
+    pub key: String,
+    pub queue: String,
+    pub pods: Vec<Vec<PodRef>>,
+    /// Seconds a victim has to stop after its signal.
+    pub grace: u64,
+    /// The disruption budgets covering its pods.
+    pub budgets: Vec<String>,
+}
+
+impl Gang {
+    pub fn all(&self) -> impl Iterator<Item = &PodRef> {
+        self.pods.iter().flatten()
+    }
+}
+
+/// Everything a cycle needs, and how to map its plan back to pods.
+pub struct Snapshot {
+    pub placer: Placer,
+    pub queues: Queues,
+    pub running: Vec<Running>,
+    pub pending: Vec<Workload>,
+    pub classes: Vec<PriorityClass>,
+    pub gangs: BTreeMap<JobId, Gang>,
+    pub node_names: Vec<String>,
+    /// Pods not given to the core, with the reason they wait.
+    pub held: Vec<(PodRef, String)>,
+    /// Pods planned on a node by an earlier cycle and not bound yet.
+    pub planned: Vec<(PodRef, String)>,
+    /// Disruptions each budget allows now.
+    pub budgets: BTreeMap<String, i32>,
+}
+
+/// What [`build`] reads.
+pub struct Inputs<'a> {
+    pub nodes: &'a [&'a KNode],
+    pub pods: &'a [&'a Pod],
+    pub queues: &'a [&'a GpuQueue],
+    pub budgets: &'a [&'a PodDisruptionBudget],
+    /// Pods this scheduler bound (uid → node) that the cache may not show yet.
+    pub assumed: &'a BTreeMap<String, String>,
+    pub scheduler_name: &'a str,
+    pub topology: &'a TopologyLabels,
+    pub classes: &'a [PriorityClass],
+}
+
+fn pod_ref(p: &Pod) -> PodRef {
+    PodRef {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+fn quantity_of<'a>(
+    map: Option<&'a BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    key: &str,
+) -> Option<&'a str> {
+    map.and_then(|m| m.get(key)).map(|q| q.0.as_str())
+}
+
+/// A node's GPUs: whole ones first, then one MIG-mode GPU per MIG resource.
+fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    let model = labels
+        .get(PRODUCT_LABEL)
+        .cloned()
+        .unwrap_or_else(|| "nvidia".into());
+    let mem = labels
+        .get(MEMORY_LABEL)
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let whole = quantity_of(alloc, GPU)
+        .and_then(quantity::count)
+        .unwrap_or(0)
+        .min(64);
+    let nvlink = labels.get(&topo.nvlink).cloned();
+    let mut out: Vec<Gpu> = (0..whole)
+        .map(|_| {
+            let mut g = Gpu::plain(&model, MemMib(mem));
+            g.nvlink = nvlink.clone();
+            g
+        })
+        .collect();
+    for (res, q) in alloc.into_iter().flatten() {
+        let Some(profile) = res.strip_prefix(MIG_PREFIX) else {
+            continue;
+        };
+        let count = quantity::count(&q.0).unwrap_or(0).min(u8::MAX as u64);
+        if count == 0 || out.len() >= 64 {
+            continue;
+        }
+        let inst_mem = profile
+            .split_once('.')
+            .and_then(|(_, m)| m.strip_suffix("gb"))
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024;
+        let mut g = Gpu::plain(&model, MemMib(mem));
+        g.mig = (0..count)
+            .map(|_| MigInstance {
+                profile: profile.to_string(),
+                mem: MemMib(inst_mem),
+            })
+            .collect();
+        out.push(g);
+    }
+    out
+}
+
+fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
+    let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let cpu = quantity_of(alloc, "cpu")
+        .and_then(quantity::milli)
+        .unwrap_or(0);
+    let mem = quantity_of(alloc, "memory")
+        .and_then(quantity::mib)
+        .unwrap_or(0);
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let mut node = Node::new(i as u32, &name, CpuMilli(cpu), MemMib(mem), gpus(n, topo));
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    node.rack = labels.get(&topo.rack).cloned();
+    node.block = labels.get(&topo.block).cloned();
+    node.labels = labels;
+    let spec = n.spec.clone().unwrap_or_default();
+    node.taints = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.effect != "PreferNoSchedule")
+        .map(|t| Taint {
+            key: t.key,
+            value: t.value.unwrap_or_default(),
+        })
+        .collect();
+    let ready = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    node.state = if !ready {
+        NodeState::Lost
+    } else if spec.unschedulable == Some(true) {
+        NodeState::Cordoned
+    } else {
+        NodeState::Ready
+    };
+    node
+}
+
+/// The gang a pod belongs to, if any: the label conventions users already
+/// write (gpuflow's, the coscheduling plugin's, Kueue's pod groups, JobSet's
+/// and LeaderWorkerSet's), else the training operator job that owns it.
+/// Pods of one key in one namespace are placed all or none.
+pub fn gang_key(p: &Pod) -> Option<String> {
+    let labels = p.metadata.labels.as_ref();
+    for l in [
+        "gpuflow.io/gang",
+        "scheduling.x-k8s.io/pod-group",
+        "kueue.x-k8s.io/pod-group-name",
+        "jobset.sigs.k8s.io/jobset-name",
+        "leaderworkerset.sigs.k8s.io/group-key",
+    ] {
+        if let Some(v) = labels.and_then(|m| m.get(l)) {
+            return Some(format!("{l}={v}"));
+        }
+    }
+    let owner = p
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    let gangs = [
+        "Job",
+        "PyTorchJob",
+        "TFJob",
+        "MPIJob",
+        "XGBoostJob",
+        "PaddleJob",
+        "JAXJob",
+        "RayCluster",
+    ];
+    gangs
+        .contains(&owner.kind.as_str())
+        .then(|| format!("{}/{}", owner.kind, owner.uid))
+}
+
+/// The number of pods a gang waits for, when a pod says so.
+fn gang_size(p: &Pod) -> Option<usize> {
+    let ann = p.metadata.annotations.as_ref()?;
+    [
+        "gpuflow.io/gang-size",
+        "kueue.x-k8s.io/pod-group-total-count",
+    ]
+    .iter()
+    .find_map(|a| ann.get(*a))
+    .and_then(|v| v.parse().ok())
+}
+
+/// A pod's request, or why gpuflow will not schedule it.
+pub fn request(p: &Pod) -> Result<TaskRequest, String> {
+    let spec = p.spec.as_ref().ok_or("the pod has no spec")?;
+    if spec.affinity.is_some() {
+        return Err(
+            "gpuflow does not evaluate affinity yet; use nodeSelector and gpuflow.io/topology"
+                .into(),
+        );
+    }
+    let mut cpu = 0u64;
+    let mut mem = 0u64;
+    let mut gpu = GpuRequest::None;
+    let mut add_gpu = |r: GpuRequest, container: &str| -> Result<(), String> {
+        if gpu != GpuRequest::None {
+            return Err(format!(
+                "container {container}: one pod asks for GPUs in one container and one way only"
+            ));
+        }
+        gpu = r;
+        Ok(())
+    };
+    for c in &spec.containers {
+        let res = c.resources.clone().unwrap_or_default();
+        // Extended resources are given as limits; requests default to them.
+        let get = |k: &str| {
+            quantity_of(res.requests.as_ref(), k).or_else(|| quantity_of(res.limits.as_ref(), k))
+        };
+        if let Some(q) = get("cpu") {
+            cpu += quantity::milli(q)
+                .ok_or_else(|| format!("container {}: cpu {q:?} is not a quantity", c.name))?;
+        }
+        if let Some(q) = get("memory") {
+            mem += quantity::mib(q)
+                .ok_or_else(|| format!("container {}: memory {q:?} is not a quantity", c.name))?;
+        }
+        let mut keys: BTreeSet<&String> = BTreeSet::new();
+        keys.extend(res.requests.iter().flat_map(|m| m.keys()));
+        keys.extend(res.limits.iter().flat_map(|m| m.keys()));
+        for k in keys {
+            let q = get(k).unwrap_or("0");
+            if k == GPU {
+                let n = quantity::count(q).ok_or_else(|| {
+                    format!("container {}: {GPU} {q:?} is not a whole number", c.name)
+                })?;
+                if n > 0 {
+                    add_gpu(
+                        GpuRequest::Whole {
+                            count: n.min(64) as u8,
+                        },
+                        &c.name,
+                    )?;
+                }
+            } else if let Some(profile) = k.strip_prefix(MIG_PREFIX) {
+                match quantity::count(q) {
+                    Some(0) => {}
+                    Some(1) => add_gpu(
+                        GpuRequest::Mig {
+                            profile: profile.to_string(),
+                        },
+                        &c.name,
+                    )?,
+                    _ => {
+                        return Err(format!(
+                            "container {}: ask for one MIG instance ({k}: 1), not {q}",
+                            c.name
+                        ));
+                    }
+                }
+            } else if k.starts_with("nvidia.com/") {
+                return Err(format!(
+                    "container {}: {k} is not supported on Kubernetes yet (whole GPUs as {GPU} and MIG instances as {MIG_PREFIX}<profile> are)",
+                    c.name
+                ));
+            }
+        }
+    }
+    // An init container runs alone before the others: the pod needs the
+    // larger of the two.
+    for c in spec.init_containers.iter().flatten() {
+        let res = c.resources.clone().unwrap_or_default();
+        if let Some(q) = quantity_of(res.requests.as_ref(), "cpu")
+            .or_else(|| quantity_of(res.limits.as_ref(), "cpu"))
+        {
+            cpu = cpu.max(quantity::milli(q).unwrap_or(0));
+        }
+        if let Some(q) = quantity_of(res.requests.as_ref(), "memory")
+            .or_else(|| quantity_of(res.limits.as_ref(), "memory"))
+        {
+            mem = mem.max(quantity::mib(q).unwrap_or(0));
+        }
+    }
+    Ok(TaskRequest {
+        cpu: CpuMilli(cpu),
+        mem: MemMib(mem),
+        gpu,
+        models: Vec::new(),
+    })
+}
+
+fn topology(p: &Pod) -> Result<Option<Topology>, String> {
+    let Some(v) = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("gpuflow.io/topology"))
+    else {
+        return Ok(None);
+    };
+    let (level, required) = match v.split_once(':') {
+        None => (v.as_str(), true),
+        Some((l, "required")) => (l, true),
+        Some((l, "preferred")) => (l, false),
+        Some(_) => {
+            return Err(format!(
+                "gpuflow.io/topology {v:?}: write LEVEL or LEVEL:preferred"
+            ));
+        }
+    };
+    let level = match level {
+        "node" => TopologyLevel::Node,
+        "nvlink" => TopologyLevel::NvLink,
+        "rack" => TopologyLevel::Rack,
+        "block" => TopologyLevel::Block,
+        _ => {
+            return Err(format!(
+                "gpuflow.io/topology {v:?}: the level is one of node, nvlink, rack, block"
+            ));
+        }
+    };
+    Ok(Some(Topology { level, required }))
+}
+
+fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let ok_labels = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let ok_exprs = sel.match_expressions.iter().flatten().all(|e| {
+        let have = labels.get(&e.key);
+        let values = e.values.clone().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => have.is_some_and(|h| values.contains(h)),
+            "NotIn" => have.is_none_or(|h| !values.contains(h)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            _ => false,
+        }
+    });
+    ok_labels && ok_exprs
+}
+
+/// The disruption budgets (`namespace/name`) covering a pod.
+fn budgets_of(p: &Pod, budgets: &[&PodDisruptionBudget]) -> Vec<String> {
+    let labels = p.metadata.labels.clone().unwrap_or_default();
+    budgets
+        .iter()
+        .filter(|b| b.metadata.namespace == p.metadata.namespace)
+        .filter(|b| {
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| selects(s, &labels))
+        })
+        .map(|b| {
+            format!(
+                "{}/{}",
+                b.metadata.namespace.as_deref().unwrap_or_default(),
+                b.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn seconds(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> u64 {
+    t.map_or(0, |t| t.0.as_second().max(0) as u64)
+}
+
+/// The queue tree from the `GpuQueue`s; a queue whose parent is missing is
+/// left out with the reason.
+fn queues(
+    list: &[&GpuQueue],
+    capacity: &BTreeMap<String, u64>,
+) -> (Queues, BTreeMap<String, String>) {
+    let mut left_out = BTreeMap::new();
+    let names: BTreeSet<&str> = list
+        .iter()
+        .filter_map(|q| q.metadata.name.as_deref())
+        .collect();
+    // A queue whose parent is missing, or in a cycle, is left out with its children.
+    let depth = |name: &str| -> Option<usize> {
+        let mut seen = BTreeSet::new();
+        let mut cur = name;
+        let mut d = 0;
+        loop {
+            if !seen.insert(cur) {
+                return None;
+            }
+            let q = list
+                .iter()
+                .find(|q| q.metadata.name.as_deref() == Some(cur))?;
+            match q.spec.parent.as_deref() {
+                None => return Some(d),
+                Some(p) if names.contains(p) => {
+                    d += 1;
+                    cur = p;
+                }
+                Some(_) => return None,
+            }
+        }
+    };
+    let mut specs: Vec<(usize, &GpuQueue)> = Vec::new();
+    for q in list {
+        let name = q.metadata.name.clone().unwrap_or_default();
+        match depth(&name) {
+            Some(d) => specs.push((d, q)),
+            None => {
+                left_out.insert(
+                    name.clone(),
+                    format!(
+                        "GpuQueue {name}: its parent {:?} does not exist or is in a cycle",
+                        q.spec.parent.as_deref().unwrap_or_default()
+                    ),
+                );
+            }
+        }
+    }
+    specs.sort_by_key(|(d, q)| (*d, q.metadata.name.clone()));
+    let index: BTreeMap<String, QueueId> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, q))| {
+            (
+                q.metadata.name.clone().unwrap_or_default(),
+                QueueId(i as u32),
+            )
+        })
+        .collect();
+    let milli = |g: f64| (g * 1000.0).round() as u64;
+    let built: Vec<Queue> = specs
+        .iter()
+        .map(|(_, q)| {
+            let s = &q.spec;
+            let mut out = Queue::new(
+                q.metadata.name.as_deref().unwrap_or_default(),
+                s.parent.as_ref().and_then(|p| index.get(p).copied()),
+            );
+            out.weight = s.weight;
+            out.state = match s.state {
+                None | Some(crd::QueueState::Open) => QueueState::Open,
+                Some(crd::QueueState::Held) => QueueState::Held,
+                Some(crd::QueueState::Draining) => QueueState::Draining,
+            };
+            for flavor in capacity.keys() {
+                if let Some(qs) = s.quotas.get(flavor).or_else(|| s.quotas.get("*")) {
+                    out.quotas.insert(
+                        flavor.clone(),
+                        FlavorQuota {
+                            guaranteed: milli(qs.guaranteed),
+                            borrow_limit: qs.borrow_limit.map(milli),
+                            lend_limit: qs.lend_limit.map(milli),
+                            cap: qs.cap.map(milli),
+                        },
+                    );
+                }
+            }
+            out.user_limits = UserLimits {
+                max_gpu_milli: s.max_gpus_per_user.map(milli),
+                max_running: None,
+            };
+            out
+        })
+        .collect();
+    match Queues::new(built, capacity.clone()) {
+        Ok(q) => (q, left_out),
+        Err(e) => {
+            for q in list {
+                left_out.insert(
+                    q.metadata.name.clone().unwrap_or_default(),
+                    format!("the queue tree does not build: {e}"),
+                );
+            }
+            (
+                Queues::new(Vec::new(), capacity.clone()).expect("an empty tree builds"),
+                left_out,
+            )
+        }
+    }
+}
+
+/// Which GPUs of each node bound pods hold, to give each a concrete pick.
+/// (The device plugin chooses the devices; gpuflow needs counts to be
+/// right, and the lowest free GPUs stand for them.)
+#[derive(Default)]
+struct Holdings {
+    whole: Vec<u64>,
+    /// Per node, per GPU: MIG instances taken (bits).
+    mig: Vec<Vec<u64>>,
+}
+
+impl Holdings {
+    fn pick(&mut self, node: &Node, r: &GpuRequest) -> Option<GpuPick> {
+        let i = node.id.0 as usize;
+        match r {
+            GpuRequest::None => Some(GpuPick::None),
+            GpuRequest::Whole { count } => {
+                let mut mask = 0u64;
+                let mut left = *count;
+                for (g, gpu) in node.gpus.iter().enumerate() {
+                    if left == 0 {
+                        break;
+                    }
+                    if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 {
+                        mask |= 1 << g;
+                        left -= 1;
+                    }
+                }
+                (left == 0).then(|| {
+                    self.whole[i] |= mask;
+                    GpuPick::Whole(mask)
+                })
+            }
+            GpuRequest::Mig { profile } => {
+                for (g, gpu) in node.gpus.iter().enumerate() {
+                    for (k, inst) in gpu.mig.iter().enumerate() {
+                        if inst.profile == *profile && self.mig[i][g] & (1 << k) == 0 {
+                            self.mig[i][g] |= 1 << k;
+                            return Some(GpuPick::Mig {
+                                gpu: g as u8,
+                                instance: k as u8,
+                            });
+                        }
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One of our pods: its request and, when bound, its node and GPUs.
+struct Member<'a> {
+    pod: &'a Pod,
+    request: TaskRequest,
+    node: Option<usize>,
+    pick: Option<GpuPick>,
+}
+
+/// A gang as a core job, with its pods per task.
+struct GangJob {
+    work: Workload,
+    pods: Vec<Vec<PodRef>>,
+    grace: u64,
+    budgets: Vec<String>,
+}
+
+/// The snapshot under construction.
+struct Builder<'a> {
+    input: &'a Inputs<'a>,
+    nodes: Vec<Node>,
+    node_index: BTreeMap<String, usize>,
+    holdings: Holdings,
+    all_taints: Vec<String>,
+    budget_allows: BTreeMap<String, i32>,
+    queues: Queues,
+    left_out: BTreeMap<String, String>,
+    /// Usage that is not the core's to move: others' pods, planned pods,
+    /// pods of no queue.
+    fixed: Vec<Allocation>,
+    held: Vec<(PodRef, String)>,
+    planned: Vec<(PodRef, String)>,
+    running: Vec<Running>,
+    pending: Vec<Workload>,
+    gangs: BTreeMap<JobId, Gang>,
+    next_id: u64,
+}
+
+/// The core's inputs from the cluster's objects.
+pub fn build(input: &Inputs) -> Snapshot {
+    let mut b = Builder::new(input);
+    let gangs = b.read_pods();
+    for ((ns, key), members) in gangs {
+        b.gang(&ns, key, members);
+    }
+    b.finish()
+}
+
+impl<'a> Builder<'a> {
+    fn new(input: &'a Inputs<'a>) -> Builder<'a> {
+        let mut knodes: Vec<&KNode> = input.nodes.to_vec();
+        knodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let nodes: Vec<Node> = knodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| node(i, n, input.topology))
+            .collect();
+        let node_index = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
+        let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
+        for n in nodes.iter().filter(|n| n.state != NodeState::Lost) {
+            for g in &n.gpus {
+                let milli = if g.mig_enabled() {
+                    g.mig
+                        .iter()
+                        .map(|m| {
+                            GpuRequest::Mig {
+                                profile: m.profile.clone(),
+                            }
+                            .quota_milli()
+                        })
+                        .sum()
+                } else {
+                    1000
+                };
+                *capacity.entry(g.model.clone()).or_default() += milli;
+            }
+        }
+        let (queues, left_out) = queues(input.queues, &capacity);
+        let budget_allows = input
+            .budgets
+            .iter()
+            .map(|b| {
+                let name = format!(
+                    "{}/{}",
+                    b.metadata.namespace.as_deref().unwrap_or_default(),
+                    b.metadata.name.as_deref().unwrap_or_default()
+                );
+                (name, b.status.as_ref().map_or(0, |s| s.disruptions_allowed))
+            })
+            .collect();
+        Builder {
+            input,
+            holdings: Holdings {
+                whole: vec![0; nodes.len()],
+                mig: nodes.iter().map(|n| vec![0; n.gpus.len()]).collect(),
+            },
+            all_taints: nodes
+                .iter()
+                .flat_map(|n| n.taints.iter().map(|t| t.key.clone()))
+                .collect(),
+            nodes,
+            node_index,
+            budget_allows,
+            queues,
+            left_out,
+            fixed: Vec::new(),
+            held: Vec::new(),
+            planned: Vec::new(),
+            running: Vec::new(),
+            pending: Vec::new(),
+            gangs: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Holds `request` on node `i` for work the core does not move.
+    fn hold(&mut self, i: usize, request: &TaskRequest, pick: GpuPick) {
+        // Ids from the top down: far from the gangs' ids.
+        let job = JobId(u64::MAX - self.fixed.len() as u64);
+        let gpu = if pick == GpuPick::None {
+            GpuRequest::None
+        } else {
+            request.gpu.clone()
+        };
+        self.fixed.push(Allocation {
+            task: TaskId {
+                job,
+                group: 0,
+                index: 0,
+            },
+            node: NodeId(i as u32),
+            cpu: request.cpu,
+            mem: request.mem,
+            gpu,
+            pick,
+        });
+    }
+
+    /// Others' bound pods become fixed usage; ours are grouped by gang
+    /// (namespace, key), bound ones holding their GPUs.
+    fn read_pods(&mut self) -> BTreeMap<(String, String), Vec<Member<'a>>> {
+        let input = self.input;
+        let mut pods: Vec<&'a Pod> = input.pods.to_vec();
+        pods.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        let mut gangs: BTreeMap<(String, String), Vec<Member<'a>>> = BTreeMap::new();
+        for p in pods {
+            let spec = p.spec.as_ref();
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending");
+            if matches!(phase, "Succeeded" | "Failed") {
+                continue;
+            }
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let bound_to = spec
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty())
+                .or_else(|| input.assumed.get(&uid).cloned());
+            let node = bound_to.as_ref().map(|n| self.node_index.get(n).copied());
+            let ours = spec.and_then(|s| s.scheduler_name.as_deref()) == Some(input.scheduler_name);
+            let request = request(p);
+            match (node, ours) {
+                // Bound to a node that is gone: nothing to hold.
+                (Some(None), _) => {}
+                // Someone else's pod: it holds what it asks for.
+                (Some(Some(i)), false) => {
+                    if let Ok(r) = request {
+                        let pick = self
+                            .holdings
+                            .pick(&self.nodes[i], &r.gpu)
+                            .unwrap_or(GpuPick::None);
+                        self.hold(i, &r, pick);
+                    }
+                }
+                (None, false) => {}
+                (node, true) => {
+                    let node = node.flatten();
+                    if node.is_none() && p.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    let request = match request {
+                        Ok(r) => r,
+                        Err(why) => {
+                            if node.is_none() {
+                                self.held.push((pod_ref(p), why));
+                            }
+                            continue;
+                        }
+                    };
+                    let pick = node.and_then(|i| self.holdings.pick(&self.nodes[i], &request.gpu));
+                    let key = gang_key(p).unwrap_or_else(|| {
+                        format!("pod/{}", p.metadata.name.as_deref().unwrap_or_default())
+                    });
+                    let ns = p.metadata.namespace.clone().unwrap_or_default();
+                    gangs.entry((ns, key)).or_default().push(Member {
+                        pod: p,
+                        request,
+                        node,
+                        pick,
+                    });
+                }
+            }
+        }
+        gangs
+    }
+
+    /// The queue a gang's pods go to: the one a label names, else the one
+    /// taking the namespace; it must take the namespace either way.
+    fn queue_of(&self, ns: &str, first: &Pod) -> Result<(QueueId, &'a GpuQueue), String> {
+        let input = self.input;
+        let named = QUEUE_LABELS.iter().find_map(|l| {
+            first
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get(*l))
+                .cloned()
+        });
+        let takes = |q: &GpuQueue| q.spec.namespaces.iter().any(|n| n == ns);
+        let q: &'a GpuQueue = match &named {
+            Some(q) => match input
+                .queues
+                .iter()
+                .find(|g| g.metadata.name.as_deref() == Some(q))
+            {
+                None => return Err(format!("GpuQueue {q} does not exist")),
+                Some(g) if !takes(g) => {
+                    return Err(format!(
+                        "GpuQueue {q} does not take pods from namespace {ns}"
+                    ));
+                }
+                Some(g) => g,
+            },
+            None => match input
+                .queues
+                .iter()
+                .filter(|q| takes(q))
+                .collect::<Vec<_>>()
+                .as_slice()
+            {
+                [one] => one,
+                [] => {
+                    return Err(format!(
+                        "no GpuQueue takes namespace {ns}: list it in a GpuQueue's spec.namespaces, or label the pod gpuflow.io/queue"
+                    ));
+                }
+                _ => {
+                    return Err(format!(
+                        "several GpuQueues take namespace {ns}: label the pod gpuflow.io/queue with one of them"
+                    ));
+                }
+            },
+        };
+        let name = q.metadata.name.clone().unwrap_or_default();
+        if let Some(why) = self.left_out.get(&name) {
+            return Err(why.clone());
+        }
+        let id = self
+            .queues
+            .by_name(&name)
+            .ok_or_else(|| format!("GpuQueue {name} is not scheduled"))?;
+        Ok((id, q))
+    }
+
+    fn hold_back(&mut self, members: &[Member], why: &str) {
+        for m in members.iter().filter(|m| m.node.is_none()) {
+            self.held.push((pod_ref(m.pod), why.to_string()));
+        }
+    }
+
+    /// One gang: its bound pods a running job, its planned pods bound next,
+    /// the rest a pending job (or held with the reason).
+    fn gang(&mut self, ns: &str, key: String, members: Vec<Member<'a>>) {
+        let (bound, unbound): (Vec<Member>, Vec<Member>) =
+            members.into_iter().partition(|m| m.node.is_some());
+        let first = bound
+            .first()
+            .or(unbound.first())
+            .expect("a gang has a pod")
+            .pod;
+        // Pods planned on a node by an earlier cycle: their gang is being
+        // bound; finish it.
+        let mut rest = Vec::new();
+        for m in unbound {
+            let plan = m
+                .pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PLANNED))
+                .and_then(|n| self.node_index.get(n).map(|&i| (n.clone(), i)));
+            match plan.and_then(|(n, i)| {
+                Some((n, i, self.holdings.pick(&self.nodes[i], &m.request.gpu)?))
+            }) {
+                Some((n, i, pick)) => {
+                    self.hold(i, &m.request, pick);
+                    self.planned.push((pod_ref(m.pod), n));
+                }
+                None => rest.push(m),
+            }
+        }
+        let unbound = rest;
+        let (qid, q) = match self.queue_of(ns, first) {
+            Ok(found) => found,
+            Err(why) => {
+                self.hold_back(&unbound, &why);
+                // Bound pods without a queue still hold what they use.
+                for m in &bound {
+                    if let (Some(i), Some(pick)) = (m.node, m.pick) {
+                        self.hold(i, &m.request, pick);
+                    }
+                }
+                return;
+            }
+        };
+        let qname = q.metadata.name.clone().unwrap_or_default();
+        if !bound.is_empty() {
+            self.running_gang(ns, &key, &qname, qid, &bound);
+        }
+        if unbound.is_empty() {
+            return;
+        }
+        if let Some(why) = bad_image(&unbound, q) {
+            self.hold_back(&unbound, &why);
+            return;
+        }
+        // A gang that says how many pods it has waits for all of them.
+        let size = unbound.iter().chain(&bound).find_map(|m| gang_size(m.pod));
+        let present = unbound.len() + bound.len();
+        if bound.is_empty()
+            && let Some(size) = size
+            && present < size
+        {
+            let why =
+                format!("gang {key}: {present} of its {size} pods exist; waiting for the rest");
+            self.hold_back(&unbound, &why);
+            return;
+        }
+        let id = JobId(self.next_id);
+        self.next_id += 1;
+        match self.job(ns, &unbound, id, qid) {
+            Ok(j) => {
+                self.pending.push(j.work);
+                self.gangs.insert(
+                    id,
+                    Gang {
+                        key,
+                        queue: qname,
+                        pods: j.pods,
+                        grace: j.grace,
+                        budgets: j.budgets,
+                    },
+                );
+            }
+            Err(why) => self.hold_back(&unbound, &why),
+        }
+    }
+
+    /// A gang's bound pods as a running job, charged to its queue.
+    fn running_gang(&mut self, ns: &str, key: &str, qname: &str, qid: QueueId, bound: &[Member]) {
+        let id = JobId(self.next_id);
+        self.next_id += 1;
+        let j = match self.job(ns, bound, id, qid) {
+            Ok(j) => j,
+            Err(why) => {
+                tracing::warn!(gang = %key, %why, "a running gang gpuflow cannot read; its pods hold their resources");
+                for m in bound {
+                    if let (Some(i), Some(pick)) = (m.node, m.pick) {
+                        self.hold(i, &m.request, pick);
+                    }
+                }
+                return;
+            }
+        };
+        let mut allocations = Vec::new();
+        let mut flavor = String::new();
+        for (g, grp) in j.work.job.groups.iter().enumerate() {
+            for (k, r) in j.pods[g].iter().enumerate() {
+                let m = bound
+                    .iter()
+                    .find(|m| pod_ref(m.pod) == *r)
+                    .expect("a member");
+                let (Some(i), Some(pick)) = (m.node, m.pick) else {
+                    continue;
+                };
+                if flavor.is_empty() && grp.request.gpu != GpuRequest::None {
+                    flavor = self.nodes[i]
+                        .gpus
+                        .first()
+                        .map(|g| g.model.clone())
+                        .unwrap_or_default();
+                }
+                allocations.push(Allocation {
+                    task: TaskId {
+                        job: id,
+                        group: g as u16,
+                        index: k as u32,
+                    },
+                    node: NodeId(i as u32),
+                    cpu: grp.request.cpu,
+                    mem: grp.request.mem,
+                    gpu: grp.request.gpu.clone(),
+                    pick,
+                });
+            }
+        }
+        let started = bound
+            .iter()
+            .map(|m| {
+                let start = m.pod.status.as_ref().and_then(|s| s.start_time.as_ref());
+                seconds(start).max(seconds(m.pod.metadata.creation_timestamp.as_ref()))
+            })
+            .min()
+            .unwrap_or(0);
+        let stopping = bound
+            .iter()
+            .any(|m| m.pod.metadata.deletion_timestamp.is_some());
+        self.running.push(Running {
+            work: j.work,
+            flavor,
+            allocations,
+            started,
+            last_checkpoint: None,
+            stopping_at: stopping.then_some(started),
+        });
+        self.gangs.insert(
+            id,
+            Gang {
+                key: key.to_string(),
+                queue: qname.to_string(),
+                pods: j.pods,
+                grace: j.grace,
+                budgets: j.budgets,
+            },
+        );
+    }
+
+    /// Pods of one gang as a core job: one task group per distinct request.
+    fn job(
+        &self,
+        ns: &str,
+        members: &[Member],
+        id: JobId,
+        queue: QueueId,
+    ) -> Result<GangJob, String> {
+        let input = self.input;
+        let mut groups: Vec<(TaskRequest, Vec<&Member>)> = Vec::new();
+        for m in members {
+            match groups.iter_mut().find(|(r, _)| *r == m.request) {
+                Some((_, v)) => v.push(m),
+                None => groups.push((m.request.clone(), vec![m])),
+            }
+        }
+        let p = members[0].pod;
+        let spec = p.spec.clone().unwrap_or_default();
+        let class = class_of(p, input.classes)?;
+        let budgets: Vec<String> = members
+            .iter()
+            .flat_map(|m| budgets_of(m.pod, input.budgets))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // A gang a budget allows no disruption of is in its class's
+        // protected twin (same rank, not preemptible).
+        let protected = budgets
+            .iter()
+            .any(|b| self.budget_allows.get(b).copied().unwrap_or(0) <= 0);
+        let mut tolerations: Vec<String> = Vec::new();
+        for t in spec.tolerations.iter().flatten() {
+            if t.effect.as_deref() == Some("PreferNoSchedule") {
+                continue;
+            }
+            match (&t.key, t.operator.as_deref()) {
+                (None, Some("Exists")) => tolerations.extend(self.all_taints.iter().cloned()),
+                (Some(k), _) => tolerations.push(k.clone()),
+                _ => {}
+            }
+        }
+        let constraints = Constraints {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            tolerations,
+            topology: topology(p)?,
+            ..Constraints::default()
+        };
+        let grace = spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64;
+        let work = Workload {
+            job: Job {
+                id,
+                groups: groups
+                    .iter()
+                    .enumerate()
+                    .map(|(g, (r, v))| TaskGroup {
+                        name: format!("g{g}"),
+                        replicas: v.len() as u32,
+                        request: r.clone(),
+                    })
+                    .collect(),
+                constraints,
+            },
+            queue,
+            user: p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("gpuflow.io/user"))
+                .cloned()
+                .unwrap_or_else(|| ns.to_string()),
+            class: if protected {
+                class + input.classes.len()
+            } else {
+                class
+            },
+            priority: spec.priority.unwrap_or(0),
+            submitted: members
+                .iter()
+                .map(|m| seconds(m.pod.metadata.creation_timestamp.as_ref()))
+                .min()
+                .unwrap_or(0),
+            max_runtime: spec.active_deadline_seconds.map(|s| s.max(0) as u64),
+            grace,
+        };
+        let pods = groups
+            .iter()
+            .map(|(_, v)| v.iter().map(|m| pod_ref(m.pod)).collect())
+            .collect();
+        Ok(GangJob {
+            work,
+            pods,
+            grace,
+            budgets,
+        })
+    }
+
+    fn finish(self) -> Snapshot {
+        let node_names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let cluster = Cluster::new(self.nodes).expect("node ids are their indices");
+        let requests: Vec<TaskRequest> = self
+            .pending
+            .iter()
+            .chain(self.running.iter().map(|r| &r.work))
+            .flat_map(|w| w.job.groups.iter().map(|g| g.request.clone()))
+            .collect();
+        let mix = WorkloadMix::from_tasks(requests.iter(), MixWeighting::Tasks, 1.0);
+        let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
+        for a in &self.fixed {
+            if placer.apply(std::slice::from_ref(a)).is_err() {
+                tracing::warn!(node = %node_names[a.node.0 as usize], "a node holds more than it reports");
+            }
+        }
+        let mut queues = self.queues;
+        let mut running = self.running;
+        running.retain(|r| match placer.apply(&r.allocations) {
+            Ok(()) => {
+                if !r.flavor.is_empty() {
+                    queues.charge(r.work.queue, &r.flavor, r.work.gpu_milli() as i64);
+                }
+                true
+            }
+            Err(_) => {
+                tracing::warn!(
+                    job = r.work.job.id.0,
+                    "a running gang does not fit its nodes as reported"
+                );
+                false
+            }
+        });
+        let classes = self
+            .input
+            .classes
+            .iter()
+            .cloned()
+            .chain(self.input.classes.iter().map(|c| PriorityClass {
+                name: format!("{} (disruption budget)", c.name),
+                preemptible: false,
+                ..c.clone()
+            }))
+            .collect();
+        Snapshot {
+            placer,
+            queues,
+            running,
+            pending: self.pending,
+            classes,
+            gangs: self.gangs,
+            node_names,
+            held: self.held,
+            planned: self.planned,
+            budgets: self.budget_allows,
+        }
+    }
+}
+
+/// A gang's class: the annotation `gpuflow.io/class` (which must name one
+/// of gpuflow's classes), else the pod's `priorityClassName` when it names
+/// one, else training.
+fn class_of(p: &Pod, classes: &[PriorityClass]) -> Result<usize, String> {
+    let default = 2.min(classes.len().saturating_sub(1));
+    let find = |c: &str| classes.iter().position(|k| k.name == c);
+    if let Some(c) = p
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("gpuflow.io/class"))
+    {
+        return find(c).ok_or_else(|| {
+            let names: Vec<&str> = classes.iter().map(|k| k.name.as_str()).collect();
+            format!(
+                "gpuflow.io/class {c:?} is not one of gpuflow's classes ({})",
+                names.join(", ")
+            )
+        });
+    }
+    Ok(p.spec
+        .as_ref()
+        .and_then(|s| s.priority_class_name.as_deref())
+        .and_then(find)
+        .unwrap_or(default))
+}
+
+/// The first image of the pods that the queue does not allow, as a reason.
+fn bad_image(members: &[Member], q: &GpuQueue) -> Option<String> {
+    if q.spec.images.is_empty() {
+        return None;
+    }
+    members.iter().find_map(|m| {
+        let spec = m.pod.spec.as_ref()?;
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| c.image.as_deref())
+            .find(|img| !q.spec.images.iter().any(|p| img.starts_with(p.as_str())))
+            .map(|img| {
+                format!(
+                    "image {img} is not allowed in GpuQueue {} (allowed: {})",
+                    q.metadata.name.as_deref().unwrap_or_default(),
+                    q.spec.images.join(", ")
+                )
+            })
+    })
+}

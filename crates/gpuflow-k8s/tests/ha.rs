@@ -1,0 +1,242 @@
+//! Two replicas and restarts: one leader through the Lease, a takeover
+//! without double binding, a gang finished after its scheduler died
+//! half-way, watches that start over after `410 Gone`, disruption budgets.
+
+mod support;
+
+use std::time::Duration;
+
+use gpuflow_k8s::scheduler::Scheduler;
+use serde_json::json;
+use support::*;
+
+fn holder(api: &gpuflow_k8s::fake::FakeApi) -> Option<(String, i64, String)> {
+    let l = api.get(
+        "coordination.k8s.io/v1",
+        "Lease",
+        "gpuflow-system",
+        "gpuflow-scheduler",
+    )?;
+    Some((
+        l["spec"]["holderIdentity"].as_str()?.to_string(),
+        l["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
+        l["spec"]["renewTime"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_have_one_leader_and_the_other_takes_over_without_double_binding() {
+    let (api, client) = server().await;
+    for i in 0..4 {
+        api.apply(node(&format!("n{i}"), 2));
+    }
+    api.apply(queue("ml", &["ml"], 8.0));
+    let r1 = start(&client, "r1");
+    eventually(10, "r1 holds the lease", || {
+        holder(&api).is_some_and(|h| h.0 == "r1")
+    })
+    .await;
+    let r2 = start(&client, "r2");
+    for i in 0..3 {
+        api.apply(pod("ml", &format!("a-{i}"), 2));
+    }
+    eventually(10, "the leader binds", || {
+        (0..3).all(|i| node_of(&api, "ml", &format!("a-{i}")).is_some())
+    })
+    .await;
+    // The follower keeps off while the leader renews.
+    let before = holder(&api).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = holder(&api).unwrap();
+    assert_eq!(
+        (after.0.as_str(), after.1),
+        ("r1", 0),
+        "the leader kept its lease"
+    );
+    assert_ne!(before.2, after.2, "and renewed it");
+    // The leader dies without giving the lease up.
+    r1.abort();
+    let _ = r1.await;
+    api.apply(pod("ml", "b-0", 2));
+    api.apply(pod("ml", "b-1", 2));
+    eventually(15, "r2 takes over", || {
+        holder(&api).is_some_and(|h| h.0 == "r2" && h.1 == 1)
+    })
+    .await;
+    eventually(10, "r2 binds what fits", || {
+        node_of(&api, "ml", "b-0").is_some() || node_of(&api, "ml", "b-1").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Eight GPUs: four pods of two fit, the fifth waits.
+    let bound: Vec<String> = ["a-0", "a-1", "a-2", "b-0", "b-1"]
+        .iter()
+        .filter_map(|p| node_of(&api, "ml", p))
+        .collect();
+    assert_eq!(bound.len(), 4, "{bound:?}");
+    let mut per_node = std::collections::BTreeMap::new();
+    for n in &bound {
+        *per_node.entry(n.clone()).or_insert(0) += 1;
+    }
+    assert!(
+        per_node.values().all(|c| *c == 1),
+        "each node holds one pod of two GPUs: {per_node:?}"
+    );
+    assert!(
+        binds_per_pod(&api).values().all(|n| *n == 1),
+        "{:?}",
+        api.binds()
+    );
+    assert!(
+        api.binds().iter().all(|b| b.status == 201),
+        "no binding was tried twice: {:?}",
+        api.binds()
+    );
+    r2.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_of_binding_a_gang_finishes_the_gang_as_planned() {
+    let (api, client) = server().await;
+    for i in 0..4 {
+        api.apply(node(&format!("n{i}"), 1));
+    }
+    api.apply(queue("ml", &["ml"], 8.0));
+    for i in 0..4 {
+        api.apply(member("ml", &format!("w-{i}"), 1, "train", 4));
+    }
+    api.stall_binds_after(2);
+    let mut a = Scheduler::new(client.clone(), settings("a"));
+    a.ready().await;
+    assert!(a.try_lead().await.unwrap());
+    let cycle = tokio::spawn(async move {
+        let _ = a.tick().await;
+    });
+    eventually(10, "two of the gang bound", || {
+        binds_per_pod(&api).len() == 2
+    })
+    .await;
+    // The scheduler dies with two bindings in flight.
+    cycle.abort();
+    let _ = cycle.await;
+    // Meanwhile a more urgent single pod arrives that would take one of
+    // the two free nodes if the gang's plan were forgotten.
+    api.apply(with_class(pod("ml", "urgent", 1), "inference"));
+    api.release_binds();
+    let planned: Vec<String> = (0..4)
+        .map(|i| {
+            get_pod(&api, "ml", &format!("w-{i}")).unwrap()["metadata"]["annotations"]["gpuflow.io/node"]
+                .as_str()
+                .expect("every pod of the gang was planned before any was bound")
+                .to_string()
+        })
+        .collect();
+    let mut b = Scheduler::new(client.clone(), settings("b"));
+    b.ready().await;
+    // The lease is a's until it expires.
+    assert!(
+        !b.try_lead().await.unwrap(),
+        "a's lease has not expired yet"
+    );
+    let mut leading = false;
+    for _ in 0..60 {
+        if b.try_lead().await.unwrap() {
+            leading = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leading, "b takes the lease once a's expires");
+    b.tick().await.unwrap();
+    for (i, plan) in planned.iter().enumerate() {
+        let on = node_of(&api, "ml", &format!("w-{i}"));
+        assert_eq!(on.as_deref(), Some(plan.as_str()), "w-{i} bound where it was planned");
+    }
+    assert_eq!(
+        node_of(&api, "ml", "urgent"),
+        None,
+        "the gang's nodes were not given away"
+    );
+    assert!(
+        binds_per_pod(&api).values().all(|n| *n == 1),
+        "{:?}",
+        api.binds()
+    );
+    assert_eq!(binds_per_pod(&api).len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_list_again_after_410_gone_and_miss_nothing() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let _s = start(&client, "r1");
+    api.apply(pod("ml", "before", 1));
+    eventually(10, "the first pod bound", || {
+        node_of(&api, "ml", "before").is_some()
+    })
+    .await;
+    let lists = |api: &gpuflow_k8s::fake::FakeApi| {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /api/v1/pods?") && !r.contains("watch=true"))
+            .count()
+    };
+    let listed = lists(&api);
+    api.compact();
+    api.apply(pod("ml", "after", 1));
+    eventually(10, "the pod created after the compaction bound", || {
+        node_of(&api, "ml", "after").is_some()
+    })
+    .await;
+    assert!(
+        lists(&api) > listed,
+        "the pods were listed again after 410 Gone: {:?}",
+        api.requests()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_keeps_its_pods_from_preemption_until_it_allows_one() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 4.0));
+    let mut low = with_class(pod("ml", "low", 4), "batch");
+    low["metadata"]["labels"]["app"] = json!("serve");
+    api.apply(low);
+    let pdb = |allowed: i32| {
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "serve", "namespace": "ml"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "serve"}}},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}})
+    };
+    api.apply(pdb(0));
+    let _s = start(&client, "r1");
+    eventually(10, "the low pod bound", || {
+        node_of(&api, "ml", "low").is_some()
+    })
+    .await;
+    api.apply(with_class(pod("ml", "high", 4), "inference"));
+    eventually(10, "the preemptor explained", || {
+        why(&api, "ml", "high").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let low = get_pod(&api, "ml", "low").unwrap();
+    assert!(
+        low["metadata"]["deletionTimestamp"].is_null(),
+        "the budget allows no disruption"
+    );
+    api.apply(pdb(1));
+    eventually(10, "the victim terminating once the budget allows", || {
+        get_pod(&api, "ml", "low").is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await;
+    eventually(10, "the preemptor bound", || {
+        node_of(&api, "ml", "high").is_some()
+    })
+    .await;
+}

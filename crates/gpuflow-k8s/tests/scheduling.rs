@@ -1,0 +1,262 @@
+//! gpuflow scheduling pods through the real kube-rs client against the fake
+//! API server: gangs, explanations, preemption, borrowing, tenancy.
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_is_bound_all_or_nothing() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(node("n2", 4));
+    api.apply(queue("ml", &["ml"], 16.0));
+    // Three pods of four GPUs each: twelve GPUs on a cluster of eight.
+    for i in 0..3 {
+        api.apply(member("ml", &format!("w-{i}"), 4, "big", 3));
+    }
+    let _s = start(&client, "r1");
+    eventually(10, "every pod of the gang explained", || {
+        (0..3).all(|i| why(&api, "ml", &format!("w-{i}")).is_some())
+    })
+    .await;
+    assert!(
+        api.binds().is_empty(),
+        "no pod of a gang that does not fit is bound: {:?}",
+        api.binds()
+    );
+    // A third node: the whole gang starts, one pod a node.
+    api.apply(node("n3", 4));
+    eventually(10, "the gang bound", || {
+        (0..3).all(|i| node_of(&api, "ml", &format!("w-{i}")).is_some())
+    })
+    .await;
+    let mut nodes: Vec<String> = (0..3)
+        .map(|i| node_of(&api, "ml", &format!("w-{i}")).unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2", "n3"]);
+    assert!(binds_per_pod(&api).values().all(|n| *n == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_waits_for_all_its_pods_to_exist() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    // Kueue's plain pod group convention: two of three pods created.
+    for i in 0..2 {
+        let mut p = pod("ml", &format!("p-{i}"), 1);
+        p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] = json!("grp");
+        p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] = json!("3");
+        api.apply(p);
+    }
+    let _s = start(&client, "r1");
+    eventually(10, "the incomplete gang explained", || {
+        why(&api, "ml", "p-0").is_some_and(|w| w.contains("2 of its 3 pods exist"))
+    })
+    .await;
+    assert!(api.binds().is_empty());
+    let mut p = pod("ml", "p-2", 1);
+    p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] = json!("grp");
+    p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] = json!("3");
+    api.apply(p);
+    eventually(10, "the gang bound", || {
+        (0..3).all(|i| node_of(&api, "ml", &format!("p-{i}")).is_some())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_does_not_fit_gets_the_explanation_as_condition_and_event() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    api.apply(pod("ml", "huge", 16));
+    let _s = start(&client, "r1");
+    eventually(10, "the condition", || why(&api, "ml", "huge").is_some()).await;
+    let msg = why(&api, "ml", "huge").unwrap();
+    assert!(msg.starts_with("gpuflow: "), "{msg}");
+    assert!(msg.contains("position 1 in queue ml"), "{msg}");
+    let p = get_pod(&api, "ml", "huge").unwrap();
+    let cond = p["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodScheduled")
+        .unwrap()
+        .clone();
+    assert_eq!(cond["reason"], "Unschedulable");
+    let events = api.list("v1", "Event");
+    let ev = events
+        .iter()
+        .find(|e| e["involvedObject"]["name"] == "huge" && e["reason"] == "FailedScheduling")
+        .unwrap_or_else(|| panic!("no FailedScheduling event in {events:?}"));
+    assert_eq!(ev["message"], msg);
+    assert_eq!(ev["type"], "Warning");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_pod_preempts_a_lower_one_with_its_grace_period() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 4.0));
+    api.apply(with_class(pod("ml", "low", 4), "batch"));
+    let _s = start(&client, "r1");
+    eventually(10, "the batch pod bound", || {
+        node_of(&api, "ml", "low").is_some()
+    })
+    .await;
+    api.apply(with_class(pod("ml", "high", 4), "inference"));
+    // The victim is deleted with its grace period: terminating first.
+    eventually(10, "the victim terminating", || {
+        get_pod(&api, "ml", "low").is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await;
+    let low = get_pod(&api, "ml", "low").unwrap();
+    assert_eq!(low["metadata"]["deletionGracePeriodSeconds"], 1);
+    assert!(
+        node_of(&api, "ml", "high").is_none(),
+        "the preemptor waits until its victim is gone"
+    );
+    eventually(10, "the preemptor bound", || {
+        node_of(&api, "ml", "high").as_deref() == Some("n1")
+    })
+    .await;
+    assert!(get_pod(&api, "ml", "low").is_none());
+    let events = api.list("v1", "Event");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["involvedObject"]["name"] == "low" && e["reason"] == "Preempted"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_borrows_idle_gpus_and_is_reclaimed_when_their_owner_needs_them() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(node("n2", 4));
+    api.apply(queue("team-a", &["a"], 4.0));
+    api.apply(queue("team-b", &["b"], 4.0));
+    api.apply(pod("b", "b-0", 4));
+    api.apply(pod("b", "b-1", 4));
+    let _s = start(&client, "r1");
+    eventually(10, "team-b borrowing team-a's idle GPUs", || {
+        node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some()
+    })
+    .await;
+    api.apply(pod("a", "a-0", 4));
+    eventually(15, "team-a's pod bound after reclaiming", || {
+        node_of(&api, "a", "a-0").is_some()
+    })
+    .await;
+    let left: Vec<bool> = ["b-0", "b-1"]
+        .iter()
+        .map(|n| get_pod(&api, "b", n).is_some())
+        .collect();
+    assert_eq!(
+        left.iter().filter(|l| **l).count(),
+        1,
+        "exactly one borrower was reclaimed: {left:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_cannot_use_another_teams_queue_or_an_image_its_queue_does_not_allow() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("team-a", &["a"], 8.0));
+    let mut strict = queue("team-c", &["c"], 8.0);
+    strict["spec"]["images"] = json!(["registry.example.com/approved/"]);
+    api.apply(strict);
+    // A pod of namespace b naming team-a's queue.
+    let mut p = pod("b", "sneaky", 1);
+    p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("team-a");
+    api.apply(p);
+    // A pod of a namespace no queue takes.
+    api.apply(pod("nobody", "orphan", 1));
+    // An image team-c does not allow.
+    api.apply(pod("c", "unapproved", 1));
+    let _s = start(&client, "r1");
+    eventually(10, "all three explained", || {
+        why(&api, "b", "sneaky").is_some()
+            && why(&api, "nobody", "orphan").is_some()
+            && why(&api, "c", "unapproved").is_some()
+    })
+    .await;
+    assert!(
+        why(&api, "b", "sneaky")
+            .unwrap()
+            .contains("GpuQueue team-a does not take pods from namespace b")
+    );
+    assert!(
+        why(&api, "nobody", "orphan")
+            .unwrap()
+            .contains("no GpuQueue takes namespace nobody")
+    );
+    assert!(
+        why(&api, "c", "unapproved")
+            .unwrap()
+            .contains("image registry.example.com/ml/train:1 is not allowed in GpuQueue team-c")
+    );
+    assert!(api.binds().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_requests_are_refused_with_the_reason_not_ignored() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let mut frac = pod("ml", "frac", 1);
+    frac["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = json!("4000");
+    api.apply(frac);
+    let mut aff = pod("ml", "aff", 1);
+    aff["spec"]["affinity"] = json!({"nodeAffinity": {}});
+    api.apply(aff);
+    let _s = start(&client, "r1");
+    eventually(10, "both explained", || {
+        why(&api, "ml", "frac").is_some() && why(&api, "ml", "aff").is_some()
+    })
+    .await;
+    assert!(
+        why(&api, "ml", "frac")
+            .unwrap()
+            .contains("nvidia.com/gpumem is not supported on Kubernetes yet")
+    );
+    assert!(
+        why(&api, "ml", "aff")
+            .unwrap()
+            .contains("does not evaluate affinity yet")
+    );
+    assert!(api.binds().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_bound_by_another_scheduler_count_as_usage() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let mut other = pod("ml", "theirs", 3);
+    other["spec"]["schedulerName"] = json!("default-scheduler");
+    other["spec"]["nodeName"] = json!("n1");
+    other["status"]["phase"] = json!("Running");
+    api.apply(other);
+    api.apply(pod("ml", "two", 2));
+    api.apply(pod("ml", "one", 1));
+    let _s = start(&client, "r1");
+    eventually(10, "the one-GPU pod bound", || {
+        node_of(&api, "ml", "one").is_some()
+    })
+    .await;
+    eventually(10, "the two-GPU pod explained", || {
+        why(&api, "ml", "two").is_some()
+    })
+    .await;
+    assert!(
+        node_of(&api, "ml", "two").is_none(),
+        "only one GPU was free"
+    );
+}
