@@ -5,6 +5,7 @@
 
 mod bench_api;
 mod client;
+mod k8s;
 mod platform;
 mod sim;
 mod whatif;
@@ -44,6 +45,11 @@ enum Command {
     Server(platform::ServerArgs),
     /// Run a node agent that joins a server.
     Agent(platform::AgentArgs),
+    /// gpuflow on Kubernetes: run the scheduler, print its manifests.
+    K8s {
+        #[command(subcommand)]
+        command: k8s::K8sCmd,
+    },
     /// Jobs: submit, ls, get, why, logs, cancel, suspend, resume, hold, release.
     Job {
         #[command(subcommand)]
@@ -138,6 +144,7 @@ fn main() {
         Command::Up(a) => platform::up(a),
         Command::Server(a) => platform::server(a),
         Command::Agent(a) => platform::agent(a),
+        Command::K8s { command } => k8s::run(command),
         Command::Job { command, conn } => client::job(&conn, command),
         Command::Queue { command, conn } => client::queue(&conn, command),
         Command::Service { command, conn } => client::service(&conn, command),

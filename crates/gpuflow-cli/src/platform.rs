@@ -167,7 +167,7 @@ pub fn default_data_dir() -> PathBuf {
     )
 }
 
-fn init_logging() {
+pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours for a person at a terminal, none in a log file.

@@ -130,6 +130,18 @@ pub struct RunArgs {
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Pods bound per second by gpuflow on Kubernetes, against the in-process
+    /// fake API server (watch caches, cycles, binding subresource): nodes of
+    /// 8 GPUs, pending pods of one GPU (one in five CPU-only), all fitting.
+    K8sBind {
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10000)]
+        pods: usize,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        limit_s: u64,
+    },
     /// The server's scheduling cycle (snapshot, core, commit to SQLite) on
     /// registered nodes with a backlog: a cold cycle, then cycles after a few
     /// new submissions.
@@ -559,6 +571,29 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             pending,
             cycles,
         } => crate::bench_api::server_cycle(nodes, pending, cycles),
+        BenchCommand::K8sBind {
+            nodes,
+            pods,
+            limit_s,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let r = rt.block_on(gpuflow_k8s::bench::bind_throughput(
+                nodes,
+                pods,
+                std::time::Duration::from_secs(limit_s),
+            ))?;
+            println!(
+                "nodes {}  pods {}  bound {}  cycles {}  seconds {:.2}  pods/s {:.0}  longest cycle {:.2} s",
+                r.nodes,
+                r.pods,
+                r.bound,
+                r.cycles,
+                r.seconds,
+                r.per_second(),
+                r.longest_cycle_s
+            );
+            Ok(())
+        }
         BenchCommand::Cycle {
             nodes,
             teams,

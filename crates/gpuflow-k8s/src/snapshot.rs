@@ -590,6 +590,34 @@ struct Holdings {
 }
 
 impl Holdings {
+    /// The GPUs a bound pod holds: its request when the node has it free,
+    /// else every free GPU of the node it could use (a node that reports
+    /// fewer GPUs than its pods hold has none left for new work).
+    fn take(&mut self, node: &Node, r: &GpuRequest) -> (GpuRequest, GpuPick) {
+        if let Some(pick) = self.pick(node, r) {
+            return (r.clone(), pick);
+        }
+        let i = node.id.0 as usize;
+        if let GpuRequest::Whole { .. } = r {
+            let mut mask = 0u64;
+            for (g, gpu) in node.gpus.iter().enumerate() {
+                if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 {
+                    mask |= 1 << g;
+                }
+            }
+            if mask != 0 {
+                self.whole[i] |= mask;
+                return (
+                    GpuRequest::Whole {
+                        count: mask.count_ones() as u8,
+                    },
+                    GpuPick::Whole(mask),
+                );
+            }
+        }
+        (GpuRequest::None, GpuPick::None)
+    }
+
     fn pick(&mut self, node: &Node, r: &GpuRequest) -> Option<GpuPick> {
         let i = node.id.0 as usize;
         match r {
@@ -635,7 +663,8 @@ struct Member<'a> {
     pod: &'a Pod,
     request: TaskRequest,
     node: Option<usize>,
-    pick: Option<GpuPick>,
+    /// When bound: the GPUs it holds there (see [`Holdings::take`]).
+    held: Option<(GpuRequest, GpuPick)>,
 }
 
 /// A gang as a core job, with its pods per task.
@@ -748,15 +777,11 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Holds `request` on node `i` for work the core does not move.
-    fn hold(&mut self, i: usize, request: &TaskRequest, pick: GpuPick) {
+    /// Holds `request` on node `i`, with the GPUs `held`, for work the core
+    /// does not move.
+    fn hold(&mut self, i: usize, request: &TaskRequest, held: (GpuRequest, GpuPick)) {
         // Ids from the top down: far from the gangs' ids.
         let job = JobId(u64::MAX - self.fixed.len() as u64);
-        let gpu = if pick == GpuPick::None {
-            GpuRequest::None
-        } else {
-            request.gpu.clone()
-        };
         self.fixed.push(Allocation {
             task: TaskId {
                 job,
@@ -766,8 +791,8 @@ impl<'a> Builder<'a> {
             node: NodeId(i as u32),
             cpu: request.cpu,
             mem: request.mem,
-            gpu,
-            pick,
+            gpu: held.0,
+            pick: held.1,
         });
     }
 
@@ -805,11 +830,8 @@ impl<'a> Builder<'a> {
                 // Someone else's pod: it holds what it asks for.
                 (Some(Some(i)), false) => {
                     if let Ok(r) = request {
-                        let pick = self
-                            .holdings
-                            .pick(&self.nodes[i], &r.gpu)
-                            .unwrap_or(GpuPick::None);
-                        self.hold(i, &r, pick);
+                        let held = self.holdings.take(&self.nodes[i], &r.gpu);
+                        self.hold(i, &r, held);
                     }
                 }
                 (None, false) => {}
@@ -827,7 +849,7 @@ impl<'a> Builder<'a> {
                             continue;
                         }
                     };
-                    let pick = node.and_then(|i| self.holdings.pick(&self.nodes[i], &request.gpu));
+                    let held = node.map(|i| self.holdings.take(&self.nodes[i], &request.gpu));
                     let key = gang_key(p).unwrap_or_else(|| {
                         format!("pod/{}", p.metadata.name.as_deref().unwrap_or_default())
                     });
@@ -836,7 +858,7 @@ impl<'a> Builder<'a> {
                         pod: p,
                         request,
                         node,
-                        pick,
+                        held,
                     });
                 }
             }
@@ -933,7 +955,7 @@ impl<'a> Builder<'a> {
                 Some((n, i, self.holdings.pick(&self.nodes[i], &m.request.gpu)?))
             }) {
                 Some((n, i, pick)) => {
-                    self.hold(i, &m.request, pick);
+                    self.hold(i, &m.request, (m.request.gpu.clone(), pick));
                     self.planned.push((pod_ref(m.pod), n));
                 }
                 None => rest.push(m),
@@ -946,8 +968,8 @@ impl<'a> Builder<'a> {
                 self.hold_back(&unbound, &why);
                 // Bound pods without a queue still hold what they use.
                 for m in &bound {
-                    if let (Some(i), Some(pick)) = (m.node, m.pick) {
-                        self.hold(i, &m.request, pick);
+                    if let (Some(i), Some(held)) = (m.node, m.held.clone()) {
+                        self.hold(i, &m.request, held);
                     }
                 }
                 return;
@@ -1005,8 +1027,8 @@ impl<'a> Builder<'a> {
             Err(why) => {
                 tracing::warn!(gang = %key, %why, "a running gang gpuflow cannot read; its pods hold their resources");
                 for m in bound {
-                    if let (Some(i), Some(pick)) = (m.node, m.pick) {
-                        self.hold(i, &m.request, pick);
+                    if let (Some(i), Some(held)) = (m.node, m.held.clone()) {
+                        self.hold(i, &m.request, held);
                     }
                 }
                 return;
@@ -1020,7 +1042,7 @@ impl<'a> Builder<'a> {
                     .iter()
                     .find(|m| pod_ref(m.pod) == *r)
                     .expect("a member");
-                let (Some(i), Some(pick)) = (m.node, m.pick) else {
+                let (Some(i), Some((gpu, pick))) = (m.node, m.held.clone()) else {
                     continue;
                 };
                 if flavor.is_empty() && grp.request.gpu != GpuRequest::None {
@@ -1039,7 +1061,7 @@ impl<'a> Builder<'a> {
                     node: NodeId(i as u32),
                     cpu: grp.request.cpu,
                     mem: grp.request.mem,
-                    gpu: grp.request.gpu.clone(),
+                    gpu,
                     pick,
                 });
             }

@@ -153,7 +153,11 @@ async fn a_restart_in_the_middle_of_binding_a_gang_finishes_the_gang_as_planned(
     b.tick().await.unwrap();
     for (i, plan) in planned.iter().enumerate() {
         let on = node_of(&api, "ml", &format!("w-{i}"));
-        assert_eq!(on.as_deref(), Some(plan.as_str()), "w-{i} bound where it was planned");
+        assert_eq!(
+            on.as_deref(),
+            Some(plan.as_str()),
+            "w-{i} bound where it was planned"
+        );
     }
     assert_eq!(
         node_of(&api, "ml", "urgent"),

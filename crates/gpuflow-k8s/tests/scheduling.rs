@@ -95,6 +95,26 @@ async fn a_pod_that_does_not_fit_gets_the_explanation_as_condition_and_event() {
         .unwrap_or_else(|| panic!("no FailedScheduling event in {events:?}"));
     assert_eq!(ev["message"], msg);
     assert_eq!(ev["type"], "Warning");
+    // `gpuflow k8s why` reads it back.
+    let told = gpuflow_k8s::why(client.clone(), "ml", "huge", "gpuflow")
+        .await
+        .unwrap();
+    assert!(told.starts_with("ml/huge waits: needs 16"), "{told}");
+    let mut theirs = pod("ml", "theirs", 1);
+    theirs["spec"]["schedulerName"] = json!("default-scheduler");
+    api.apply(theirs);
+    let told = gpuflow_k8s::why(client.clone(), "ml", "theirs", "gpuflow")
+        .await
+        .unwrap();
+    assert!(
+        told.contains("its schedulerName is default-scheduler"),
+        "{told}"
+    );
+    assert!(
+        gpuflow_k8s::why(client, "ml", "nope", "gpuflow")
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,4 +279,92 @@ async fn pods_bound_by_another_scheduler_count_as_usage() {
         node_of(&api, "ml", "two").is_none(),
         "only one GPU was free"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_pods_take_instances_and_cordoned_tainted_or_unready_nodes_take_nothing_new() {
+    let (api, client) = server().await;
+    let mut mig = node("mig", 0);
+    mig["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = json!("2");
+    api.apply(mig);
+    let mut cordoned = node("cordoned", 8);
+    cordoned["spec"]["unschedulable"] = json!(true);
+    api.apply(cordoned);
+    let mut unready = node("unready", 8);
+    unready["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+    api.apply(unready);
+    let mut tainted = node("tainted", 8);
+    tainted["spec"]["taints"] =
+        json!([{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]);
+    api.apply(tainted);
+    api.apply(queue("ml", &["ml"], 16.0));
+    let mig_pod = |name: &str| {
+        let mut p = pod("ml", name, 0);
+        p["spec"]["containers"][0]["resources"]["limits"] = json!({"nvidia.com/mig-1g.10gb": "1"});
+        p
+    };
+    for n in ["nb-0", "nb-1", "nb-2"] {
+        api.apply(mig_pod(n));
+    }
+    api.apply(pod("ml", "whole", 1));
+    let mut tolerant = pod("ml", "tolerant", 1);
+    tolerant["spec"]["tolerations"] = json!([{"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}]);
+    api.apply(tolerant);
+    let _s = start(&client, "r1");
+    eventually(10, "two MIG pods bound", || {
+        ["nb-0", "nb-1", "nb-2"]
+            .iter()
+            .filter(|n| node_of(&api, "ml", n).is_some())
+            .count()
+            == 2
+    })
+    .await;
+    eventually(10, "the tolerant pod bound", || {
+        node_of(&api, "ml", "tolerant").as_deref() == Some("tainted")
+    })
+    .await;
+    eventually(
+        10,
+        "the third MIG pod and the whole-GPU pod explained",
+        || {
+            ["nb-0", "nb-1", "nb-2"]
+                .iter()
+                .any(|n| why(&api, "ml", n).is_some())
+                && why(&api, "ml", "whole").is_some()
+        },
+    )
+    .await;
+    assert!(
+        ["nb-0", "nb-1", "nb-2"]
+            .iter()
+            .filter_map(|n| node_of(&api, "ml", n))
+            .all(|n| n == "mig")
+    );
+    assert_eq!(
+        node_of(&api, "ml", "whole"),
+        None,
+        "only the cordoned, unready and tainted nodes have whole GPUs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_reports_fewer_gpus_than_its_pods_hold_gets_no_new_pods() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let mut other = pod("ml", "theirs", 4);
+    other["spec"]["schedulerName"] = json!("default-scheduler");
+    other["spec"]["nodeName"] = json!("n1");
+    other["status"]["phase"] = json!("Running");
+    api.apply(other);
+    // Its device plugin restarted and now reports two GPUs.
+    api.apply(node("n1", 2));
+    api.apply(pod("ml", "new", 1));
+    let _s = start(&client, "r1");
+    eventually(10, "the new pod explained", || {
+        why(&api, "ml", "new").is_some()
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(node_of(&api, "ml", "new"), None);
 }

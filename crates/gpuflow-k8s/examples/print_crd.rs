@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", gpuflow_k8s::manifests::crd_yaml());
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs gpuflow in a kind cluster (or, with KIND=0, in the cluster of the
+# current kubeconfig), then runs the example gang and a MIG pod.
+#
+# Needs: docker, kind, kubectl. kind nodes have no GPUs, so the script
+# gives two of them fake GPU capacity (as the NVIDIA device plugin would
+# advertise it) through the API; the example pods are bound by gpuflow but
+# their containers cannot use a GPU there. On a real GPU cluster
+# (NVIDIA device plugin with the mixed MIG strategy and GPU feature discovery
+# installed) run it with KIND=0 and the pods run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KIND=${KIND:-1}
+IMAGE=${IMAGE:-gpuflow:dev}
+
+if [ "$KIND" = 1 ]; then
+  kind get clusters | grep -qx gpuflow || kind create cluster --name gpuflow --config - <<'YAML'
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes: [{role: control-plane}, {role: worker}, {role: worker}]
+YAML
+  docker build -t "$IMAGE" -f deploy/kubernetes/Dockerfile .
+  kind load docker-image "$IMAGE" --name gpuflow
+  # Fake GPUs on the workers: capacity as a device plugin reports it, and
+  # GPU feature discovery's labels.
+  kubectl proxy --port=8011 & proxy=$!
+  trap 'kill $proxy' EXIT
+  sleep 2
+  for n in $(kubectl get nodes -o name | grep worker | cut -d/ -f2); do
+    curl -s -H 'Content-Type: application/json-patch+json' -X PATCH \
+      "http://127.0.0.1:8011/api/v1/nodes/$n/status" \
+      -d '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"4"},
+           {"op":"add","path":"/status/capacity/nvidia.com~1mig-1g.10gb","value":"7"}]' >/dev/null
+    kubectl label node "$n" --overwrite nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 nvidia.com/gpu.memory=81559
+  done
+fi
+
+kubectl apply -f deploy/kubernetes/crd.yaml
+kubectl wait --for condition=established crd/gpuqueues.gpuflow.io
+cargo run -q --release --bin gpuflow -- k8s manifests --image "$IMAGE" | kubectl apply -f -
+kubectl -n gpuflow-system rollout status deploy/gpuflow-scheduler --timeout=120s
+kubectl create namespace team-a --dry-run=client -o yaml | kubectl apply -f -
+kubectl create namespace team-b --dry-run=client -o yaml | kubectl apply -f -
+kubectl apply -f deploy/kubernetes/examples/queues.yaml
+kubectl apply -f deploy/kubernetes/examples/gang.yaml -f deploy/kubernetes/examples/mig.yaml
+sleep 5
+kubectl -n team-a get pods -o wide
+kubectl -n gpuflow-system get lease gpuflow-scheduler -o jsonpath='{.spec.holderIdentity}{"\n"}'
