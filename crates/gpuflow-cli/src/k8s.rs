@@ -49,7 +49,7 @@ pub enum K8sCmd {
         /// The image holding the `gpuflow` binary (deploy/kubernetes/Dockerfile builds one).
         #[arg(long, default_value = "gpuflow:dev")]
         image: String,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..))]
         replicas: i32,
     },
 }
@@ -64,7 +64,6 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
         } => {
             print!("{}", manifests::crd_yaml());
             if !crd {
-                anyhow::ensure!(replicas >= 1, "--replicas must be at least 1");
                 print!(
                     "{}",
                     manifests::install_yaml(&Install {

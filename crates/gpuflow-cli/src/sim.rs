@@ -138,6 +138,9 @@ pub enum BenchCommand {
         nodes: usize,
         #[arg(long, default_value_t = 10000)]
         pods: usize,
+        /// Pods per gang (1: single pods); a team's consecutive pods form a gang.
+        #[arg(long, default_value_t = 1)]
+        gang: usize,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 300)]
         limit_s: u64,
@@ -574,18 +577,21 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::K8sBind {
             nodes,
             pods,
+            gang,
             limit_s,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let r = rt.block_on(gpuflow_k8s::bench::bind_throughput(
                 nodes,
                 pods,
+                gang.max(1),
                 std::time::Duration::from_secs(limit_s),
             ))?;
             println!(
-                "nodes {}  pods {}  bound {}  cycles {}  seconds {:.2}  pods/s {:.0}  longest cycle {:.2} s",
+                "nodes {}  pods {}  gang {}  bound {}  cycles {}  seconds {:.2}  pods/s {:.0}  longest cycle {:.2} s",
                 r.nodes,
                 r.pods,
+                r.gang,
                 r.bound,
                 r.cycles,
                 r.seconds,

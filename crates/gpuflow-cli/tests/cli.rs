@@ -118,3 +118,52 @@ fn bench_server_cycle_and_submit_print_their_figures() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("jobs/s") && out.contains("p99"), "{out}");
 }
+
+#[test]
+fn k8s_manifests_print_the_crd_and_the_install_and_refuse_bad_values() {
+    let (code, out, err) = gpuflow(&[
+        "k8s",
+        "manifests",
+        "--namespace",
+        "sched",
+        "--image",
+        "r.example/gpuflow:1",
+        "--replicas",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition"),
+        "{out}"
+    );
+    assert!(
+        out.contains("image: r.example/gpuflow:1")
+            && out.contains("replicas: 3")
+            && out.contains("namespace: sched")
+    );
+    let (code, out, _) = gpuflow(&["k8s", "manifests", "--crd"]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("kind: Deployment"));
+    let (code, _, err) = gpuflow(&["k8s", "manifests", "--replicas", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--replicas"), "{err}");
+    let (code, _, err) = gpuflow(&["k8s", "why", "no-slash"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("NAMESPACE/NAME"), "{err}");
+}
+
+#[test]
+fn bench_k8s_bind_prints_its_figures() {
+    let args = |pods: &'static str| {
+        [
+            "bench", "k8s-bind", "--nodes", "20", "--pods", pods, "--gang", "4",
+        ]
+    };
+    let (code, out, err) = gpuflow(&args("120"));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("bound 120") && out.contains("pods/s"), "{out}");
+    // Gangs that could never be whole are refused, not left to wait.
+    let (code, _, err) = gpuflow(&args("100"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("multiple of 40"), "{err}");
+}

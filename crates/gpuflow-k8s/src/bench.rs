@@ -15,6 +15,7 @@ use crate::scheduler::{Scheduler, Settings};
 pub struct BindBench {
     pub nodes: usize,
     pub pods: usize,
+    pub gang: usize,
     pub bound: usize,
     pub cycles: usize,
     /// From the first cycle to the last binding.
@@ -31,16 +32,25 @@ impl BindBench {
 
 /// `nodes` nodes of 8 GPUs, 64 CPUs and 512 GiB in 10 racks, 10 team
 /// queues sharing them, and `pods` pending pods spread over the teams: four
-/// in five ask for one GPU, the fifth for CPU only; every pod fits. Runs
-/// cycles until all are bound or `limit` passes.
+/// in five ask for one GPU, the fifth for CPU only; every pod fits. With
+/// `gang` > 1, consecutive pods of a team form gangs of that many (each
+/// annotated with its planned nodes before it is bound). Runs cycles until
+/// all are bound or `limit` passes.
 ///
 /// # Errors
 /// When the fake server cannot start or a cycle fails.
 pub async fn bind_throughput(
     nodes: usize,
     pods: usize,
+    gang: usize,
     limit: Duration,
 ) -> anyhow::Result<BindBench> {
+    let teams = 10;
+    anyhow::ensure!(
+        gang <= 1 || pods % (teams * gang) == 0,
+        "with gangs of {gang}, the pods must be a multiple of {} (10 teams of whole gangs)",
+        teams * gang
+    );
     let api = FakeApi::default();
     let addr = api.serve().await?;
     for i in 0..nodes {
@@ -54,7 +64,6 @@ pub async fn bind_throughput(
                        "conditions": [{"type": "Ready", "status": "True"}]}
         }));
     }
-    let teams = 10;
     let share = (nodes * 8) as f64 / teams as f64;
     for t in 0..teams {
         api.apply(json!({
@@ -69,9 +78,19 @@ pub async fn bind_throughput(
         } else {
             json!({"nvidia.com/gpu": "1"})
         };
+        let (labels, annotations) = if gang > 1 {
+            let g = p / teams / gang;
+            (
+                json!({"gpuflow.io/gang": format!("g{g}")}),
+                json!({"gpuflow.io/gang-size": gang.to_string()}),
+            )
+        } else {
+            (json!({}), json!({}))
+        };
         api.apply(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("pod-{p:06}"), "namespace": format!("team-{}", p % teams)},
+            "metadata": {"name": format!("pod-{p:06}"), "namespace": format!("team-{}", p % teams),
+                "labels": labels, "annotations": annotations},
             "spec": {"schedulerName": "gpuflow", "containers": [{"name": "main", "image": "busybox",
                 "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": gpu}}]},
             "status": {"phase": "Pending"}
@@ -110,6 +129,7 @@ pub async fn bind_throughput(
     Ok(BindBench {
         nodes,
         pods,
+        gang,
         bound,
         cycles,
         seconds: (last_bind - start).as_secs_f64(),

@@ -59,21 +59,21 @@ fn the_crd_parses_as_a_custom_resource_definition_and_is_structural() {
     // A structural schema: every object property typed, no
     // `additionalProperties: false` beside `properties`.
     fn walk(v: &Value, path: &str) {
-        if let Some(o) = v.as_object() {
-            if o.contains_key("properties") {
-                assert!(
-                    o.get("additionalProperties").is_none(),
-                    "{path}: properties and additionalProperties"
-                );
-                assert_eq!(
-                    o.get("type").and_then(Value::as_str),
-                    Some("object"),
-                    "{path}"
-                );
-                for (k, p) in o["properties"].as_object().unwrap() {
-                    assert!(p.get("type").is_some(), "{path}.{k} has no type");
-                    walk(p, &format!("{path}.{k}"));
-                }
+        if let Some(o) = v.as_object()
+            && o.contains_key("properties")
+        {
+            assert!(
+                o.get("additionalProperties").is_none(),
+                "{path}: properties and additionalProperties"
+            );
+            assert_eq!(
+                o.get("type").and_then(Value::as_str),
+                Some("object"),
+                "{path}"
+            );
+            for (k, p) in o["properties"].as_object().unwrap() {
+                assert!(p.get("type").is_some(), "{path}.{k} has no type");
+                walk(p, &format!("{path}.{k}"));
             }
         }
     }
