@@ -47,7 +47,7 @@ pub async fn bind_throughput(
 ) -> anyhow::Result<BindBench> {
     let teams = 10;
     anyhow::ensure!(
-        gang <= 1 || pods % (teams * gang) == 0,
+        gang <= 1 || pods.is_multiple_of(teams * gang),
         "with gangs of {gang}, the pods must be a multiple of {} (10 teams of whole gangs)",
         teams * gang
     );

@@ -14,7 +14,7 @@
 //!   which the pod runs.
 //!
 //! It knows the resources gpuflow uses (nodes, pods, events, leases,
-//! pod disruption budgets, namespaces and `GpuQueue`s) and answers `404`
+//! pod disruption budgets, namespaces, batch Jobs and `GpuQueue`s) and answers `404`
 //! for any other; selectors, strategic merge and server-side apply are
 //! refused with `400` or `415`, not ignored. Every request is logged, and
 //! every binding with its outcome, for tests to check.
@@ -74,6 +74,12 @@ const RESOURCES: &[Resource] = &[
         api_version: "policy/v1",
         plural: "poddisruptionbudgets",
         kind: "PodDisruptionBudget",
+        namespaced: true,
+    },
+    Resource {
+        api_version: "batch/v1",
+        plural: "jobs",
+        kind: "Job",
         namespaced: true,
     },
     Resource {

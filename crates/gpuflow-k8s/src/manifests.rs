@@ -58,7 +58,8 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// The cluster-wide permissions: read what it schedules on, bind and
+/// The cluster-wide permissions: read what it schedules on (nodes, pods,
+/// disruption budgets, Jobs for their parallelism, queues), bind and
 /// explain pods, delete victims; nothing else (no secrets, no writes to
 /// nodes or queues).
 pub fn cluster_role() -> ClusterRole {
@@ -79,6 +80,7 @@ pub fn cluster_role() -> ClusterRole {
                 &["poddisruptionbudgets"],
                 &["get", "list", "watch"],
             ),
+            rule(&["batch"], &["jobs"], &["get", "list", "watch"]),
             rule(&["gpuflow.io"], &["gpuqueues"], &["get", "list", "watch"]),
         ]),
         ..ClusterRole::default()

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gpuflow_core::schedule::{self, Config, History, PriorityClass};
+use k8s_openapi::api::batch::v1::Job as BatchJob;
 use k8s_openapi::api::core::v1::{
     Binding, Event, EventSource, Node, ObjectReference, Pod, PodCondition,
 };
@@ -93,6 +94,7 @@ struct Caches {
     pods: Store<Pod>,
     queues: Store<GpuQueue>,
     budgets: Store<PodDisruptionBudget>,
+    jobs: Store<BatchJob>,
 }
 
 /// A scheduler replica.
@@ -175,6 +177,8 @@ impl Scheduler {
             changed.clone(),
         );
         tasks.push(t);
+        let (jobs, t) = reflect(Api::<BatchJob>::all(client.clone()), changed.clone());
+        tasks.push(t);
         let elector = Elector::new(
             Api::namespaced(client.clone(), &settings.namespace),
             &settings.lease_name,
@@ -189,6 +193,7 @@ impl Scheduler {
                 pods,
                 queues,
                 budgets,
+                jobs,
             },
             changed,
             elector,
@@ -206,6 +211,7 @@ impl Scheduler {
         let _ = c.pods.wait_until_ready().await;
         let _ = c.queues.wait_until_ready().await;
         let _ = c.budgets.wait_until_ready().await;
+        let _ = c.jobs.wait_until_ready().await;
     }
 
     /// Runs until `stop` resolves: renews or takes the lease, and schedules
@@ -283,6 +289,7 @@ impl Scheduler {
         let pods = self.caches.pods.state();
         let queues = self.caches.queues.state();
         let budgets = self.caches.budgets.state();
+        let jobs = self.caches.jobs.state();
         // Assumed pods the cache now shows bound, or gone, are forgotten.
         let by_uid: BTreeMap<&str, &Pod> = pods
             .iter()
@@ -301,11 +308,13 @@ impl Scheduler {
         let pod_refs: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
         let queue_refs: Vec<&GpuQueue> = queues.iter().map(AsRef::as_ref).collect();
         let budget_refs: Vec<&PodDisruptionBudget> = budgets.iter().map(AsRef::as_ref).collect();
+        let job_refs: Vec<&BatchJob> = jobs.iter().map(AsRef::as_ref).collect();
         let mut snap = snapshot::build(&Inputs {
             nodes: &node_refs,
             pods: &pod_refs,
             queues: &queue_refs,
             budgets: &budget_refs,
+            jobs: &job_refs,
             assumed: &self.assumed,
             scheduler_name: &self.settings.scheduler_name,
             topology: &self.settings.topology,

@@ -31,6 +31,7 @@ use gpuflow_core::request::{
     Constraints, GpuRequest, Job, TaskGroup, TaskRequest, Topology, TopologyLevel,
 };
 use gpuflow_core::schedule::{PriorityClass, Running, Workload};
+use k8s_openapi::api::batch::v1::Job as BatchJob;
 use k8s_openapi::api::core::v1::{Node as KNode, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -126,6 +127,8 @@ pub struct Inputs<'a> {
     pub pods: &'a [&'a Pod],
     pub queues: &'a [&'a GpuQueue],
     pub budgets: &'a [&'a PodDisruptionBudget],
+    /// batch/v1 Jobs: a Job's pods wait for its parallelism.
+    pub jobs: &'a [&'a BatchJob],
     /// Pods this scheduler bound (uid → node) that the cache may not show yet.
     pub assumed: &'a BTreeMap<String, String>,
     pub scheduler_name: &'a str,
@@ -287,6 +290,26 @@ fn gang_size(p: &Pod) -> Option<usize> {
     .iter()
     .find_map(|a| ann.get(*a))
     .and_then(|v| v.parse().ok())
+}
+
+/// The pods a batch/v1 Job runs at once (its parallelism, at most its
+/// completions), for the pods it owns.
+fn owner_size(p: &Pod, jobs: &[&BatchJob]) -> Option<usize> {
+    let owner = p
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Job")?;
+    let job = jobs
+        .iter()
+        .find(|j| j.metadata.uid.as_deref() == Some(owner.uid.as_str()))?;
+    let spec = job.spec.as_ref()?;
+    let parallelism = spec.parallelism.unwrap_or(1).max(0) as usize;
+    Some(match spec.completions {
+        Some(c) => parallelism.min(c.max(0) as usize),
+        None => parallelism,
+    })
 }
 
 /// A pod's request, or why gpuflow will not schedule it.
@@ -986,8 +1009,12 @@ impl<'a> Builder<'a> {
             self.hold_back(&unbound, &why);
             return;
         }
-        // A gang that says how many pods it has waits for all of them.
-        let size = unbound.iter().chain(&bound).find_map(|m| gang_size(m.pod));
+        // A gang that says how many pods it has, or whose Job does, waits
+        // for all of them.
+        let size = unbound
+            .iter()
+            .chain(&bound)
+            .find_map(|m| gang_size(m.pod).or_else(|| owner_size(m.pod, self.input.jobs)));
         let present = unbound.len() + bound.len();
         if bound.is_empty()
             && let Some(size) = size

@@ -244,3 +244,98 @@ async fn a_disruption_budget_keeps_its_pods_from_preemption_until_it_allows_one(
     })
     .await;
 }
+
+/// The verb, API group, resource (with subresource) and namespace of a
+/// request the fake logged, as RBAC sees it.
+fn rbac_of(request: &str) -> (String, String, String, String) {
+    let (method, uri) = request.split_once(' ').unwrap();
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest.to_vec()),
+        ["apis", g, _, rest @ ..] => (*g, rest.to_vec()),
+        _ => panic!("{request}"),
+    };
+    let (ns, rest) = match rest.as_slice() {
+        ["namespaces", ns, r @ ..] if !r.is_empty() => (ns.to_string(), r.to_vec()),
+        r => (String::new(), r.to_vec()),
+    };
+    let named = rest.len() > 1;
+    let resource = match rest.as_slice() {
+        [r, _, sub] => format!("{r}/{sub}"),
+        [r, ..] => r.to_string(),
+        _ => panic!("{request}"),
+    };
+    let verb = match (method, named) {
+        ("GET", false) if query.contains("watch=true") => "watch",
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => panic!("{request}"),
+    };
+    (verb.into(), group.into(), resource, ns)
+}
+
+fn allows(
+    rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+    verb: &str,
+    group: &str,
+    resource: &str,
+) -> bool {
+    rules.iter().any(|r| {
+        r.verbs.iter().any(|v| v == verb)
+            && r.api_groups.iter().flatten().any(|g| g == group)
+            && r.resources.iter().flatten().any(|x| x == resource)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_with() {
+    use gpuflow_k8s::manifests;
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 4.0));
+    // Binding (a gang: annotations too), explanation, preemption, events, the lease.
+    api.apply(with_class(member("ml", "low-0", 2, "low", 2), "batch"));
+    api.apply(with_class(member("ml", "low-1", 2, "low", 2), "batch"));
+    api.apply(pod("ml", "huge", 16));
+    let s = start(&client, "r1");
+    eventually(10, "the gang bound", || {
+        node_of(&api, "ml", "low-0").is_some()
+    })
+    .await;
+    api.apply(with_class(pod("ml", "high", 4), "inference"));
+    eventually(15, "the preemptor bound", || {
+        node_of(&api, "ml", "high").is_some()
+    })
+    .await;
+    s.abort();
+    let cluster = manifests::cluster_role().rules.unwrap();
+    let lease = manifests::lease_role("gpuflow-system");
+    let mut seen = std::collections::BTreeSet::new();
+    for r in api.requests() {
+        let (verb, group, resource, ns) = rbac_of(&r);
+        let ok = allows(&cluster, &verb, &group, &resource)
+            || (ns == "gpuflow-system"
+                && allows(lease.rules.as_ref().unwrap(), &verb, &group, &resource));
+        assert!(
+            ok,
+            "{r}: {verb} {group}/{resource} in {ns:?} is not granted"
+        );
+        seen.insert(format!("{verb} {group}/{resource}"));
+    }
+    // The scenario used what the roles grant for writing.
+    for needed in [
+        "create /pods/binding",
+        "patch /pods",
+        "patch /pods/status",
+        "delete /pods",
+        "create /events",
+        "watch batch/jobs",
+    ] {
+        assert!(seen.contains(needed), "{needed} not exercised: {seen:?}");
+    }
+}

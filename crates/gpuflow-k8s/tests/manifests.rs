@@ -213,7 +213,7 @@ fn the_committed_manifests_are_what_the_code_generates() {
     assert_eq!(
         read("deploy/kubernetes/crd.yaml"),
         manifests::crd_yaml(),
-        "regenerate: gpuflow k8s manifests --crd"
+        "regenerate: deploy/regenerate.sh"
     );
     assert_eq!(
         read("deploy/helm/gpuflow/crds/gpuqueues.yaml"),
@@ -222,7 +222,7 @@ fn the_committed_manifests_are_what_the_code_generates() {
     assert_eq!(
         read("deploy/kubernetes/gpuflow.yaml"),
         manifests::install_yaml(&Install::default()),
-        "regenerate with gpuflow k8s manifests (see docs/kubernetes.md)"
+        "regenerate: deploy/regenerate.sh"
     );
 }
 

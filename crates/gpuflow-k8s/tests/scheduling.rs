@@ -368,3 +368,36 @@ async fn a_node_that_reports_fewer_gpus_than_its_pods_hold_gets_no_new_pods() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(node_of(&api, "ml", "new"), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_pods_wait_for_its_parallelism_and_start_together() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    api.apply(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"parallelism": 3, "completions": 3, "template": {"spec": {"containers": []}}}
+    }));
+    let uid = api.get("batch/v1", "Job", "ml", "train").unwrap()["metadata"]["uid"].clone();
+    let owned = |name: &str| {
+        let mut p = pod("ml", name, 2);
+        p["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": uid, "controller": true}]);
+        p
+    };
+    api.apply(owned("train-a"));
+    api.apply(owned("train-b"));
+    let _s = start(&client, "r1");
+    eventually(10, "the Job's pods wait for the third", || {
+        why(&api, "ml", "train-a").is_some_and(|w| w.contains("2 of its 3 pods exist"))
+    })
+    .await;
+    assert!(api.binds().is_empty());
+    api.apply(owned("train-c"));
+    eventually(10, "the Job's three pods bound", || {
+        ["train-a", "train-b", "train-c"]
+            .iter()
+            .all(|p| node_of(&api, "ml", p).is_some())
+    })
+    .await;
+}
