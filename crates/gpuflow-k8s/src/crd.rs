@@ -18,8 +18,11 @@ use serde::{Deserialize, Serialize};
     kind = "GpuQueue",
     plural = "gpuqueues",
     shortname = "gq",
+    status = "GpuQueueStatus",
     printcolumn = r#"{"name":"Parent","type":"string","jsonPath":".spec.parent"}"#,
-    printcolumn = r#"{"name":"Weight","type":"number","jsonPath":".spec.weight"}"#
+    printcolumn = r#"{"name":"Weight","type":"number","jsonPath":".spec.weight"}"#,
+    printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.runningPods"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingPods"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuQueueSpec {
@@ -80,4 +83,21 @@ pub enum QueueState {
     Open,
     Held,
     Draining,
+}
+
+/// What the scheduler reports on a queue after each cycle that changes it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuQueueStatus {
+    /// Pods of this queue bound (or being bound) to nodes.
+    #[serde(default)]
+    pub running_pods: u32,
+    /// Pods waiting in this queue for the core: each has gpuflow's reason in
+    /// its `PodScheduled` condition.
+    #[serde(default)]
+    pub pending_pods: u32,
+    /// GPUs in use per GPU model (MIG instances by their share of a GPU),
+    /// this queue and its children together.
+    #[serde(default)]
+    pub gpus_in_use: BTreeMap<String, f64>,
 }

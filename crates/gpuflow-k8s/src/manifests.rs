@@ -60,8 +60,8 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 
 /// The cluster-wide permissions: read what it schedules on (nodes, pods,
 /// disruption budgets, Jobs for their parallelism, queues), bind and
-/// explain pods, delete victims; nothing else (no secrets, no writes to
-/// nodes or queues).
+/// explain pods, delete victims, report on queues' status; nothing else
+/// (no secrets, no writes to nodes or to queues' specs).
 pub fn cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(NAME, None),
@@ -82,6 +82,7 @@ pub fn cluster_role() -> ClusterRole {
             ),
             rule(&["batch"], &["jobs"], &["get", "list", "watch"]),
             rule(&["gpuflow.io"], &["gpuqueues"], &["get", "list", "watch"]),
+            rule(&["gpuflow.io"], &["gpuqueues/status"], &["patch"]),
         ]),
         ..ClusterRole::default()
     }

@@ -4,7 +4,7 @@
 //! lease, a cycle every `interval` and whenever something changes:
 //! 1. [`snapshot::build`] turns the caches into the core's inputs;
 //! 2. `gpuflow_core::schedule::schedule` plans;
-//! 3. the plan is written: a gang's pods are first annotated with their
+//! 3. the plan is written (each queue's status too): a gang's pods are first annotated with their
 //!    planned nodes ([`snapshot::PLANNED`]), then each is bound through the
 //!    binding subresource, so a scheduler that stops half-way through a gang
 //!    is finished by the next one; victims are deleted with their grace
@@ -37,7 +37,7 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::crd::GpuQueue;
+use crate::crd::{GpuQueue, GpuQueueStatus};
 use crate::lease::Elector;
 use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
 
@@ -401,7 +401,9 @@ impl Scheduler {
             }
             out.preempted += 1;
         }
-        // 4. Explanations.
+        // 4. Queues' status.
+        self.report_queues(&queues, &snap, &plan).await;
+        // 5. Explanations.
         let mut waiting: Vec<(PodRef, String)> = snap.held.clone();
         for p in &plan.pending {
             let Some(gang) = snap.gangs.get(&p.job) else {
@@ -450,6 +452,70 @@ impl Scheduler {
             }
         }
         Ok(out)
+    }
+
+    /// Writes each queue's status (pods running and pending, GPUs in use)
+    /// where it changed; a failure is logged, not fatal.
+    async fn report_queues(
+        &self,
+        queues: &[Arc<GpuQueue>],
+        snap: &snapshot::Snapshot,
+        plan: &schedule::Plan,
+    ) {
+        let mut status: BTreeMap<&str, GpuQueueStatus> = BTreeMap::new();
+        let mut count = |id: &gpuflow_core::ids::JobId, running: bool| {
+            if let Some(g) = snap.gangs.get(id) {
+                let s = status.entry(g.queue.as_str()).or_default();
+                let n = g.all().count() as u32;
+                if running {
+                    s.running_pods += n;
+                } else {
+                    s.pending_pods += n;
+                }
+            }
+        };
+        for r in &snap.running {
+            count(&r.work.job.id, true);
+        }
+        for (id, _, _) in &plan.admitted {
+            count(id, true);
+        }
+        for p in &plan.pending {
+            count(&p.job, false);
+        }
+        for q in queues {
+            let Some(name) = q.metadata.name.as_deref() else {
+                continue;
+            };
+            let mut want = status.remove(name).unwrap_or_default();
+            if let Some(id) = snap.queues.by_name(name) {
+                for flavor in snap.queues.flavors() {
+                    let used = snap.queues.usage(id, flavor);
+                    if used > 0 {
+                        want.gpus_in_use
+                            .insert(flavor.clone(), used as f64 / 1000.0);
+                    }
+                }
+            }
+            if q.status.as_ref() == Some(&want) {
+                continue;
+            }
+            let api: Api<GpuQueue> = Api::all(self.client.clone());
+            let mut patch = json!({"status": want});
+            // A merge patch keeps map keys it does not name: models no
+            // longer in use are removed by name.
+            for model in q.status.iter().flat_map(|s| s.gpus_in_use.keys()) {
+                if !want.gpus_in_use.contains_key(model) {
+                    patch["status"]["gpusInUse"][model] = serde_json::Value::Null;
+                }
+            }
+            if let Err(e) = api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(queue = name, error = %e, "could not report the queue's status");
+            }
+        }
     }
 
     /// Writes `gpuflow.io/node` on each pod of a gang before any is bound.

@@ -335,6 +335,7 @@ async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_wi
         "delete /pods",
         "create /events",
         "watch batch/jobs",
+        "patch gpuflow.io/gpuqueues/status",
     ] {
         assert!(seen.contains(needed), "{needed} not exercised: {seen:?}");
     }

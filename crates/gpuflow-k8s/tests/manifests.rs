@@ -144,7 +144,13 @@ fn check_install(yaml: &str, namespace: &str, image: &str, replicas: i32) {
                     // Writes only where gpuflow writes.
                     for v in &rule.verbs {
                         let write = !matches!(v.as_str(), "get" | "list" | "watch");
-                        let allowed = ["pods", "pods/binding", "pods/status", "events"];
+                        let allowed = [
+                            "pods",
+                            "pods/binding",
+                            "pods/status",
+                            "events",
+                            "gpuqueues/status",
+                        ];
                         assert!(
                             !write || res.iter().all(|r| allowed.contains(&r.as_str())),
                             "{v} on {res:?}"

@@ -168,9 +168,26 @@ async fn a_queue_borrows_idle_gpus_and_is_reclaimed_when_their_owner_needs_them(
         node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some()
     })
     .await;
+    // The queues report what they hold.
+    let status =
+        |q: &str| api.get("gpuflow.io/v1alpha1", "GpuQueue", "", q).unwrap()["status"].clone();
+    eventually(10, "team-b's status", || {
+        let s = status("team-b");
+        s["runningPods"] == 2 && s["gpusInUse"]["NVIDIA-H100-80GB-HBM3"] == 8.0
+    })
+    .await;
     api.apply(pod("a", "a-0", 4));
     eventually(15, "team-a's pod bound after reclaiming", || {
         node_of(&api, "a", "a-0").is_some()
+    })
+    .await;
+    eventually(10, "both queues' status after the reclaim", || {
+        let (a, b) = (status("team-a"), status("team-b"));
+        a["runningPods"] == 1
+            && a["gpusInUse"]["NVIDIA-H100-80GB-HBM3"] == 4.0
+            && b["runningPods"] == 1
+            && b["pendingPods"] == 0
+            && b["gpusInUse"]["NVIDIA-H100-80GB-HBM3"] == 4.0
     })
     .await;
     let left: Vec<bool> = ["b-0", "b-1"]
