@@ -4,7 +4,12 @@
 //! renewal. Every write carries the `resourceVersion` it read, so of two
 //! replicas racing for one lease exactly one wins (the other gets `409
 //! Conflict` and stays a follower).
+//!
+//! The holder also keeps a small state on the lease (the annotation
+//! [`STATE`], written with each renewal), which the next holder finds when
+//! it takes over: the scheduler's fair-share usage.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -12,12 +17,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
+/// The annotation holding the holder's state.
+pub const STATE: &str = "gpuflow.io/state";
+
 /// One replica's view of the lease.
 pub struct Elector {
     api: Api<Lease>,
     name: String,
     identity: String,
     duration: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// What to keep on the lease.
+    state: Option<String>,
+    /// The state the previous holder left, until read.
+    found: Option<String>,
+    leading: bool,
 }
 
 fn conflict(e: &kube::Error) -> bool {
@@ -31,11 +49,32 @@ impl Elector {
             name: name.to_string(),
             identity: identity.to_string(),
             duration,
+            inner: Mutex::default(),
         }
     }
 
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("the elector's state")
+    }
+
+    /// The state written with the next renewal.
+    pub fn set_state(&self, state: String) {
+        self.inner().state = Some(state);
+    }
+
+    /// The state the previous holder left, once, after this replica took
+    /// the lease.
+    pub fn found_state(&self) -> Option<String> {
+        self.inner().found.take()
+    }
+
+    /// Whether the last [`Elector::try_lead`] won.
+    pub fn leading(&self) -> bool {
+        self.inner().leading
     }
 
     /// Takes or renews the lease; true while this replica holds it. A
@@ -45,12 +84,20 @@ impl Elector {
     /// When the API server cannot be reached or answers other than with a
     /// conflict.
     pub async fn try_lead(&self) -> Result<bool, kube::Error> {
+        let r = self.try_lead_once().await;
+        self.inner().leading = matches!(r, Ok(true));
+        r
+    }
+
+    async fn try_lead_once(&self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
         let secs = self.duration.as_secs().max(1) as i32;
+        let state = self.inner().state.clone();
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
+                    annotations: state.map(|s| [(STATE.to_string(), s)].into()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -68,6 +115,11 @@ impl Elector {
                 Err(e) => Err(e),
             };
         };
+        let annotations = lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
+        let found = annotations.get(STATE).cloned();
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         let mine = spec.holder_identity.as_deref() == Some(self.identity.as_str());
         if !mine {
@@ -83,12 +135,27 @@ impl Elector {
         }
         spec.lease_duration_seconds = Some(secs);
         spec.renew_time = Some(MicroTime(now));
+        // A replica that was not leading takes over: it finds what the last
+        // holder left and, until it has its own, leaves it in place.
+        let taking_over = !mine || !self.leading();
+        if let Some(s) = state.filter(|_| !taking_over) {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(STATE.into(), s);
+        }
         match self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                if taking_over {
+                    self.inner().found = found;
+                }
+                Ok(true)
+            }
             Err(e) if conflict(&e) => Ok(false),
             Err(e) => Err(e),
         }

@@ -80,6 +80,14 @@ impl Default for Settings {
     }
 }
 
+/// Fair-share usage (decayed GPU-hours) per queue name, as of `at`: kept
+/// across cycles and, on the lease, across leaders.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub at: u64,
+    pub gpu_hours: BTreeMap<String, f64>,
+}
+
 /// What one cycle did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cycle {
@@ -105,6 +113,7 @@ pub struct Scheduler {
     changed: Arc<tokio::sync::Notify>,
     elector: Elector,
     history: History,
+    usage: Usage,
     assumed: BTreeMap<String, String>,
     /// Per waiting pod: the reasons last written and when.
     explained: BTreeMap<String, (String, Instant)>,
@@ -198,6 +207,7 @@ impl Scheduler {
             changed,
             elector,
             history: History::default(),
+            usage: Usage::default(),
             assumed: BTreeMap::new(),
             explained: BTreeMap::new(),
             tasks,
@@ -229,6 +239,9 @@ impl Scheduler {
                 Some(at) if at.elapsed() < renew_every => true,
                 _ => match self.elector.try_lead().await {
                     Ok(true) => {
+                        if renewed.is_none() {
+                            self.take_over();
+                        }
                         renewed = Some(Instant::now());
                         true
                     }
@@ -280,6 +293,26 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Starts leading: the fair-share usage the last leader left on the
+    /// lease, unless this replica's own is newer.
+    fn take_over(&mut self) {
+        let Some(state) = self.elector.found_state() else {
+            return;
+        };
+        match serde_json::from_str::<Usage>(&state) {
+            Ok(u) if u.at > self.usage.at => self.usage = u,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the usage on the lease does not read; fair share starts afresh")
+            }
+        }
+    }
+
+    /// Fair-share usage by queue, as of the last cycle.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
     /// One cycle on the caches as they are. The caller must hold the lease.
     ///
     /// # Errors
@@ -323,6 +356,31 @@ impl Scheduler {
         let mut cfg = self.settings.config.clone();
         cfg.classes = snap.classes.clone();
         let now = Timestamp::now().as_second().max(0) as u64;
+        // Fair-share usage is kept by queue name (queue ids change as
+        // queues come and go) and charged up to now.
+        self.history.usage = self
+            .usage
+            .gpu_hours
+            .iter()
+            .filter_map(|(name, h)| Some((snap.queues.by_name(name)?, *h)))
+            .collect();
+        self.history.decayed_at = if self.usage.at == 0 {
+            now
+        } else {
+            self.usage.at
+        };
+        self.history
+            .account(now, cfg.usage_half_life, &snap.running, &snap.queues);
+        self.usage = Usage {
+            at: self.history.decayed_at,
+            gpu_hours: self
+                .history
+                .usage
+                .iter()
+                .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
+                .collect(),
+        };
+        self.elector.set_state(serde_json::to_string(&self.usage)?);
         let plan = schedule::schedule(
             now,
             &mut snap.placer,
@@ -698,8 +756,13 @@ impl Scheduler {
     ///
     /// # Errors
     /// When the API fails.
-    pub async fn try_lead(&self) -> Result<bool, kube::Error> {
-        self.elector.try_lead().await
+    pub async fn try_lead(&mut self) -> Result<bool, kube::Error> {
+        let was = self.elector.leading();
+        let now = self.elector.try_lead().await?;
+        if now && !was {
+            self.take_over();
+        }
+        Ok(now)
     }
 }
 

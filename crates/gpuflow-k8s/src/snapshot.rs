@@ -681,6 +681,23 @@ impl Holdings {
     }
 }
 
+/// A gang's job id: the same every cycle and in every replica (the core
+/// remembers preemptors waiting for their victims by id), from a hash of
+/// its namespace, key and part (its running pods or its pending ones); in
+/// `1..2^62`, far from the ids of fixed usage at the top of the range.
+pub fn job_id(namespace: &str, key: &str, part: &str) -> JobId {
+    // FNV-1a, 64 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in [namespace, "/", key, "/", part]
+        .iter()
+        .flat_map(|s| s.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    JobId((h >> 2).max(1))
+}
+
 /// One of our pods: its request and, when bound, its node and GPUs.
 struct Member<'a> {
     pod: &'a Pod,
@@ -716,7 +733,6 @@ struct Builder<'a> {
     running: Vec<Running>,
     pending: Vec<Workload>,
     gangs: BTreeMap<JobId, Gang>,
-    next_id: u64,
 }
 
 /// The core's inputs from the cluster's objects.
@@ -796,7 +812,6 @@ impl<'a> Builder<'a> {
             running: Vec::new(),
             pending: Vec::new(),
             gangs: BTreeMap::new(),
-            next_id: 1,
         }
     }
 
@@ -1025,8 +1040,7 @@ impl<'a> Builder<'a> {
             self.hold_back(&unbound, &why);
             return;
         }
-        let id = JobId(self.next_id);
-        self.next_id += 1;
+        let id = job_id(ns, &key, "pending");
         match self.job(ns, &unbound, id, qid) {
             Ok(j) => {
                 self.pending.push(j.work);
@@ -1047,8 +1061,7 @@ impl<'a> Builder<'a> {
 
     /// A gang's bound pods as a running job, charged to its queue.
     fn running_gang(&mut self, ns: &str, key: &str, qname: &str, qid: QueueId, bound: &[Member]) {
-        let id = JobId(self.next_id);
-        self.next_id += 1;
+        let id = job_id(ns, key, "running");
         let j = match self.job(ns, bound, id, qid) {
             Ok(j) => j,
             Err(why) => {

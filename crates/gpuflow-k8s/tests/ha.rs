@@ -340,3 +340,66 @@ async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_wi
         assert!(seen.contains(needed), "{needed} not exercised: {seen:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_share_usage_survives_a_change_of_leader_through_the_lease() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 4.0));
+    api.apply(pod("ml", "busy", 4));
+    let mut a = Scheduler::new(client.clone(), settings("a"));
+    a.ready().await;
+    assert!(a.try_lead().await.unwrap());
+    a.tick().await.unwrap();
+    eventually(10, "the pod bound", || {
+        node_of(&api, "ml", "busy").is_some()
+    })
+    .await;
+    // Let the bound pod run a while: a's cycles charge its queue.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    a.tick().await.unwrap();
+    let used = a.usage().gpu_hours.get("ml").copied().unwrap_or(0.0);
+    assert!(
+        used > 0.0,
+        "four GPUs for two seconds are charged: {:?}",
+        a.usage()
+    );
+    // The renewal carries it to the lease.
+    assert!(a.try_lead().await.unwrap());
+    let lease = api
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "gpuflow-system",
+            "gpuflow-scheduler",
+        )
+        .unwrap();
+    let state = lease["metadata"]["annotations"]["gpuflow.io/state"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(state.contains("\"ml\""), "{state}");
+    drop(a);
+    let mut b = Scheduler::new(client.clone(), settings("b"));
+    b.ready().await;
+    let mut leading = false;
+    for _ in 0..60 {
+        if b.try_lead().await.unwrap() {
+            leading = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leading, "b takes the lease once a's expires");
+    assert_eq!(
+        b.usage().gpu_hours.get("ml").copied(),
+        Some(used),
+        "b starts from a's usage"
+    );
+    b.tick().await.unwrap();
+    assert!(
+        b.usage().gpu_hours["ml"] > used,
+        "and goes on charging: {:?}",
+        b.usage()
+    );
+}
