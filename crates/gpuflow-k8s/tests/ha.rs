@@ -27,6 +27,17 @@ fn holder(api: &gpuflow_k8s::fake::FakeApi) -> Option<(String, i64, String)> {
     ))
 }
 
+/// Tries the lease until it is `s`'s (the last holder's expires in 2 s).
+async fn lead_once_expired(s: &mut Scheduler) {
+    for _ in 0..60 {
+        if s.try_lead().await.unwrap() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the lease was not taken over once it expired");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_have_one_leader_and_the_other_takes_over_without_double_binding() {
     let (api, client) = server().await;
@@ -141,15 +152,7 @@ async fn a_restart_in_the_middle_of_binding_a_gang_finishes_the_gang_as_planned(
         !b.try_lead().await.unwrap(),
         "a's lease has not expired yet"
     );
-    let mut leading = false;
-    for _ in 0..60 {
-        if b.try_lead().await.unwrap() {
-            leading = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(leading, "b takes the lease once a's expires");
+    lead_once_expired(&mut b).await;
     b.tick().await.unwrap();
     for (i, plan) in planned.iter().enumerate() {
         let on = node_of(&api, "ml", &format!("w-{i}"));
@@ -382,15 +385,7 @@ async fn fair_share_usage_survives_a_change_of_leader_through_the_lease() {
     drop(a);
     let mut b = Scheduler::new(client.clone(), settings("b"));
     b.ready().await;
-    let mut leading = false;
-    for _ in 0..60 {
-        if b.try_lead().await.unwrap() {
-            leading = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(leading, "b takes the lease once a's expires");
+    lead_once_expired(&mut b).await;
     assert_eq!(
         b.usage().gpu_hours.get("ml").copied(),
         Some(used),
