@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs gpuflow in a kind cluster (or, with KIND=0, in the cluster of the
-# current kubeconfig), then runs the example gang and a MIG pod.
+# current kubeconfig), then runs the example gang, a MIG pod and a pod on a
+# time slice of a GPU.
 #
 # Needs: docker, kind, kubectl. kind nodes have no GPUs, so the script
 # gives two of them fake GPU capacity (as the NVIDIA device plugin would
 # advertise it) through the API; the example pods are bound by gpuflow but
 # their containers cannot use a GPU there. On a real GPU cluster
-# (NVIDIA device plugin with the mixed MIG strategy and GPU feature discovery
-# installed) run it with KIND=0 and the pods run.
+# (NVIDIA device plugin with the mixed MIG strategy or time-slicing with
+# renameByDefault, and GPU feature discovery installed) run it with KIND=0
+# and the pods run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIND=${KIND:-1}
@@ -26,11 +28,18 @@ YAML
   kubectl proxy --port=8011 & proxy=$!
   trap 'kill $proxy' EXIT
   sleep 2
-  for n in $(kubectl get nodes -o name | grep worker | cut -d/ -f2); do
-    curl -s -H 'Content-Type: application/json-patch+json' -X PATCH \
-      "http://127.0.0.1:8011/api/v1/nodes/$n/status" \
-      -d '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"4"},
-           {"op":"add","path":"/status/capacity/nvidia.com~1mig-1g.10gb","value":"7"}]' >/dev/null
+  # The first worker: four whole GPUs and seven MIG instances; the second:
+  # two GPUs time-sliced four ways.
+  workers=($(kubectl get nodes -o name | grep worker | cut -d/ -f2))
+  curl -s -H 'Content-Type: application/json-patch+json' -X PATCH \
+    "http://127.0.0.1:8011/api/v1/nodes/${workers[0]}/status" \
+    -d '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"4"},
+         {"op":"add","path":"/status/capacity/nvidia.com~1mig-1g.10gb","value":"7"}]' >/dev/null
+  curl -s -H 'Content-Type: application/json-patch+json' -X PATCH \
+    "http://127.0.0.1:8011/api/v1/nodes/${workers[1]}/status" \
+    -d '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu.shared","value":"8"}]' >/dev/null
+  kubectl label node "${workers[1]}" --overwrite nvidia.com/gpu.replicas=4
+  for n in "${workers[@]}"; do
     kubectl label node "$n" --overwrite nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 nvidia.com/gpu.memory=81559
   done
 fi
@@ -42,7 +51,8 @@ kubectl -n gpuflow-system rollout status deploy/gpuflow-scheduler --timeout=120s
 kubectl create namespace team-a --dry-run=client -o yaml | kubectl apply -f -
 kubectl create namespace team-b --dry-run=client -o yaml | kubectl apply -f -
 kubectl apply -f deploy/kubernetes/examples/queues.yaml
-kubectl apply -f deploy/kubernetes/examples/gang.yaml -f deploy/kubernetes/examples/mig.yaml
+kubectl apply -f deploy/kubernetes/examples/gang.yaml -f deploy/kubernetes/examples/mig.yaml \
+  -f deploy/kubernetes/examples/time-slice.yaml
 sleep 5
 kubectl -n team-a get pods -o wide
 kubectl -n gpuflow-system get lease gpuflow-scheduler -o jsonpath='{.spec.holderIdentity}{"\n"}'

@@ -43,6 +43,15 @@ use crate::quantity;
 pub const GPU: &str = "nvidia.com/gpu";
 /// MIG instances: `nvidia.com/mig-<profile>` (the device plugin's mixed strategy).
 pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// Time slices of a GPU: the device plugin's time-slicing with
+/// `renameByDefault`, each GPU advertised as `nvidia.com/gpu.replicas`
+/// replicas of this resource.
+pub const SHARED: &str = "nvidia.com/gpu.shared";
+pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
+/// How the core keeps whole-GPU and MIG pods off time-sliced nodes and
+/// time-slice pods on them: a taint and a label of its own, on its copy of
+/// such a node (never written to the cluster).
+const SLICED: &str = "gpuflow.io/time-sliced";
 /// GPU feature discovery's labels.
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 pub const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
@@ -175,6 +184,7 @@ fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
             g
         })
         .collect();
+    out.extend(time_sliced(n, &model, mem, &labels));
     for (res, q) in alloc.into_iter().flatten() {
         let Some(profile) = res.strip_prefix(MIG_PREFIX) else {
             continue;
@@ -199,6 +209,36 @@ fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
         out.push(g);
     }
     out
+}
+
+/// A time-sliced node's GPUs: its `nvidia.com/gpu.shared` replicas over the
+/// replicas per GPU its label gives, each GPU holding that many slices.
+fn time_sliced(n: &KNode, model: &str, mem: u64, labels: &BTreeMap<String, String>) -> Vec<Gpu> {
+    let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let shared = quantity_of(alloc, SHARED)
+        .and_then(quantity::count)
+        .unwrap_or(0);
+    let replicas = labels
+        .get(REPLICAS_LABEL)
+        .and_then(|r| r.parse::<u64>().ok())
+        .unwrap_or(0);
+    if shared == 0 {
+        return Vec::new();
+    }
+    if replicas == 0 {
+        tracing::warn!(
+            node = n.metadata.name.as_deref().unwrap_or_default(),
+            "the node advertises {SHARED} without the label {REPLICAS_LABEL}; its shared GPUs are not used"
+        );
+        return Vec::new();
+    }
+    (0..(shared / replicas).min(64))
+        .map(|_| {
+            let mut g = Gpu::plain(model, MemMib(mem));
+            g.time_slices = replicas.min(u16::MAX as u64) as u16;
+            g
+        })
+        .collect()
 }
 
 fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
@@ -232,6 +272,18 @@ fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
+    if node
+        .gpus
+        .iter()
+        .any(|g| g.time_slices > 1 && g.mig.is_empty())
+        && quantity_of(alloc, SHARED).is_some()
+    {
+        node.labels.insert(SLICED.into(), "true".into());
+        node.taints.push(Taint {
+            key: SLICED.into(),
+            value: "true".into(),
+        });
+    }
     node.state = if !ready {
         NodeState::Lost
     } else if spec.unschedulable == Some(true) {
@@ -380,9 +432,20 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
                         ));
                     }
                 }
+            } else if k == SHARED {
+                match quantity::count(q) {
+                    Some(0) => {}
+                    Some(1) => add_gpu(GpuRequest::TimeSlice { mem: MemMib(0) }, &c.name)?,
+                    _ => {
+                        return Err(format!(
+                            "container {}: ask for one time slice ({SHARED}: 1), not {q}",
+                            c.name
+                        ));
+                    }
+                }
             } else if k.starts_with("nvidia.com/") {
                 return Err(format!(
-                    "container {}: {k} is not supported on Kubernetes yet (whole GPUs as {GPU} and MIG instances as {MIG_PREFIX}<profile> are)",
+                    "container {}: {k} is not supported on Kubernetes yet (whole GPUs as {GPU}, MIG instances as {MIG_PREFIX}<profile> and time slices as {SHARED} are)",
                     c.name
                 ));
             }
@@ -610,6 +673,8 @@ struct Holdings {
     whole: Vec<u64>,
     /// Per node, per GPU: MIG instances taken (bits).
     mig: Vec<Vec<u64>>,
+    /// Per node, per GPU: time slices taken.
+    slices: Vec<Vec<u16>>,
 }
 
 impl Holdings {
@@ -624,7 +689,7 @@ impl Holdings {
         if let GpuRequest::Whole { .. } = r {
             let mut mask = 0u64;
             for (g, gpu) in node.gpus.iter().enumerate() {
-                if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 {
+                if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 && self.slices[i][g] == 0 {
                     mask |= 1 << g;
                 }
             }
@@ -652,7 +717,8 @@ impl Holdings {
                     if left == 0 {
                         break;
                     }
-                    if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 {
+                    if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 && self.slices[i][g] == 0
+                    {
                         mask |= 1 << g;
                         left -= 1;
                     }
@@ -676,7 +742,20 @@ impl Holdings {
                 }
                 None
             }
-            _ => None,
+            GpuRequest::TimeSlice { .. } => {
+                for (g, gpu) in node.gpus.iter().enumerate() {
+                    let used = &mut self.slices[i][g];
+                    if gpu.mig.is_empty()
+                        && self.whole[i] & (1 << g) == 0
+                        && *used < gpu.time_slices
+                    {
+                        *used += 1;
+                        return Some(GpuPick::Shared(g as u8));
+                    }
+                }
+                None
+            }
+            GpuRequest::Fraction { .. } => None,
         }
     }
 }
@@ -796,10 +875,14 @@ impl<'a> Builder<'a> {
             holdings: Holdings {
                 whole: vec![0; nodes.len()],
                 mig: nodes.iter().map(|n| vec![0; n.gpus.len()]).collect(),
+                slices: nodes.iter().map(|n| vec![0; n.gpus.len()]).collect(),
             },
+            // The time-sliced mark is gpuflow's own: no toleration of the
+            // pod's covers it.
             all_taints: nodes
                 .iter()
                 .flat_map(|n| n.taints.iter().map(|t| t.key.clone()))
+                .filter(|k| k != SLICED)
                 .collect(),
             nodes,
             node_index,
@@ -1178,8 +1261,23 @@ impl<'a> Builder<'a> {
                 _ => {}
             }
         }
+        // Time slices only on time-sliced nodes; whole GPUs and MIG never
+        // there; pods without GPUs anywhere.
+        let mut node_selector = spec.node_selector.clone().unwrap_or_default();
+        if groups
+            .iter()
+            .any(|(r, _)| matches!(r.gpu, GpuRequest::TimeSlice { .. }))
+        {
+            node_selector.insert(SLICED.into(), "true".into());
+        }
+        if groups
+            .iter()
+            .all(|(r, _)| matches!(r.gpu, GpuRequest::TimeSlice { .. } | GpuRequest::None))
+        {
+            tolerations.push(SLICED.into());
+        }
         let constraints = Constraints {
-            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            node_selector,
             tolerations,
             topology: topology(p)?,
             ..Constraints::default()

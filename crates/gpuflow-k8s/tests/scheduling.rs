@@ -418,3 +418,65 @@ async fn a_jobs_pods_wait_for_its_parallelism_and_start_together() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_sliced_gpus_take_slices_only_and_whole_gpu_pods_keep_off_them() {
+    let (api, client) = server().await;
+    // NVIDIA's device plugin with time-slicing (renameByDefault): one GPU
+    // advertised as four replicas of nvidia.com/gpu.shared.
+    let mut sliced = node("sliced", 0);
+    sliced["status"]["allocatable"]["nvidia.com/gpu.shared"] = json!("4");
+    sliced["metadata"]["labels"]["nvidia.com/gpu.replicas"] = json!("4");
+    api.apply(sliced);
+    api.apply(node("whole", 1));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let slice = |name: &str| {
+        let mut p = pod("ml", name, 0);
+        p["spec"]["containers"][0]["resources"]["limits"] = json!({"nvidia.com/gpu.shared": "1"});
+        with_class(p, "notebook")
+    };
+    for i in 0..5 {
+        api.apply(slice(&format!("nb-{i}")));
+    }
+    api.apply(pod("ml", "train", 1));
+    api.apply(pod("ml", "train-2", 1));
+    let _s = start(&client, "r1");
+    eventually(10, "four slices bound on the time-sliced node", || {
+        (0..5)
+            .filter(|i| node_of(&api, "ml", &format!("nb-{i}")).as_deref() == Some("sliced"))
+            .count()
+            == 4
+    })
+    .await;
+    eventually(10, "one whole-GPU pod bound on the whole node", || {
+        ["train", "train-2"]
+            .iter()
+            .filter(|p| node_of(&api, "ml", p).as_deref() == Some("whole"))
+            .count()
+            == 1
+    })
+    .await;
+    eventually(
+        10,
+        "the fifth slice and the second whole-GPU pod explained",
+        || {
+            (0..5).any(|i| why(&api, "ml", &format!("nb-{i}")).is_some())
+                && ["train", "train-2"]
+                    .iter()
+                    .any(|p| why(&api, "ml", p).is_some())
+        },
+    )
+    .await;
+    // Neither kind landed on the other's node.
+    assert!(
+        (0..5)
+            .filter_map(|i| node_of(&api, "ml", &format!("nb-{i}")))
+            .all(|n| n == "sliced")
+    );
+    assert!(
+        ["train", "train-2"]
+            .iter()
+            .filter_map(|p| node_of(&api, "ml", p))
+            .all(|n| n == "whole")
+    );
+}
