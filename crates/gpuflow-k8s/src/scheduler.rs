@@ -105,6 +105,16 @@ struct Caches {
     jobs: Store<BatchJob>,
 }
 
+/// A waiting pod's condition to write, and whether its reasons are new
+/// (an event is recorded then).
+struct Explanation {
+    pod: PodRef,
+    msg: String,
+    gist: String,
+    conditions: Vec<PodCondition>,
+    event: bool,
+}
+
 /// A scheduler replica.
 pub struct Scheduler {
     client: Client,
@@ -501,14 +511,14 @@ impl Scheduler {
             .collect();
         let still: BTreeSet<String> = waiting.iter().map(|(p, _)| p.uid.clone()).collect();
         self.explained.retain(|uid, _| still.contains(uid));
-        for (pod, msg) in waiting {
-            let Some(current) = by_name.get(&(pod.namespace.clone(), pod.name.clone())) else {
-                continue;
-            };
-            if self.explain(current, &pod, &msg).await? {
-                out.explained += 1;
-            }
-        }
+        let writes: Vec<Explanation> = waiting
+            .into_iter()
+            .filter_map(|(pod, msg)| {
+                let current = by_name.get(&(pod.namespace.clone(), pod.name.clone()))?;
+                self.explanation(current, pod, msg)
+            })
+            .collect();
+        out.explained = self.explain_all(writes).await?;
         Ok(out)
     }
 
@@ -655,27 +665,28 @@ impl Scheduler {
         }
     }
 
-    /// Sets a waiting pod's `PodScheduled=False` condition to `msg`, and
-    /// records an event, when the reasons changed or the last write is
-    /// older than `explain_every`. True when it wrote.
-    async fn explain(&mut self, current: &Pod, pod: &PodRef, msg: &str) -> anyhow::Result<bool> {
+    /// The explanation to write on a waiting pod, if any: when its
+    /// condition says something else and either the reasons changed or the
+    /// last write is older than `explain_every`.
+    fn explanation(&self, current: &Pod, pod: PodRef, msg: String) -> Option<Explanation> {
         let conditions = current
             .status
             .as_ref()
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
         let old = conditions.iter().find(|c| c.type_ == "PodScheduled");
-        if old.is_some_and(|c| c.message.as_deref() == Some(msg)) {
-            return Ok(false);
+        if old.is_some_and(|c| c.message.as_deref() == Some(msg.as_str())) {
+            return None;
         }
         // The reasons without position and ETA decide whether this is news.
-        let gist = msg.split("; position").next().unwrap_or(msg).to_string();
-        let news = match self.explained.get(&pod.uid) {
-            Some((g, at)) => *g != gist || at.elapsed() >= self.settings.explain_every,
-            None => true,
-        };
-        if !news {
-            return Ok(false);
+        let gist = msg.split("; position").next().unwrap_or(&msg).to_string();
+        let new_reasons = self.explained.get(&pod.uid).is_none_or(|(g, _)| *g != gist);
+        let stale = self
+            .explained
+            .get(&pod.uid)
+            .is_some_and(|(_, at)| at.elapsed() >= self.settings.explain_every);
+        if !new_reasons && !stale {
+            return None;
         }
         let mut conditions: Vec<PodCondition> = conditions
             .into_iter()
@@ -685,27 +696,63 @@ impl Scheduler {
             type_: "PodScheduled".into(),
             status: "False".into(),
             reason: Some("Unschedulable".into()),
-            message: Some(msg.to_string()),
+            message: Some(msg.clone()),
             last_transition_time: Some(Time(Timestamp::now())),
             ..PodCondition::default()
         });
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let patch = json!({"status": {"conditions": conditions}});
-        match api
-            .patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if status_code(&e) == Some(404) => return Ok(false),
-            Err(e) => return Err(e.into()),
+        Some(Explanation {
+            pod,
+            msg,
+            gist,
+            conditions,
+            event: new_reasons,
+        })
+    }
+
+    /// Writes explanations, many at a time: the condition, then an event
+    /// when the reasons are new. Returns how many it wrote.
+    async fn explain_all(&mut self, writes: Vec<Explanation>) -> anyhow::Result<usize> {
+        let me = &*self;
+        let results: Vec<(Explanation, Result<bool, kube::Error>)> = futures::stream::iter(writes)
+            .map(|w| async move {
+                let api: Api<Pod> = Api::namespaced(me.client.clone(), &w.pod.namespace);
+                let patch = json!({"status": {"conditions": w.conditions}});
+                let r = match api
+                    .patch_status(&w.pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        if w.event {
+                            me.event(&w.pod, "FailedScheduling", &w.msg).await;
+                        }
+                        Ok(true)
+                    }
+                    Err(e) if status_code(&e) == Some(404) => Ok(false),
+                    Err(e) => Err(e),
+                };
+                (w, r)
+            })
+            .buffer_unordered(self.settings.bind_concurrency.max(1))
+            .collect()
+            .await;
+        let mut wrote = 0;
+        let mut first_err = None;
+        for (w, r) in results {
+            match r {
+                Ok(true) => {
+                    self.explained.insert(w.pod.uid, (w.gist, Instant::now()));
+                    wrote += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        let changed = self.explained.get(&pod.uid).is_none_or(|(g, _)| *g != gist);
-        self.explained
-            .insert(pod.uid.clone(), (gist, Instant::now()));
-        if changed {
-            self.event(pod, "FailedScheduling", msg).await;
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(wrote),
         }
-        Ok(true)
     }
 
     /// Records an event on a pod; a failure is logged, not fatal.
