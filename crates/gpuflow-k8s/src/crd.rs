@@ -48,6 +48,9 @@ pub struct GpuQueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub max_gpus_per_user: Option<f64>,
+    /// GPU-hours the queue (with its children) may use per period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
     /// Open (default), Held (nothing new starts) or Draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<QueueState>,
@@ -78,6 +81,75 @@ pub struct Quota {
     pub cap: Option<f64>,
 }
 
+/// A GPU-hour budget per calendar period (UTC). As it is used up, the
+/// queue's fair-share weight falls; once it is all used, the queue stops
+/// borrowing or starts nothing new until the next period.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Budget {
+    /// GPU-hours per period (MIG instances and time slices by their share
+    /// of a GPU).
+    #[schemars(range(min = 0.0))]
+    pub gpu_hours: f64,
+    /// Day, Week (from Monday) or Month, in UTC.
+    pub period: Period,
+    /// Once it is used up: StopBorrowing (default; work within the
+    /// guarantee still starts) or StopAdmitting.
+    #[serde(default)]
+    pub when_exhausted: WhenExhausted,
+    /// The share of the budget after which the weight starts to fall.
+    #[serde(default = "taper_from")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub taper_from: f64,
+    /// The weight's factor once the budget is used up.
+    #[serde(default = "min_weight_factor")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_weight_factor: f64,
+}
+
+fn taper_from() -> f64 {
+    0.8
+}
+
+fn min_weight_factor() -> f64 {
+    0.25
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Period {
+    Day,
+    Week,
+    Month,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WhenExhausted {
+    /// Work within the guarantee still starts.
+    #[default]
+    StopBorrowing,
+    StopAdmitting,
+}
+
+impl Period {
+    /// The start (UTC, seconds) of the period holding `t`; weeks start on Monday.
+    pub fn start(self, t: u64) -> u64 {
+        let day = t / 86_400;
+        match self {
+            Period::Day => day * 86_400,
+            // 1970-01-01 was a Thursday: Monday is 3 days before.
+            Period::Week => (day - (day + 3) % 7) * 86_400,
+            Period::Month => {
+                let date = k8s_openapi::jiff::Timestamp::from_second(t as i64)
+                    .map(|ts| ts.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC).date())
+                    .unwrap_or_default();
+                date.first_of_month()
+                    .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+                    .map_or(0, |z| z.timestamp().as_second().max(0) as u64)
+            }
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum QueueState {
     Open,
@@ -100,4 +172,21 @@ pub struct GpuQueueStatus {
     /// this queue and its children together.
     #[serde(default)]
     pub gpus_in_use: BTreeMap<String, f64>,
+    /// GPU-hours used of the budget in its current period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_used_gpu_hours: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Period;
+
+    #[test]
+    fn periods_start_at_midnight_monday_and_the_first_of_the_month_utc() {
+        // 2026-12-04 12:00:00 UTC, a Friday.
+        let t = 1_796_385_600;
+        assert_eq!(Period::Day.start(t), 1_796_342_400);
+        assert_eq!(Period::Week.start(t), 1_796_342_400 - 4 * 86_400);
+        assert_eq!(Period::Month.start(t), 1_796_342_400 - 3 * 86_400);
+    }
 }

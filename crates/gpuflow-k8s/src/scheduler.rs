@@ -86,6 +86,10 @@ impl Default for Settings {
 pub struct Usage {
     pub at: u64,
     pub gpu_hours: BTreeMap<String, f64>,
+    /// GPU-hours used per budgeted queue in its current period: (period
+    /// start, hours); not decayed.
+    #[serde(default)]
+    pub budget_used: BTreeMap<String, (u64, f64)>,
 }
 
 /// What one cycle did.
@@ -318,6 +322,45 @@ impl Scheduler {
         }
     }
 
+    /// Adds the GPU-hours the running gangs used since the last cycle to
+    /// each budgeted queue above them, starting afresh with each period.
+    fn charge_budgets(&mut self, now: u64, queues: &[Arc<GpuQueue>], snap: &snapshot::Snapshot) {
+        let dt = if self.usage.at == 0 {
+            0
+        } else {
+            now.saturating_sub(self.usage.at)
+        };
+        let mut budgeted = BTreeSet::new();
+        for q in queues {
+            let (Some(name), Some(b)) = (q.metadata.name.as_deref(), q.spec.budget.as_ref()) else {
+                continue;
+            };
+            budgeted.insert(name.to_string());
+            let start = b.period.start(now);
+            let entry = self
+                .usage
+                .budget_used
+                .entry(name.to_string())
+                .or_insert((start, 0.0));
+            if entry.0 != start {
+                *entry = (start, 0.0);
+            }
+            let Some(id) = snap.queues.by_name(name) else {
+                continue;
+            };
+            let hours: f64 = snap
+                .running
+                .iter()
+                .filter(|r| snap.queues.path(r.work.queue).contains(&id))
+                .map(|r| r.work.gpu_milli() as f64 / 1000.0 * dt as f64 / 3600.0)
+                .sum();
+            entry.1 += hours;
+        }
+        self.usage
+            .budget_used
+            .retain(|name, _| budgeted.contains(name));
+    }
+
     /// Fair-share usage by queue, as of the last cycle.
     pub fn usage(&self) -> &Usage {
         &self.usage
@@ -352,12 +395,15 @@ impl Scheduler {
         let queue_refs: Vec<&GpuQueue> = queues.iter().map(AsRef::as_ref).collect();
         let budget_refs: Vec<&PodDisruptionBudget> = budgets.iter().map(AsRef::as_ref).collect();
         let job_refs: Vec<&BatchJob> = jobs.iter().map(AsRef::as_ref).collect();
+        let now = Timestamp::now().as_second().max(0) as u64;
         let mut snap = snapshot::build(&Inputs {
             nodes: &node_refs,
             pods: &pod_refs,
             queues: &queue_refs,
             budgets: &budget_refs,
             jobs: &job_refs,
+            budget_used: &self.usage.budget_used,
+            now,
             assumed: &self.assumed,
             scheduler_name: &self.settings.scheduler_name,
             topology: &self.settings.topology,
@@ -365,7 +411,9 @@ impl Scheduler {
         });
         let mut cfg = self.settings.config.clone();
         cfg.classes = snap.classes.clone();
-        let now = Timestamp::now().as_second().max(0) as u64;
+        // Budgets count GPU-hours since the last cycle in each budgeted
+        // queue's current period.
+        self.charge_budgets(now, &queues, &snap);
         // Fair-share usage is kept by queue name (queue ids change as
         // queues come and go) and charged up to now.
         self.history.usage = self
@@ -383,6 +431,7 @@ impl Scheduler {
             .account(now, cfg.usage_half_life, &snap.running, &snap.queues);
         self.usage = Usage {
             at: self.history.decayed_at,
+            budget_used: std::mem::take(&mut self.usage.budget_used),
             gpu_hours: self
                 .history
                 .usage
@@ -565,6 +614,13 @@ impl Scheduler {
                     }
                 }
             }
+            // Rounded (to 0.36 GPU-seconds) so that a busy queue's status is
+            // not rewritten every cycle.
+            want.budget_used_gpu_hours = self
+                .usage
+                .budget_used
+                .get(name)
+                .map(|(_, h)| (h * 10_000.0).round() / 10_000.0);
             if q.status.as_ref() == Some(&want) {
                 continue;
             }

@@ -26,7 +26,9 @@ use gpuflow_core::mix::{MixWeighting, WorkloadMix};
 use gpuflow_core::model::{Gpu, MigInstance, Node, NodeState, Taint};
 use gpuflow_core::placement::Placer;
 use gpuflow_core::policy::Policy;
-use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, QueueState, Queues, UserLimits};
+use gpuflow_core::queue::{
+    Budget, BudgetExhausted, FlavorQuota, Queue, QueueId, QueueState, Queues, UserLimits,
+};
 use gpuflow_core::request::{
     Constraints, GpuRequest, Job, TaskGroup, TaskRequest, Topology, TopologyLevel,
 };
@@ -138,6 +140,11 @@ pub struct Inputs<'a> {
     pub budgets: &'a [&'a PodDisruptionBudget],
     /// batch/v1 Jobs: a Job's pods wait for its parallelism.
     pub jobs: &'a [&'a BatchJob],
+    /// GPU-hours used per budgeted queue in its current period: (period
+    /// start, hours).
+    pub budget_used: &'a BTreeMap<String, (u64, f64)>,
+    /// Now, in seconds.
+    pub now: u64,
     /// Pods this scheduler bound (uid → node) that the cache may not show yet.
     pub assumed: &'a BTreeMap<String, String>,
     pub scheduler_name: &'a str,
@@ -558,6 +565,8 @@ fn seconds(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> 
 fn queues(
     list: &[&GpuQueue],
     capacity: &BTreeMap<String, u64>,
+    budget_used: &BTreeMap<String, (u64, f64)>,
+    now: u64,
 ) -> (Queues, BTreeMap<String, String>) {
     let mut left_out = BTreeMap::new();
     let names: BTreeSet<&str> = list
@@ -641,6 +650,24 @@ fn queues(
                     );
                 }
             }
+            out.budget = s.budget.as_ref().map(|b| {
+                let name = q.metadata.name.as_deref().unwrap_or_default();
+                let start = b.period.start(now);
+                let used = budget_used
+                    .get(name)
+                    .filter(|(s, _)| *s == start)
+                    .map_or(0.0, |(_, h)| *h);
+                Budget {
+                    gpu_hours: b.gpu_hours,
+                    used_gpu_hours: used,
+                    taper_from: b.taper_from,
+                    min_weight_factor: b.min_weight_factor,
+                    when_exhausted: match b.when_exhausted {
+                        crd::WhenExhausted::StopBorrowing => BudgetExhausted::StopBorrowing,
+                        crd::WhenExhausted::StopAdmitting => BudgetExhausted::StopAdmitting,
+                    },
+                }
+            });
             out.user_limits = UserLimits {
                 max_gpu_milli: s.max_gpus_per_user.map(milli),
                 max_running: None,
@@ -857,7 +884,7 @@ impl<'a> Builder<'a> {
                 *capacity.entry(g.model.clone()).or_default() += milli;
             }
         }
-        let (queues, left_out) = queues(input.queues, &capacity);
+        let (queues, left_out) = queues(input.queues, &capacity, input.budget_used, input.now);
         let budget_allows = input
             .budgets
             .iter()

@@ -117,6 +117,18 @@ fn the_crd_schema_accepts_the_example_queues_and_rejects_malformed_ones() {
             "namespaces that are not a list",
         ),
         (r#"{"state": "Paused"}"#, "an unknown state"),
+        (
+            r#"{"budget": {"gpuHours": 10, "period": "Year"}}"#,
+            "an unknown budget period",
+        ),
+        (
+            r#"{"budget": {"gpuHours": 10}}"#,
+            "a budget without its period",
+        ),
+        (
+            r#"{"budget": {"gpuHours": 10, "period": "Day", "taperFrom": 1.5}}"#,
+            "a taper beyond the budget",
+        ),
     ] {
         assert!(!v.is_valid(&bad(malformed)), "the schema accepted {why}");
     }

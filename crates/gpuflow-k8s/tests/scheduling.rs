@@ -480,3 +480,56 @@ async fn time_sliced_gpus_take_slices_only_and_whole_gpu_pods_keep_off_them() {
             .all(|n| n == "whole")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_that_used_its_budget_starts_nothing_new_until_the_next_period() {
+    use gpuflow_k8s::scheduler::Scheduler;
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    let mut q = queue("ml", &["ml"], 4.0);
+    // 3.6 GPU-seconds a day.
+    q["spec"]["budget"] =
+        json!({"gpuHours": 0.001, "period": "Day", "whenExhausted": "StopAdmitting"});
+    api.apply(q);
+    api.apply(pod("ml", "busy", 4));
+    let mut s = Scheduler::new(client.clone(), settings("r1"));
+    s.ready().await;
+    assert!(s.try_lead().await.unwrap());
+    s.tick().await.unwrap();
+    eventually(10, "the first pod bound", || {
+        node_of(&api, "ml", "busy").is_some()
+    })
+    .await;
+    // Four GPUs for 1.5 s: 6 GPU-seconds, over the budget.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    s.tick().await.unwrap();
+    api.remove("v1", "Pod", "ml", "busy");
+    api.apply(pod("ml", "next", 1));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.tick().await.unwrap();
+    let w = why(&api, "ml", "next").expect("the pod is explained");
+    assert!(
+        w.contains("queue ml's GPU-hour budget is used up: it starts no new work"),
+        "{w}"
+    );
+    assert_eq!(node_of(&api, "ml", "next"), None);
+    let status = api
+        .get("gpuflow.io/v1alpha1", "GpuQueue", "", "ml")
+        .unwrap()["status"]
+        .clone();
+    assert!(
+        status["budgetUsedGpuHours"].as_f64().unwrap() >= 0.001,
+        "{status}"
+    );
+    // A budget that is not used up does not hold anything back.
+    let mut q = queue("ml", &["ml"], 4.0);
+    q["spec"]["budget"] =
+        json!({"gpuHours": 100, "period": "Day", "whenExhausted": "StopAdmitting"});
+    api.apply(q);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.tick().await.unwrap();
+    eventually(10, "the pod bound under the larger budget", || {
+        node_of(&api, "ml", "next").is_some()
+    })
+    .await;
+}
