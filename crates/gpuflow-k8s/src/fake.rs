@@ -6,7 +6,8 @@
 //!   with bookmarks; a watch from a version older than the last compaction
 //!   gets the `410 Gone` error event a real server sends;
 //! - get, create (with `generateName`), replace with optimistic concurrency
-//!   (`409 Conflict` on a stale `resourceVersion`), JSON merge patch of an
+//!   (`409 Conflict` on a stale `resourceVersion`; a test can make the next
+//!   replace lose such a race), JSON merge patch of an
 //!   object or of its `status`, and delete with a grace period (a bound pod
 //!   is marked terminating and removed once its grace has passed, as its
 //!   kubelet would);
@@ -127,6 +128,9 @@ struct Store {
     /// Bindings past this many wait until it is lifted (a scheduler that
     /// stops in the middle of a gang).
     stall_binds_after: Option<usize>,
+    /// The next replace of this kind finds the object written by someone
+    /// else since it was read.
+    race_next_replace: Option<&'static str>,
     uid: u64,
 }
 
@@ -450,6 +454,13 @@ impl FakeApi {
         s.stall_binds_after = Some(s.binds.iter().filter(|b| b.status == 201).count() + n);
     }
 
+    /// Makes the next replace of an object of `kind` lose a race: another
+    /// writer changes the object between the client's read and its write,
+    /// so the write carries a stale `resourceVersion` and gets `409`.
+    pub fn race_next_replace(&self, kind: &'static str) {
+        self.store.lock().expect("fake store").race_next_replace = Some(kind);
+    }
+
     /// Ends the stall: bindings held so far fail (`503`, never applied), as
     /// requests of a scheduler that died; later ones go through.
     pub fn release_binds(&self) {
@@ -737,9 +748,13 @@ fn replace(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Respon
     };
     let mut s = api.store.lock().expect("fake store");
     let key = (t.resource, t.namespace.clone(), name.to_string());
-    let Some(old) = s.objects.get(&key).cloned() else {
+    let Some(mut old) = s.objects.get(&key).cloned() else {
         return not_found(t, name);
     };
+    if s.race_next_replace == Some(RESOURCES[t.resource].kind) {
+        s.race_next_replace = None;
+        old = s.put(key.clone(), old, "MODIFIED");
+    }
     let want = object["metadata"]["resourceVersion"]
         .as_str()
         .unwrap_or_default();

@@ -398,3 +398,33 @@ async fn fair_share_usage_survives_a_change_of_leader_through_the_lease() {
         b.usage()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_race_for_an_expired_lease_stays_a_follower() {
+    let (api, client) = server().await;
+    // A lease whose holder stopped renewing a minute ago.
+    let old = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(60))
+        .unwrap()
+        .to_string();
+    api.apply(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "gpuflow-scheduler", "namespace": "gpuflow-system"},
+        "spec": {"holderIdentity": "gone", "leaseDurationSeconds": 2, "renewTime": old, "acquireTime": old, "leaseTransitions": 3}}));
+    let mut s = Scheduler::new(client.clone(), settings("r1"));
+    s.ready().await;
+    // Another replica writes the lease between r1's read and its write.
+    api.race_next_replace("Lease");
+    assert!(
+        !s.try_lead().await.unwrap(),
+        "a write on a stale version loses"
+    );
+    assert_eq!(holder(&api).unwrap().0, "gone", "and changes nothing");
+    assert!(
+        s.try_lead().await.unwrap(),
+        "the next try, on the current version, wins"
+    );
+    assert_eq!(
+        holder(&api).unwrap(),
+        ("r1".to_string(), 4, holder(&api).unwrap().2)
+    );
+}
