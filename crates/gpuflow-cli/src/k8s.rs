@@ -31,6 +31,10 @@ pub enum K8sCmd {
         rack_label: String,
         #[arg(long, default_value = "gpuflow.io/block")]
         block_label: String,
+        /// The node label naming a node's NVLink domain (GB200 NVL72 racks
+        /// share one across nodes).
+        #[arg(long, default_value = "nvidia.com/gpu.clique")]
+        nvlink_label: String,
     },
     /// Why a pod waits, as gpuflow explained it (`NAMESPACE/POD`).
     Why {
@@ -98,6 +102,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
             interval,
             rack_label,
             block_label,
+            nvlink_label,
         } => {
             crate::platform::init_logging();
             let rt = tokio::runtime::Runtime::new()?;
@@ -115,6 +120,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 }
                 settings.topology.rack = rack_label;
                 settings.topology.block = block_label;
+                settings.topology.nvlink = nvlink_label;
                 tracing::info!(identity = %settings.identity, "gpuflow on Kubernetes: waiting for the lease");
                 let stop = async {
                     let _ = tokio::signal::ctrl_c().await;

@@ -157,7 +157,20 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(_) => changed.notify_one(),
-                Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
+                Err(e) => {
+                    // A forbidden watch never fills its cache, and the
+                    // scheduler waits for every cache: say what to fix.
+                    let text = e.to_string();
+                    if text.contains("403") || text.to_lowercase().contains("forbidden") {
+                        tracing::error!(
+                            error = %text,
+                            "gpuflow's service account may not list or watch this resource; \
+                             apply the RBAC of `gpuflow k8s manifests`; retrying"
+                        );
+                    } else {
+                        tracing::warn!(error = %text, "watch failed; retrying");
+                    }
+                }
             }
         }
     });

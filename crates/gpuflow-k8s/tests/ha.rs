@@ -193,6 +193,18 @@ async fn watches_list_again_after_410_gone_and_miss_nothing() {
             .count()
     };
     let listed = lists(&api);
+    // The caches watch from a version, with bookmarks.
+    let watches: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true"))
+        .collect();
+    assert!(
+        watches
+            .iter()
+            .all(|w| w.contains("allowWatchBookmarks=true") && w.contains("resourceVersion=")),
+        "{watches:?}"
+    );
     api.compact();
     api.apply(pod("ml", "after", 1));
     eventually(10, "the pod created after the compaction bound", || {
