@@ -289,15 +289,21 @@ impl Scheduler {
                 },
             };
             if leading {
-                match self.tick().await {
-                    Ok(c) if c.bound + c.preempted > 0 => tracing::info!(
+                // A cycle that panics (a bug met by some input) is logged
+                // and the next one runs: nothing in the cluster stops
+                // scheduling.
+                let cycle =
+                    futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(self.tick()));
+                match cycle.await {
+                    Ok(Ok(c)) if c.bound + c.preempted > 0 => tracing::info!(
                         bound = c.bound,
                         preempted = c.preempted,
                         pending = c.pending,
                         "cycle"
                     ),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "cycle failed; retrying"),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "cycle failed; retrying"),
+                    Err(_) => tracing::error!("the scheduling cycle panicked; retrying next cycle"),
                 }
             }
             let wait = if leading {

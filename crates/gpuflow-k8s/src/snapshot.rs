@@ -196,27 +196,41 @@ fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
         let Some(profile) = res.strip_prefix(MIG_PREFIX) else {
             continue;
         };
-        let count = quantity::count(&q.0).unwrap_or(0).min(u8::MAX as u64);
-        if count == 0 || out.len() >= 64 {
-            continue;
-        }
+        let mut count = quantity::count(&q.0).unwrap_or(0);
         let inst_mem = profile
             .split_once('.')
             .and_then(|(_, m)| m.strip_suffix("gb"))
             .and_then(|g| g.parse::<u64>().ok())
             .unwrap_or(0)
             * 1024;
-        let mut g = Gpu::plain(&model, MemMib(mem));
-        g.mig = (0..count)
-            .map(|_| MigInstance {
-                profile: profile.to_string(),
-                mem: MemMib(inst_mem),
-            })
-            .collect();
-        out.push(g);
+        // A GPU holds at most 7 MIG instances: the instances of a profile
+        // fill as many GPUs as they need.
+        while count > 0 && out.len() < MAX_GPUS {
+            let here = count.min(7);
+            count -= here;
+            let mut g = Gpu::plain(&model, MemMib(mem));
+            g.mig = (0..here)
+                .map(|_| MigInstance {
+                    profile: profile.to_string(),
+                    mem: MemMib(inst_mem),
+                })
+                .collect();
+            out.push(g);
+        }
+    }
+    if out.len() > MAX_GPUS {
+        tracing::warn!(
+            node = n.metadata.name.as_deref().unwrap_or_default(),
+            gpus = out.len(),
+            "the node reports more GPUs than one node can hold; gpuflow uses {MAX_GPUS}"
+        );
+        out.truncate(MAX_GPUS);
     }
     out
 }
+
+/// The most GPUs the core takes on one node.
+const MAX_GPUS: usize = 64;
 
 /// A time-sliced node's GPUs: its `nvidia.com/gpu.shared` replicas over the
 /// replicas per GPU its label gives, each GPU holding that many slices.

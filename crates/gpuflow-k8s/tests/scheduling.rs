@@ -533,3 +533,34 @@ async fn a_queue_that_used_its_budget_starts_nothing_new_until_the_next_period()
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_claims_absurd_gpu_counts_does_not_stop_scheduling() {
+    let (api, client) = server().await;
+    let mut liar = node("liar", 100_000);
+    liar["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = json!("5000");
+    liar["status"]["allocatable"]["nvidia.com/gpu.shared"] = json!("100000");
+    liar["metadata"]["labels"]["nvidia.com/gpu.replicas"] = json!("1");
+    api.apply(liar);
+    api.apply(node("honest", 2));
+    api.apply(queue("ml", &["ml"], 1000.0));
+    api.apply(pod("ml", "a", 2));
+    let _s = start(&client, "r1");
+    eventually(10, "a pod bound despite the liar", || {
+        node_of(&api, "ml", "a").is_some()
+    })
+    .await;
+    // The scheduler is still cycling: the next pod is explained (the
+    // honest node is full; the liar is time-sliced, so no whole GPUs there).
+    api.apply(pod("ml", "b", 1));
+    eventually(10, "the next pod explained", || {
+        why(&api, "ml", "b").is_some()
+    })
+    .await;
+    // A CPU-only pod may use the liar.
+    api.apply(pod("ml", "c", 0));
+    eventually(10, "a CPU-only pod bound", || {
+        node_of(&api, "ml", "c").is_some()
+    })
+    .await;
+}
