@@ -429,13 +429,14 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
                 let n = quantity::count(q).ok_or_else(|| {
                     format!("container {}: {GPU} {q:?} is not a whole number", c.name)
                 })?;
+                if n > MAX_GPUS as u64 {
+                    return Err(format!(
+                        "container {}: {GPU} {n}: one pod runs on one node, and no node has more than {MAX_GPUS} GPUs; split the work into a gang of pods",
+                        c.name
+                    ));
+                }
                 if n > 0 {
-                    add_gpu(
-                        GpuRequest::Whole {
-                            count: n.min(64) as u8,
-                        },
-                        &c.name,
-                    )?;
+                    add_gpu(GpuRequest::Whole { count: n as u8 }, &c.name)?;
                 }
             } else if let Some(profile) = k.strip_prefix(MIG_PREFIX) {
                 match quantity::count(q) {
@@ -1276,6 +1277,13 @@ impl<'a> Builder<'a> {
                 Some((_, v)) => v.push(m),
                 None => groups.push((m.request.clone(), vec![m])),
             }
+        }
+        if groups.len() > u16::MAX as usize {
+            return Err(format!(
+                "the gang's pods ask for {} different sets of resources; gpuflow takes at most {}",
+                groups.len(),
+                u16::MAX
+            ));
         }
         let p = members[0].pod;
         let spec = p.spec.clone().unwrap_or_default();

@@ -250,14 +250,23 @@ async fn unsupported_requests_are_refused_with_the_reason_not_ignored() {
     let mut frac = pod("ml", "frac", 1);
     frac["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = json!("4000");
     api.apply(frac);
+    api.apply(pod("ml", "too-big", 100));
     let mut aff = pod("ml", "aff", 1);
     aff["spec"]["affinity"] = json!({"nodeAffinity": {}});
     api.apply(aff);
     let _s = start(&client, "r1");
-    eventually(10, "both explained", || {
-        why(&api, "ml", "frac").is_some() && why(&api, "ml", "aff").is_some()
+    eventually(10, "all explained", || {
+        ["frac", "aff", "too-big"]
+            .iter()
+            .all(|p| why(&api, "ml", p).is_some())
     })
     .await;
+    // Not quietly cut down to what a node has.
+    let w = why(&api, "ml", "too-big").unwrap();
+    assert!(
+        w.contains("nvidia.com/gpu 100: one pod runs on one node"),
+        "{w}"
+    );
     assert!(
         why(&api, "ml", "frac")
             .unwrap()
