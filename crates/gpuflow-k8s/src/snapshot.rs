@@ -394,6 +394,29 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
                 .into(),
         );
     }
+    if spec
+        .topology_spread_constraints
+        .as_ref()
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(
+            "gpuflow does not evaluate topologySpreadConstraints yet; use gpuflow.io/topology"
+                .into(),
+        );
+    }
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        return Err("gpuflow does not allocate DRA resource claims; ask for nvidia.com/gpu, a MIG instance or a time slice".into());
+    }
+    let host_port = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find_map(|p| p.host_port.filter(|h| *h > 0));
+    if let Some(port) = host_port {
+        return Err(format!(
+            "gpuflow does not check host ports (hostPort {port}); use a Service instead"
+        ));
+    }
     let mut cpu = 0u64;
     let mut mem = 0u64;
     let mut gpu = GpuRequest::None;
@@ -470,6 +493,13 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
                     "container {}: {k} is not supported on Kubernetes yet (whole GPUs as {GPU}, MIG instances as {MIG_PREFIX}<profile> and time slices as {SHARED} are)",
                     c.name
                 ));
+            } else if !matches!(k.as_str(), "cpu" | "memory" | "ephemeral-storage") {
+                // gpuflow would not count it on the nodes: the kubelet could
+                // refuse the pod after it was bound.
+                return Err(format!(
+                    "container {}: gpuflow does not account for {k} yet (it counts cpu, memory and NVIDIA GPUs)",
+                    c.name
+                ));
             }
         }
     }
@@ -487,6 +517,14 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
         {
             mem = mem.max(quantity::mib(q).unwrap_or(0));
         }
+    }
+    // The runtime class's overhead is the pod's too.
+    if let Some(q) = quantity_of(spec.overhead.as_ref(), "cpu") {
+        cpu += quantity::milli(q).ok_or_else(|| format!("overhead cpu {q:?} is not a quantity"))?;
+    }
+    if let Some(q) = quantity_of(spec.overhead.as_ref(), "memory") {
+        mem +=
+            quantity::mib(q).ok_or_else(|| format!("overhead memory {q:?} is not a quantity"))?;
     }
     Ok(TaskRequest {
         cpu: CpuMilli(cpu),
@@ -1001,6 +1039,21 @@ impl<'a> Builder<'a> {
                 (node, true) => {
                     let node = node.flatten();
                     if node.is_none() && p.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    // A gated pod is not to be scheduled until its gates
+                    // are removed (Kueue and others hold pods this way).
+                    let gates: Vec<&str> = spec
+                        .and_then(|s| s.scheduling_gates.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .map(|g| g.name.as_str())
+                        .collect();
+                    if node.is_none() && !gates.is_empty() {
+                        self.held.push((
+                            pod_ref(p),
+                            format!("waits for its scheduling gates: {}", gates.join(", ")),
+                        ));
                         continue;
                     }
                     let request = match request {

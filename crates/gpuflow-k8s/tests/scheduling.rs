@@ -573,3 +573,69 @@ async fn a_node_that_claims_absurd_gpu_counts_does_not_stop_scheduling() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_fields_gpuflow_does_not_evaluate_are_refused_and_the_rest_enforced() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let mut spread = pod("ml", "spread", 1);
+    spread["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule"}]);
+    api.apply(spread);
+    let mut port = pod("ml", "port", 1);
+    port["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "hostPort": 8080}]);
+    api.apply(port);
+    let mut huge = pod("ml", "hugepages", 1);
+    huge["spec"]["containers"][0]["resources"]["limits"]["hugepages-2Mi"] = json!("1Gi");
+    api.apply(huge);
+    let mut claim = pod("ml", "claim", 0);
+    claim["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "a-claim"}]);
+    api.apply(claim);
+    // The runtime class's overhead counts: 60 CPUs and 8 of overhead do
+    // not fit a node of 64.
+    let mut heavy = pod("ml", "overhead", 0);
+    heavy["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("60");
+    heavy["spec"]["overhead"] = json!({"cpu": "8"});
+    api.apply(heavy);
+    // A gated pod waits for its gates.
+    let mut gated = pod("ml", "gated", 1);
+    gated["spec"]["schedulingGates"] = json!([{"name": "kueue.x-k8s.io/admission"}]);
+    api.apply(gated.clone());
+    let _s = start(&client, "r1");
+    let names = ["spread", "port", "hugepages", "claim", "overhead", "gated"];
+    eventually(10, "all explained", || {
+        names.iter().all(|p| why(&api, "ml", p).is_some())
+    })
+    .await;
+    let told = |p: &str| why(&api, "ml", p).unwrap();
+    assert!(
+        told("spread").contains("topologySpreadConstraints"),
+        "{}",
+        told("spread")
+    );
+    assert!(told("port").contains("hostPort 8080"), "{}", told("port"));
+    assert!(
+        told("hugepages").contains("does not account for hugepages-2Mi"),
+        "{}",
+        told("hugepages")
+    );
+    assert!(
+        told("claim").contains("DRA resource claims"),
+        "{}",
+        told("claim")
+    );
+    assert!(told("overhead").contains("68 CPU"), "{}", told("overhead"));
+    assert!(
+        told("gated").contains("waits for its scheduling gates: kueue.x-k8s.io/admission"),
+        "{}",
+        told("gated")
+    );
+    assert!(api.binds().is_empty(), "{:?}", api.binds());
+    // Its gates removed, the pod is scheduled.
+    gated["spec"]["schedulingGates"] = json!([]);
+    api.apply(gated);
+    eventually(10, "the ungated pod bound", || {
+        node_of(&api, "ml", "gated").is_some()
+    })
+    .await;
+}
