@@ -607,29 +607,20 @@ async fn pod_fields_gpuflow_does_not_evaluate_are_refused_and_the_rest_enforced(
         names.iter().all(|p| why(&api, "ml", p).is_some())
     })
     .await;
-    let told = |p: &str| why(&api, "ml", p).unwrap();
-    assert!(
-        told("spread").contains("topologySpreadConstraints"),
-        "{}",
-        told("spread")
-    );
-    assert!(told("port").contains("hostPort 8080"), "{}", told("port"));
-    assert!(
-        told("hugepages").contains("does not account for hugepages-2Mi"),
-        "{}",
-        told("hugepages")
-    );
-    assert!(
-        told("claim").contains("DRA resource claims"),
-        "{}",
-        told("claim")
-    );
-    assert!(told("overhead").contains("68 CPU"), "{}", told("overhead"));
-    assert!(
-        told("gated").contains("waits for its scheduling gates: kueue.x-k8s.io/admission"),
-        "{}",
-        told("gated")
-    );
+    for (p, says) in [
+        ("spread", "topologySpreadConstraints"),
+        ("port", "hostPort 8080"),
+        ("hugepages", "does not account for hugepages-2Mi"),
+        ("claim", "DRA resource claims"),
+        ("overhead", "68 CPU"),
+        (
+            "gated",
+            "waits for its scheduling gates: kueue.x-k8s.io/admission",
+        ),
+    ] {
+        let told = why(&api, "ml", p).unwrap();
+        assert!(told.contains(says), "{p}: {told}");
+    }
     assert!(api.binds().is_empty(), "{:?}", api.binds());
     // Its gates removed, the pod is scheduled.
     gated["spec"]["schedulingGates"] = json!([]);
