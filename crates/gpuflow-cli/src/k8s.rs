@@ -35,6 +35,9 @@ pub enum K8sCmd {
         /// share one across nodes).
         #[arg(long, default_value = "nvidia.com/gpu.clique")]
         nvlink_label: String,
+        /// Where to serve /healthz, /readyz and /metrics.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: std::net::SocketAddr,
     },
     /// Why a pod waits, as gpuflow explained it (`NAMESPACE/POD`).
     Why {
@@ -103,6 +106,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
             rack_label,
             block_label,
             nvlink_label,
+            listen,
         } => {
             crate::platform::init_logging();
             let rt = tokio::runtime::Runtime::new()?;
@@ -125,7 +129,15 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 let stop = async {
                     let _ = tokio::signal::ctrl_c().await;
                 };
-                Scheduler::new(client, settings).run(stop).await
+                let scheduler = Scheduler::new(client, settings);
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?;
+                let app = gpuflow_k8s::health::router(scheduler.health());
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app).await;
+                });
+                scheduler.run(stop).await
             })
         }
     }

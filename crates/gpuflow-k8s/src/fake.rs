@@ -131,6 +131,9 @@ struct Store {
     /// The next replace of this kind finds the object written by someone
     /// else since it was read.
     race_next_replace: Option<&'static str>,
+    /// Resources (plural) every request for is refused with `403`, as RBAC
+    /// would refuse a service account without the rule.
+    forbidden: std::collections::BTreeSet<String>,
     uid: u64,
 }
 
@@ -454,6 +457,24 @@ impl FakeApi {
         s.stall_binds_after = Some(s.binds.iter().filter(|b| b.status == 201).count() + n);
     }
 
+    /// Refuses (`403 Forbidden`) every request for `plural` until
+    /// [`FakeApi::allow`].
+    pub fn forbid(&self, plural: &str) {
+        self.store
+            .lock()
+            .expect("fake store")
+            .forbidden
+            .insert(plural.to_string());
+    }
+
+    pub fn allow(&self, plural: &str) {
+        self.store
+            .lock()
+            .expect("fake store")
+            .forbidden
+            .remove(plural);
+    }
+
     /// Makes the next replace of an object of `kind` lose a race: another
     /// writer changes the object between the client's read and its write,
     /// so the write carries a stale `resourceVersion` and gets `409`.
@@ -526,6 +547,22 @@ async fn handle(
             format!("the fake serves no {}", uri.path()),
         );
     };
+    let plural = RESOURCES[t.resource].plural;
+    if api
+        .store
+        .lock()
+        .expect("fake store")
+        .forbidden
+        .contains(plural)
+    {
+        return status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{plural} is forbidden: User \"system:serviceaccount:gpuflow-system:gpuflow-scheduler\" cannot {method} resource \"{plural}\""
+            ),
+        );
+    }
     let q = query(&uri);
     for unsupported in [
         "labelSelector",

@@ -8,6 +8,7 @@
 //! - [`scheduler`]: watch caches, the lease, the cycle and the writes
 //!   (bindings, explanations, preemptions);
 //! - [`lease`]: leader election through a `coordination.k8s.io` Lease;
+//! - [`health`]: readiness, liveness and Prometheus metrics;
 //! - [`crd`]: the `GpuQueue` custom resource;
 //! - [`manifests`]: the CRD, RBAC and Deployment gpuflow installs with;
 //! - [`fake`]: an in-process API server speaking the wire protocol, for
@@ -16,6 +17,7 @@
 pub mod bench;
 pub mod crd;
 pub mod fake;
+pub mod health;
 pub mod lease;
 pub mod manifests;
 pub mod quantity;

@@ -6,9 +6,9 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, Namespace, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
-    ServiceAccount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecurityContext, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -160,6 +160,13 @@ pub fn deployment(i: &Install) -> Deployment {
                             limits: Some([("memory".to_string(), Quantity("2Gi".into()))].into()),
                             ..ResourceRequirements::default()
                         }),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".into()),
+                            container_port: 8080,
+                            ..ContainerPort::default()
+                        }]),
+                        readiness_probe: Some(probe("/readyz")),
+                        liveness_probe: Some(probe("/healthz")),
                         args: Some(vec![
                             "k8s".into(),
                             "run".into(),
@@ -185,6 +192,19 @@ pub fn deployment(i: &Install) -> Deployment {
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
+    }
+}
+
+/// An HTTP probe of the scheduler's own endpoint.
+fn probe(path: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
     }
 }
 

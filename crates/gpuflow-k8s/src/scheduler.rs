@@ -38,6 +38,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::crd::{GpuQueue, GpuQueueStatus};
+use crate::health::Health;
 use crate::lease::Elector;
 use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
 
@@ -132,6 +133,7 @@ pub struct Scheduler {
     /// Per waiting pod: the reasons last written and when.
     explained: BTreeMap<String, (String, Instant)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    health: Arc<Health>,
 }
 
 impl Drop for Scheduler {
@@ -145,13 +147,16 @@ impl Drop for Scheduler {
 fn reflect<K>(
     api: Api<K>,
     changed: Arc<tokio::sync::Notify>,
-) -> (Store<K>, tokio::task::JoinHandle<()>)
+    health: &Arc<Health>,
+    name: &'static str,
+) -> (Store<K>, Vec<tokio::task::JoinHandle<()>>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
     let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    health.watching(name);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
@@ -174,7 +179,13 @@ where
             }
         }
     });
-    (reader, task)
+    let (r, h) = (reader.clone(), health.clone());
+    let synced = tokio::spawn(async move {
+        if r.wait_until_ready().await.is_ok() {
+            h.synced(name);
+        }
+    });
+    (reader, vec![task, synced])
 }
 
 fn reflector<K, W>(
@@ -202,19 +213,42 @@ impl Scheduler {
     pub fn new(client: Client, settings: Settings) -> Scheduler {
         let changed = Arc::new(tokio::sync::Notify::new());
         let mut tasks = Vec::new();
-        let (nodes, t) = reflect(Api::<Node>::all(client.clone()), changed.clone());
-        tasks.push(t);
-        let (pods, t) = reflect(Api::<Pod>::all(client.clone()), changed.clone());
-        tasks.push(t);
-        let (queues, t) = reflect(Api::<GpuQueue>::all(client.clone()), changed.clone());
-        tasks.push(t);
+        let health = Arc::new(Health::default());
+        let (nodes, t) = reflect(
+            Api::<Node>::all(client.clone()),
+            changed.clone(),
+            &health,
+            "nodes",
+        );
+        tasks.extend(t);
+        let (pods, t) = reflect(
+            Api::<Pod>::all(client.clone()),
+            changed.clone(),
+            &health,
+            "pods",
+        );
+        tasks.extend(t);
+        let (queues, t) = reflect(
+            Api::<GpuQueue>::all(client.clone()),
+            changed.clone(),
+            &health,
+            "gpuqueues",
+        );
+        tasks.extend(t);
         let (budgets, t) = reflect(
             Api::<PodDisruptionBudget>::all(client.clone()),
             changed.clone(),
+            &health,
+            "poddisruptionbudgets",
         );
-        tasks.push(t);
-        let (jobs, t) = reflect(Api::<BatchJob>::all(client.clone()), changed.clone());
-        tasks.push(t);
+        tasks.extend(t);
+        let (jobs, t) = reflect(
+            Api::<BatchJob>::all(client.clone()),
+            changed.clone(),
+            &health,
+            "jobs",
+        );
+        tasks.extend(t);
         let elector = Elector::new(
             Api::namespaced(client.clone(), &settings.namespace),
             &settings.lease_name,
@@ -238,17 +272,22 @@ impl Scheduler {
             assumed: BTreeMap::new(),
             explained: BTreeMap::new(),
             tasks,
+            health,
         }
     }
 
-    /// Waits until every cache has listed once.
+    /// Readiness and metrics, for [`crate::health::router`].
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
+    /// Waits until every cache has listed once. (Each cache's readiness
+    /// has one waiter, the task that reports it to [`Health`]: a store's
+    /// readiness wakes only the last of several waiters.)
     pub async fn ready(&self) {
-        let c = &self.caches;
-        let _ = c.nodes.wait_until_ready().await;
-        let _ = c.pods.wait_until_ready().await;
-        let _ = c.queues.wait_until_ready().await;
-        let _ = c.budgets.wait_until_ready().await;
-        let _ = c.jobs.wait_until_ready().await;
+        while self.health.ready().is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Runs until `stop` resolves: renews or takes the lease, and schedules
@@ -292,9 +331,15 @@ impl Scheduler {
                 // A cycle that panics (a bug met by some input) is logged
                 // and the next one runs: nothing in the cluster stops
                 // scheduling.
+                let started = Instant::now();
                 let cycle =
                     futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(self.tick()));
-                match cycle.await {
+                let done = cycle.await;
+                self.health.last_cycle_us.store(
+                    started.elapsed().as_micros() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                match done {
                     Ok(Ok(c)) if c.bound + c.preempted > 0 => tracing::info!(
                         bound = c.bound,
                         preempted = c.preempted,
@@ -306,6 +351,9 @@ impl Scheduler {
                     Err(_) => tracing::error!("the scheduling cycle panicked; retrying next cycle"),
                 }
             }
+            self.health
+                .leading
+                .store(leading, std::sync::atomic::Ordering::Relaxed);
             let wait = if leading {
                 self.settings.interval
             } else {
@@ -587,6 +635,14 @@ impl Scheduler {
             })
             .collect();
         out.explained = self.explain_all(writes).await?;
+        let h = &self.health;
+        let add = |a: &std::sync::atomic::AtomicU64, n: usize| {
+            a.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        };
+        add(&h.cycles, 1);
+        add(&h.bound, out.bound);
+        add(&h.preempted, out.preempted);
+        add(&h.explained, out.explained);
         Ok(out)
     }
 
@@ -619,6 +675,7 @@ impl Scheduler {
         for p in &plan.pending {
             count(&p.job, false);
         }
+        let mut reported = BTreeMap::new();
         for q in queues {
             let Some(name) = q.metadata.name.as_deref() else {
                 continue;
@@ -640,6 +697,7 @@ impl Scheduler {
                 .budget_used
                 .get(name)
                 .map(|(_, h)| (h * 10_000.0).round() / 10_000.0);
+            reported.insert(name.to_string(), want.clone());
             if q.status.as_ref() == Some(&want) {
                 continue;
             }
@@ -659,6 +717,8 @@ impl Scheduler {
                 tracing::warn!(queue = name, error = %e, "could not report the queue's status");
             }
         }
+        self.health
+            .set_queues(reported, self.usage.gpu_hours.clone());
     }
 
     /// Writes `gpuflow.io/node` on each pod of a gang before any is bound.
