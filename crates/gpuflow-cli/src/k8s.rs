@@ -137,7 +137,8 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 tokio::spawn(async move {
                     let _ = axum::serve(listener, app).await;
                 });
-                scheduler.run(stop).await
+                scheduler.run(stop).await?;
+                anyhow::Ok(())
             })
         }
     }

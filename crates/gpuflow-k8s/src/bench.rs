@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::Error;
 use crate::fake::FakeApi;
 use crate::scheduler::{Scheduler, Settings};
 
@@ -44,15 +45,19 @@ pub async fn bind_throughput(
     pods: usize,
     gang: usize,
     limit: Duration,
-) -> anyhow::Result<BindBench> {
+) -> Result<BindBench, Error> {
     let teams = 10;
-    anyhow::ensure!(
-        gang <= 1 || pods.is_multiple_of(teams * gang),
-        "with gangs of {gang}, the pods must be a multiple of {} (10 teams of whole gangs)",
-        teams * gang
-    );
+    if !(gang <= 1 || pods.is_multiple_of(teams * gang)) {
+        return Err(Error::Bench(format!(
+            "with gangs of {gang}, the pods must be a multiple of {} (10 teams of whole gangs)",
+            teams * gang
+        )));
+    }
     let api = FakeApi::default();
-    let addr = api.serve().await?;
+    let addr = api
+        .serve()
+        .await
+        .map_err(|e| Error::Bench(format!("the fake API server: {e}")))?;
     for i in 0..nodes {
         api.apply(json!({
             "apiVersion": "v1", "kind": "Node",
@@ -96,7 +101,10 @@ pub async fn bind_throughput(
             "status": {"phase": "Pending"}
         }));
     }
-    let cfg = kube::Config::new(format!("http://{addr}").parse()?);
+    let url = format!("http://{addr}")
+        .parse()
+        .map_err(|e| Error::Bench(format!("the fake API server's address: {e}")))?;
+    let cfg = kube::Config::new(url);
     let client = kube::Client::try_from(cfg)?;
     let settings = Settings {
         identity: "bench".into(),
@@ -105,10 +113,11 @@ pub async fn bind_throughput(
     };
     let mut s = Scheduler::new(client, settings);
     s.ready().await;
-    anyhow::ensure!(
-        s.try_lead().await?,
-        "the bench scheduler could not take the lease"
-    );
+    if !s.try_lead().await? {
+        return Err(Error::Bench(
+            "the bench scheduler could not take the lease".into(),
+        ));
+    }
     let start = Instant::now();
     let mut bound = 0;
     let mut cycles = 0;

@@ -27,6 +27,8 @@ pub struct Health {
     pub bound: AtomicU64,
     pub preempted: AtomicU64,
     pub explained: AtomicU64,
+    /// Cycles that failed (an API error) or panicked; the next one runs.
+    pub failures: AtomicU64,
     /// The last cycle's duration, in microseconds.
     pub last_cycle_us: AtomicU64,
     queues: Mutex<BTreeMap<String, GpuQueueStatus>>,
@@ -133,6 +135,12 @@ impl Health {
             "counter",
             "PodScheduled conditions written on waiting pods.",
             one(load(&self.explained)),
+        );
+        metric(
+            "gpuflow_k8s_cycle_failures_total",
+            "counter",
+            "Cycles that failed or panicked (each is logged; the next one runs).",
+            one(load(&self.failures)),
         );
         metric(
             "gpuflow_k8s_cycle_seconds",

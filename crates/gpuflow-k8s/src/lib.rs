@@ -15,7 +15,10 @@
 //!   tests and the binding benchmark ([`bench`]).
 
 pub mod bench;
+
+pub use error::Error;
 pub mod crd;
+pub mod error;
 pub mod fake;
 pub mod health;
 pub mod lease;
@@ -30,9 +33,9 @@ pub mod snapshot;
 ///
 /// # Errors
 /// When neither is found or usable.
-pub async fn connect() -> anyhow::Result<kube::Client> {
+pub async fn connect() -> Result<kube::Client, Error> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    Ok(kube::Client::try_default().await?)
+    kube::Client::try_default().await.map_err(Error::Config)
 }
 
 /// Why a pod waits, as gpuflow last explained it (`gpuflow k8s why`): its
@@ -46,13 +49,13 @@ pub async fn why(
     namespace: &str,
     name: &str,
     scheduler_name: &str,
-) -> anyhow::Result<String> {
+) -> Result<String, Error> {
     use k8s_openapi::api::core::v1::Pod;
     let api: kube::Api<Pod> = kube::Api::namespaced(client, namespace);
     let pod = api
         .get_opt(name)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("pod {namespace}/{name} not found"))?;
+        .ok_or_else(|| Error::NoPod(format!("{namespace}/{name}")))?;
     let spec = pod.spec.clone().unwrap_or_default();
     if let Some(node) = spec.node_name.filter(|n| !n.is_empty()) {
         return Ok(format!("{namespace}/{name} is bound to node {node}"));

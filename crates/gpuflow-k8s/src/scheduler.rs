@@ -38,9 +38,12 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::crd::{GpuQueue, GpuQueueStatus};
+use crate::error::Error;
 use crate::health::Health;
 use crate::lease::Elector;
 use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How the scheduler runs.
 #[derive(Clone, Debug)]
@@ -165,15 +168,14 @@ where
                 Err(e) => {
                     // A forbidden watch never fills its cache, and the
                     // scheduler waits for every cache: say what to fix.
-                    let text = e.to_string();
-                    if text.contains("403") || text.to_lowercase().contains("forbidden") {
+                    if crate::error::forbidden(&e) {
                         tracing::error!(
-                            error = %text,
+                            error = %e,
                             "gpuflow's service account may not list or watch this resource; \
                              apply the RBAC of `gpuflow k8s manifests`; retrying"
                         );
                     } else {
-                        tracing::warn!(error = %text, "watch failed; retrying");
+                        tracing::warn!(error = %e, "watch failed; retrying");
                     }
                 }
             }
@@ -295,7 +297,7 @@ impl Scheduler {
     ///
     /// # Errors
     /// None so far: API failures are logged and retried.
-    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
         self.ready().await;
         let mut stop = std::pin::pin!(stop);
         let renew_every = self.settings.lease_duration / 3;
@@ -347,8 +349,18 @@ impl Scheduler {
                         "cycle"
                     ),
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "cycle failed; retrying"),
-                    Err(_) => tracing::error!("the scheduling cycle panicked; retrying next cycle"),
+                    Ok(Err(e)) => {
+                        self.health
+                            .failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(error = %e, "cycle failed; retrying");
+                    }
+                    Err(_) => {
+                        self.health
+                            .failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::error!("the scheduling cycle panicked; retrying next cycle");
+                    }
                 }
             }
             self.health
@@ -437,7 +449,7 @@ impl Scheduler {
     ///
     /// # Errors
     /// On an API failure other than a pod gone or already bound.
-    pub async fn tick(&mut self) -> anyhow::Result<Cycle> {
+    pub async fn tick(&mut self) -> Result<Cycle> {
         let nodes = self.caches.nodes.state();
         let pods = self.caches.pods.state();
         let queues = self.caches.queues.state();
@@ -722,7 +734,7 @@ impl Scheduler {
     }
 
     /// Writes `gpuflow.io/node` on each pod of a gang before any is bound.
-    async fn annotate(&self, plan: &[(PodRef, String)]) -> anyhow::Result<()> {
+    async fn annotate(&self, plan: &[(PodRef, String)]) -> Result<()> {
         let client = &self.client;
         let results: Vec<Result<(), kube::Error>> = futures::stream::iter(plan.iter().cloned())
             .map(|(pod, node)| async move {
@@ -746,7 +758,7 @@ impl Scheduler {
 
     /// Binds pods to nodes; returns how many it bound. A pod already bound
     /// (`409`) or gone (`404`) is skipped.
-    async fn bind_all(&mut self, binds: Vec<(PodRef, String)>) -> anyhow::Result<usize> {
+    async fn bind_all(&mut self, binds: Vec<(PodRef, String)>) -> Result<usize> {
         let client = &self.client;
         let results: Vec<(PodRef, String, Result<bool, kube::Error>)> =
             futures::stream::iter(binds)
@@ -846,7 +858,7 @@ impl Scheduler {
 
     /// Writes explanations, many at a time: the condition, then an event
     /// when the reasons are new. Returns how many it wrote.
-    async fn explain_all(&mut self, writes: Vec<Explanation>) -> anyhow::Result<usize> {
+    async fn explain_all(&mut self, writes: Vec<Explanation>) -> Result<usize> {
         let me = &*self;
         let results: Vec<(Explanation, Result<bool, kube::Error>)> = futures::stream::iter(writes)
             .map(|w| async move {

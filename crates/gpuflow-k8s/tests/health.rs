@@ -103,6 +103,7 @@ async fn metrics_count_bindings_and_show_each_queue() {
         "gpuflow_k8s_queue_pending_pods{queue=\"ml\"} 1",
         "gpuflow_k8s_queue_gpus_in_use{queue=\"ml\",model=\"NVIDIA-H100-80GB-HBM3\"} 4",
         "# TYPE gpuflow_k8s_cycles_total counter",
+        "gpuflow_k8s_cycle_failures_total 0",
     ] {
         assert!(body.lines().any(|l| l == line), "no `{line}` in\n{body}");
     }
