@@ -125,6 +125,9 @@ impl Budget {
     }
 }
 
+/// The key of a spec's quota entry for every flavor without its own.
+pub const EVERY_FLAVOR: &str = "*";
+
 /// A queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queue {
@@ -157,6 +160,22 @@ impl Queue {
 
     pub fn quota(&self, flavor: &str) -> FlavorQuota {
         self.quotas.get(flavor).copied().unwrap_or_default()
+    }
+
+    /// Sets the quota on each of `flavors` from a spec's entries: the
+    /// flavor's own entry, else the entry [`EVERY_FLAVOR`], converted by
+    /// `quota`; a flavor with neither gets none.
+    pub fn set_quotas<'f, T>(
+        &mut self,
+        flavors: impl IntoIterator<Item = &'f String>,
+        entries: &BTreeMap<String, T>,
+        quota: impl Fn(&T) -> FlavorQuota,
+    ) {
+        for flavor in flavors {
+            if let Some(e) = entries.get(flavor).or_else(|| entries.get(EVERY_FLAVOR)) {
+                self.quotas.insert(flavor.clone(), quota(e));
+            }
+        }
     }
 
     /// The weight after the budget's taper.

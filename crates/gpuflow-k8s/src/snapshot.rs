@@ -690,19 +690,12 @@ fn queues(
                 Some(crd::QueueState::Held) => QueueState::Held,
                 Some(crd::QueueState::Draining) => QueueState::Draining,
             };
-            for flavor in capacity.keys() {
-                if let Some(qs) = s.quotas.get(flavor).or_else(|| s.quotas.get("*")) {
-                    out.quotas.insert(
-                        flavor.clone(),
-                        FlavorQuota {
-                            guaranteed: milli(qs.guaranteed),
-                            borrow_limit: qs.borrow_limit.map(milli),
-                            lend_limit: qs.lend_limit.map(milli),
-                            cap: qs.cap.map(milli),
-                        },
-                    );
-                }
-            }
+            out.set_quotas(capacity.keys(), &s.quotas, |qs| FlavorQuota {
+                guaranteed: milli(qs.guaranteed),
+                borrow_limit: qs.borrow_limit.map(milli),
+                lend_limit: qs.lend_limit.map(milli),
+                cap: qs.cap.map(milli),
+            });
             out.budget = s.budget.as_ref().map(|b| {
                 let name = q.metadata.name.as_deref().unwrap_or_default();
                 let start = b.period.start(now);

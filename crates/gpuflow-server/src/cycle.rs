@@ -1320,19 +1320,12 @@ fn build_queues(
                 api::QueueState::Held => gpuflow_core::queue::QueueState::Held,
                 api::QueueState::Draining => gpuflow_core::queue::QueueState::Draining,
             };
-            for flavor in capacity.keys() {
-                if let Some(qs) = s.quotas.get(flavor).or_else(|| s.quotas.get("*")) {
-                    q.quotas.insert(
-                        flavor.clone(),
-                        FlavorQuota {
-                            guaranteed: milli(qs.guaranteed),
-                            borrow_limit: qs.borrow_limit.map(milli),
-                            lend_limit: qs.lend_limit.map(milli),
-                            cap: qs.cap.map(milli),
-                        },
-                    );
-                }
-            }
+            q.set_quotas(capacity.keys(), &s.quotas, |qs| FlavorQuota {
+                guaranteed: milli(qs.guaranteed),
+                borrow_limit: qs.borrow_limit.map(milli),
+                lend_limit: qs.lend_limit.map(milli),
+                cap: qs.cap.map(milli),
+            });
             q.user_limits = UserLimits {
                 max_gpu_milli: s.user_limits.max_gpus.map(milli),
                 max_running: s.user_limits.max_running,
