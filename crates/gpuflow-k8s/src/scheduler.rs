@@ -3,7 +3,8 @@
 //! bookmarks, listing again after `410 Gone`); while this replica holds the
 //! lease, a cycle every `interval` and whenever something changes:
 //! 1. [`snapshot::build`] turns the caches into the core's inputs;
-//! 2. `gpuflow_core::schedule::schedule` plans;
+//! 2. `gpuflow_core::schedule::schedule` plans (1 and 2 off the async
+//!    runtime);
 //! 3. the plan is written (each queue's status too): a gang's pods are first annotated with their
 //!    planned nodes ([`snapshot::PLANNED`]), then each is bound through the
 //!    binding subresource, so a scheduler that stops half-way through a gang
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gpuflow_core::schedule::{self, Config, History, PriorityClass};
+use gpuflow_core::schedule::{self, Config, History};
 use k8s_openapi::api::batch::v1::Job as BatchJob;
 use k8s_openapi::api::core::v1::{
     Binding, Event, EventSource, Node, ObjectReference, Pod, PodCondition,
@@ -401,45 +402,6 @@ impl Scheduler {
         }
     }
 
-    /// Adds the GPU-hours the running gangs used since the last cycle to
-    /// each budgeted queue above them, starting afresh with each period.
-    fn charge_budgets(&mut self, now: u64, queues: &[Arc<GpuQueue>], snap: &snapshot::Snapshot) {
-        let dt = if self.usage.at == 0 {
-            0
-        } else {
-            now.saturating_sub(self.usage.at)
-        };
-        let mut budgeted = BTreeSet::new();
-        for q in queues {
-            let (Some(name), Some(b)) = (q.metadata.name.as_deref(), q.spec.budget.as_ref()) else {
-                continue;
-            };
-            budgeted.insert(name.to_string());
-            let start = b.period.start(now);
-            let entry = self
-                .usage
-                .budget_used
-                .entry(name.to_string())
-                .or_insert((start, 0.0));
-            if entry.0 != start {
-                *entry = (start, 0.0);
-            }
-            let Some(id) = snap.queues.by_name(name) else {
-                continue;
-            };
-            let hours: f64 = snap
-                .running
-                .iter()
-                .filter(|r| snap.queues.path(r.work.queue).contains(&id))
-                .map(|r| r.work.gpu_milli() as f64 / 1000.0 * dt as f64 / 3600.0)
-                .sum();
-            entry.1 += hours;
-        }
-        self.usage
-            .budget_used
-            .retain(|name, _| budgeted.contains(name));
-    }
-
     /// Fair-share usage by queue, as of the last cycle.
     pub fn usage(&self) -> &Usage {
         &self.usage
@@ -450,11 +412,14 @@ impl Scheduler {
     /// # Errors
     /// On an API failure other than a pod gone or already bound.
     pub async fn tick(&mut self) -> Result<Cycle> {
-        let nodes = self.caches.nodes.state();
-        let pods = self.caches.pods.state();
-        let queues = self.caches.queues.state();
-        let budgets = self.caches.budgets.state();
-        let jobs = self.caches.jobs.state();
+        let objects = Objects {
+            nodes: self.caches.nodes.state(),
+            pods: self.caches.pods.state(),
+            queues: self.caches.queues.state(),
+            budgets: self.caches.budgets.state(),
+            jobs: self.caches.jobs.state(),
+        };
+        let (pods, queues) = (objects.pods.clone(), objects.queues.clone());
         // Assumed pods the cache now shows bound, or gone, are forgotten.
         let by_uid: BTreeMap<&str, &Pod> = pods
             .iter()
@@ -468,66 +433,27 @@ impl Scheduler {
                     .is_none_or(str::is_empty)
             })
         });
-        let classes: Vec<PriorityClass> = self.settings.config.classes.clone();
-        let node_refs: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
-        let pod_refs: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
-        let queue_refs: Vec<&GpuQueue> = queues.iter().map(AsRef::as_ref).collect();
-        let budget_refs: Vec<&PodDisruptionBudget> = budgets.iter().map(AsRef::as_ref).collect();
-        let job_refs: Vec<&BatchJob> = jobs.iter().map(AsRef::as_ref).collect();
+        // The CPU part runs off the async runtime, on copies: a cycle that
+        // panics leaves the scheduler's memory as it was.
+        let (assumed, settings) = (self.assumed.clone(), self.settings.clone());
+        let (history, usage) = (self.history.clone(), self.usage.clone());
         let now = Timestamp::now().as_second().max(0) as u64;
-        let mut snap = snapshot::build(&Inputs {
-            nodes: &node_refs,
-            pods: &pod_refs,
-            queues: &queue_refs,
-            budgets: &budget_refs,
-            jobs: &job_refs,
-            budget_used: &self.usage.budget_used,
-            now,
-            assumed: &self.assumed,
-            scheduler_name: &self.settings.scheduler_name,
-            topology: &self.settings.topology,
-            classes: &classes,
-        });
-        let mut cfg = self.settings.config.clone();
-        cfg.classes = snap.classes.clone();
-        // Budgets count GPU-hours since the last cycle in each budgeted
-        // queue's current period.
-        self.charge_budgets(now, &queues, &snap);
-        // Fair-share usage is kept by queue name (queue ids change as
-        // queues come and go) and charged up to now.
-        self.history.usage = self
-            .usage
-            .gpu_hours
-            .iter()
-            .filter_map(|(name, h)| Some((snap.queues.by_name(name)?, *h)))
-            .collect();
-        self.history.decayed_at = if self.usage.at == 0 {
-            now
-        } else {
-            self.usage.at
+        let computed = tokio::task::spawn_blocking(move || {
+            compute(&objects, &assumed, &settings, history, usage, now)
+        })
+        .await;
+        let Computed {
+            snap,
+            plan,
+            history,
+            usage,
+        } = match computed {
+            Ok(c) => c,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        self.history
-            .account(now, cfg.usage_half_life, &snap.running, &snap.queues);
-        self.usage = Usage {
-            at: self.history.decayed_at,
-            budget_used: std::mem::take(&mut self.usage.budget_used),
-            gpu_hours: self
-                .history
-                .usage
-                .iter()
-                .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
-                .collect(),
-        };
+        self.history = history;
+        self.usage = usage;
         self.elector.set_state(serde_json::to_string(&self.usage)?);
-        let plan = schedule::schedule(
-            now,
-            &mut snap.placer,
-            &mut snap.queues,
-            &snap.running,
-            &snap.pending,
-            &mut self.history,
-            &cfg,
-        );
         let mut out = Cycle {
             pending: plan.pending.len() + snap.held.len(),
             ..Cycle::default()
@@ -958,6 +884,128 @@ impl Scheduler {
         }
         Ok(now)
     }
+}
+
+/// The watch caches' objects a cycle reads.
+struct Objects {
+    nodes: Vec<Arc<Node>>,
+    pods: Vec<Arc<Pod>>,
+    queues: Vec<Arc<GpuQueue>>,
+    budgets: Vec<Arc<PodDisruptionBudget>>,
+    jobs: Vec<Arc<BatchJob>>,
+}
+
+/// What a cycle computes before it writes anything.
+struct Computed {
+    snap: snapshot::Snapshot,
+    plan: schedule::Plan,
+    history: History,
+    usage: Usage,
+}
+
+/// The CPU part of a cycle: the snapshot, budgets and fair-share usage
+/// charged up to `now`, the core's plan.
+fn compute(
+    objects: &Objects,
+    assumed: &BTreeMap<String, String>,
+    settings: &Settings,
+    mut history: History,
+    mut usage: Usage,
+    now: u64,
+) -> Computed {
+    fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
+        v.iter().map(AsRef::as_ref).collect()
+    }
+    let (nodes, pods, queues) = (
+        refs(&objects.nodes),
+        refs(&objects.pods),
+        refs(&objects.queues),
+    );
+    let (budgets, jobs) = (refs(&objects.budgets), refs(&objects.jobs));
+    let mut snap = snapshot::build(&Inputs {
+        nodes: &nodes,
+        pods: &pods,
+        queues: &queues,
+        budgets: &budgets,
+        jobs: &jobs,
+        budget_used: &usage.budget_used,
+        now,
+        assumed,
+        scheduler_name: &settings.scheduler_name,
+        topology: &settings.topology,
+        classes: &settings.config.classes,
+    });
+    let mut cfg = settings.config.clone();
+    cfg.classes = snap.classes.clone();
+    // Budgets count GPU-hours since the last cycle in each budgeted
+    // queue's current period.
+    charge_budgets(&mut usage, now, &queues, &snap);
+    // Fair-share usage is kept by queue name (queue ids change as queues
+    // come and go) and charged up to now.
+    history.usage = usage
+        .gpu_hours
+        .iter()
+        .filter_map(|(name, h)| Some((snap.queues.by_name(name)?, *h)))
+        .collect();
+    history.decayed_at = if usage.at == 0 { now } else { usage.at };
+    history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
+    usage.at = history.decayed_at;
+    usage.gpu_hours = history
+        .usage
+        .iter()
+        .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
+        .collect();
+    let plan = schedule::schedule(
+        now,
+        &mut snap.placer,
+        &mut snap.queues,
+        &snap.running,
+        &snap.pending,
+        &mut history,
+        &cfg,
+    );
+    Computed {
+        snap,
+        plan,
+        history,
+        usage,
+    }
+}
+
+/// Adds the GPU-hours the running gangs used since the last cycle to each
+/// budgeted queue above them, starting afresh with each period.
+fn charge_budgets(usage: &mut Usage, now: u64, queues: &[&GpuQueue], snap: &snapshot::Snapshot) {
+    let dt = if usage.at == 0 {
+        0
+    } else {
+        now.saturating_sub(usage.at)
+    };
+    let mut budgeted = BTreeSet::new();
+    for q in queues {
+        let (Some(name), Some(b)) = (q.metadata.name.as_deref(), q.spec.budget.as_ref()) else {
+            continue;
+        };
+        budgeted.insert(name.to_string());
+        let start = b.period.start(now);
+        let entry = usage
+            .budget_used
+            .entry(name.to_string())
+            .or_insert((start, 0.0));
+        if entry.0 != start {
+            *entry = (start, 0.0);
+        }
+        let Some(id) = snap.queues.by_name(name) else {
+            continue;
+        };
+        let hours: f64 = snap
+            .running
+            .iter()
+            .filter(|r| snap.queues.path(r.work.queue).contains(&id))
+            .map(|r| r.work.gpu_milli() as f64 / 1000.0 * dt as f64 / 3600.0)
+            .sum();
+        entry.1 += hours;
+    }
+    usage.budget_used.retain(|name, _| budgeted.contains(name));
 }
 
 fn gang_reason(r: schedule::PreemptReason) -> &'static str {
