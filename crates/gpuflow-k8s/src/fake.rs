@@ -317,6 +317,13 @@ impl FakeApi {
         self.changed.send_replace(rv);
     }
 
+    /// Lets go of the store and wakes the watches up to its newest version.
+    fn publish(&self, s: std::sync::MutexGuard<'_, Store>) {
+        let rv = s.rv;
+        drop(s);
+        self.changed(rv);
+    }
+
     fn kubelet(&self) {
         let mut s = self.store.lock().expect("fake store");
         let now = Instant::now();
@@ -329,10 +336,8 @@ impl FakeApi {
         for k in &due {
             s.remove(k);
         }
-        let rv = s.rv;
-        drop(s);
         if !due.is_empty() {
-            self.changed(rv);
+            self.publish(s);
         }
     }
 
@@ -377,9 +382,7 @@ impl FakeApi {
             object["metadata"]["namespace"] = json!(key.1);
         }
         s.put(key, object, kind);
-        let rv = s.rv;
-        drop(s);
-        self.changed(rv);
+        self.publish(s);
     }
 
     /// Removes an object at once (a node that leaves, a pod whose kubelet
@@ -395,9 +398,7 @@ impl FakeApi {
         let gone = s
             .remove(&(resource, namespace.to_string(), name.to_string()))
             .is_some();
-        let rv = s.rv;
-        drop(s);
-        self.changed(rv);
+        self.publish(s);
         gone
     }
 
@@ -436,9 +437,7 @@ impl FakeApi {
         s.rv += 1;
         s.compacted = s.rv;
         s.changes.clear();
-        let rv = s.rv;
-        drop(s);
-        self.changed(rv);
+        self.publish(s);
     }
 
     /// Every binding requested so far, in order.
@@ -485,9 +484,9 @@ impl FakeApi {
     /// Ends the stall: bindings held so far fail (`503`, never applied), as
     /// requests of a scheduler that died; later ones go through.
     pub fn release_binds(&self) {
-        self.store.lock().expect("fake store").stall_binds_after = None;
-        let rv = self.store.lock().expect("fake store").rv;
-        self.changed(rv);
+        let mut s = self.store.lock().expect("fake store");
+        s.stall_binds_after = None;
+        self.publish(s);
     }
 }
 
@@ -769,9 +768,7 @@ fn create(api: &FakeApi, t: &Target, body: Option<Value>) -> Response {
     object["apiVersion"] = json!(r.api_version);
     object["kind"] = json!(r.kind);
     let out = s.put(key, object, "ADDED");
-    let rv = s.rv;
-    drop(s);
-    api.changed(rv);
+    api.publish(s);
     (StatusCode::CREATED, axum::Json(out)).into_response()
 }
 
@@ -811,9 +808,7 @@ fn replace(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Respon
     object["metadata"]["uid"] = old["metadata"]["uid"].clone();
     object["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
     let out = s.put(key, object, "MODIFIED");
-    let rv = s.rv;
-    drop(s);
-    api.changed(rv);
+    api.publish(s);
     axum::Json(out).into_response()
 }
 
@@ -836,9 +831,7 @@ fn patch(api: &FakeApi, t: &Target, name: &str, status_only: bool, body: Value) 
         }
     }
     let out = s.put(key, object, "MODIFIED");
-    let rv = s.rv;
-    drop(s);
-    api.changed(rv);
+    api.publish(s);
     axum::Json(out).into_response()
 }
 
@@ -921,9 +914,7 @@ async fn bind(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Res
         status: 201,
     });
     s.put(key, pod, "MODIFIED");
-    let rv = s.rv;
-    drop(s);
-    api.changed(rv);
+    api.publish(s);
     (
         StatusCode::CREATED,
         axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})),
@@ -960,9 +951,7 @@ fn delete(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Respons
     } else {
         s.remove(&key).expect("present")
     };
-    let rv = s.rv;
-    drop(s);
-    api.changed(rv);
+    api.publish(s);
     axum::Json(out).into_response()
 }
 
