@@ -587,6 +587,15 @@ fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     ok_labels && ok_exprs
 }
 
+/// A disruption budget's name, `namespace/name`.
+fn budget_name(b: &PodDisruptionBudget) -> String {
+    format!(
+        "{}/{}",
+        b.metadata.namespace.as_deref().unwrap_or_default(),
+        b.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// The disruption budgets (`namespace/name`) covering a pod.
 fn budgets_of(p: &Pod, budgets: &[&PodDisruptionBudget]) -> Vec<String> {
     let labels = p.metadata.labels.clone().unwrap_or_default();
@@ -599,13 +608,7 @@ fn budgets_of(p: &Pod, budgets: &[&PodDisruptionBudget]) -> Vec<String> {
                 .and_then(|s| s.selector.as_ref())
                 .is_some_and(|s| selects(s, &labels))
         })
-        .map(|b| {
-            format!(
-                "{}/{}",
-                b.metadata.namespace.as_deref().unwrap_or_default(),
-                b.metadata.name.as_deref().unwrap_or_default()
-            )
-        })
+        .map(|b| budget_name(b))
         .collect()
 }
 
@@ -935,12 +938,10 @@ impl<'a> Builder<'a> {
             .budgets
             .iter()
             .map(|b| {
-                let name = format!(
-                    "{}/{}",
-                    b.metadata.namespace.as_deref().unwrap_or_default(),
-                    b.metadata.name.as_deref().unwrap_or_default()
-                );
-                (name, b.status.as_ref().map_or(0, |s| s.disruptions_allowed))
+                (
+                    budget_name(b),
+                    b.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+                )
             })
             .collect();
         Builder {
