@@ -8,7 +8,8 @@
 //! - get, create (with `generateName`), replace with optimistic concurrency
 //!   (`409 Conflict` on a stale `resourceVersion`; a test can make the next
 //!   replace lose such a race), JSON merge patch of an
-//!   object or of its `status`, and delete with a grace period (a bound pod
+//!   object or of its `status` (with the same `409` when the patch names a
+//!   `resourceVersion` that is not the object's), and delete with a grace period (a bound pod
 //!   is marked terminating and removed once its grace has passed, as its
 //!   kubelet would);
 //! - the pods' `binding` subresource (`409` for a pod already bound), after
@@ -772,6 +773,18 @@ fn create(api: &FakeApi, t: &Target, body: Option<Value>) -> Response {
     (StatusCode::CREATED, axum::Json(out)).into_response()
 }
 
+/// `409 Conflict` for a write against a version that is not the object's.
+fn conflict(t: &Target, name: &str) -> Response {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            RESOURCES[t.resource].plural
+        ),
+    )
+}
+
 fn replace(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Response {
     let Some(mut object) = body else {
         return status(
@@ -796,14 +809,7 @@ fn replace(api: &FakeApi, t: &Target, name: &str, body: Option<Value>) -> Respon
         .as_str()
         .unwrap_or_default();
     if !want.is_empty() && want != have {
-        return status(
-            StatusCode::CONFLICT,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                RESOURCES[t.resource].plural
-            ),
-        );
+        return conflict(t, name);
     }
     object["metadata"]["uid"] = old["metadata"]["uid"].clone();
     object["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
@@ -818,6 +824,12 @@ fn patch(api: &FakeApi, t: &Target, name: &str, status_only: bool, body: Value) 
     let Some(mut object) = s.objects.get(&key).cloned() else {
         return not_found(t, name);
     };
+    // A patch that names a resourceVersion applies only to that version.
+    if let Some(want) = body["metadata"]["resourceVersion"].as_str()
+        && object["metadata"]["resourceVersion"].as_str() != Some(want)
+    {
+        return conflict(t, name);
+    }
     if status_only {
         // The status subresource changes the status only.
         let mut st = object.get("status").cloned().unwrap_or(json!({}));

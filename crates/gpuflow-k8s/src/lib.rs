@@ -7,6 +7,8 @@
 //!   core's inputs (pure);
 //! - [`scheduler`]: watch caches, the lease, the cycle and the writes
 //!   (bindings, explanations, preemptions);
+//! - [`hami`]: HAMi's protocol for shares of a GPU with memory and compute
+//!   limits (node registration, pod decision, node lock);
 //! - [`lease`]: leader election through a `coordination.k8s.io` Lease;
 //! - [`health`]: readiness, liveness and Prometheus metrics;
 //! - [`crd`]: the `GpuQueue` custom resource;
@@ -20,6 +22,7 @@ pub use error::Error;
 pub mod crd;
 pub mod error;
 pub mod fake;
+pub mod hami;
 pub mod health;
 pub mod lease;
 pub mod manifests;

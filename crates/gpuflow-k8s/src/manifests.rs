@@ -88,6 +88,21 @@ pub fn cluster_role() -> ClusterRole {
     }
 }
 
+/// The one write to nodes, for HAMi's protocol: a node whose GPUs HAMi
+/// shares is locked (annotation `hami.io/mutex.lock`) while its device
+/// plugin allocates a pod's devices. In a role of its own, so that a
+/// cluster without HAMi can leave it out; pods bound to HAMi's nodes then
+/// wait with the API's `403`.
+pub fn hami_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(HAMI_ROLE, None),
+        rules: Some(vec![rule(&[""], &["nodes"], &["patch"])]),
+        ..ClusterRole::default()
+    }
+}
+
+const HAMI_ROLE: &str = "gpuflow-scheduler-hami";
+
 /// The lease, in its own namespace only.
 pub fn lease_role(namespace: &str) -> Role {
     Role {
@@ -255,6 +270,19 @@ pub fn release_yaml(i: &Install) -> String {
                 api_group: "rbac.authorization.k8s.io".into(),
                 kind: "ClusterRole".into(),
                 name: NAME.into(),
+            },
+            subjects: Some(subject(&i.namespace)),
+        },
+    );
+    doc(&mut out, &hami_role());
+    doc(
+        &mut out,
+        &ClusterRoleBinding {
+            metadata: meta(HAMI_ROLE, None),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: HAMI_ROLE.into(),
             },
             subjects: Some(subject(&i.namespace)),
         },

@@ -40,6 +40,7 @@ use serde_json::json;
 
 use crate::crd::{GpuQueue, GpuQueueStatus};
 use crate::error::Error;
+use crate::hami;
 use crate::health::Health;
 use crate::lease::Elector;
 use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
@@ -133,7 +134,11 @@ pub struct Scheduler {
     elector: Elector,
     history: History,
     usage: Usage,
-    assumed: BTreeMap<String, String>,
+    /// Pods bound and not yet shown bound by the cache: uid → (node, HAMi
+    /// devices).
+    assumed: BTreeMap<String, (String, Vec<String>)>,
+    /// HAMi's devices for the pods of the cycle being written (uid → UUIDs).
+    decided: BTreeMap<String, Vec<String>>,
     /// Per waiting pod: the reasons last written and when.
     explained: BTreeMap<String, (String, Instant)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -273,6 +278,7 @@ impl Scheduler {
             history: History::default(),
             usage: Usage::default(),
             assumed: BTreeMap::new(),
+            decided: BTreeMap::new(),
             explained: BTreeMap::new(),
             tasks,
             health,
@@ -458,24 +464,57 @@ impl Scheduler {
             pending: plan.pending.len() + snap.held.len(),
             ..Cycle::default()
         };
+        let by_name: BTreeMap<(String, String), Arc<Pod>> = pods
+            .iter()
+            .map(|p| {
+                (
+                    (
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    ),
+                    p.clone(),
+                )
+            })
+            .collect();
+        let hami_nodes: BTreeSet<String> = snap.hami.keys().cloned().collect();
+        self.decided.clear();
         // 1. Gangs an earlier cycle planned and did not finish binding.
-        out.bound += self.bind_all(snap.planned.clone()).await?;
-        // 2. Admissions: plan every pod of a gang, then bind them.
+        out.bound += self.bind_all(snap.planned.clone(), &hami_nodes).await?;
+        // 2. Admissions: the annotations first (every pod of a gang gets
+        // its planned node; a pod on a HAMi node its devices), then the
+        // bindings.
         let mut binds = Vec::new();
-        let mut to_plan = Vec::new();
+        let mut annotations = Vec::new();
+        let stamp = Timestamp::now().as_second().to_string();
         for (id, _flavor, placement) in &plan.admitted {
             let gang = &snap.gangs[id];
             for a in placement {
                 let pod = gang.pods[a.task.group as usize][a.task.index as usize].clone();
                 let node = snap.node_names[a.node.0 as usize].clone();
+                let mut write = serde_json::Map::new();
                 if gang.all().count() > 1 {
-                    to_plan.push((pod.clone(), node.clone()));
+                    write.insert(PLANNED.into(), json!(node));
+                }
+                let decision = snap.hami.get(&node).and_then(|gpus| {
+                    let current = by_name.get(&(pod.namespace.clone(), pod.name.clone()))?;
+                    snapshot::hami_decision(current, gpus, a.pick)
+                });
+                if let Some(d) = decision {
+                    let devices = hami::decode(&d).into_iter().map(|s| s.uuid).collect();
+                    self.decided.insert(pod.uid.clone(), devices);
+                    write.insert(hami::TO_ALLOCATE.into(), json!(d));
+                    write.insert(hami::ALLOCATED.into(), json!(d));
+                    write.insert(hami::ASSIGNED_NODE.into(), json!(node));
+                    write.insert(hami::ASSIGNED_TIME.into(), json!(stamp));
+                }
+                if !write.is_empty() {
+                    annotations.push((pod.clone(), write));
                 }
                 binds.push((pod, node));
             }
         }
-        self.annotate(&to_plan).await?;
-        out.bound += self.bind_all(binds).await?;
+        self.annotate(annotations).await?;
+        out.bound += self.bind_all(binds, &hami_nodes).await?;
         // 3. Preemptions, within the victims' disruption budgets.
         let mut allowed = snap.budgets.clone();
         let mut victims = BTreeSet::new();
@@ -551,18 +590,6 @@ impl Scheduler {
                 waiting.push((pod.clone(), msg.clone()));
             }
         }
-        let by_name: BTreeMap<(String, String), Arc<Pod>> = pods
-            .iter()
-            .map(|p| {
-                (
-                    (
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone().unwrap_or_default(),
-                    ),
-                    p.clone(),
-                )
-            })
-            .collect();
         let still: BTreeSet<String> = waiting.iter().map(|(p, _)| p.uid.clone()).collect();
         self.explained.retain(|uid, _| still.contains(uid));
         let writes: Vec<Explanation> = waiting
@@ -659,13 +686,17 @@ impl Scheduler {
             .set_queues(reported, self.usage.gpu_hours.clone());
     }
 
-    /// Writes `gpuflow.io/node` on each pod of a gang before any is bound.
-    async fn annotate(&self, plan: &[(PodRef, String)]) -> Result<()> {
+    /// Writes annotations on pods before any is bound: `gpuflow.io/node`
+    /// on each pod of a gang, HAMi's decision on a pod bound to a HAMi node.
+    async fn annotate(
+        &self,
+        writes: Vec<(PodRef, serde_json::Map<String, serde_json::Value>)>,
+    ) -> Result<()> {
         let client = &self.client;
-        let results: Vec<Result<(), kube::Error>> = futures::stream::iter(plan.iter().cloned())
-            .map(|(pod, node)| async move {
+        let results: Vec<Result<(), kube::Error>> = futures::stream::iter(writes)
+            .map(|(pod, annotations)| async move {
                 let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-                let patch = json!({"metadata": {"annotations": {PLANNED: node}}});
+                let patch = json!({"metadata": {"annotations": annotations}});
                 match api
                     .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -683,34 +714,30 @@ impl Scheduler {
     }
 
     /// Binds pods to nodes; returns how many it bound. A pod already bound
-    /// (`409`) or gone (`404`) is skipped.
-    async fn bind_all(&mut self, binds: Vec<(PodRef, String)>) -> Result<usize> {
+    /// (`409`) or gone (`404`) is skipped. On a node whose GPUs HAMi shares
+    /// one pod at a time is bound, under HAMi's node lock
+    /// ([`hami_bind`]); the others wait for a later cycle.
+    async fn bind_all(
+        &mut self,
+        binds: Vec<(PodRef, String)>,
+        hami_nodes: &BTreeSet<String>,
+    ) -> Result<usize> {
         let client = &self.client;
+        let mut locking = BTreeSet::new();
+        let binds: Vec<(PodRef, String, bool)> = binds
+            .into_iter()
+            .filter_map(|(pod, node)| {
+                let hami = hami_nodes.contains(&node);
+                (!hami || locking.insert(node.clone())).then_some((pod, node, hami))
+            })
+            .collect();
         let results: Vec<(PodRef, String, Result<bool, kube::Error>)> =
             futures::stream::iter(binds)
-                .map(|(pod, node)| async move {
-                    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-                    let binding = Binding {
-                        metadata: ObjectMeta {
-                            name: Some(pod.name.clone()),
-                            namespace: Some(pod.namespace.clone()),
-                            uid: None,
-                            ..ObjectMeta::default()
-                        },
-                        target: ObjectReference {
-                            api_version: Some("v1".into()),
-                            kind: Some("Node".into()),
-                            name: Some(node.clone()),
-                            ..ObjectReference::default()
-                        },
-                    };
-                    let r: Result<kube::core::Status, kube::Error> = api
-                        .create_subresource("binding", &pod.name, &PostParams::default(), &binding)
-                        .await;
-                    let r = match r {
-                        Ok(_) => Ok(true),
-                        Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(false),
-                        Err(e) => Err(e),
+                .map(|(pod, node, hami)| async move {
+                    let r = if hami {
+                        hami_bind(client, &pod, &node).await
+                    } else {
+                        bind(client, &pod, &node).await
                     };
                     (pod, node, r)
                 })
@@ -722,7 +749,8 @@ impl Scheduler {
         for (pod, node, r) in results {
             match r {
                 Ok(true) => {
-                    self.assumed.insert(pod.uid, node);
+                    let devices = self.decided.remove(&pod.uid).unwrap_or_default();
+                    self.assumed.insert(pod.uid, (node, devices));
                     bound += 1;
                 }
                 Ok(false) => {}
@@ -903,11 +931,135 @@ struct Computed {
     usage: Usage,
 }
 
+/// The binding subresource's request for `pod` on `node`: `Ok(false)` when
+/// the pod is already bound (`409`) or gone (`404`).
+async fn bind(client: &Client, pod: &PodRef, node: &str) -> Result<bool, kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: None,
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        },
+    };
+    let r: Result<kube::core::Status, kube::Error> = api
+        .create_subresource("binding", &pod.name, &PostParams::default(), &binding)
+        .await;
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Binds a pod to a node whose GPUs HAMi shares, as HAMi's device plugin
+/// expects: the node locked for this pod (`hami.io/mutex.lock`, written
+/// with the node's `resourceVersion`, so of two schedulers one wins), the
+/// pod marked `allocating`, then bound. The device plugin allocates the
+/// devices the pod's annotation names, marks it `success` and unlocks the
+/// node. `Ok(false)`, nothing bound, while another pod holds the lock; a
+/// lock older than [`hami::LOCK_EXPIRES_S`] or whose pod is gone is broken.
+/// The lock is given back when the binding fails.
+async fn hami_bind(client: &Client, pod: &PodRef, node: &str) -> Result<bool, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = nodes.get(node).await?;
+    let now = Timestamp::now().as_second();
+    let held = current
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(hami::NODE_LOCK))
+        .map(|v| hami::parse_lock(v));
+    if let Some(held) = held {
+        let mine = held
+            .as_ref()
+            .and_then(|(_, who)| who.as_ref())
+            .is_some_and(|(ns, name)| *ns == pod.namespace && *name == pod.name);
+        let expired = held
+            .as_ref()
+            .is_none_or(|(at, _)| now - at >= hami::LOCK_EXPIRES_S);
+        let orphaned = match held.as_ref().and_then(|(_, who)| who.clone()) {
+            Some((ns, name)) => Api::<Pod>::namespaced(client.clone(), &ns)
+                .get_opt(&name)
+                .await?
+                .is_none(),
+            None => false,
+        };
+        if !(mine || expired || orphaned) {
+            tracing::debug!(node, pod = %pod, "the node's HAMi lock is held; the pod waits for a later cycle");
+            return Ok(false);
+        }
+    }
+    let at = Timestamp::from_second(now)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let lock = |value: serde_json::Value, rv: Option<String>| {
+        json!({"metadata": {
+            "annotations": {hami::NODE_LOCK: value},
+            "resourceVersion": rv,
+        }})
+    };
+    let patch = lock(
+        json!(hami::lock_value(&at, &pod.namespace, &pod.name)),
+        current.metadata.resource_version.clone(),
+    );
+    match nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if status_code(&e) == Some(409) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    let phase = json!({"metadata": {"annotations": {
+        hami::BIND_PHASE: "allocating",
+        hami::BIND_TIME: now.to_string(),
+    }}});
+    let bound = match pods
+        .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&phase))
+        .await
+    {
+        Ok(_) => bind(client, pod, node).await,
+        Err(e) if status_code(&e) == Some(404) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if !matches!(bound, Ok(true)) {
+        // Given back only if it is still this pod's.
+        let again = nodes.get(node).await?;
+        let ours = again
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(hami::NODE_LOCK))
+            .and_then(|v| hami::parse_lock(v))
+            .and_then(|(_, who)| who)
+            .is_some_and(|(ns, name)| ns == pod.namespace && name == pod.name);
+        if ours {
+            let unlock = lock(serde_json::Value::Null, again.metadata.resource_version);
+            if let Err(e) = nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(&unlock))
+                .await
+            {
+                tracing::warn!(node, error = %e, "could not give back the node's HAMi lock; it expires");
+            }
+        }
+    }
+    bound
+}
+
 /// The CPU part of a cycle: the snapshot, budgets and fair-share usage
 /// charged up to `now`, the core's plan.
 fn compute(
     objects: &Objects,
-    assumed: &BTreeMap<String, String>,
+    assumed: &BTreeMap<String, (String, Vec<String>)>,
     settings: &Settings,
     mut history: History,
     mut usage: Usage,

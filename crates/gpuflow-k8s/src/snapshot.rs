@@ -8,7 +8,8 @@
 //!   GPU feature discovery labels say (`nvidia.com/gpu.product`,
 //!   `nvidia.com/gpu.memory` in MiB); each MIG resource
 //!   (`nvidia.com/mig-1g.10gb: 7`) one GPU in MIG mode holding that many
-//!   instances; topology and NVLink domain from configurable labels;
+//!   instances; on a node whose GPUs HAMi shares, the GPUs its device
+//!   plugin registers ([`hami`]); topology and NVLink domain from configurable labels;
 //!   `NoSchedule`/`NoExecute` taints; cordoned when unschedulable, lost when
 //!   not `Ready`.
 //! - **Pods** bound by anyone and not finished count as usage. Ours (those
@@ -23,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpuflow_core::cluster::{Allocation, Cluster, GpuPick};
 use gpuflow_core::ids::{CpuMilli, JobId, MemMib, NodeId, TaskId};
 use gpuflow_core::mix::{MixWeighting, WorkloadMix};
-use gpuflow_core::model::{Gpu, MigInstance, Node, NodeState, Taint};
+use gpuflow_core::model::{Gpu, GpuHealth, MigInstance, Node, NodeState, Taint};
 use gpuflow_core::placement::Placer;
 use gpuflow_core::policy::Policy;
 use gpuflow_core::queue::{
@@ -39,7 +40,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::crd::{self, GpuQueue};
-use crate::quantity;
+use crate::{hami, quantity};
 
 /// Whole GPUs, as NVIDIA's device plugin names them.
 pub const GPU: &str = "nvidia.com/gpu";
@@ -54,6 +55,9 @@ pub const REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// time-slice pods on them: a taint and a label of its own, on its copy of
 /// such a node (never written to the cluster).
 const SLICED: &str = "gpuflow.io/time-sliced";
+/// How the core keeps shares with memory limits on nodes whose GPUs HAMi
+/// shares: a label of its own on its copy of such a node.
+const HAMI: &str = "gpuflow.io/hami";
 /// GPU feature discovery's labels.
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 pub const MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
@@ -130,6 +134,10 @@ pub struct Snapshot {
     pub planned: Vec<(PodRef, String)>,
     /// Disruptions each budget allows now.
     pub budgets: BTreeMap<String, i32>,
+    /// The GPUs (UUID and memory in MiB, by the core's GPU index) of each
+    /// node whose GPUs HAMi shares: pods bound there carry HAMi's
+    /// annotations ([`hami_decision`]).
+    pub hami: BTreeMap<String, Vec<(String, u64)>>,
 }
 
 /// What [`build`] reads.
@@ -145,8 +153,9 @@ pub struct Inputs<'a> {
     pub budget_used: &'a BTreeMap<String, (u64, f64)>,
     /// Now, in seconds.
     pub now: u64,
-    /// Pods this scheduler bound (uid → node) that the cache may not show yet.
-    pub assumed: &'a BTreeMap<String, String>,
+    /// Pods this scheduler bound that the cache may not show yet: uid →
+    /// (node, the UUIDs of the GPUs HAMi's annotation gave it there).
+    pub assumed: &'a BTreeMap<String, (String, Vec<String>)>,
     pub scheduler_name: &'a str,
     pub topology: &'a TopologyLabels,
     pub classes: &'a [PriorityClass],
@@ -165,6 +174,58 @@ fn quantity_of<'a>(
     key: &str,
 ) -> Option<&'a str> {
     map.and_then(|m| m.get(key)).map(|q| q.0.as_str())
+}
+
+/// A GPU HAMi shares: its UUID and split count.
+type HamiGpu = (String, u32);
+
+/// A HAMi node's GPUs, as its device plugin registers them
+/// ([`hami::REGISTER`]): `None` on a node without HAMi. Only GPUs in HAMi's
+/// own sharing mode (`hami-core`) are used; none while the plugin
+/// advertises no shares (it stopped).
+fn hami_gpus(n: &KNode, topo: &TopologyLabels) -> Option<(Vec<Gpu>, Vec<HamiGpu>)> {
+    let reg = n.metadata.annotations.as_ref()?.get(hami::REGISTER)?;
+    let name = n.metadata.name.as_deref().unwrap_or_default();
+    let devices = match hami::parse_register(reg) {
+        Ok(d) => d,
+        Err(why) => {
+            tracing::warn!(node = name, %why, "the node's HAMi registration does not parse; its GPUs are not used");
+            return Some((Vec::new(), Vec::new()));
+        }
+    };
+    let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    if quantity_of(alloc, GPU)
+        .and_then(quantity::count)
+        .unwrap_or(0)
+        == 0
+    {
+        return Some((Vec::new(), Vec::new()));
+    }
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    let nvlink = labels.get(&topo.nvlink).cloned();
+    let (mut gpus, mut uuids) = (Vec::new(), Vec::new());
+    for d in devices.into_iter().take(MAX_GPUS) {
+        if d.mode != "hami-core" {
+            tracing::warn!(
+                node = name,
+                gpu = d.uuid,
+                mode = d.mode,
+                "gpuflow shares GPUs in HAMi's hami-core mode only; this GPU is not used"
+            );
+            continue;
+        }
+        // GPU feature discovery's name, where it runs, so that quotas per
+        // model read the same on HAMi's nodes and the others.
+        let model = labels.get(PRODUCT_LABEL).cloned().unwrap_or(d.model);
+        let mut g = Gpu::plain(&model, MemMib(d.mem_mib));
+        g.nvlink = nvlink.clone();
+        if !d.healthy {
+            g.health = GpuHealth::Unhealthy;
+        }
+        gpus.push(g);
+        uuids.push((d.uuid, d.split));
+    }
+    Some((gpus, uuids))
 }
 
 /// A node's GPUs: whole ones first, then one MIG-mode GPU per MIG resource.
@@ -262,7 +323,9 @@ fn time_sliced(n: &KNode, model: &str, mem: u64, labels: &BTreeMap<String, Strin
         .collect()
 }
 
-fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
+/// The core's node for a Kubernetes node, and the UUIDs and split counts
+/// of its GPUs when HAMi shares them.
+fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> (Node, Option<Vec<HamiGpu>>) {
     let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
     let cpu = quantity_of(alloc, "cpu")
         .and_then(quantity::milli)
@@ -271,7 +334,11 @@ fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
         .and_then(quantity::mib)
         .unwrap_or(0);
     let name = n.metadata.name.clone().unwrap_or_default();
-    let mut node = Node::new(i as u32, &name, CpuMilli(cpu), MemMib(mem), gpus(n, topo));
+    let (gpus, uuids) = match hami_gpus(n, topo) {
+        Some((g, u)) => (g, Some(u)),
+        None => (gpus(n, topo), None),
+    };
+    let mut node = Node::new(i as u32, &name, CpuMilli(cpu), MemMib(mem), gpus);
     let labels = n.metadata.labels.clone().unwrap_or_default();
     node.rack = labels.get(&topo.rack).cloned();
     node.block = labels.get(&topo.block).cloned();
@@ -293,7 +360,9 @@ fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
-    if node
+    if uuids.is_some() {
+        node.labels.insert(HAMI.into(), "true".into());
+    } else if node
         .gpus
         .iter()
         .any(|g| g.time_slices > 1 && g.mig.is_empty())
@@ -312,7 +381,7 @@ fn node(i: usize, n: &KNode, topo: &TopologyLabels) -> Node {
     } else {
         NodeState::Ready
     };
-    node
+    (node, uuids)
 }
 
 /// The gang a pod belongs to, if any: the label conventions users already
@@ -446,12 +515,36 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
         let mut keys: BTreeSet<&String> = BTreeSet::new();
         keys.extend(res.requests.iter().flat_map(|m| m.keys()));
         keys.extend(res.limits.iter().flat_map(|m| m.keys()));
+        // A share of a GPU with limits, as HAMi's device plugin enforces them.
+        let share = share(&c.name, get(hami::MEMORY), get(hami::CORES))?;
         for k in keys {
             let q = get(k).unwrap_or("0");
+            if k == hami::MEMORY || k == hami::CORES {
+                continue;
+            }
+            if k == hami::MEMORY_PERCENT {
+                return Err(format!(
+                    "container {}: give GPU memory as {} in MiB, not {k}: gpuflow checks GPU memory in MiB",
+                    c.name,
+                    hami::MEMORY
+                ));
+            }
             if k == GPU {
                 let n = quantity::count(q).ok_or_else(|| {
                     format!("container {}: {GPU} {q:?} is not a whole number", c.name)
                 })?;
+                if let Some(fraction) = share.clone() {
+                    if n != 1 {
+                        return Err(format!(
+                            "container {}: a share with {} or {} is of one GPU ({GPU}: 1), not {n}; ask for whole GPUs without them",
+                            c.name,
+                            hami::MEMORY,
+                            hami::CORES
+                        ));
+                    }
+                    add_gpu(fraction, &c.name)?;
+                    continue;
+                }
                 if n > MAX_GPUS as u64 {
                     return Err(format!(
                         "container {}: {GPU} {n}: one pod runs on one node, and no node has more than {MAX_GPUS} GPUs; split the work into a gang of pods",
@@ -526,12 +619,68 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
         mem +=
             quantity::mib(q).ok_or_else(|| format!("overhead memory {q:?} is not a quantity"))?;
     }
+    if let Some(c) = spec.containers.iter().find(|c| {
+        let res = c.resources.clone().unwrap_or_default();
+        let has = |k: &str| {
+            quantity_of(res.limits.as_ref(), k)
+                .or_else(|| quantity_of(res.requests.as_ref(), k))
+                .is_some()
+        };
+        (has(hami::MEMORY) || has(hami::CORES)) && !has(GPU)
+    }) {
+        return Err(format!(
+            "container {}: {} and {} limit a share of a GPU; ask for it with {GPU}: 1",
+            c.name,
+            hami::MEMORY,
+            hami::CORES
+        ));
+    }
     Ok(TaskRequest {
         cpu: CpuMilli(cpu),
         mem: MemMib(mem),
         gpu,
         models: Vec::new(),
     })
+}
+
+/// A container's share of one GPU from HAMi's resources: `None` without
+/// them. Its compute is `gpucores` percent; without it the share has no
+/// compute limit and counts the least a share counts (see
+/// [`Builder::least_share`]).
+fn share(
+    container: &str,
+    mem: Option<&str>,
+    cores: Option<&str>,
+) -> Result<Option<GpuRequest>, String> {
+    if mem.is_none() && cores.is_none() {
+        return Ok(None);
+    }
+    let Some(mem) = mem else {
+        return Err(format!(
+            "container {container}: give the share's GPU memory ({}, MiB) with {}",
+            hami::MEMORY,
+            hami::CORES
+        ));
+    };
+    let mem = quantity::count(mem).filter(|m| *m > 0).ok_or_else(|| {
+        format!(
+            "container {container}: {} {mem:?} is not a whole number of MiB",
+            hami::MEMORY
+        )
+    })?;
+    let cores = match cores {
+        None => 0,
+        Some(c) => quantity::count(c).filter(|c| *c <= 100).ok_or_else(|| {
+            format!(
+                "container {container}: {} {c:?} is not a percentage from 0 to 100",
+                hami::CORES
+            )
+        })?,
+    };
+    Ok(Some(GpuRequest::Fraction {
+        milli: gpuflow_core::ids::GpuMilli(cores as u32 * 10),
+        mem: MemMib(mem),
+    }))
 }
 
 fn topology(p: &Pod) -> Result<Option<Topology>, String> {
@@ -751,21 +900,25 @@ struct Holdings {
     mig: Vec<Vec<u64>>,
     /// Per node, per GPU: time slices taken.
     slices: Vec<Vec<u16>>,
+    /// Per node, per GPU: shares taken (compute in milli-GPU, memory in MiB).
+    shares: Vec<Vec<(u32, u64)>>,
+    /// Per node: its GPUs' UUIDs when HAMi shares them (else empty).
+    uuids: Vec<Vec<String>>,
 }
 
 impl Holdings {
     /// The GPUs a bound pod holds: its request when the node has it free,
     /// else every free GPU of the node it could use (a node that reports
     /// fewer GPUs than its pods hold has none left for new work).
-    fn take(&mut self, node: &Node, r: &GpuRequest) -> (GpuRequest, GpuPick) {
-        if let Some(pick) = self.pick(node, r) {
+    fn take(&mut self, node: &Node, r: &GpuRequest, hint: &[String]) -> (GpuRequest, GpuPick) {
+        if let Some(pick) = self.pick(node, r, hint) {
             return (r.clone(), pick);
         }
         let i = node.id.0 as usize;
         if let GpuRequest::Whole { .. } = r {
             let mut mask = 0u64;
             for (g, gpu) in node.gpus.iter().enumerate() {
-                if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 && self.slices[i][g] == 0 {
+                if !gpu.mig_enabled() && self.is_free(i, g) {
                     mask |= 1 << g;
                 }
             }
@@ -782,8 +935,62 @@ impl Holdings {
         (GpuRequest::None, GpuPick::None)
     }
 
-    fn pick(&mut self, node: &Node, r: &GpuRequest) -> Option<GpuPick> {
+    /// Whether GPU `g` of node `i` carries nothing.
+    fn is_free(&self, i: usize, g: usize) -> bool {
+        self.whole[i] & (1 << g) == 0 && self.slices[i][g] == 0 && self.shares[i][g].1 == 0
+    }
+
+    /// The GPUs the device plugin gave a pod (`hint`: their UUIDs, from
+    /// HAMi's annotation) when they can hold the request.
+    fn pick_hinted(&mut self, node: &Node, r: &GpuRequest, hint: &[String]) -> Option<GpuPick> {
         let i = node.id.0 as usize;
+        let idx: Vec<usize> = hint
+            .iter()
+            .map(|u| self.uuids[i].iter().position(|x| x == u))
+            .collect::<Option<_>>()?;
+        match r {
+            GpuRequest::Whole { count } if idx.len() == *count as usize => {
+                let mut mask = 0u64;
+                for &g in &idx {
+                    if !self.is_free(i, g) || mask & (1 << g) != 0 {
+                        return None;
+                    }
+                    mask |= 1 << g;
+                }
+                self.whole[i] |= mask;
+                Some(GpuPick::Whole(mask))
+            }
+            GpuRequest::Fraction { milli, mem } => match idx.as_slice() {
+                [g] => self.share(node, *g, milli.0, mem.0),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Takes a share of GPU `g` of `node` if it has room.
+    fn share(&mut self, node: &Node, g: usize, milli: u32, mem: u64) -> Option<GpuPick> {
+        let i = node.id.0 as usize;
+        let gpu = &node.gpus[g];
+        let (m, b) = self.shares[i][g];
+        (gpu.mig.is_empty()
+            && self.whole[i] & (1 << g) == 0
+            && self.slices[i][g] == 0
+            && m + milli <= 1000
+            && b + mem <= gpu.mem.0)
+            .then(|| {
+                self.shares[i][g] = (m + milli, b + mem);
+                GpuPick::Shared(g as u8)
+            })
+    }
+
+    fn pick(&mut self, node: &Node, r: &GpuRequest, hint: &[String]) -> Option<GpuPick> {
+        let i = node.id.0 as usize;
+        if !hint.is_empty()
+            && let Some(p) = self.pick_hinted(node, r, hint)
+        {
+            return Some(p);
+        }
         match r {
             GpuRequest::None => Some(GpuPick::None),
             GpuRequest::Whole { count } => {
@@ -793,8 +1000,7 @@ impl Holdings {
                     if left == 0 {
                         break;
                     }
-                    if !gpu.mig_enabled() && self.whole[i] & (1 << g) == 0 && self.slices[i][g] == 0
-                    {
+                    if !gpu.mig_enabled() && self.is_free(i, g) {
                         mask |= 1 << g;
                         left -= 1;
                     }
@@ -823,6 +1029,7 @@ impl Holdings {
                     let used = &mut self.slices[i][g];
                     if gpu.mig.is_empty()
                         && self.whole[i] & (1 << g) == 0
+                        && self.shares[i][g].1 == 0
                         && *used < gpu.time_slices
                     {
                         *used += 1;
@@ -831,9 +1038,64 @@ impl Holdings {
                 }
                 None
             }
-            GpuRequest::Fraction { .. } => None,
+            GpuRequest::Fraction { milli, mem } => {
+                (0..node.gpus.len()).find_map(|g| self.share(node, g, milli.0, mem.0))
+            }
         }
     }
+}
+
+/// HAMi's decision annotation for a pod given `pick` of a HAMi node's
+/// `gpus`: the devices go to the container that asks for GPUs; whole GPUs
+/// get all their memory and compute, a share its `gpumem` and `gpucores`.
+/// `None` when the pod asks for no GPU or the pick is not of these GPUs.
+pub fn hami_decision(pod: &Pod, gpus: &[(String, u64)], pick: GpuPick) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let asks = |c: &k8s_openapi::api::core::v1::Container| {
+        let res = c.resources.as_ref();
+        quantity_of(res.and_then(|r| r.limits.as_ref()), GPU)
+            .or_else(|| quantity_of(res.and_then(|r| r.requests.as_ref()), GPU))
+            .and_then(quantity::count)
+            .is_some_and(|n| n > 0)
+    };
+    let at = spec.containers.iter().position(asks)?;
+    let shares: Vec<hami::Share> = match (pick, request(pod).ok()?.gpu) {
+        (GpuPick::Whole(mask), GpuRequest::Whole { .. }) => (0..gpus.len())
+            .filter(|g| mask & (1 << g) != 0)
+            .map(|g| hami::Share {
+                uuid: gpus[g].0.clone(),
+                mem_mib: gpus[g].1,
+                cores: 100,
+            })
+            .collect(),
+        (GpuPick::Shared(g), GpuRequest::Fraction { milli, mem }) => vec![hami::Share {
+            uuid: gpus.get(g as usize)?.0.clone(),
+            mem_mib: mem.0,
+            cores: milli.0 / 10,
+        }],
+        _ => return None,
+    };
+    if shares.is_empty() {
+        return None;
+    }
+    let mut containers = vec![Vec::new(); spec.containers.len()];
+    containers[at] = shares;
+    Some(hami::encode(&containers))
+}
+
+/// The UUIDs of the GPUs HAMi's annotation gives a pod on `node`, if it
+/// names that node.
+fn hint(p: &Pod, node: &str) -> Vec<String> {
+    let Some(ann) = p.metadata.annotations.as_ref() else {
+        return Vec::new();
+    };
+    if ann.get(hami::ASSIGNED_NODE).map(String::as_str) != Some(node) {
+        return Vec::new();
+    }
+    ann.get(hami::ALLOCATED)
+        .or_else(|| ann.get(hami::TO_ALLOCATE))
+        .map(|a| hami::decode(a).into_iter().map(|d| d.uuid).collect())
+        .unwrap_or_default()
 }
 
 /// A gang's job id: the same every cycle and in every replica (the core
@@ -876,6 +1138,8 @@ struct Builder<'a> {
     nodes: Vec<Node>,
     node_index: BTreeMap<String, usize>,
     holdings: Holdings,
+    /// What a share of a GPU counts at least, in milli-GPU.
+    least_share: u32,
     all_taints: Vec<String>,
     budget_allows: BTreeMap<String, i32>,
     queues: Queues,
@@ -904,10 +1168,24 @@ impl<'a> Builder<'a> {
     fn new(input: &'a Inputs<'a>) -> Builder<'a> {
         let mut knodes: Vec<&KNode> = input.nodes.to_vec();
         knodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let nodes: Vec<Node> = knodes
+        let (nodes, hami): (Vec<Node>, Vec<Option<Vec<HamiGpu>>>) = knodes
             .iter()
             .enumerate()
             .map(|(i, n)| node(i, n, input.topology))
+            .unzip();
+        // The least a share counts: a GPU split into N shares holds at most
+        // N, so each counts at least 1/N of a GPU (of the most finely
+        // split GPU; HAMi's default split is 10).
+        let least_share = hami
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|(_, split)| 1000u32.div_ceil((*split).max(1)))
+            .min()
+            .unwrap_or(100);
+        let uuids: Vec<Vec<String>> = hami
+            .into_iter()
+            .map(|h| h.unwrap_or_default().into_iter().map(|(u, _)| u).collect())
             .collect();
         let node_index = nodes
             .iter()
@@ -950,7 +1228,10 @@ impl<'a> Builder<'a> {
                 whole: vec![0; nodes.len()],
                 mig: nodes.iter().map(|n| vec![0; n.gpus.len()]).collect(),
                 slices: nodes.iter().map(|n| vec![0; n.gpus.len()]).collect(),
+                shares: nodes.iter().map(|n| vec![(0, 0); n.gpus.len()]).collect(),
+                uuids,
             },
+            least_share,
             // The time-sliced mark is gpuflow's own: no toleration of the
             // pod's covers it.
             all_taints: nodes
@@ -970,6 +1251,15 @@ impl<'a> Builder<'a> {
             pending: Vec::new(),
             gangs: BTreeMap::new(),
         }
+    }
+
+    /// A request as the core counts it: a share of a GPU counts at least
+    /// [`Builder::least_share`].
+    fn counted(&self, mut r: TaskRequest) -> TaskRequest {
+        if let GpuRequest::Fraction { milli, .. } = &mut r.gpu {
+            milli.0 = milli.0.max(self.least_share);
+        }
+        r
     }
 
     /// Holds `request` on node `i`, with the GPUs `held`, for work the core
@@ -1015,17 +1305,27 @@ impl<'a> Builder<'a> {
             let bound_to = spec
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty())
-                .or_else(|| input.assumed.get(&uid).cloned());
+                .or_else(|| input.assumed.get(&uid).map(|(n, _)| n.clone()));
             let node = bound_to.as_ref().map(|n| self.node_index.get(n).copied());
             let ours = spec.and_then(|s| s.scheduler_name.as_deref()) == Some(input.scheduler_name);
-            let request = request(p);
+            let request = request(p).map(|r| self.counted(r));
+            let hint = match &node {
+                Some(Some(i)) => {
+                    let h = hint(p, &self.nodes[*i].name);
+                    match input.assumed.get(&uid) {
+                        Some((_, decided)) if h.is_empty() => decided.clone(),
+                        _ => h,
+                    }
+                }
+                _ => Vec::new(),
+            };
             match (node, ours) {
                 // Bound to a node that is gone: nothing to hold.
                 (Some(None), _) => {}
                 // Someone else's pod: it holds what it asks for.
                 (Some(Some(i)), false) => {
                     if let Ok(r) = request {
-                        let held = self.holdings.take(&self.nodes[i], &r.gpu);
+                        let held = self.holdings.take(&self.nodes[i], &r.gpu, &hint);
                         self.hold(i, &r, held);
                     }
                 }
@@ -1051,6 +1351,17 @@ impl<'a> Builder<'a> {
                         continue;
                     }
                     let request = match request {
+                        Ok(r)
+                            if node.is_none()
+                                && matches!(r.gpu, GpuRequest::Fraction { .. })
+                                && self.holdings.uuids.iter().all(Vec::is_empty) =>
+                        {
+                            self.held.push((pod_ref(p), format!(
+                                "a share of a GPU with {} needs a node whose GPUs HAMi's device plugin shares, and no node has HAMi's registration ({})",
+                                hami::MEMORY, hami::REGISTER
+                            )));
+                            continue;
+                        }
                         Ok(r) => r,
                         Err(why) => {
                             if node.is_none() {
@@ -1059,7 +1370,8 @@ impl<'a> Builder<'a> {
                             continue;
                         }
                     };
-                    let held = node.map(|i| self.holdings.take(&self.nodes[i], &request.gpu));
+                    let held =
+                        node.map(|i| self.holdings.take(&self.nodes[i], &request.gpu, &hint));
                     let key = gang_key(p).unwrap_or_else(|| {
                         format!("pod/{}", p.metadata.name.as_deref().unwrap_or_default())
                     });
@@ -1162,7 +1474,12 @@ impl<'a> Builder<'a> {
                 .and_then(|a| a.get(PLANNED))
                 .and_then(|n| self.node_index.get(n).map(|&i| (n.clone(), i)));
             match plan.and_then(|(n, i)| {
-                Some((n, i, self.holdings.pick(&self.nodes[i], &m.request.gpu)?))
+                let hint = hint(m.pod, &n);
+                Some((
+                    n,
+                    i,
+                    self.holdings.pick(&self.nodes[i], &m.request.gpu, &hint)?,
+                ))
             }) {
                 Some((n, i, pick)) => {
                     self.hold(i, &m.request, (m.request.gpu.clone(), pick));
@@ -1372,6 +1689,13 @@ impl<'a> Builder<'a> {
         {
             tolerations.push(SLICED.into());
         }
+        // Shares with limits only where HAMi enforces them.
+        if groups
+            .iter()
+            .any(|(r, _)| matches!(r.gpu, GpuRequest::Fraction { .. }))
+        {
+            node_selector.insert(HAMI.into(), "true".into());
+        }
         let constraints = Constraints {
             node_selector,
             tolerations,
@@ -1429,6 +1753,17 @@ impl<'a> Builder<'a> {
 
     fn finish(self) -> Snapshot {
         let node_names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let hami = self
+            .holdings
+            .uuids
+            .iter()
+            .zip(&self.nodes)
+            .filter(|(u, _)| !u.is_empty())
+            .map(|(u, n)| {
+                let gpus = u.iter().cloned().zip(n.gpus.iter().map(|g| g.mem.0));
+                (n.name.clone(), gpus.collect())
+            })
+            .collect();
         let cluster = Cluster::new(self.nodes).expect("node ids are their indices");
         let requests: Vec<TaskRequest> = self
             .pending
@@ -1482,6 +1817,7 @@ impl<'a> Builder<'a> {
             held: self.held,
             planned: self.planned,
             budgets: self.budget_allows,
+            hami,
         }
     }
 }

@@ -312,14 +312,21 @@ async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_wi
     use gpuflow_k8s::manifests;
     let (api, client) = server().await;
     api.apply(node("n1", 4));
-    api.apply(queue("ml", &["ml"], 4.0));
+    api.apply(queue("ml", &["ml"], 5.0));
     // Binding (a gang: annotations too), explanation, preemption, events, the lease.
     api.apply(with_class(member("ml", "low-0", 2, "low", 2), "batch"));
     api.apply(with_class(member("ml", "low-1", 2, "low", 2), "batch"));
     api.apply(pod("ml", "huge", 16));
+    // A share on a HAMi node: the node lock.
+    api.apply(hami_node("h1", &[("GPU-a", 81559)]));
+    api.apply(share_pod("ml", "nb", 1000, 10));
     let s = start(&client, "r1");
     eventually(10, "the gang bound", || {
         node_of(&api, "ml", "low-0").is_some()
+    })
+    .await;
+    eventually(10, "the share bound", || {
+        node_of(&api, "ml", "nb").is_some()
     })
     .await;
     api.apply(with_class(pod("ml", "high", 4), "inference"));
@@ -328,7 +335,8 @@ async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_wi
     })
     .await;
     s.abort();
-    let cluster = manifests::cluster_role().rules.unwrap();
+    let mut cluster = manifests::cluster_role().rules.unwrap();
+    cluster.extend(manifests::hami_role().rules.unwrap());
     let lease = manifests::lease_role("gpuflow-system");
     let mut seen = std::collections::BTreeSet::new();
     for r in api.requests() {
@@ -351,6 +359,7 @@ async fn every_request_the_scheduler_makes_is_allowed_by_the_rbac_it_installs_wi
         "create /events",
         "watch batch/jobs",
         "patch gpuflow.io/gpuqueues/status",
+        "patch /nodes",
     ] {
         assert!(seen.contains(needed), "{needed} not exercised: {seen:?}");
     }

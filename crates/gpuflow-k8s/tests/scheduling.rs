@@ -267,10 +267,11 @@ async fn unsupported_requests_are_refused_with_the_reason_not_ignored() {
         w.contains("nvidia.com/gpu 100: one pod runs on one node"),
         "{w}"
     );
+    // A share with a memory limit needs HAMi, which no node has.
+    let w = why(&api, "ml", "frac").unwrap();
     assert!(
-        why(&api, "ml", "frac")
-            .unwrap()
-            .contains("nvidia.com/gpumem is not supported on Kubernetes yet")
+        w.contains("no node has HAMi's registration (hami.io/node-nvidia-register)"),
+        "{w}"
     );
     assert!(
         why(&api, "ml", "aff")

@@ -132,3 +132,107 @@ pub fn binds_per_pod(api: &FakeApi) -> std::collections::BTreeMap<String, usize>
     }
     out
 }
+
+/// A node whose GPUs HAMi's device plugin shares: its registration lists
+/// `gpus` (UUID, memory in MiB), each split into 10 shares, and the node
+/// advertises the shares as `nvidia.com/gpu`.
+pub fn hami_node(name: &str, gpus: &[(&str, u64)]) -> Value {
+    let mut n = node(name, 10 * gpus.len() as u32);
+    let register: String = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, (uuid, mem))| {
+            format!("{uuid},10,{mem},100,NVIDIA-H100-80GB-HBM3,0,true,{i},hami-core:")
+        })
+        .collect();
+    n["metadata"]["annotations"] = json!({"hami.io/node-nvidia-register": register});
+    n
+}
+
+/// A pod of gpuflow's asking for a share of one GPU: `mem` MiB of its
+/// memory and `cores` percent of its compute (HAMi's resources).
+pub fn share_pod(ns: &str, name: &str, mem: u64, cores: u32) -> Value {
+    let mut p = with_class(pod(ns, name, 1), "notebook");
+    p["spec"]["containers"][0]["resources"]["limits"] = json!({
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string(),
+        "nvidia.com/gpucores": cores.to_string()});
+    p
+}
+
+/// What a HAMi device plugin double saw: each allocation (pod, UUID, MiB,
+/// cores) and each breach of the protocol.
+#[derive(Default)]
+pub struct PluginLog {
+    pub allocations: Vec<(String, String, u64, u32)>,
+    pub breaches: Vec<String>,
+}
+
+/// HAMi's device plugin on `node`, as far as the scheduler's side of the
+/// protocol goes: for a pod bound there and marked `allocating`, it checks
+/// that the node lock names the pod, takes the devices of the pod's
+/// decision, marks the pod `success` and unlocks the node.
+pub fn hami_plugin(
+    api: &FakeApi,
+    node: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<PluginLog>>,
+) {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(PluginLog::default()));
+    let (api, node, out) = (api.clone(), node.to_string(), log.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            for mut p in api.list("v1", "Pod") {
+                let ann = &p["metadata"]["annotations"];
+                if p["spec"]["nodeName"] != json!(node)
+                    || ann["hami.io/bind-phase"] != json!("allocating")
+                {
+                    continue;
+                }
+                let name = p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let ns = p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let mut log = out.lock().unwrap();
+                if ann["hami.io/vgpu-node"] != json!(node) {
+                    log.breaches
+                        .push(format!("{name}: hami.io/vgpu-node is not {node}"));
+                }
+                let mut n = api.get("v1", "Node", "", &node).unwrap();
+                let lock = n["metadata"]["annotations"]["hami.io/mutex.lock"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if !lock.ends_with(&format!(",{ns},{name}")) {
+                    log.breaches
+                        .push(format!("{name}: the node lock is {lock:?}"));
+                }
+                let decision = ann["hami.io/vgpu-devices-to-allocate"]
+                    .as_str()
+                    .unwrap_or_default();
+                let devices = gpuflow_k8s::hami::decode(decision);
+                if devices.is_empty() {
+                    log.breaches.push(format!("{name}: no devices to allocate"));
+                }
+                for d in devices {
+                    log.allocations
+                        .push((name.clone(), d.uuid, d.mem_mib, d.cores));
+                }
+                drop(log);
+                p["metadata"]["annotations"]["hami.io/bind-phase"] = json!("success");
+                api.apply(p);
+                n["metadata"]["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("hami.io/mutex.lock");
+                api.apply(n);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (task, log)
+}
