@@ -9,6 +9,7 @@ pub mod wire;
 
 pub use error::{ApiError, FieldError};
 pub use job::{
-    ArraySpec, GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, MAX_ARRAY, TaskGroupSpec,
+    ArraySpec, GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, MAX_ARRAY, Resources,
+    TaskGroupSpec,
 };
 pub use wire::*;

@@ -138,6 +138,88 @@ pub struct Job {
     /// (at most [`UTIL_POINTS`] points; older ones merged in pairs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub util: Vec<UtilPoint>,
+    /// Where it runs when another scheduler runs it (gpuflow on
+    /// Kubernetes), which reports it: accounted and shown here, not run
+    /// by this server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalRef>,
+}
+
+/// A workload another scheduler runs: its cluster and its key there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExternalRef {
+    pub cluster: String,
+    /// `namespace/gang` on Kubernetes.
+    pub key: String,
+}
+
+/// What a cluster's scheduler runs and keeps waiting now, reported to the
+/// control plane (`PUT /v1/clusters/{cluster}/workloads`): every workload
+/// of the cluster's that is not finished. One the last report had and this
+/// one does not has finished.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadReport {
+    pub workloads: Vec<ExternalWorkload>,
+}
+
+/// One workload of a cluster: a gang of pods on Kubernetes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalWorkload {
+    /// Unique in the cluster, the same in every report (`namespace/gang`).
+    pub key: String,
+    pub name: String,
+    /// The gpuflow team it is charged to; it must exist.
+    pub team: String,
+    pub user: String,
+    /// Its queue in the cluster.
+    pub queue: String,
+    #[serde(default)]
+    pub kind: crate::job::Kind,
+    #[serde(default)]
+    pub priority: i32,
+    pub submitted_at: u64,
+    /// Its pods by resources: replicas and what each asks for.
+    pub tasks: Vec<ExternalTasks>,
+    /// While it runs: since when, and the GPUs it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<ExternalHold>,
+    /// While it waits: why (the cluster scheduler's explanation).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Pods of a workload that ask for the same resources.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalTasks {
+    pub replicas: u32,
+    pub resources: crate::job::Resources,
+}
+
+/// What a running workload holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalHold {
+    pub since: u64,
+    /// Thousandths of a GPU (MIG and time slices at their quota
+    /// equivalents).
+    pub gpu_milli: u64,
+    /// The GPU model its quota is charged to.
+    pub model: String,
+}
+
+/// What the control plane made of a report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkloadReportResult {
+    /// Workloads recorded (new or updated).
+    pub recorded: u32,
+    /// Workloads of the last report that have finished.
+    pub finished: u32,
+    /// Workloads not recorded, by key, with what to fix.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<String, String>,
 }
 
 /// The most points a job's utilisation history keeps.

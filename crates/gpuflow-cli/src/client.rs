@@ -129,8 +129,9 @@ pub enum JobCmd {
         #[command(flatten)]
         watch: Watch,
     },
-    /// Why a job waits (or what it is doing).
-    Why { id: u64 },
+    /// Why a job waits (or what it is doing): a job id, or a Kubernetes
+    /// pod gpuflow schedules as NAMESPACE/POD (read through the kubeconfig).
+    Why { id: String },
     /// The end of each task's output (the server keeps the last 16 KiB of
     /// each task of the last five attempts).
     Logs {
@@ -788,6 +789,13 @@ fn eta_text(eta: Option<&Value>) -> String {
 }
 
 pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
+    // A pod on Kubernetes: asked of its cluster, no token needed.
+    if let JobCmd::Why { id } = &cmd
+        && let Some((ns, pod)) = id.split_once('/')
+    {
+        println!("{}", crate::k8s::why(ns, pod, "gpuflow")?);
+        return Ok(());
+    }
     let c = Client::new(conn)?;
     match cmd {
         JobCmd::Submit {
@@ -932,6 +940,11 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             print(conn.output, &v, job_stats);
         }
         JobCmd::Why { id } => {
+            let id: u64 = id.parse().map_err(|_| {
+                Usage(format!(
+                    "{id:?} is neither a job id (a number) nor a Kubernetes pod (NAMESPACE/POD)"
+                ))
+            })?;
             let v = c.call("GET", &format!("/v1/jobs/{id}/why"), None)?;
             print(conn.output, &v, |w| {
                 let mut out = format!(

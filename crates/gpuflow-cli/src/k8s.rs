@@ -6,6 +6,8 @@ use clap::Subcommand;
 use gpuflow_k8s::manifests::{self, Install};
 use gpuflow_k8s::scheduler::{Scheduler, Settings};
 
+// Parsed once at start: the size of `Run` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum K8sCmd {
     /// Schedule the pods that set `schedulerName: gpuflow` in the cluster of
@@ -38,6 +40,23 @@ pub enum K8sCmd {
         /// Where to serve /healthz, /readyz and /metrics.
         #[arg(long, default_value = "0.0.0.0:8080")]
         listen: std::net::SocketAddr,
+        /// A gpuflow control plane (its URL) to report the cluster's
+        /// workloads to, for its accounting, reports and dashboard; its
+        /// token is an admin's (--token or GPUFLOW_TOKEN).
+        #[arg(long, env = "GPUFLOW_CONTROL_PLANE")]
+        control_plane: Option<String>,
+        /// The control plane's API token.
+        #[arg(long, env = "GPUFLOW_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// PEM certificate to trust for an https control plane.
+        #[arg(long, env = "GPUFLOW_CA_CERT")]
+        ca_cert: Option<std::path::PathBuf>,
+        /// This cluster's name in the control plane.
+        #[arg(long, default_value = "kubernetes", requires = "control_plane")]
+        cluster: String,
+        /// How often the leader reports (e.g. `15s`).
+        #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, requires = "control_plane")]
+        report_every: Duration,
     },
     /// Why a pod waits, as gpuflow explained it (`NAMESPACE/POD`).
     Why {
@@ -59,6 +78,15 @@ pub enum K8sCmd {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..))]
         replicas: i32,
     },
+}
+
+/// Why a pod waits, read from its cluster through the kubeconfig.
+pub fn why(ns: &str, pod: &str, scheduler_name: &str) -> anyhow::Result<String> {
+    let rt = tokio::runtime::Runtime::new()?;
+    Ok(rt.block_on(async {
+        let client = gpuflow_k8s::connect().await?;
+        gpuflow_k8s::why(client, ns, pod, scheduler_name).await
+    })?)
 }
 
 pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
@@ -89,12 +117,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
             let (ns, name) = pod.split_once('/').ok_or_else(|| {
                 anyhow::anyhow!("write the pod as NAMESPACE/NAME, e.g. team-a/train-0")
             })?;
-            let rt = tokio::runtime::Runtime::new()?;
-            let out = rt.block_on(async {
-                let client = gpuflow_k8s::connect().await?;
-                gpuflow_k8s::why(client, ns, name, &scheduler_name).await
-            })?;
-            println!("{out}");
+            println!("{}", why(ns, name, &scheduler_name)?);
             Ok(())
         }
         K8sCmd::Run {
@@ -107,7 +130,31 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
             block_label,
             nvlink_label,
             listen,
+            control_plane,
+            token,
+            ca_cert,
+            cluster,
+            report_every,
         } => {
+            if !gpuflow_api::valid_name(&cluster) {
+                return Err(crate::client::Usage(format!(
+                    "--cluster {cluster:?}: lowercase letters, digits and dashes, starting with a letter"
+                ))
+                .into());
+            }
+            let reporter = match control_plane {
+                None => None,
+                Some(server) => {
+                    let conn = crate::client::Conn {
+                        server,
+                        token,
+                        output: crate::client::Format::Json,
+                        no_headers: false,
+                        ca_cert,
+                    };
+                    Some(crate::client::Client::new(&conn)?)
+                }
+            };
             crate::platform::init_logging();
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {
@@ -137,9 +184,61 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 tokio::spawn(async move {
                     let _ = axum::serve(listener, app).await;
                 });
+                if let Some(client) = reporter {
+                    let (workloads, health) = (scheduler.workloads(), scheduler.health());
+                    std::thread::spawn(move || {
+                        report_loop(&client, &cluster, report_every, &workloads, &health);
+                    });
+                }
                 scheduler.run(stop).await?;
                 anyhow::Ok(())
             })
+        }
+    }
+}
+
+/// Reports the last cycle's workloads to the control plane every `every`,
+/// while this replica leads (a follower's last report is stale).
+fn report_loop(
+    client: &crate::client::Client,
+    cluster: &str,
+    every: Duration,
+    workloads: &std::sync::Mutex<Option<gpuflow_api::WorkloadReport>>,
+    health: &gpuflow_k8s::health::Health,
+) {
+    let mut last_refused = std::collections::BTreeMap::new();
+    loop {
+        std::thread::sleep(every);
+        if !health.leading.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        let Some(report) = workloads.lock().ok().and_then(|w| w.clone()) else {
+            continue;
+        };
+        let body = match serde_json::to_vec(&report) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "the workload report does not serialise");
+                continue;
+            }
+        };
+        let path = format!("/v1/clusters/{cluster}/workloads");
+        match client.call("PUT", &path, Some(("application/json", body))) {
+            Ok(v) => {
+                let result: Option<gpuflow_api::WorkloadReportResult> =
+                    serde_json::from_value(v).ok();
+                let refused = result.map(|r| r.refused).unwrap_or_default();
+                // Said once, not every report.
+                if refused != last_refused {
+                    for (key, why) in &refused {
+                        tracing::warn!(workload = %key, %why, "the control plane refused a workload");
+                    }
+                    last_refused = refused;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not report the workloads to the control plane; retrying")
+            }
         }
     }
 }

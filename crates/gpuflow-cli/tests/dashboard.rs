@@ -367,6 +367,38 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         assert!(why.contains(first), "{why:?} lacks {first:?}");
         b.shot("job-pending").await;
 
+        // A pod gpuflow runs on Kubernetes, as its scheduler reports it:
+        // a job of nlp's whose page says where it runs.
+        let minute_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 60;
+        let report = json!({"workloads": [{
+            "key": "nlp/pod/tune", "name": "tune", "team": "nlp", "user": "bob",
+            "queue": "nlp-k8s", "kind": "training", "submitted_at": minute_ago,
+            "tasks": [{"replicas": 1, "resources": {"cpu": 1, "memory_mib": 1024, "gpu": {"count": 1}}}],
+            "running": {"since": minute_ago, "gpu_milli": 1000, "model": "H100"}}]});
+        let (s, v) = api.call(
+            "PUT",
+            "/v1/clusters/kind-1/workloads",
+            &admin,
+            Some(("application/json", report.to_string().as_bytes())),
+        );
+        assert_eq!(s, 200, "{v}");
+        let pod = api.get("/v1/jobs?team=nlp", &admin)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["name"] == "tune")
+            .and_then(|j| j["id"].as_u64())
+            .unwrap();
+        b.open(&format!("#/jobs/{pod}")).await;
+        let facts = b
+            .text_when(".facts", |t| t.contains("Kubernetes cluster"))
+            .await;
+        assert!(facts.contains("Kubernetes cluster kind-1 (nlp/pod/tune)"), "{facts}");
+
         // The running job: a utilisation chart with points, and its output
         // shown as text, not as markup.
         b.open(&format!("#/jobs/{whole}")).await;

@@ -54,6 +54,11 @@ pub struct GpuQueueSpec {
     /// Open (default), Held (nothing new starts) or Draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<QueueState>,
+    /// The team of a gpuflow control plane its pods are charged to, when
+    /// the scheduler reports to one (`gpuflow k8s run --control-plane`);
+    /// default: the queue's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 fn one() -> f64 {

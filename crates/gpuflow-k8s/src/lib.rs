@@ -27,6 +27,7 @@ pub mod health;
 pub mod lease;
 pub mod manifests;
 pub mod quantity;
+pub mod report;
 pub mod scheduler;
 pub mod snapshot;
 

@@ -40,10 +40,10 @@ use serde_json::json;
 
 use crate::crd::{GpuQueue, GpuQueueStatus};
 use crate::error::Error;
-use crate::hami;
 use crate::health::Health;
 use crate::lease::Elector;
 use crate::snapshot::{self, Inputs, PLANNED, PodRef, TopologyLabels};
+use crate::{hami, report};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -143,6 +143,8 @@ pub struct Scheduler {
     explained: BTreeMap<String, (String, Instant)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     health: Arc<Health>,
+    /// The last cycle's workloads, for a gpuflow control plane.
+    report: Arc<std::sync::Mutex<Option<gpuflow_api::WorkloadReport>>>,
 }
 
 impl Drop for Scheduler {
@@ -279,6 +281,7 @@ impl Scheduler {
             usage: Usage::default(),
             assumed: BTreeMap::new(),
             decided: BTreeMap::new(),
+            report: Arc::default(),
             explained: BTreeMap::new(),
             tasks,
             health,
@@ -286,6 +289,13 @@ impl Scheduler {
     }
 
     /// Readiness and metrics, for [`crate::health::router`].
+    /// The workloads of the last cycle this replica ran, for a gpuflow
+    /// control plane's accounting (see [`report`]); report them only while
+    /// [`Health::leading`] says this replica leads.
+    pub fn workloads(&self) -> Arc<std::sync::Mutex<Option<gpuflow_api::WorkloadReport>>> {
+        self.report.clone()
+    }
+
     pub fn health(&self) -> Arc<Health> {
         self.health.clone()
     }
@@ -453,12 +463,14 @@ impl Scheduler {
             plan,
             history,
             usage,
+            report,
         } = match computed {
             Ok(c) => c,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
         self.history = history;
         self.usage = usage;
+        *self.report.lock().expect("the report") = Some(report);
         self.elector.set_state(serde_json::to_string(&self.usage)?);
         let mut out = Cycle {
             pending: plan.pending.len() + snap.held.len(),
@@ -570,22 +582,7 @@ impl Scheduler {
             let Some(gang) = snap.gangs.get(&p.job) else {
                 continue;
             };
-            let reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
-            let mut msg = if reasons.is_empty() {
-                "gpuflow: waiting for the next cycle".to_string()
-            } else {
-                format!("gpuflow: {}", reasons.join("; "))
-            };
-            msg.push_str(&format!(
-                "; position {} in queue {}",
-                p.position, gang.queue
-            ));
-            if let Some(eta) = p.eta {
-                let at = Timestamp::from_second(eta as i64)
-                    .map(|t| t.to_string())
-                    .unwrap_or_default();
-                msg.push_str(&format!("; expected to start by {at}"));
-            }
+            let msg = report::pending_message(p, &gang.queue);
             for pod in gang.all() {
                 waiting.push((pod.clone(), msg.clone()));
             }
@@ -929,6 +926,7 @@ struct Computed {
     plan: schedule::Plan,
     history: History,
     usage: Usage,
+    report: gpuflow_api::WorkloadReport,
 }
 
 /// The binding subresource's request for `pod` on `node`: `Ok(false)` when
@@ -1116,11 +1114,13 @@ fn compute(
         &mut history,
         &cfg,
     );
+    let report = report::workloads(&snap, &plan, &queues, now);
     Computed {
         snap,
         plan,
         history,
         usage,
+        report,
     }
 }
 

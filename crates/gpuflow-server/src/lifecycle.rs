@@ -66,6 +66,7 @@ pub fn submitted(
         last_tasks: vec![],
         array: None,
         service: None,
+        external: None,
     }
 }
 

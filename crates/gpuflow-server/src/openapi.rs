@@ -139,6 +139,14 @@ pub const ROUTES: &[Route] = &[
         Some("UsageReport"),
     ),
     r(
+        "put",
+        "/v1/clusters/{cluster}/workloads",
+        "admin (a cluster's scheduler)",
+        "Report every workload another scheduler (gpuflow on Kubernetes) runs or keeps waiting now; they are accounted and shown as jobs, and those the last report had and this one does not have finished",
+        Some("WorkloadReport"),
+        Some("WorkloadReportResult"),
+    ),
+    r(
         "get",
         "/v1/reports/low-utilization",
         "any token (own team; admins all)",
@@ -400,6 +408,8 @@ pub fn schemas() -> serde_json::Map<String, Value> {
     }
     add!(
         api::JobSpec,
+        api::WorkloadReport,
+        api::WorkloadReportResult,
         api::Submitted,
         api::TestOnly,
         api::Job,

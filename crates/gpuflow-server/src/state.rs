@@ -259,6 +259,10 @@ pub struct JobRec {
     /// The service it is a replica of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceRef>,
+    /// Run by another scheduler, which reports it (`external.rs`): never
+    /// in [`World::jobs`], never scheduled here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<api::ExternalRef>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points
@@ -401,6 +405,7 @@ impl JobRec {
                 .collect(),
             util: self.util.clone(),
             array: self.array.clone(),
+            external: self.external.clone(),
         }
     }
 
@@ -593,6 +598,10 @@ pub struct World {
     pub team_closed_gpu_s: BTreeMap<String, f64>,
     /// Inference services by name.
     pub services: BTreeMap<String, ServiceRec>,
+    /// Unfinished workloads other schedulers run (`external.rs`), by id.
+    pub external: BTreeMap<u64, JobRec>,
+    /// (cluster, key) → the id of its unfinished workload.
+    pub external_keys: BTreeMap<(String, String), u64>,
 }
 
 /// Bounds of the duration histograms, in seconds.
@@ -758,6 +767,15 @@ fn parse<T: for<'de> Deserialize<'de>>(r: &Record) -> Result<T, ServerError> {
     })
 }
 
+/// GPU-seconds of a job's closed holds.
+fn closed_gpu_s(j: &JobRec) -> f64 {
+    j.held
+        .iter()
+        .filter(|h| h.to.is_some())
+        .map(|h| h.gpu_s(0, u64::MAX, 0))
+        .sum()
+}
+
 impl World {
     /// Reads everything from the store.
     ///
@@ -799,6 +817,10 @@ impl World {
         for r in store.load(Table::Jobs).await? {
             let j: JobRec = parse(&r)?;
             w.next_job = w.next_job.max(j.id);
+            if j.external.is_some() {
+                w.put_external(j);
+                continue;
+            }
             if let Some(k) = &j.idempotency_key {
                 w.idempotency.insert((j.user.clone(), k.clone()), j.id);
             }
@@ -822,21 +844,38 @@ impl World {
         Ok(w)
     }
 
-    /// Puts a job, keeping the index by node in step.
-    pub fn put_job(&mut self, j: JobRec) {
+    /// Counts the holds `j` closed since it had `old_closed` GPU-seconds
+    /// of closed holds in its team's GPU-seconds.
+    fn count_closed(&mut self, j: &JobRec, old_closed: f64) {
         // A finished job never changes, so a job is never put again after
         // it left memory: each hold is counted once as it closes.
-        let closed = |j: &JobRec| -> f64 {
-            j.held
-                .iter()
-                .filter(|h| h.to.is_some())
-                .map(|h| h.gpu_s(0, u64::MAX, 0))
-                .sum()
-        };
-        let grown = closed(&j) - self.jobs.get(&j.id).map_or(0.0, closed);
+        let grown = closed_gpu_s(j) - old_closed;
         if grown != 0.0 {
             *self.team_closed_gpu_s.entry(j.team.clone()).or_default() += grown;
         }
+    }
+
+    /// Puts a workload another scheduler runs: kept in [`World::external`]
+    /// while unfinished, never in [`World::jobs`].
+    pub fn put_external(&mut self, j: JobRec) {
+        let old = self.external.remove(&j.id);
+        self.count_closed(&j, old.as_ref().map_or(0.0, closed_gpu_s));
+        self.next_job = self.next_job.max(j.id);
+        self.summaries.insert(j.id, JobSummary::of(&j));
+        let Some(e) = j.external.clone() else {
+            return;
+        };
+        if j.state.finished() {
+            self.external_keys.remove(&(e.cluster, e.key));
+        } else {
+            self.external_keys.insert((e.cluster, e.key), j.id);
+            self.external.insert(j.id, j);
+        }
+    }
+
+    /// Puts a job, keeping the index by node in step.
+    pub fn put_job(&mut self, j: JobRec) {
+        self.count_closed(&j, self.jobs.get(&j.id).map_or(0.0, closed_gpu_s));
         if let Some(old) = self.jobs.get(&j.id) {
             for a in &old.allocs {
                 if let Some(ids) = self.on_node.get_mut(&a.node) {

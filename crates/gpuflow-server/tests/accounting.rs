@@ -914,3 +914,185 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     let w = why(&s, d, &admin).await;
     assert!(w.contains("budget is used up"), "{w}");
 }
+
+/// A report of a Kubernetes cluster's workloads: `running` ones hold one
+/// GPU since `since`, the others wait.
+fn k8s_report(workloads: &[(&str, &str, Option<u64>)]) -> Value {
+    let list: Vec<Value> = workloads
+        .iter()
+        .map(|(key, team, since)| {
+            json!({
+                "key": key, "name": key, "team": team, "user": "ann", "queue": "team-a",
+                "kind": "training", "submitted_at": since.unwrap_or(1),
+                "tasks": [{"replicas": 1, "resources": {"cpu": 1, "memory_mib": 1024, "gpu": {"count": 1}}}],
+                "running": since.map(|s| json!({"since": s, "gpu_milli": 1000, "model": "H100"})),
+                "reason": "gpuflow: needs 1 H100 GPU; position 1 in queue team-a",
+            })
+        })
+        .collect();
+    json!({ "workloads": list })
+}
+
+async fn kubernetes_workloads(store: Option<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    cfg.store_url = store;
+    let (s, admin, _) = open(&cfg).await;
+    let admin = admin.unwrap();
+    s.ok("POST", "/v1/teams", &admin, json!({"name": "ml"}))
+        .await;
+    let ann = s.user_token(&admin, "ann", "ml", "member").await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let put = |body: Value| {
+        let s = &s;
+        let admin = admin.clone();
+        async move {
+            s.call("PUT", "/v1/clusters/kind-1/workloads", &admin, Some(body))
+                .await
+        }
+    };
+    let report = k8s_report(&[
+        ("team-a/pod/train", "ml", Some(now - 10)),
+        ("team-a/pod/wait", "ml", None),
+        ("team-x/pod/stray", "nobody", None),
+    ]);
+    let (st, r, _) = put(report.clone()).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["recorded"], 2);
+    assert!(
+        r["refused"]["team-x/pod/stray"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{r}"
+    );
+    // A scheduling cycle leaves them alone: they run elsewhere.
+    s.cycle().await;
+    let ids = |v: &Value| -> Vec<u64> {
+        let mut ids: Vec<u64> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| !j["external"].is_null())
+            .map(|j| j["id"].as_u64().unwrap())
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    let (_, jobs, _) = s.call("GET", "/v1/jobs", &ann, None).await;
+    let before = ids(&jobs);
+    assert_eq!(before.len(), 2, "{jobs}");
+    let states: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        states.contains(&"running") && states.contains(&"pending"),
+        "{states:?}"
+    );
+    let wait = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == "team-a/pod/wait")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let (_, why, _) = s
+        .call("GET", &format!("/v1/jobs/{wait}/why"), &ann, None)
+        .await;
+    assert!(
+        why["summary"]
+            .as_str()
+            .unwrap()
+            .contains("position 1 in queue team-a"),
+        "{why}"
+    );
+
+    // After a restart the same report finds the same jobs.
+    drop(s);
+    let (s, _, _) = open(&cfg).await;
+    let (st, r, _) = s
+        .call("PUT", "/v1/clusters/kind-1/workloads", &admin, Some(report))
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let (_, jobs, _) = s.call("GET", "/v1/jobs", &ann, None).await;
+    assert_eq!(ids(&jobs), before, "no workload recorded twice");
+    let (_, _, metrics) = s.call("GET", "/metrics", &admin, None).await;
+    assert!(
+        metrics.contains("gpuflow_team_allocated_gpus{team=\"ml\"} 1"),
+        "{metrics}"
+    );
+    let hours = |rows: &[Value]| -> f64 {
+        rows.iter()
+            .find(|r| r["key"] == "ml")
+            .and_then(|r| r["gpu_hours"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let used = hours(&s.report(&ann, "team").await);
+    assert!(used >= 10.0 / 3600.0, "{used}");
+
+    // Both leave the cluster: finished, the hold closed and counted once.
+    let (st, r, _) = s
+        .call(
+            "PUT",
+            "/v1/clusters/kind-1/workloads",
+            &admin,
+            Some(json!({"workloads": []})),
+        )
+        .await;
+    assert_eq!((st, r["finished"].as_u64()), (200, Some(2)), "{r}");
+    let (_, j, _) = s.call("GET", &format!("/v1/jobs/{wait}"), &ann, None).await;
+    assert_eq!(j["state"], "cancelled", "{j}");
+    let closed = hours(&s.report(&ann, "team").await);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(hours(&s.report(&ann, "team").await), closed);
+
+    // Misuse: a member reports, a bad cluster name, an unknown field.
+    let (st, _, _) = s
+        .call(
+            "PUT",
+            "/v1/clusters/kind-1/workloads",
+            &ann,
+            Some(json!({"workloads": []})),
+        )
+        .await;
+    assert_eq!(st, 403);
+    let (st, _, _) = s
+        .call(
+            "PUT",
+            "/v1/clusters/Bad_Name/workloads",
+            &admin,
+            Some(json!({"workloads": []})),
+        )
+        .await;
+    assert_eq!(st, 400);
+    let (st, v, _) = s
+        .call(
+            "PUT",
+            "/v1/clusters/kind-1/workloads",
+            &admin,
+            Some(json!({"workloads": [], "extra": 1})),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+}
+
+#[tokio::test]
+async fn kubernetes_workloads_are_accounted_kept_across_a_restart_and_closed_sqlite() {
+    kubernetes_workloads(None).await;
+}
+
+#[tokio::test]
+async fn kubernetes_workloads_are_accounted_kept_across_a_restart_and_closed_postgres() {
+    match TempPostgres::start() {
+        Ok(Some(pg)) => kubernetes_workloads(Some(pg.url.clone())).await,
+        Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),
+        Err(e) => panic!("{e}"),
+    }
+}

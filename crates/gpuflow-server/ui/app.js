@@ -332,7 +332,8 @@ async function job(id) {
       fact('Team', j.team), fact('Queue', j.queue), fact('User', j.user), fact('Kind', j.spec.kind || 'training'),
       fact('Submitted', when(j.submitted_at)), fact('Started', when(j.started_at)), fact('Finished', when(j.finished_at)),
       fact('Attempts', j.attempts), fact('Preemptions', j.preemptions), fact('Last checkpoint', when(j.last_checkpoint)),
-      fact('GPU-hours', qty(gh)), why ? null : fact('Reason', j.reason)),
+      fact('GPU-hours', qty(gh)), why ? null : fact('Reason', j.reason),
+      j.external ? fact('Runs on', 'Kubernetes cluster ' + j.external.cluster + ' (' + j.external.key + ')') : null),
   ];
   if (why) {
     parts.push(el('div', { class: 'panel why', id: 'why' },

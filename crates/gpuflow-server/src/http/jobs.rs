@@ -662,6 +662,13 @@ async fn job_action(
     let id = job_id(&id)?;
     let mut world = shared.world.lock().await;
     visible(&world, &caller, id)?;
+    if let Some(e) = world.external.get(&id).and_then(|j| j.external.as_ref()) {
+        return Err(ApiError::conflict(format!(
+            "job {id} runs on Kubernetes cluster {}, not here: act on its pods there ({}; kubectl delete pod for a cancel)",
+            e.cluster, e.key
+        ))
+        .into());
+    }
     let Some(j) = world.jobs.get(&id).cloned() else {
         // Out of memory: it finished long ago.
         return Err(ApiError::conflict(format!("job {id} has finished")).into());

@@ -247,7 +247,7 @@ async fn metrics(
     for (team, s) in &world.team_closed_gpu_s {
         team_now.entry(team.as_str()).or_default().1 += s;
     }
-    for j in world.jobs.values() {
+    for j in world.jobs.values().chain(world.external.values()) {
         for h in j.held.iter().filter(|h| h.to.is_none()) {
             let e = team_now.entry(j.team.as_str()).or_default();
             e.0 += h.gpu_milli as f64 / 1000.0;

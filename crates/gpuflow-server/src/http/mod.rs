@@ -6,6 +6,7 @@
 //! `{code, message}` naming the problem; a store failure gets a bare 500 and
 //! one log line. Job transitions are the lifecycle's (`lifecycle.rs`).
 
+mod clusters;
 mod events;
 mod jobs;
 mod metrics;
@@ -97,6 +98,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(users::router())
         .merge(tokens::router())
         .merge(reports::router())
+        .merge(clusters::router())
         .merge(services::router())
         .merge(metrics::router())
         .merge(ui::router())

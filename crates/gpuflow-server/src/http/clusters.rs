@@ -1,0 +1,49 @@
+//! Clusters other schedulers run (gpuflow on Kubernetes): their reports of
+//! the workloads they run and keep waiting (`external.rs`).
+
+use super::*;
+
+/// The largest report: 100,000 workloads of a few hundred bytes.
+const MAX_REPORT_BYTES: usize = 64 << 20;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new().route(
+        "/v1/clusters/{cluster}/workloads",
+        axum::routing::put(report).layer(DefaultBodyLimit::max(MAX_REPORT_BYTES)),
+    )
+}
+
+/// Records a cluster's report: every workload it runs or keeps waiting now.
+async fn report(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(cluster): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Reply<api::WorkloadReportResult> {
+    caller.need_admin("reporting a cluster's workloads")?;
+    check_name("cluster", &cluster, "cluster")?;
+    let r: api::WorkloadReport = json_body(body, MAX_REPORT_BYTES)?;
+    let mut world = shared.world.lock().await;
+    let at = now();
+    let (records, result) = crate::external::apply(&world, &cluster, &r, at);
+    let mut change = Change::default();
+    change.batch.put.extend(records.iter().map(JobRec::record));
+    let new = records
+        .iter()
+        .filter(|j| !world.external.contains_key(&j.id) && !j.state.finished())
+        .count();
+    if new > 0 || result.finished > 0 {
+        change.audit(
+            at,
+            &caller.user.name,
+            "cluster.report",
+            &format!("cluster/{cluster}"),
+            format!("{new} new workloads, {} finished", result.finished),
+        );
+    }
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    for j in records {
+        world.put_external(j);
+    }
+    Ok(Json(result))
+}
