@@ -394,7 +394,7 @@ pub fn gang_key(p: &Pod) -> Option<String> {
         "gpuflow.io/gang",
         "scheduling.x-k8s.io/pod-group",
         "kueue.x-k8s.io/pod-group-name",
-        "jobset.sigs.k8s.io/jobset-name",
+        JOBSET,
         "leaderworkerset.sigs.k8s.io/group-key",
     ] {
         if let Some(v) = labels.and_then(|m| m.get(l)) {
@@ -434,8 +434,48 @@ fn gang_size(p: &Pod) -> Option<usize> {
     .and_then(|v| v.parse().ok())
 }
 
-/// The pods a batch/v1 Job runs at once (its parallelism, at most its
-/// completions), for the pods it owns.
+/// A JobSet's label on its Jobs and pods, and the number of Jobs it has.
+const JOBSET: &str = "jobset.sigs.k8s.io/jobset-name";
+const JOBSET_JOBS: &str = "jobset.sigs.k8s.io/global-replicas";
+
+/// The pods a batch/v1 Job runs at once: its parallelism, at most its
+/// completions.
+fn job_pods(job: &BatchJob) -> Option<usize> {
+    let spec = job.spec.as_ref()?;
+    let parallelism = spec.parallelism.unwrap_or(1).max(0) as usize;
+    Some(match spec.completions {
+        Some(c) => parallelism.min(c.max(0) as usize),
+        None => parallelism,
+    })
+}
+
+/// For a JobSet's pod: the pods all its Jobs run at once, or (have, want)
+/// while fewer of its Jobs exist than it has (JobSet labels its Jobs and
+/// pods with their number).
+fn jobset_size(p: &Pod, jobs: &[&BatchJob]) -> Option<Result<usize, (usize, usize)>> {
+    let name = p.metadata.labels.as_ref()?.get(JOBSET)?;
+    let ns = p.metadata.namespace.as_deref();
+    let mine: Vec<&&BatchJob> = jobs
+        .iter()
+        .filter(|j| {
+            j.metadata.namespace.as_deref() == ns
+                && j.metadata.labels.as_ref().and_then(|l| l.get(JOBSET)) == Some(name)
+        })
+        .collect();
+    let want = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(JOBSET_JOBS))
+        .and_then(|v| v.parse::<usize>().ok());
+    match want {
+        Some(want) if mine.len() < want => Some(Err((mine.len(), want))),
+        _ if mine.is_empty() => None,
+        _ => Some(Ok(mine.iter().filter_map(|j| job_pods(j)).sum())),
+    }
+}
+
+/// The pods a batch/v1 Job runs at once, for the pods it owns.
 fn owner_size(p: &Pod, jobs: &[&BatchJob]) -> Option<usize> {
     let owner = p
         .metadata
@@ -446,12 +486,7 @@ fn owner_size(p: &Pod, jobs: &[&BatchJob]) -> Option<usize> {
     let job = jobs
         .iter()
         .find(|j| j.metadata.uid.as_deref() == Some(owner.uid.as_str()))?;
-    let spec = job.spec.as_ref()?;
-    let parallelism = spec.parallelism.unwrap_or(1).max(0) as usize;
-    Some(match spec.completions {
-        Some(c) => parallelism.min(c.max(0) as usize),
-        None => parallelism,
-    })
+    job_pods(job)
 }
 
 /// A pod's request, or why gpuflow will not schedule it.
@@ -1513,21 +1548,29 @@ impl<'a> Builder<'a> {
             self.hold_back(&unbound, &why);
             return;
         }
-        // A gang that says how many pods it has, or whose Job does, waits
-        // for all of them.
-        let size = unbound
-            .iter()
-            .chain(&bound)
-            .find_map(|m| gang_size(m.pod).or_else(|| owner_size(m.pod, self.input.jobs)));
+        // A gang that says how many pods it has, or whose JobSet or Job
+        // does, waits for all of them.
+        let size = unbound.iter().chain(&bound).find_map(|m| {
+            gang_size(m.pod)
+                .map(Ok)
+                .or_else(|| jobset_size(m.pod, self.input.jobs))
+                .or_else(|| owner_size(m.pod, self.input.jobs).map(Ok))
+        });
         let present = unbound.len() + bound.len();
-        if bound.is_empty()
-            && let Some(size) = size
-            && present < size
-        {
-            let why =
-                format!("gang {key}: {present} of its {size} pods exist; waiting for the rest");
-            self.hold_back(&unbound, &why);
-            return;
+        if bound.is_empty() {
+            let why = match size {
+                Some(Err((have, want))) => Some(format!(
+                    "gang {key}: {have} of its {want} Jobs exist; waiting for the rest"
+                )),
+                Some(Ok(size)) if present < size => Some(format!(
+                    "gang {key}: {present} of its {size} pods exist; waiting for the rest"
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                self.hold_back(&unbound, &why);
+                return;
+            }
         }
         let id = job_id(ns, &key, "pending");
         match self.job(ns, &unbound, id, qid) {

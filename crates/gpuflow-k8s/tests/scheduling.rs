@@ -429,6 +429,55 @@ async fn a_jobs_pods_wait_for_its_parallelism_and_start_together() {
     .await;
 }
 
+/// A JobSet's gang is all its Jobs' pods, not the first Job's: with two
+/// Jobs of two pods, the first Job's pods wait for the second's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobsets_pods_wait_for_all_its_jobs_and_start_together() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 8));
+    api.apply(queue("ml", &["ml"], 8.0));
+    let job = |name: &str| {
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "ml", "labels": {
+                "jobset.sigs.k8s.io/jobset-name": "llm", "jobset.sigs.k8s.io/global-replicas": "2"}},
+            "spec": {"parallelism": 2, "completions": 2, "template": {"spec": {"containers": []}}}
+        })
+    };
+    let member = |job_name: &str, name: &str| {
+        let uid = api.get("batch/v1", "Job", "ml", job_name).unwrap()["metadata"]["uid"].clone();
+        let mut p = pod("ml", name, 2);
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = json!("llm");
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/global-replicas"] = json!("2");
+        p["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid, "controller": true}]);
+        p
+    };
+    api.apply(job("llm-workers-0"));
+    api.apply(member("llm-workers-0", "w-0-0"));
+    api.apply(member("llm-workers-0", "w-0-1"));
+    let _s = start(&client, "r1");
+    eventually(
+        10,
+        "the first Job's pods wait for the JobSet's other Job",
+        || why(&api, "ml", "w-0-0").is_some_and(|w| w.contains("1 of its 2 Jobs exist")),
+    )
+    .await;
+    api.apply(job("llm-workers-1"));
+    api.apply(member("llm-workers-1", "w-1-0"));
+    eventually(10, "three of the four pods wait for the fourth", || {
+        why(&api, "ml", "w-0-0").is_some_and(|w| w.contains("3 of its 4 pods exist"))
+    })
+    .await;
+    assert!(api.binds().is_empty(), "part of a JobSet was bound");
+    api.apply(member("llm-workers-1", "w-1-1"));
+    eventually(10, "the JobSet's four pods bound", || {
+        ["w-0-0", "w-0-1", "w-1-0", "w-1-1"]
+            .iter()
+            .all(|p| node_of(&api, "ml", p).is_some())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_sliced_gpus_take_slices_only_and_whole_gpu_pods_keep_off_them() {
     let (api, client) = server().await;
