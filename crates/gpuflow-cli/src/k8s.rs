@@ -164,6 +164,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                     namespace,
                     lease_name,
                     interval,
+                    report_workloads: reporter.is_some(),
                     ..Settings::default()
                 };
                 if let Some(i) = identity {

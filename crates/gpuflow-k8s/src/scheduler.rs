@@ -67,6 +67,9 @@ pub struct Settings {
     /// A waiting pod's condition is rewritten at most this often unless its
     /// reasons change.
     pub explain_every: Duration,
+    /// Whether each cycle's workloads are kept for a gpuflow control plane
+    /// ([`Scheduler::workloads`]).
+    pub report_workloads: bool,
 }
 
 impl Default for Settings {
@@ -82,6 +85,7 @@ impl Default for Settings {
             config: Config::default(),
             bind_concurrency: 64,
             explain_every: Duration::from_secs(30),
+            report_workloads: false,
         }
     }
 }
@@ -290,7 +294,8 @@ impl Scheduler {
 
     /// Readiness and metrics, for [`crate::health::router`].
     /// The workloads of the last cycle this replica ran, for a gpuflow
-    /// control plane's accounting (see [`report`]); report them only while
+    /// control plane's accounting (see [`report`]), kept when
+    /// [`Settings::report_workloads`] is set; report them only while
     /// [`Health::leading`] says this replica leads.
     pub fn workloads(&self) -> Arc<std::sync::Mutex<Option<gpuflow_api::WorkloadReport>>> {
         self.report.clone()
@@ -470,7 +475,9 @@ impl Scheduler {
         };
         self.history = history;
         self.usage = usage;
-        *self.report.lock().expect("the report") = Some(report);
+        if let Some(r) = report {
+            *self.report.lock().expect("the report") = Some(r);
+        }
         self.elector.set_state(serde_json::to_string(&self.usage)?);
         let mut out = Cycle {
             pending: plan.pending.len() + snap.held.len(),
@@ -926,7 +933,7 @@ struct Computed {
     plan: schedule::Plan,
     history: History,
     usage: Usage,
-    report: gpuflow_api::WorkloadReport,
+    report: Option<gpuflow_api::WorkloadReport>,
 }
 
 /// The binding subresource's request for `pod` on `node`: `Ok(false)` when
@@ -1114,7 +1121,9 @@ fn compute(
         &mut history,
         &cfg,
     );
-    let report = report::workloads(&snap, &plan, &queues, now);
+    let report = settings
+        .report_workloads
+        .then(|| report::workloads(&snap, &plan, &queues, now));
     Computed {
         snap,
         plan,
