@@ -876,3 +876,26 @@ fn a_queue_alone_tries_deeper_into_its_backlog_within_the_cycles_tries() {
     "#]]
     .assert_eq(&fixture(10));
 }
+
+/// A job no node can take as the cluster stands (its node selector matches
+/// no node) gets no expected start, however much capacity is free; one
+/// that waits only for capacity to free does.
+#[test]
+fn a_job_no_node_can_take_has_no_expected_start() {
+    let out = run("
+        node n1 gpus=8*H100 labels=zone:a
+        node n2 gpus=8*H100 labels=zone:a
+        queue org H100=16
+        run 1 queue=org gpu=whole:8 cpu=1 runtime=100 started=0
+        run 2 queue=org gpu=whole:4 cpu=1 runtime=300 started=0
+        job 3 queue=org gpu=whole:1 cpu=1 select=zone:b
+        job 4 queue=org gpu=whole:8 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta unknown): on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes lack the selected labels
+          pending job 4 (#2 in queue, eta t=100): needs 8 H100 GPUs of quota; the cluster has 4 left to lend; on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

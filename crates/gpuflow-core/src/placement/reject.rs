@@ -39,6 +39,16 @@ impl Reject {
         }
     }
 
+    /// Whether the rule turns a node away for what the node is (its pool,
+    /// labels, taints, GPU models), not for what it holds or its state: no
+    /// ending job makes it pass.
+    pub fn is_static(self) -> bool {
+        matches!(
+            self,
+            Reject::Pool | Reject::NodeSelector | Reject::Taint | Reject::GpuModel
+        )
+    }
+
     /// What the rejected nodes are or lack, as the end of "N nodes …".
     pub fn phrase(self) -> &'static str {
         match self {

@@ -2482,8 +2482,11 @@ impl<'a> Cycle<'a> {
         const BY_USER: u8 = 2;
         const BY_QUOTA: u8 = 4;
         const HELD: u8 = 8;
+        // No node takes it as the cluster stands, however much is free.
+        const NOWHERE: u8 = 16;
         let mut flags = vec![0u8; self.pending.len()];
         for (f, r) in flags.iter_mut().zip(&self.reasons) {
+            let mut placed_nowhere = None;
             for x in r {
                 *f |= match x {
                     PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
@@ -2495,6 +2498,16 @@ impl<'a> Cycle<'a> {
                     PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
                     _ => 0,
                 };
+                // On every flavor it was tried on, every node turned it
+                // away by what the node is, not by what it holds.
+                if let PendingReason::Placement { unplaced, .. } = x {
+                    let fixed = !unplaced.rejections.is_empty()
+                        && unplaced.rejections.iter().all(|(r, _)| r.is_static());
+                    placed_nowhere = Some(placed_nowhere.unwrap_or(true) && fixed);
+                }
+            }
+            if placed_nowhere == Some(true) {
+                *f |= NOWHERE;
             }
         }
         for &i in &self.admitted_idx {
@@ -2529,7 +2542,8 @@ impl<'a> Cycle<'a> {
         let (mut freed, mut next) = (free_now, 0usize);
         for (&i, &milli) in order.iter().zip(&order_milli) {
             let flag = flags[i];
-            if flag & ADMITTED != 0 {
+            // Admitted, or takes nothing from those behind it: it cannot start.
+            if flag & (ADMITTED | NOWHERE) != 0 {
                 continue;
             }
             ahead += milli;
