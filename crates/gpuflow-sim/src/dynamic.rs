@@ -105,13 +105,16 @@ impl SimPolicy {
         "disruption_budget",
         "disruption_window",
         "max_unsaved",
+        "batch_rank",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
     /// `tries_per_queue=N`, `tries_per_cycle=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
-    /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`.
+    /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`,
+    /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
+    /// two peers that neither preempt nor outrank each other).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -154,6 +157,12 @@ impl SimPolicy {
                     .ok()
                     .filter(|w: &u64| *w > 0)
                     .ok_or_else(bad)?
+            }
+            "batch_rank" => {
+                let r = value.parse().map_err(|_| bad())?;
+                for class in c.classes.iter_mut().filter(|k| k.name == "batch") {
+                    class.rank = r;
+                }
             }
             "notebooks_borrow" => {
                 let b = value.parse().map_err(|_| bad())?;
@@ -677,4 +686,33 @@ pub fn team_shares(result: &SimResult) -> Vec<(String, f64, f64)> {
 /// The name of a job kind.
 pub fn kind_name(k: usize) -> &'static str {
     KINDS.get(k).copied().unwrap_or("?")
+}
+
+#[cfg(test)]
+mod tune_tests {
+    use super::SimPolicy;
+
+    #[test]
+    fn tune_sets_a_known_setting_and_refuses_the_rest_with_the_known_ones() {
+        let mut p = SimPolicy::gpuflow();
+        p.tune("batch_rank", "20").unwrap();
+        let rank = |p: &SimPolicy, name: &str| {
+            p.config
+                .classes
+                .iter()
+                .find(|c| c.name == name)
+                .unwrap()
+                .rank
+        };
+        assert_eq!(rank(&p, "batch"), rank(&p, "training"));
+        p.tune("history_weight", "1").unwrap();
+        assert_eq!(p.config.history_weight, 1.0);
+        let e = p.tune("history_weight", "2").unwrap_err();
+        assert!(e.contains("not a valid value"), "{e}");
+        let e = p.tune("speed", "11").unwrap_err();
+        assert!(
+            e.contains("batch_rank") && e.contains("tries_per_queue"),
+            "{e}"
+        );
+    }
 }
