@@ -899,3 +899,62 @@ fn a_job_no_node_can_take_has_no_expected_start() {
     "#]]
     .assert_eq(&out);
 }
+
+/// `preemptible_one_tier`: training and batch take turns by age; off
+/// (the default), training goes first.
+#[test]
+fn preemptible_classes_may_share_one_tier_of_the_order() {
+    let fixture = |tier: &str| {
+        run(&format!(
+            "
+        node n1 gpus=8*H100
+        queue org H100=8
+        config one_tier={tier}
+        job 1 queue=org class=batch submit=0 gpu=whole:8 cpu=1
+        job 2 queue=org class=training submit=5 gpu=whole:8 cpu=1
+        cycle 10
+    "
+        ))
+    };
+    expect![[r#"
+        cycle t=10
+          start job 2 on H100: n1[0,1,2,3,4,5,6,7]
+          pending job 1 (#1 in queue, eta unknown): needs 8 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&fixture("off"));
+    expect![[r#"
+        cycle t=10
+          start job 1 on H100: n1[0,1,2,3,4,5,6,7]
+          pending job 2 (#1 in queue, eta unknown): needs 8 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&fixture("on"));
+}
+
+/// `victims_by_lost_work`: the victim that loses least goes first, whatever
+/// its class; off (the default), the lowest class goes first.
+#[test]
+fn victims_may_be_chosen_by_the_work_they_lose_before_their_class() {
+    let fixture = |victims: &str| {
+        run(&format!(
+            "
+        node n1 gpus=8*H100
+        queue org H100=8
+        config victims={victims}
+        run 1 queue=org class=batch started=0 gpu=whole:4 cpu=1
+        run 2 queue=org class=training started=0 checkpoint=95 gpu=whole:4 cpu=1
+        job 3 queue=org class=inference gpu=whole:4 cpu=1
+        cycle 100
+    "
+        ))
+    };
+    expect![[r#"
+        cycle t=100
+          preempt job 1 for job 3 (Priority): signal now, kill at t=130, loses 0.11 GPU-h
+          pending job 3 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&fixture("class"));
+    expect![[r#"
+        cycle t=100
+          preempt job 2 for job 3 (Priority): signal now, kill at t=130, loses 0.01 GPU-h
+          pending job 3 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&fixture("lost-work"));
+}

@@ -52,6 +52,8 @@ impl SimPolicy {
             aging_step: 0,
             preemption: false,
             backfill: true,
+            // EASY backfill: one reservation.
+            max_reservations: 1,
             quotas: false,
             class_tiers: false,
             ..Config::default()
@@ -69,6 +71,8 @@ impl SimPolicy {
             name: "slurm-qos".into(),
             config: Config {
                 class_tiers: true,
+                // One QoS per kind, training's above batch's.
+                preemptible_one_tier: false,
                 ..SimPolicy::slurm().config
             },
         }
@@ -106,6 +110,8 @@ impl SimPolicy {
         "disruption_window",
         "max_unsaved",
         "batch_rank",
+        "preemptible_one_tier",
+        "victims_by_lost_work",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -158,6 +164,8 @@ impl SimPolicy {
                     .filter(|w: &u64| *w > 0)
                     .ok_or_else(bad)?
             }
+            "preemptible_one_tier" => c.preemptible_one_tier = value.parse().map_err(|_| bad())?,
+            "victims_by_lost_work" => c.victims_by_lost_work = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
                 let r = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "batch") {

@@ -223,7 +223,8 @@ pub struct Config {
     pub quotas: bool,
     /// Half-life of historical usage, seconds.
     pub usage_half_life: u64,
-    /// Weight of historical usage against current usage in fair share (0..1).
+    /// Weight of historical usage against current usage in fair share
+    /// (0..1; 1: decayed GPU-hours alone, as Slurm's fair share).
     pub history_weight: f64,
     /// Age that adds one to a job's priority, seconds (0: no aging).
     pub aging_step: u64,
@@ -258,6 +259,14 @@ pub struct Config {
     /// Whether priority classes order the queue (off: one tier, as a Slurm
     /// partition with a single QoS, where priority is priority plus age).
     pub class_tiers: bool,
+    /// Whether the preemptible classes (training, batch) share one tier of
+    /// the order: they take turns by priority with aging, then age, as jobs
+    /// of one Slurm QoS do. Their ranks still decide which may preempt
+    /// which.
+    pub preemptible_one_tier: bool,
+    /// Whether victims are the jobs that would lose the least work first,
+    /// their class after (off: the lowest class first).
+    pub victims_by_lost_work: bool,
     /// Weights of [`Ordering::Multifactor`].
     pub multifactor: Multifactor,
 }
@@ -282,6 +291,8 @@ impl Default for Config {
             tries_per_cycle: 3_000,
             max_reservations: 1,
             class_tiers: true,
+            preemptible_one_tier: false,
+            victims_by_lost_work: false,
             multifactor: Multifactor::default(),
         }
     }
@@ -954,6 +965,14 @@ impl<'a> Cycle<'a> {
     /// Orders two running jobs as victims: lowest class, least work lost, fewest GPUs.
     fn victim_cost(&self, a: usize, b: usize) -> std::cmp::Ordering {
         let (ra, rb) = (&self.run[a], &self.run[b]);
+        if self.cfg.victims_by_lost_work {
+            return ra
+                .lost
+                .total_cmp(&rb.lost)
+                .then(ra.rank.cmp(&rb.rank))
+                .then(ra.milli.cmp(&rb.milli))
+                .then(ra.id.cmp(&rb.id));
+        }
         ra.rank
             .cmp(&rb.rank)
             .then(ra.lost.total_cmp(&rb.lost))
@@ -1096,7 +1115,10 @@ impl<'a> Cycle<'a> {
                 Ordering::Fifo => (Reverse(0), Reverse(0)),
                 _ => (
                     Reverse(if self.cfg.class_tiers {
-                        self.rank(w)
+                        match self.cfg.classes.get(w.class) {
+                            Some(c) if c.preemptible && self.cfg.preemptible_one_tier => 0,
+                            _ => self.rank(w),
+                        }
                     } else {
                         0
                     }),
