@@ -177,8 +177,12 @@ pub fn lock_value(at: &str, namespace: &str, pod: &str) -> String {
     format!("{at},{namespace},{pod}")
 }
 
-/// A node lock's time (seconds) and pod (`namespace`, `name`), if it parses.
-pub fn parse_lock(v: &str) -> Option<(i64, Option<(String, String)>)> {
+/// A node lock: when it was taken (seconds) and for which pod
+/// (`namespace`, `name`), when it names one.
+pub type Lock = (i64, Option<(String, String)>);
+
+/// A node lock's value read, if it parses.
+pub fn parse_lock(v: &str) -> Option<Lock> {
     let mut parts = v.split(',');
     let at = parts.next()?;
     let at = at.parse::<k8s_openapi::jiff::Timestamp>().ok()?.as_second();

@@ -292,7 +292,6 @@ impl Scheduler {
         }
     }
 
-    /// Readiness and metrics, for [`crate::health::router`].
     /// The workloads of the last cycle this replica ran, for a gpuflow
     /// control plane's accounting (see [`report`]), kept when
     /// [`Settings::report_workloads`] is set; report them only while
@@ -301,6 +300,7 @@ impl Scheduler {
         self.report.clone()
     }
 
+    /// Readiness and metrics, for [`crate::health::router`].
     pub fn health(&self) -> Arc<Health> {
         self.health.clone()
     }
@@ -518,9 +518,10 @@ impl Scheduler {
                     let current = by_name.get(&(pod.namespace.clone(), pod.name.clone()))?;
                     snapshot::hami_decision(current, gpus, a.pick)
                 });
-                if let Some(d) = decision {
-                    let devices = hami::decode(&d).into_iter().map(|s| s.uuid).collect();
-                    self.decided.insert(pod.uid.clone(), devices);
+                if let Some(containers) = decision {
+                    let devices = containers.iter().flatten().map(|s| s.uuid.clone());
+                    self.decided.insert(pod.uid.clone(), devices.collect());
+                    let d = hami::encode(&containers);
                     write.insert(hami::TO_ALLOCATE.into(), json!(d));
                     write.insert(hami::ALLOCATED.into(), json!(d));
                     write.insert(hami::ASSIGNED_NODE.into(), json!(node));
@@ -964,6 +965,20 @@ async fn bind(client: &Client, pod: &PodRef, node: &str) -> Result<bool, kube::E
     }
 }
 
+/// A node's HAMi lock: `None` when it is not locked, `Some(None)` when the
+/// lock does not read (it is broken as an expired one).
+fn hami_lock(n: &Node) -> Option<Option<hami::Lock>> {
+    let v = n.metadata.annotations.as_ref()?.get(hami::NODE_LOCK)?;
+    Some(hami::parse_lock(v))
+}
+
+/// Whether a lock names `pod`.
+fn locked_by(held: &Option<hami::Lock>, pod: &PodRef) -> bool {
+    held.as_ref()
+        .and_then(|(_, who)| who.as_ref())
+        .is_some_and(|(ns, name)| *ns == pod.namespace && *name == pod.name)
+}
+
 /// Binds a pod to a node whose GPUs HAMi shares, as HAMi's device plugin
 /// expects: the node locked for this pod (`hami.io/mutex.lock`, written
 /// with the node's `resourceVersion`, so of two schedulers one wins), the
@@ -976,17 +991,8 @@ async fn hami_bind(client: &Client, pod: &PodRef, node: &str) -> Result<bool, ku
     let nodes: Api<Node> = Api::all(client.clone());
     let current = nodes.get(node).await?;
     let now = Timestamp::now().as_second();
-    let held = current
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(hami::NODE_LOCK))
-        .map(|v| hami::parse_lock(v));
-    if let Some(held) = held {
-        let mine = held
-            .as_ref()
-            .and_then(|(_, who)| who.as_ref())
-            .is_some_and(|(ns, name)| *ns == pod.namespace && *name == pod.name);
+    if let Some(held) = hami_lock(&current) {
+        let mine = locked_by(&held, pod);
         let expired = held
             .as_ref()
             .is_none_or(|(at, _)| now - at >= hami::LOCK_EXPIRES_S);
@@ -1039,15 +1045,7 @@ async fn hami_bind(client: &Client, pod: &PodRef, node: &str) -> Result<bool, ku
     if !matches!(bound, Ok(true)) {
         // Given back only if it is still this pod's.
         let again = nodes.get(node).await?;
-        let ours = again
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(hami::NODE_LOCK))
-            .and_then(|v| hami::parse_lock(v))
-            .and_then(|(_, who)| who)
-            .is_some_and(|(ns, name)| ns == pod.namespace && name == pod.name);
-        if ours {
+        if hami_lock(&again).is_some_and(|held| locked_by(&held, pod)) {
             let unlock = lock(serde_json::Value::Null, again.metadata.resource_version);
             if let Err(e) = nodes
                 .patch(node, &PatchParams::default(), &Patch::Merge(&unlock))

@@ -35,7 +35,7 @@ use gpuflow_core::request::{
 };
 use gpuflow_core::schedule::{PriorityClass, Running, Workload};
 use k8s_openapi::api::batch::v1::Job as BatchJob;
-use k8s_openapi::api::core::v1::{Node as KNode, Pod};
+use k8s_openapi::api::core::v1::{Container, Node as KNode, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -201,8 +201,8 @@ fn hami_gpus(n: &KNode, topo: &TopologyLabels) -> Option<(Vec<Gpu>, Vec<HamiGpu>
     {
         return Some((Vec::new(), Vec::new()));
     }
-    let labels = n.metadata.labels.clone().unwrap_or_default();
-    let nvlink = labels.get(&topo.nvlink).cloned();
+    let label = |k: &str| n.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
+    let nvlink = label(&topo.nvlink);
     let (mut gpus, mut uuids) = (Vec::new(), Vec::new());
     for d in devices.into_iter().take(MAX_GPUS) {
         if d.mode != "hami-core" {
@@ -216,7 +216,7 @@ fn hami_gpus(n: &KNode, topo: &TopologyLabels) -> Option<(Vec<Gpu>, Vec<HamiGpu>
         }
         // GPU feature discovery's name, where it runs, so that quotas per
         // model read the same on HAMi's nodes and the others.
-        let model = labels.get(PRODUCT_LABEL).cloned().unwrap_or(d.model);
+        let model = label(PRODUCT_LABEL).unwrap_or(d.model);
         let mut g = Gpu::plain(&model, MemMib(d.mem_mib));
         g.nvlink = nvlink.clone();
         if !d.healthy {
@@ -452,16 +452,13 @@ fn job_pods(job: &BatchJob) -> Option<usize> {
 /// For a JobSet's pod: the pods all its Jobs run at once, or (have, want)
 /// while fewer of its Jobs exist than it has (JobSet labels its Jobs and
 /// pods with their number).
-fn jobset_size(p: &Pod, jobs: &[&BatchJob]) -> Option<Result<usize, (usize, usize)>> {
+fn jobset_size(p: &Pod, jobs: &JobIndex) -> Option<Result<usize, (usize, usize)>> {
     let name = p.metadata.labels.as_ref()?.get(JOBSET)?;
-    let ns = p.metadata.namespace.as_deref();
-    let mine: Vec<&&BatchJob> = jobs
-        .iter()
-        .filter(|j| {
-            j.metadata.namespace.as_deref() == ns
-                && j.metadata.labels.as_ref().and_then(|l| l.get(JOBSET)) == Some(name)
-        })
-        .collect();
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    let mine: &[&BatchJob] = jobs
+        .jobsets
+        .get(&(ns, name.as_str()))
+        .map_or(&[], Vec::as_slice);
     let want = p
         .metadata
         .labels
@@ -475,18 +472,46 @@ fn jobset_size(p: &Pod, jobs: &[&BatchJob]) -> Option<Result<usize, (usize, usiz
     }
 }
 
+/// batch/v1 Jobs by uid, and a JobSet's Jobs by (namespace, JobSet), so
+/// that a gang's size is looked up, not searched for.
+#[derive(Default)]
+struct JobIndex<'a> {
+    by_uid: BTreeMap<&'a str, &'a BatchJob>,
+    jobsets: BTreeMap<(&'a str, &'a str), Vec<&'a BatchJob>>,
+}
+
+impl<'a> JobIndex<'a> {
+    fn new(jobs: &[&'a BatchJob]) -> JobIndex<'a> {
+        let mut out = JobIndex::default();
+        for &j in jobs {
+            if let Some(uid) = j.metadata.uid.as_deref() {
+                out.by_uid.insert(uid, j);
+            }
+            if let Some(set) = j.metadata.labels.as_ref().and_then(|l| l.get(JOBSET)) {
+                let ns = j.metadata.namespace.as_deref().unwrap_or_default();
+                out.jobsets.entry((ns, set.as_str())).or_default().push(j);
+            }
+        }
+        out
+    }
+}
+
 /// The pods a batch/v1 Job runs at once, for the pods it owns.
-fn owner_size(p: &Pod, jobs: &[&BatchJob]) -> Option<usize> {
+fn owner_size(p: &Pod, jobs: &JobIndex) -> Option<usize> {
     let owner = p
         .metadata
         .owner_references
         .as_ref()?
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == "Job")?;
-    let job = jobs
-        .iter()
-        .find(|j| j.metadata.uid.as_deref() == Some(owner.uid.as_str()))?;
-    job_pods(job)
+    job_pods(jobs.by_uid.get(owner.uid.as_str())?)
+}
+
+/// What a container asks of resource `key`: its request, else its limit
+/// (extended resources are given as limits; requests default to them).
+fn asked<'a>(c: &'a Container, key: &str) -> Option<&'a str> {
+    let res = c.resources.as_ref()?;
+    quantity_of(res.requests.as_ref(), key).or_else(|| quantity_of(res.limits.as_ref(), key))
 }
 
 /// A pod's request, or why gpuflow will not schedule it.
@@ -534,11 +559,8 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
         Ok(())
     };
     for c in &spec.containers {
-        let res = c.resources.clone().unwrap_or_default();
-        // Extended resources are given as limits; requests default to them.
-        let get = |k: &str| {
-            quantity_of(res.requests.as_ref(), k).or_else(|| quantity_of(res.limits.as_ref(), k))
-        };
+        let res = c.resources.as_ref();
+        let get = |k: &str| asked(c, k);
         if let Some(q) = get("cpu") {
             cpu += quantity::milli(q)
                 .ok_or_else(|| format!("container {}: cpu {q:?} is not a quantity", c.name))?;
@@ -548,8 +570,18 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
                 .ok_or_else(|| format!("container {}: memory {q:?} is not a quantity", c.name))?;
         }
         let mut keys: BTreeSet<&String> = BTreeSet::new();
-        keys.extend(res.requests.iter().flat_map(|m| m.keys()));
-        keys.extend(res.limits.iter().flat_map(|m| m.keys()));
+        keys.extend(
+            res.and_then(|r| r.requests.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k),
+        );
+        keys.extend(
+            res.and_then(|r| r.limits.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k),
+        );
         // A share of a GPU with limits, as HAMi's device plugin enforces them.
         let share = share(&c.name, get(hami::MEMORY), get(hami::CORES))?;
         for k in keys {
@@ -634,15 +666,10 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
     // An init container runs alone before the others: the pod needs the
     // larger of the two.
     for c in spec.init_containers.iter().flatten() {
-        let res = c.resources.clone().unwrap_or_default();
-        if let Some(q) = quantity_of(res.requests.as_ref(), "cpu")
-            .or_else(|| quantity_of(res.limits.as_ref(), "cpu"))
-        {
+        if let Some(q) = asked(c, "cpu") {
             cpu = cpu.max(quantity::milli(q).unwrap_or(0));
         }
-        if let Some(q) = quantity_of(res.requests.as_ref(), "memory")
-            .or_else(|| quantity_of(res.limits.as_ref(), "memory"))
-        {
+        if let Some(q) = asked(c, "memory") {
             mem = mem.max(quantity::mib(q).unwrap_or(0));
         }
     }
@@ -655,12 +682,7 @@ pub fn request(p: &Pod) -> Result<TaskRequest, String> {
             quantity::mib(q).ok_or_else(|| format!("overhead memory {q:?} is not a quantity"))?;
     }
     if let Some(c) = spec.containers.iter().find(|c| {
-        let res = c.resources.clone().unwrap_or_default();
-        let has = |k: &str| {
-            quantity_of(res.limits.as_ref(), k)
-                .or_else(|| quantity_of(res.requests.as_ref(), k))
-                .is_some()
-        };
+        let has = |k: &str| asked(c, k).is_some();
         (has(hami::MEMORY) || has(hami::CORES)) && !has(GPU)
     }) {
         return Err(format!(
@@ -1080,16 +1102,19 @@ impl Holdings {
     }
 }
 
-/// HAMi's decision annotation for a pod given `pick` of a HAMi node's
-/// `gpus`: the devices go to the container that asks for GPUs; whole GPUs
-/// get all their memory and compute, a share its `gpumem` and `gpucores`.
-/// `None` when the pod asks for no GPU or the pick is not of these GPUs.
-pub fn hami_decision(pod: &Pod, gpus: &[(String, u64)], pick: GpuPick) -> Option<String> {
+/// HAMi's decision for a pod given `pick` of a HAMi node's `gpus`, per
+/// container (what [`hami::encode`] writes): the devices go to the
+/// container that asks for GPUs; whole GPUs get all their memory and
+/// compute, a share its `gpumem` and `gpucores`. `None` when the pod asks
+/// for no GPU or the pick is not of these GPUs.
+pub fn hami_decision(
+    pod: &Pod,
+    gpus: &[(String, u64)],
+    pick: GpuPick,
+) -> Option<Vec<Vec<hami::Share>>> {
     let spec = pod.spec.as_ref()?;
-    let asks = |c: &k8s_openapi::api::core::v1::Container| {
-        let res = c.resources.as_ref();
-        quantity_of(res.and_then(|r| r.limits.as_ref()), GPU)
-            .or_else(|| quantity_of(res.and_then(|r| r.requests.as_ref()), GPU))
+    let asks = |c: &Container| {
+        asked(c, GPU)
             .and_then(quantity::count)
             .is_some_and(|n| n > 0)
     };
@@ -1115,7 +1140,7 @@ pub fn hami_decision(pod: &Pod, gpus: &[(String, u64)], pick: GpuPick) -> Option
     }
     let mut containers = vec![Vec::new(); spec.containers.len()];
     containers[at] = shares;
-    Some(hami::encode(&containers))
+    Some(containers)
 }
 
 /// The UUIDs of the GPUs HAMi's annotation gives a pod on `node`, if it
@@ -1175,6 +1200,9 @@ struct Builder<'a> {
     holdings: Holdings,
     /// What a share of a GPU counts at least, in milli-GPU.
     least_share: u32,
+    /// Whether any node's GPUs are shared by HAMi.
+    any_hami: bool,
+    jobs: JobIndex<'a>,
     all_taints: Vec<String>,
     budget_allows: BTreeMap<String, i32>,
     queues: Queues,
@@ -1218,6 +1246,7 @@ impl<'a> Builder<'a> {
             .map(|(_, split)| 1000u32.div_ceil((*split).max(1)))
             .min()
             .unwrap_or(100);
+        let any_hami = hami.iter().flatten().any(|g| !g.is_empty());
         let uuids: Vec<Vec<String>> = hami
             .into_iter()
             .map(|h| h.unwrap_or_default().into_iter().map(|(u, _)| u).collect())
@@ -1267,6 +1296,8 @@ impl<'a> Builder<'a> {
                 uuids,
             },
             least_share,
+            any_hami,
+            jobs: JobIndex::new(input.jobs),
             // The time-sliced mark is gpuflow's own: no toleration of the
             // pod's covers it.
             all_taints: nodes
@@ -1389,7 +1420,7 @@ impl<'a> Builder<'a> {
                         Ok(r)
                             if node.is_none()
                                 && matches!(r.gpu, GpuRequest::Fraction { .. })
-                                && self.holdings.uuids.iter().all(Vec::is_empty) =>
+                                && !self.any_hami =>
                         {
                             self.held.push((pod_ref(p), format!(
                                 "a share of a GPU with {} needs a node whose GPUs HAMi's device plugin shares, and no node has HAMi's registration ({})",
@@ -1553,8 +1584,8 @@ impl<'a> Builder<'a> {
         let size = unbound.iter().chain(&bound).find_map(|m| {
             gang_size(m.pod)
                 .map(Ok)
-                .or_else(|| jobset_size(m.pod, self.input.jobs))
-                .or_else(|| owner_size(m.pod, self.input.jobs).map(Ok))
+                .or_else(|| jobset_size(m.pod, &self.jobs))
+                .or_else(|| owner_size(m.pod, &self.jobs).map(Ok))
         });
         let present = unbound.len() + bound.len();
         if bound.is_empty() {

@@ -962,22 +962,18 @@ impl<'a> Cycle<'a> {
         .with_borrowers()
     }
 
-    /// Orders two running jobs as victims: lowest class, least work lost, fewest GPUs.
+    /// Orders two running jobs as victims: lowest class, least work lost
+    /// (the other way round with [`Config::victims_by_lost_work`]), fewest GPUs.
     fn victim_cost(&self, a: usize, b: usize) -> std::cmp::Ordering {
         let (ra, rb) = (&self.run[a], &self.run[b]);
-        if self.cfg.victims_by_lost_work {
-            return ra
-                .lost
-                .total_cmp(&rb.lost)
-                .then(ra.rank.cmp(&rb.rank))
-                .then(ra.milli.cmp(&rb.milli))
-                .then(ra.id.cmp(&rb.id));
-        }
-        ra.rank
-            .cmp(&rb.rank)
-            .then(ra.lost.total_cmp(&rb.lost))
-            .then(ra.milli.cmp(&rb.milli))
-            .then(ra.id.cmp(&rb.id))
+        let class = || ra.rank.cmp(&rb.rank);
+        let lost = || ra.lost.total_cmp(&rb.lost);
+        let first = if self.cfg.victims_by_lost_work {
+            lost().then_with(class)
+        } else {
+            class().then_with(lost)
+        };
+        first.then(ra.milli.cmp(&rb.milli)).then(ra.id.cmp(&rb.id))
     }
 
     /// Whether running job `k` is charged to the flavor with index `fi` and name `flavor`.
