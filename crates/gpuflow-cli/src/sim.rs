@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
     /// slurm-like.max_reservations=100` (settings: tries_per_queue, tries_per_cycle,
     /// max_reservations, min_runtime, history_weight, preemption,
-    /// notebooks_borrow, disruption_budget, disruption_window, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work).
+    /// notebooks_borrow, disruption_budget, disruption_window, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap).
     #[arg(long)]
     tune: Vec<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.
@@ -219,6 +219,10 @@ pub enum BenchCommand {
         /// Cycles run (without churn) before measuring, to reach a steady state.
         #[arg(long, default_value_t = 0)]
         warmup: usize,
+        /// Change one of gpuflow's settings, as `sim run --tune gpuflow.KEY=VALUE`
+        /// does; repeatable: e.g. `--tune max_reservations=4`.
+        #[arg(long, value_name = "KEY=VALUE")]
+        tune: Vec<String>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -609,6 +613,7 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             cycles,
             warmup,
             classes,
+            tune,
             seed,
         } => {
             if nodes == 0 || teams == 0 || projects == 0 {
@@ -635,8 +640,18 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 seed,
                 ..Default::default()
             };
+            let mut policy = gpuflow_sim::dynamic::SimPolicy::gpuflow();
+            for t in &tune {
+                let (key, value) = t
+                    .split_once('=')
+                    .ok_or_else(|| Usage(format!("--tune {t:?}: write KEY=VALUE")))?;
+                policy
+                    .tune(key, value)
+                    .map_err(|e| Usage(format!("--tune {t:?}: {e}")))?;
+            }
             let start = Instant::now();
             let mut world = bench::CycleWorld::build(&b)?;
+            world.config = policy.config;
             println!(
                 "cycle benchmark: {nodes} nodes, {} queues, {} running, {} pending (setup {:.1}s)",
                 world.queues.list().len(),

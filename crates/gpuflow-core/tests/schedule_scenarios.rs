@@ -148,9 +148,9 @@ fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never(
           pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[2,3]
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
-          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
-          pending job 13 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 12 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 13 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -222,6 +222,7 @@ fn backfill_lets_short_jobs_run_before_a_reservation_but_never_delays_it() {
         cycle t=1000
           start job 2 on H100: n2[4,5,6,7]
           reserve n1 for job 1 from t=5000
+          reserve n2 for job 3 from t=8000
           pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
           pending job 3 (#2 in queue, eta t=8000): capacity is reserved for job 1 from t=5000s and this job would not end before
           pending job 4 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
@@ -499,9 +500,11 @@ fn a_victim_search_checks_the_fit_after_its_last_candidate() {
 fn the_backlog_is_ordered_by_class_then_aged_priority_then_submission() {
     // A held queue starts nothing, so positions show the order. Aging adds
     // one to the priority per full hour waited: job 4 (+1) ties job 3 and is
-    // older; jobs 6 and 7 tie on everything but their ids.
+    // older; jobs 6 and 7 tie on everything but their ids. Every class is a
+    // tier of its own here (by default training and batch share one: see
+    // `preemptible_classes_may_share_one_tier_of_the_order`).
     let out = run("
-        config aging=3600
+        config aging=3600 one_tier=off
         node n1 gpus=8*H100
         queue org H100=8 state=held
         job 1 queue=org class=batch prio=5 submit=0 gpu=whole:1 cpu=1
@@ -900,8 +903,8 @@ fn a_job_no_node_can_take_has_no_expected_start() {
     .assert_eq(&out);
 }
 
-/// `preemptible_one_tier`: training and batch take turns by age; off
-/// (the default), training goes first.
+/// `preemptible_one_tier`: training and batch take turns by age (the
+/// default); off, training goes first.
 #[test]
 fn preemptible_classes_may_share_one_tier_of_the_order() {
     let fixture = |tier: &str| {
@@ -929,7 +932,7 @@ fn preemptible_classes_may_share_one_tier_of_the_order() {
 }
 
 /// `victims_by_lost_work`: the victim that loses least goes first, whatever
-/// its class; off (the default), the lowest class goes first.
+/// its class (the default); off, the lowest class goes first.
 #[test]
 fn victims_may_be_chosen_by_the_work_they_lose_before_their_class() {
     let fixture = |victims: &str| {

@@ -112,6 +112,9 @@ impl SimPolicy {
         "batch_rank",
         "preemptible_one_tier",
         "victims_by_lost_work",
+        "usage_half_life",
+        "aging_step",
+        "aging_cap",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -119,6 +122,8 @@ impl SimPolicy {
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
     /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`,
+    /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
+    /// aging), `aging_cap=N`,
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
     /// two peers that neither preempt nor outrank each other).
     ///
@@ -166,6 +171,15 @@ impl SimPolicy {
             }
             "preemptible_one_tier" => c.preemptible_one_tier = value.parse().map_err(|_| bad())?,
             "victims_by_lost_work" => c.victims_by_lost_work = value.parse().map_err(|_| bad())?,
+            "usage_half_life" => {
+                c.usage_half_life = value
+                    .parse()
+                    .ok()
+                    .filter(|h: &u64| *h > 0)
+                    .ok_or_else(bad)?
+            }
+            "aging_step" => c.aging_step = value.parse().map_err(|_| bad())?,
+            "aging_cap" => c.aging_cap = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
                 let r = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "batch") {

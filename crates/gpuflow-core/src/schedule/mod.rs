@@ -224,7 +224,9 @@ pub struct Config {
     /// Half-life of historical usage, seconds.
     pub usage_half_life: u64,
     /// Weight of historical usage against current usage in fair share
-    /// (0..1; 1: decayed GPU-hours alone, as Slurm's fair share).
+    /// (0..1; 1, the default: decayed GPU-hours alone, as Slurm's fair
+    /// share, which on the realistic workload keeps the tails of small
+    /// teams near Slurm's; docs/benchmarks.md).
     pub history_weight: f64,
     /// Age that adds one to a job's priority, seconds (0: no aging).
     pub aging_step: u64,
@@ -254,7 +256,7 @@ pub struct Config {
     /// Jobs blocked by capacity that get a reservation each cycle, in
     /// order (Slurm's `bf_max_job_test`): each holds the nodes where it
     /// could start earliest, and later jobs that would still run then keep
-    /// off every reserved node.
+    /// off every reserved node. Default 4.
     pub max_reservations: usize,
     /// Whether priority classes order the queue (off: one tier, as a Slurm
     /// partition with a single QoS, where priority is priority plus age).
@@ -262,10 +264,10 @@ pub struct Config {
     /// Whether the preemptible classes (training, batch) share one tier of
     /// the order: they take turns by priority with aging, then age, as jobs
     /// of one Slurm QoS do. Their ranks still decide which may preempt
-    /// which.
+    /// which. On by default.
     pub preemptible_one_tier: bool,
     /// Whether victims are the jobs that would lose the least work first,
-    /// their class after (off: the lowest class first).
+    /// their class after (on by default; off: the lowest class first).
     pub victims_by_lost_work: bool,
     /// Weights of [`Ordering::Multifactor`].
     pub multifactor: Multifactor,
@@ -280,7 +282,7 @@ impl Default for Config {
             backfill: true,
             quotas: true,
             usage_half_life: 7 * 24 * 3600,
-            history_weight: 0.5,
+            history_weight: 1.0,
             aging_step: 3600,
             aging_cap: 10,
             min_runtime: 300,
@@ -289,10 +291,10 @@ impl Default for Config {
             disruption_window: 3600,
             tries_per_queue: 8,
             tries_per_cycle: 3_000,
-            max_reservations: 1,
+            max_reservations: 4,
             class_tiers: true,
-            preemptible_one_tier: false,
-            victims_by_lost_work: false,
+            preemptible_one_tier: true,
+            victims_by_lost_work: true,
             multifactor: Multifactor::default(),
         }
     }
@@ -746,6 +748,9 @@ struct Cycle<'a> {
     reserved: rustc_hash::FxHashMap<JobId, u64>,
     /// The earliest start among them (`u64::MAX`: none).
     reserved_from: u64,
+    /// Running jobs by the time they end (stop, or reach their time limit),
+    /// earliest first: sorted once a cycle, for every reservation.
+    ending: Option<Rc<Vec<(u64, usize)>>>,
     /// Per user and queue: (milli-GPU, running jobs), for the queues with
     /// per-user limits (the only readers).
     users: rustc_hash::FxHashMap<(QueueId, &'a str), (u64, u32)>,
@@ -903,6 +908,7 @@ impl<'a> Cycle<'a> {
             reservations: Vec::new(),
             reserved: Default::default(),
             reserved_from: u64::MAX,
+            ending: None,
             users,
             protected,
             ready,
@@ -2416,39 +2422,53 @@ impl<'a> Cycle<'a> {
     /// Finds when and where job `i` could start as running jobs end (by their
     /// declared max runtime), and holds those nodes for it.
     fn reserve(&mut self, i: usize, flavor: &str) {
-        let mut ending: Vec<(u64, usize)> = self
-            .running
+        let ending = self.ending_order();
+        // Victims chosen this cycle end when they are told to stop.
+        let ending: Vec<(u64, usize)> = ending
             .iter()
-            .enumerate()
-            .filter(|&(k, r)| !self.run[k].victim || r.stopping_at.is_some())
-            .filter_map(|(k, r)| {
-                let end = r
-                    .stopping_at
-                    .or(r.work.max_runtime.map(|m| r.started + m))?;
-                Some((end.max(self.now), k))
-            })
+            .copied()
+            .filter(|&(_, k)| !self.run[k].victim || self.running[k].stopping_at.is_some())
             .collect();
-        ending.sort();
         // It would start later, when another reservation may hold the
         // nodes: it keeps off all of them.
         let mut job = self.job_on(i, flavor);
         job.constraints.avoid_reserved = true;
-        // Running jobs are released and taken back below: a trial.
+        // Running jobs are released and taken back below: a trial. The
+        // earliest start is after the fewest ending jobs that let it fit.
+        // Releasing more never takes room away, so that count is found by
+        // doubling it and then halving the interval: O(log n) fit tests.
         let trial = self.placer.begin_trial();
-        let mut released = Vec::new();
-        let mut found = None;
-        for (end, k) in ending {
-            self.placer.release(&self.running[k].allocations);
-            released.push(k);
+        let mut released = 0;
+        let mut below = 0;
+        let mut fit: Option<(usize, Placement)> = None;
+        let mut count = 1;
+        while count <= ending.len() {
+            self.release_first(&ending, &mut released, count);
             if let Some(p) = self.fits_now_as(&job) {
-                found = Some((end, p));
+                fit = Some((count, p));
                 break;
             }
+            below = count;
+            count = if count == ending.len() {
+                usize::MAX
+            } else {
+                (count * 2).min(ending.len())
+            };
         }
-        for k in released.iter().rev() {
-            self.placer.restore(&self.running[*k].allocations);
+        if let Some((mut above, mut placement)) = fit.take() {
+            while above - below > 1 {
+                let mid = below + (above - below) / 2;
+                self.release_first(&ending, &mut released, mid);
+                match self.fits_now_as(&job) {
+                    Some(p) => (above, placement) = (mid, p),
+                    None => below = mid,
+                }
+            }
+            fit = Some((above, placement));
         }
+        self.release_first(&ending, &mut released, 0);
         self.placer.end_trial(trial);
+        let found = fit.map(|(n, p)| (ending[n - 1].0, p));
         if let Some((start_at, p)) = found {
             let mut nodes: Vec<_> = p.iter().map(|a| a.node).collect();
             nodes.sort();
@@ -2465,6 +2485,44 @@ impl<'a> Cycle<'a> {
                 start_at,
                 nodes,
             });
+        }
+    }
+
+    /// [`Cycle::reserve`]'s running jobs by end time, built once a cycle.
+    fn ending_order(&mut self) -> Rc<Vec<(u64, usize)>> {
+        if let Some(e) = &self.ending {
+            return e.clone();
+        }
+        let mut ending: Vec<(u64, usize)> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter_map(|(k, r)| {
+                let end = r
+                    .stopping_at
+                    .or(r.work.max_runtime.map(|m| r.started + m))?;
+                Some((end.max(self.now), k))
+            })
+            .collect();
+        ending.sort_unstable();
+        let ending = Rc::new(ending);
+        self.ending = Some(ending.clone());
+        ending
+    }
+
+    /// Releases or takes back running jobs so that exactly the first `n` of
+    /// `ending` are released (`released` of them are now); taken back in the
+    /// reverse order of release.
+    fn release_first(&mut self, ending: &[(u64, usize)], released: &mut usize, n: usize) {
+        while *released < n {
+            self.placer
+                .release(&self.running[ending[*released].1].allocations);
+            *released += 1;
+        }
+        while *released > n {
+            *released -= 1;
+            self.placer
+                .restore(&self.running[ending[*released].1].allocations);
         }
     }
 
