@@ -167,3 +167,38 @@ fn bench_k8s_bind_prints_its_figures() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("multiple of 40"), "{err}");
 }
+
+#[test]
+fn bench_cycle_takes_a_setting_and_refuses_an_unknown_or_malformed_one() {
+    // A small cluster: the run with a setting prints its cycles.
+    let (code, stdout, stderr) = gpuflow(&[
+        "bench",
+        "cycle",
+        "--nodes",
+        "20",
+        "--teams",
+        "2",
+        "--projects",
+        "2",
+        "--pending",
+        "200",
+        "--cycles",
+        "1",
+        "--tune",
+        "max_reservations=1",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("median incremental cycle"), "{stdout}");
+    let (code, _, stderr) = gpuflow(&["bench", "cycle", "--tune", "reservations=4"]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("unknown setting") && stderr.contains("max_reservations"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = gpuflow(&["bench", "cycle", "--tune", "max_reservations"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("KEY=VALUE"), "{stderr}");
+    let (code, _, stderr) = gpuflow(&["bench", "cycle", "--tune", "history_weight=2"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("not a valid value"), "{stderr}");
+}

@@ -731,6 +731,15 @@ mod tune_tests {
         assert_eq!(p.config.history_weight, 1.0);
         let e = p.tune("history_weight", "2").unwrap_err();
         assert!(e.contains("not a valid value"), "{e}");
+        p.tune("usage_half_life", "86400").unwrap();
+        assert_eq!(p.config.usage_half_life, 86_400);
+        let e = p.tune("usage_half_life", "0").unwrap_err();
+        assert!(e.contains("not a valid value"), "{e}");
+        p.tune("aging_step", "0").unwrap();
+        p.tune("aging_cap", "24").unwrap();
+        assert_eq!((p.config.aging_step, p.config.aging_cap), (0, 24));
+        let e = p.tune("aging_cap", "many").unwrap_err();
+        assert!(e.contains("not a valid value"), "{e}");
         let e = p.tune("speed", "11").unwrap_err();
         assert!(
             e.contains("batch_rank") && e.contains("tries_per_queue"),
