@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
     /// slurm-like.max_reservations=100` (settings: tries_per_queue, tries_per_cycle,
     /// max_reservations, min_runtime, history_weight, preemption,
-    /// notebooks_borrow, disruption_budget, disruption_window, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap).
+    /// notebooks_borrow, disruption_budget, disruption_window, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap, quotas).
     #[arg(long)]
     tune: Vec<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.
@@ -539,12 +539,13 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
     eprintln!("simulated in {:.1}s", start.elapsed().as_secs_f64());
     println!("{}", dynreport::table(&results));
     report::write(&a.out.join("sim_run.csv"), &dynreport::csv(&results))?;
+    report::write(&a.out.join("sim_jobs.csv"), &dynreport::jobs_csv(&results))?;
     report::write(
         &a.out.join("sim_run_p95_wait.svg"),
         &dynreport::svg(&results),
     )?;
     eprintln!(
-        "wrote sim_run.csv and sim_run_p95_wait.svg to {}",
+        "wrote sim_run.csv, sim_jobs.csv and sim_run_p95_wait.svg to {}",
         a.out.display()
     );
     Ok(())

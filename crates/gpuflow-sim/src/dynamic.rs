@@ -115,6 +115,7 @@ impl SimPolicy {
         "usage_half_life",
         "aging_step",
         "aging_cap",
+        "quotas",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -123,7 +124,8 @@ impl SimPolicy {
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
     /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`,
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
-    /// aging), `aging_cap=N`,
+    /// aging), `aging_cap=N`, `quotas=true|false` (false: no guarantees,
+    /// borrowing or reclaim, as the Slurm baselines),
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
     /// two peers that neither preempt nor outrank each other).
     ///
@@ -180,6 +182,7 @@ impl SimPolicy {
             }
             "aging_step" => c.aging_step = value.parse().map_err(|_| bad())?,
             "aging_cap" => c.aging_cap = value.parse().map_err(|_| bad())?,
+            "quotas" => c.quotas = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
                 let r = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "batch") {
@@ -735,6 +738,8 @@ mod tune_tests {
         assert_eq!(p.config.usage_half_life, 86_400);
         let e = p.tune("usage_half_life", "0").unwrap_err();
         assert!(e.contains("not a valid value"), "{e}");
+        p.tune("quotas", "false").unwrap();
+        assert!(!p.config.quotas);
         p.tune("aging_step", "0").unwrap();
         p.tune("aging_cap", "24").unwrap();
         assert_eq!((p.config.aging_step, p.config.aging_cap), (0, 24));

@@ -154,6 +154,39 @@ pub fn csv(results: &[SimResult]) -> String {
     out
 }
 
+/// CSV: one row per policy and job (its team, kind, GPUs, when it was
+/// submitted, first started and finished, seconds; how often it was
+/// preempted and the GPU-hours it lost), to see which jobs make a tail.
+pub fn jobs_csv(results: &[SimResult]) -> String {
+    let mut out = String::from(
+        "policy,job,team,kind,gpus,submit_s,first_start_s,finish_s,wait_h,preemptions,lost_gpu_hours\n",
+    );
+    let opt = |t: Option<u64>| t.map(|t| t.to_string()).unwrap_or_default();
+    for r in results {
+        for o in &r.outcomes {
+            let wait = o
+                .first_start
+                .map(|s| format!("{:.4}", (s - o.submit) as f64 / 3600.0))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{wait},{},{:.4}",
+                r.policy,
+                o.id,
+                o.team,
+                kind_name(o.kind),
+                o.gpu_milli as f64 / 1000.0,
+                o.submit,
+                opt(o.first_start),
+                opt(o.finish),
+                o.preemptions,
+                o.lost_gpu_hours
+            );
+        }
+    }
+    out
+}
+
 /// A team's share of all submitted GPU-hours.
 fn demand_share(r: &SimResult, team: &str) -> f64 {
     let total: f64 = r.team_demand_gpu_hours.values().sum();

@@ -308,4 +308,30 @@ fn the_realistic_workload_reports_every_policy_whole() {
         table.contains("team-10") && table.contains("makespan h"),
         "{table}"
     );
+    // One row per policy and job, each agreeing with the job's outcome.
+    let jobs_csv = gpuflow_sim::dynreport::jobs_csv(&results);
+    let mut lines = jobs_csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), results.len() * jobs.len());
+    for (row, o) in rows.iter().zip(
+        results
+            .iter()
+            .flat_map(|r| r.outcomes.iter().map(move |o| (r, o))),
+    ) {
+        let (r, o) = o;
+        assert_eq!(row.len(), header.len());
+        assert_eq!(row[col("policy")], r.policy);
+        assert_eq!(row[col("job")], o.id.to_string());
+        assert_eq!(row[col("team")], o.team);
+        assert_eq!(row[col("preemptions")], o.preemptions.to_string());
+        match o.first_start {
+            Some(s) => {
+                let wait: f64 = row[col("wait_h")].parse().unwrap();
+                assert!((wait - (s - o.submit) as f64 / 3600.0).abs() < 1e-3);
+            }
+            None => assert_eq!(row[col("wait_h")], ""),
+        }
+    }
 }
