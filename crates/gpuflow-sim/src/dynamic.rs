@@ -116,6 +116,7 @@ impl SimPolicy {
         "aging_step",
         "aging_cap",
         "quotas",
+        "class_tiers",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -125,7 +126,8 @@ impl SimPolicy {
     /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`,
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
     /// aging), `aging_cap=N`, `quotas=true|false` (false: no guarantees,
-    /// borrowing or reclaim, as the Slurm baselines),
+    /// borrowing or reclaim, as the Slurm baselines), `class_tiers=true|false`
+    /// (false: the classes do not order the queue),
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
     /// two peers that neither preempt nor outrank each other).
     ///
@@ -183,6 +185,7 @@ impl SimPolicy {
             "aging_step" => c.aging_step = value.parse().map_err(|_| bad())?,
             "aging_cap" => c.aging_cap = value.parse().map_err(|_| bad())?,
             "quotas" => c.quotas = value.parse().map_err(|_| bad())?,
+            "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
                 let r = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "batch") {
@@ -739,7 +742,8 @@ mod tune_tests {
         let e = p.tune("usage_half_life", "0").unwrap_err();
         assert!(e.contains("not a valid value"), "{e}");
         p.tune("quotas", "false").unwrap();
-        assert!(!p.config.quotas);
+        p.tune("class_tiers", "false").unwrap();
+        assert!(!p.config.quotas && !p.config.class_tiers);
         p.tune("aging_step", "0").unwrap();
         p.tune("aging_cap", "24").unwrap();
         assert_eq!((p.config.aging_step, p.config.aging_cap), (0, 24));
