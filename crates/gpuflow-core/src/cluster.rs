@@ -137,6 +137,9 @@ impl NodeUsage {
     }
 }
 
+/// The highest reservation slot: slots are bits of a `u64` mask.
+pub const MAX_RESERVATION_SLOT: u8 = 63;
+
 /// The static shape of a node, without its identity or topology position.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct StaticShape {
@@ -144,7 +147,8 @@ struct StaticShape {
     labels: BTreeMap<String, String>,
     taints: Vec<Taint>,
     state: NodeState,
-    reserved: bool,
+    /// The node's reservation slot (0: none).
+    reserved: u8,
     cpu: CpuMilli,
     mem: MemMib,
     gpus: Vec<GpuShape>,
@@ -162,7 +166,7 @@ type GpuShape = (
     u16,
 );
 
-fn static_shape(node: &Node, reserved: bool) -> StaticShape {
+fn static_shape(node: &Node, reserved: u8) -> StaticShape {
     let mut islands: Vec<&str> = Vec::new();
     let gpus = node
         .gpus
@@ -235,8 +239,9 @@ pub struct Cluster {
     representative: Vec<NodeId>,
     /// Free milli-GPU per node for whole and fractional work (healthy, non-MIG GPUs).
     free_total: Vec<u64>,
-    /// Nodes held for a reservation: only work that ends before it may use them.
-    reserved: Vec<bool>,
+    /// The reservation slot holding each node (0: none): only work that
+    /// ends before that reservation starts may use it.
+    reserved: Vec<u8>,
     /// Classes whose liveness may have changed, in order; see [`Cluster::changes_since`].
     changes: Vec<ClassId>,
     /// Sequence number of `changes[0]`.
@@ -349,10 +354,10 @@ impl Cluster {
             trials: 0,
             journal: Vec::new(),
             free_total: vec![0; n],
-            reserved: vec![false; n],
+            reserved: vec![0; n],
         };
         for i in 0..n {
-            let shape = static_shape(&c.nodes[i], false);
+            let shape = static_shape(&c.nodes[i], 0);
             c.islands.push(shape.gpus.iter().map(|g| g.3).collect());
             c.shape_of[i] = c.intern_shape(shape);
             let class = c.intern_class(NodeId(i as u32));
@@ -450,15 +455,19 @@ impl Cluster {
         }
     }
 
-    /// Marks a node as held for a reservation, or frees it.
-    pub fn set_reserved(&mut self, id: NodeId, reserved: bool) {
-        if self.reserved[id.0 as usize] != reserved {
-            self.reserved[id.0 as usize] = reserved;
+    /// Holds a node for the reservation in `slot` (1 to 63), or frees it (0).
+    /// Nodes of different slots are never alike; work keeps off the slots
+    /// its constraints name ([`crate::request::Constraints::avoid_reservations`]).
+    pub fn set_reserved(&mut self, id: NodeId, slot: u8) {
+        let slot = slot.min(MAX_RESERVATION_SLOT);
+        if self.reserved[id.0 as usize] != slot {
+            self.reserved[id.0 as usize] = slot;
             self.reshape(id);
         }
     }
 
-    pub fn is_reserved(&self, id: NodeId) -> bool {
+    /// The node's reservation slot (0: none).
+    pub fn reservation_slot(&self, id: NodeId) -> u8 {
         self.reserved[id.0 as usize]
     }
 

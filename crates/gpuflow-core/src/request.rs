@@ -138,9 +138,10 @@ pub struct Constraints {
     pub topology: Option<Topology>,
     /// Spread replicas over nodes and racks (inference services) rather than packing them.
     pub spread: bool,
-    /// Keep off nodes held for a reservation (set by the scheduler for work
-    /// that would not end before the reservation starts).
-    pub avoid_reserved: bool,
+    /// The reservation slots to keep off, a bit each (bit `k`: slot `k`, 1
+    /// to 63; set by the scheduler for the reservations that start before
+    /// the job would end; `u64::MAX`: every reserved node).
+    pub avoid_reservations: u64,
 }
 
 /// A job: a gang of task groups placed all together or not at all.

@@ -265,6 +265,52 @@ fn several_gangs_hold_reservations_in_order_and_backfill_respects_them_all() {
     .assert_eq(&out);
 }
 
+/// `backfill_per_node`: backfill plans each reserved node on its own, as
+/// Slurm's does: a job that would still run when the first reservation
+/// starts may use the nodes of a later one that it ends before. Off (the
+/// default), it keeps off every reserved node.
+#[test]
+fn backfill_may_use_a_later_reservations_node_that_it_ends_before() {
+    let fixture = |per_node: &str| {
+        run(&format!(
+            "
+        config preemption=off quotas=off reservations=2 backfill_per_node={per_node}
+        node n1 gpus=8*H100 pool=a
+        node n2 gpus=8*H100 pool=b
+        queue org H100=16
+        queue team parent=org H100=16
+        run 10 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=5000 pool=a
+        run 11 queue=team class=training gpu=whole:4 cpu=1 started=0 runtime=8000 pool=b
+        job 1 queue=team class=training prio=9 gpu=whole:8 cpu=1 runtime=3600   # n1 from t=5000
+        job 2 queue=team class=training prio=8 gpu=whole:8 cpu=1 runtime=3600   # n2 from t=8000
+        job 3 queue=team class=batch gpu=whole:4 cpu=1 runtime=5000             # ends at 6000: n2 only
+        job 4 queue=team class=batch gpu=whole:4 cpu=1 runtime=9000             # ends after both
+        cycle 1000
+    "
+        ))
+    };
+    expect![[r#"
+        cycle t=1000
+          reserve n1 for job 1 from t=5000
+          reserve n2 for job 2 from t=8000
+          pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#4 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+    "#]]
+    .assert_eq(&fixture("off"));
+    expect![[r#"
+        cycle t=1000
+          start job 3 on H100: n2[4,5,6,7]
+          reserve n1 for job 1 from t=5000
+          reserve n2 for job 2 from t=8000
+          pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 4 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+    "#]]
+    .assert_eq(&fixture("on"));
+}
+
 #[test]
 fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
     let fifo = run("

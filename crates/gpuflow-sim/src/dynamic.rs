@@ -54,6 +54,9 @@ impl SimPolicy {
             backfill: true,
             // EASY backfill: one reservation.
             max_reservations: 1,
+            // Slurm's backfill plans each node on its own (it matters only
+            // with more than one reservation).
+            backfill_per_node: true,
             quotas: false,
             class_tiers: false,
             ..Config::default()
@@ -117,6 +120,7 @@ impl SimPolicy {
         "aging_cap",
         "quotas",
         "class_tiers",
+        "backfill_per_node",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -127,7 +131,7 @@ impl SimPolicy {
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
     /// aging), `aging_cap=N`, `quotas=true|false` (false: no guarantees,
     /// borrowing or reclaim, as the Slurm baselines), `class_tiers=true|false`
-    /// (false: the classes do not order the queue),
+    /// (false: the classes do not order the queue), `backfill_per_node=true|false`,
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
     /// two peers that neither preempt nor outrank each other).
     ///
@@ -186,6 +190,7 @@ impl SimPolicy {
             "aging_cap" => c.aging_cap = value.parse().map_err(|_| bad())?,
             "quotas" => c.quotas = value.parse().map_err(|_| bad())?,
             "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
+            "backfill_per_node" => c.backfill_per_node = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
                 let r = value.parse().map_err(|_| bad())?;
                 for class in c.classes.iter_mut().filter(|k| k.name == "batch") {
@@ -743,6 +748,8 @@ mod tune_tests {
         assert!(e.contains("not a valid value"), "{e}");
         p.tune("quotas", "false").unwrap();
         p.tune("class_tiers", "false").unwrap();
+        p.tune("backfill_per_node", "true").unwrap();
+        assert!(p.config.backfill_per_node);
         assert!(!p.config.quotas && !p.config.class_tiers);
         p.tune("aging_step", "0").unwrap();
         p.tune("aging_cap", "24").unwrap();

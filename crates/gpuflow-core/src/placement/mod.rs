@@ -121,7 +121,7 @@ struct ConstraintKey {
     pool: Option<String>,
     node_selector: BTreeMap<String, String>,
     tolerations: Vec<String>,
-    avoid_reserved: bool,
+    avoid_reservations: u64,
 }
 
 impl ConstraintKey {
@@ -130,7 +130,7 @@ impl ConstraintKey {
             pool: c.pool.clone(),
             node_selector: c.node_selector.clone(),
             tolerations: c.tolerations.clone(),
-            avoid_reserved: c.avoid_reserved,
+            avoid_reservations: c.avoid_reservations,
         }
     }
 }
@@ -243,9 +243,9 @@ impl Placer {
         }
     }
 
-    /// Holds a node for a reservation, or frees it.
-    pub fn set_reserved(&mut self, node: NodeId, reserved: bool) {
-        self.cluster.set_reserved(node, reserved);
+    /// Holds a node for the reservation in `slot` (1 to 63), or frees it (0).
+    pub fn set_reserved(&mut self, node: NodeId, slot: u8) {
+        self.cluster.set_reserved(node, slot);
     }
 
     /// Cordons, drains or readies a node.
@@ -284,7 +284,7 @@ impl Placer {
             req,
             cons,
             nvlink_scope: None,
-            reserved: self.cluster.is_reserved(id),
+            reserved: self.cluster.reservation_slot(id),
         };
         if filters::run(&view).is_err() {
             return false;
@@ -970,7 +970,7 @@ impl Placer {
             req,
             cons,
             nvlink_scope: nvlink,
-            reserved: self.cluster.is_reserved(id),
+            reserved: self.cluster.reservation_slot(id),
         };
         if let Err(r) = filters::run(&view) {
             return Eval::Reject(r);

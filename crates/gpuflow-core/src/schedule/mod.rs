@@ -53,7 +53,7 @@ impl Eq for Shape<'_> {}
 
 /// A placement problem in a cycle: (shape number, flavor index, whether the
 /// job keeps off reserved nodes).
-type PlaceKey = (u32, u32, bool);
+type PlaceKey = (u32, u32, u64);
 
 /// Victim candidates considered for one preemptor, cheapest first.
 const MAX_CANDIDATES: usize = 256;
@@ -258,6 +258,13 @@ pub struct Config {
     /// could start earliest, and later jobs that would still run then keep
     /// off every reserved node. Default 4.
     pub max_reservations: usize,
+    /// Whether backfill plans each reserved node on its own, as Slurm's
+    /// does: a job may use a reserved node when it ends before that node's
+    /// reservation starts. Off (the default): a job that would still run
+    /// when the first reservation starts keeps off every reserved node,
+    /// which on the realistic workload keeps gpuflow's tails shorter
+    /// (docs/benchmarks.md).
+    pub backfill_per_node: bool,
     /// Whether priority classes order the queue (off: one tier, as a Slurm
     /// partition with a single QoS, where priority is priority plus age).
     pub class_tiers: bool,
@@ -292,6 +299,7 @@ impl Default for Config {
             tries_per_queue: 8,
             tries_per_cycle: 3_000,
             max_reservations: 4,
+            backfill_per_node: false,
             class_tiers: true,
             preemptible_one_tier: true,
             victims_by_lost_work: true,
@@ -1672,18 +1680,41 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
-        job.constraints.avoid_reserved = self.avoids_reserved(i);
+        job.constraints.avoid_reservations = self.avoids_reserved(i);
         job
     }
 
-    /// Whether job `i` must keep off reserved nodes: it holds no
-    /// reservation, and one starts before it would end.
-    fn avoids_reserved(&self, i: usize) -> bool {
+    /// The reservation slots job `i` must keep off, a bit each: none when
+    /// it holds a reservation or ends before the first one starts; else
+    /// every reserved node, or with [`Config::backfill_per_node`] the slots
+    /// whose reservation starts before the job would end.
+    fn avoids_reserved(&self, i: usize) -> u64 {
         let w = &self.pending[i];
-        self.reserved_from != u64::MAX
-            && !self.reserved.contains_key(&w.job.id)
-            && w.max_runtime
-                .is_none_or(|m| self.now + m > self.reserved_from)
+        if self.reserved_from == u64::MAX || self.reserved.contains_key(&w.job.id) {
+            return 0;
+        }
+        let end = w
+            .max_runtime
+            .map_or(u64::MAX, |m| self.now.saturating_add(m));
+        if end <= self.reserved_from {
+            0
+        } else if self.cfg.backfill_per_node {
+            self.reservations
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.start_at < end)
+                .fold(0, |mask, (k, _)| mask | 1u64 << Self::slot(k))
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// The placer's slot of the `k`-th reservation of the cycle: one slot
+    /// for all of them unless backfill plans each node on its own; the
+    /// reservations past the last slot share it (a job keeps off them all
+    /// when the first of them starts before it ends).
+    fn slot(k: usize) -> u8 {
+        (k + 1).min(crate::cluster::MAX_RESERVATION_SLOT as usize) as u8
     }
 
     /// Job `i`'s placement problem on `flavor` (see [`PlaceKey`]).
@@ -1761,7 +1792,15 @@ impl<'a> Cycle<'a> {
                 .rejections
                 .iter()
                 .any(|(r, _)| *r == crate::placement::Reject::Reserved)
-                && let Some(r) = self.reservations.iter().min_by_key(|r| r.start_at)
+                && let Some(r) = self
+                    .reservations
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| {
+                        job.constraints.avoid_reservations & (1u64 << Self::slot(*k)) != 0
+                    })
+                    .map(|(_, r)| r)
+                    .min_by_key(|r| r.start_at)
             {
                 return PendingReason::Reservation {
                     job: r.job,
@@ -2432,7 +2471,7 @@ impl<'a> Cycle<'a> {
         // It would start later, when another reservation may hold the
         // nodes: it keeps off all of them.
         let mut job = self.job_on(i, flavor);
-        job.constraints.avoid_reserved = true;
+        job.constraints.avoid_reservations = u64::MAX;
         // Running jobs are released and taken back below: a trial. The
         // earliest start is after the fewest ending jobs that let it fit.
         // Releasing more never takes room away, so that count is found by
@@ -2473,8 +2512,13 @@ impl<'a> Cycle<'a> {
             let mut nodes: Vec<_> = p.iter().map(|a| a.node).collect();
             nodes.sort();
             nodes.dedup();
+            let slot = if self.cfg.backfill_per_node {
+                Self::slot(self.reservations.len())
+            } else {
+                1
+            };
             for &n in &nodes {
-                self.placer.set_reserved(n, true);
+                self.placer.set_reserved(n, slot);
             }
             // Fits seen before may have used these nodes.
             self.epoch += 1;
@@ -2548,7 +2592,7 @@ impl<'a> Cycle<'a> {
         // Release the reservations' hold: the next cycle decides again.
         for r in &self.reservations {
             for &n in &r.nodes {
-                self.placer.set_reserved(n, false);
+                self.placer.set_reserved(n, 0);
             }
         }
         // What the ETA pass needs of each job, in one sequential pass (the

@@ -197,6 +197,7 @@ pub fn run(fixture: &str) -> String {
                             cfg.tries_per_cycle = 0;
                         }
                         "reservations" => cfg.max_reservations = v.parse().unwrap(),
+                        "backfill_per_node" => cfg.backfill_per_node = v == "on",
                         "one_tier" => cfg.preemptible_one_tier = v == "on",
                         "victims" => cfg.victims_by_lost_work = v == "lost-work",
                         "tries_per_cycle" => cfg.tries_per_cycle = v.parse().unwrap(),

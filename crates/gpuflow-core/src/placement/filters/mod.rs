@@ -28,7 +28,8 @@ pub(crate) struct NodeView<'a> {
     pub cons: &'a Constraints,
     /// When set, only GPUs in this NVLink domain may be used.
     pub nvlink_scope: Option<&'a str>,
-    pub reserved: bool,
+    /// The node's reservation slot (0: none).
+    pub reserved: u8,
 }
 
 impl NodeView<'_> {
