@@ -51,8 +51,8 @@ impl PartialEq for Shape<'_> {
 
 impl Eq for Shape<'_> {}
 
-/// A placement problem in a cycle: (shape number, flavor index, whether the
-/// job keeps off reserved nodes).
+/// A placement problem in a cycle: (shape number, flavor index, the
+/// reservation slots the job keeps off).
 type PlaceKey = (u32, u32, u64);
 
 /// Victim candidates considered for one preemptor, cheapest first.
@@ -1709,10 +1709,10 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// The placer's slot of the `k`-th reservation of the cycle: one slot
-    /// for all of them unless backfill plans each node on its own; the
-    /// reservations past the last slot share it (a job keeps off them all
-    /// when the first of them starts before it ends).
+    /// The placer's slot of the `k`-th reservation of the cycle with
+    /// [`Config::backfill_per_node`] (without it, every reservation's nodes
+    /// take slot 1). The reservations past the last slot share it: a job
+    /// keeps off them all when the earliest of them starts before it ends.
     fn slot(k: usize) -> u8 {
         (k + 1).min(crate::cluster::MAX_RESERVATION_SLOT as usize) as u8
     }
@@ -2541,12 +2541,7 @@ impl<'a> Cycle<'a> {
             .running
             .iter()
             .enumerate()
-            .filter_map(|(k, r)| {
-                let end = r
-                    .stopping_at
-                    .or(r.work.max_runtime.map(|m| r.started + m))?;
-                Some((end.max(self.now), k))
-            })
+            .filter_map(|(k, r)| Some((Self::end_of(r)?.max(self.now), k)))
             .collect();
         ending.sort_unstable();
         let ending = Rc::new(ending);
