@@ -120,6 +120,8 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
     let cfg = Config {
         min_runtime: 0,
         aging_step: 0,
+        // Both backfill rules: every reserved node kept off, or each on its own.
+        backfill_per_node: s.seed % 2 == 1,
         ..Config::default()
     };
     let mut w = build(s);
