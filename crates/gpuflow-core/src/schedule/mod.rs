@@ -697,6 +697,16 @@ impl RunInfo {
 }
 
 /// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
+/// What the bounds say of one candidate before a search releases any.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Screen {
+    Kept,
+    /// Its queue would fall below its guarantee.
+    Guarantee,
+    /// Its queue's disruption budget: (queue, GPU-hours already lost).
+    Budget(QueueId, f64),
+}
+
 struct Screened {
     kept: Vec<usize>,
     /// The first disruption budget that left a candidate out: (queue, GPU-hours lost).
@@ -708,9 +718,9 @@ struct SharedWindow {
     /// The value of [`Cycle::epoch`] it was built at.
     epoch: u64,
     /// The first eligible jobs of borrowing queues, cheapest first, at most
-    /// [`SHARED_STREAM`]: (index into `running`, queue, whether it passes
-    /// the bounds now).
-    stream: Vec<(usize, QueueId, bool)>,
+    /// [`SHARED_STREAM`]: (index into `running`, queue, what
+    /// [`Cycle::screen_one`] says of it now).
+    stream: Vec<(usize, QueueId, Screen)>,
 }
 
 /// A leaf queue's fair-share key: the shares along its path, top first
@@ -1924,16 +1934,19 @@ impl<'a> Cycle<'a> {
             .collect();
         own.sort_by(|a, b| self.victim_cost(a.0, b.0));
         // An entitled job's reclaim candidates come from the stream its
-        // flavor's searches share (screened once), unless disruption
-        // budgets, which depend on the whole window, apply.
-        if entitled && fi != NO_FLAVOR && self.cfg.disruption_budget.is_none() {
+        // flavor's searches share, screened once per change of the state
+        // (guarantees and disruption budgets; a search's own victims are
+        // counted against budgets as it releases them).
+        if entitled && fi != NO_FLAVOR {
             let shared = self.shared_window(fi, flavor);
             if let Some((candidates, screened)) = self.window_from(&shared, &own, w.queue) {
                 #[cfg(debug_assertions)]
                 {
                     let direct = self.window(&own, Some(fi), w.queue, flavor);
                     debug_assert_eq!(candidates, direct, "shared reclaim window differs");
-                    debug_assert_eq!(screened.kept, self.screen(&direct).kept);
+                    let again = self.screen(&direct);
+                    debug_assert_eq!(screened.kept, again.kept);
+                    debug_assert_eq!(screened.budget_block, again.budget_block);
                 }
                 return self.search(i, flavor, &candidates, &screened, place_failed);
             }
@@ -2210,28 +2223,36 @@ impl<'a> Cycle<'a> {
     /// the first disruption budget that left one out.
     fn screen(&mut self, candidates: &[(usize, PreemptReason)]) -> Screened {
         let mut budget_block = None;
-        let kept = candidates
-            .iter()
-            .copied()
-            .filter(|&(k, reason)| {
-                if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
-                    return false;
+        let mut kept = Vec::with_capacity(candidates.len());
+        for &(k, reason) in candidates {
+            match self.screen_one(k, reason) {
+                Screen::Kept => kept.push(k),
+                Screen::Guarantee => {}
+                Screen::Budget(q, used) => {
+                    budget_block.get_or_insert((q, used));
                 }
-                if let Some(budget) = self.cfg.disruption_budget {
-                    let q = self.run[k].queue;
-                    let used = self
-                        .history
-                        .disrupted(q, self.now, self.cfg.disruption_window);
-                    if used + self.run[k].lost / 3600.0 > budget {
-                        budget_block.get_or_insert((q, used));
-                        return false;
-                    }
-                }
-                true
-            })
-            .map(|(k, _)| k)
-            .collect();
+            }
+        }
         Screened { kept, budget_block }
+    }
+
+    /// Whether candidate `k` passes the bounds before any victim is
+    /// released: a reclaim leaves its queue its guarantee, and its loss
+    /// fits its queue's disruption budget.
+    fn screen_one(&self, k: usize, reason: PreemptReason) -> Screen {
+        if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
+            return Screen::Guarantee;
+        }
+        if let Some(budget) = self.cfg.disruption_budget {
+            let q = self.run[k].queue;
+            let used = self
+                .history
+                .disrupted(q, self.now, self.cfg.disruption_window);
+            if used + self.run[k].lost / 3600.0 > budget {
+                return Screen::Budget(q, used);
+            }
+        }
+        Screen::Kept
     }
 
     /// (node, GPUs held there, candidate) for the candidates, by node, from
@@ -2282,7 +2303,7 @@ impl<'a> Cycle<'a> {
             }
             let q = self.run[k].queue;
             if self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize) {
-                stream.push((k, q, self.keeps_guarantee(k)));
+                stream.push((k, q, self.screen_one(k, PreemptReason::Reclaim)));
             }
         }
         let w = Rc::new(SharedWindow {
@@ -2307,25 +2328,30 @@ impl<'a> Cycle<'a> {
             .stream
             .iter()
             .filter(|s| s.1 != queue)
-            .map(|&(k, _, ok)| (k, ok));
-        let (window, filled) = self.merge(own, true, others);
+            .map(|&(k, _, screen)| (k, Some(screen)));
+        // The own candidates are screened here (`None` in the merge).
+        let (window, filled) = self.merge(own, None, others);
         // The stream ran out before the window filled: the reclaim list may
         // hold more than the stream kept.
         if !filled && shared.stream.len() >= SHARED_STREAM {
             return None;
         }
-        let kept = window.iter().filter(|c| c.2).map(|c| c.0).collect();
+        let mut kept = Vec::with_capacity(window.len());
+        let mut budget_block = None;
+        for &(k, reason, screen) in &window {
+            match screen.unwrap_or_else(|| self.screen_one(k, reason)) {
+                Screen::Kept => kept.push(k),
+                Screen::Guarantee => {}
+                Screen::Budget(q, used) => {
+                    budget_block.get_or_insert((q, used));
+                }
+            }
+        }
         let candidates = window
             .into_iter()
             .map(|(k, reason, _)| (k, reason))
             .collect();
-        Some((
-            candidates,
-            Screened {
-                kept,
-                budget_block: None,
-            },
-        ))
+        Some((candidates, Screened { kept, budget_block }))
     }
 
     /// Whether stopping every candidate could let job `i` start on `flavor`;
