@@ -160,11 +160,17 @@ pub struct Gpus {
     last: Mutex<Vec<GpuInfo>>,
     /// Stops the event thread.
     stop: Arc<AtomicBool>,
+    /// The event thread, joined on drop: nothing calls into NVML after the
+    /// `Gpus` are gone (its wait returns within 250 ms).
+    events: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Gpus {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.events.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -248,6 +254,7 @@ impl Gpus {
             ecc_base: Mutex::default(),
             last: Mutex::default(),
             stop: Arc::default(),
+            events: None,
         };
         if emulated.is_some() {
             return blank(None, emulated, Some("emulated GPUs were asked for".into()));
@@ -259,7 +266,7 @@ impl Gpus {
         match init {
             Ok(nvml) => {
                 let nvml = Arc::new(nvml);
-                let g = blank(Some(nvml.clone()), None, None);
+                let mut g = blank(Some(nvml.clone()), None, None);
                 // The baseline of uncorrected ECC errors: only new ones count.
                 for i in 0..nvml.device_count().unwrap_or(0) {
                     if let Ok(d) = nvml.device_by_index(i)
@@ -269,7 +276,7 @@ impl Gpus {
                     }
                 }
                 let (marks, stop) = (g.marks.clone(), g.stop.clone());
-                std::thread::Builder::new()
+                g.events = std::thread::Builder::new()
                     .name("nvml-events".into())
                     .spawn(move || watch_events(nvml, marks, stop))
                     .ok();

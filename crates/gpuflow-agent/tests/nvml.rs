@@ -18,6 +18,7 @@ fn nvml_discovery_through_the_fake_library() {
         std::env::set_var("FAKE_NVML_GPUS", "3");
         std::env::set_var("FAKE_NVML_MEM_MIB", "81559");
     }
+    let threads_before = threads();
     let gpus = Gpus::open(Some(&lib), None);
     assert!(
         !gpus.is_emulated(),
@@ -33,6 +34,14 @@ fn nvml_discovery_through_the_fake_library() {
     assert_eq!(list[1].unhealthy, None);
     assert!(list[0].mig.is_empty(), "not in MIG mode");
     drop(gpus);
+    // Dropping the GPUs stops the thread that waits on NVML's events before
+    // it returns: no thread calls into the library afterwards (the
+    // environment changes below raced it, and the fake's getenv crashed).
+    assert_eq!(
+        threads(),
+        threads_before,
+        "the event thread outlived its Gpus"
+    );
 
     // GPUs in MIG mode: their instances, profiles, memory and UUIDs, read
     // (never set) through NVML.
@@ -172,4 +181,12 @@ fn poll_list(
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// This process's threads.
+fn threads() -> usize {
+    procfs::process::Process::myself()
+        .and_then(|p| p.tasks())
+        .map(|tasks| tasks.flatten().count())
+        .expect("/proc/self/task is readable")
 }
