@@ -696,7 +696,6 @@ impl RunInfo {
     }
 }
 
-/// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
 /// What the bounds say of one candidate before a search releases any.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Screen {
@@ -707,10 +706,29 @@ enum Screen {
     Budget(QueueId, f64),
 }
 
+/// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
 struct Screened {
     kept: Vec<usize>,
     /// The first disruption budget that left a candidate out: (queue, GPU-hours lost).
     budget_block: Option<(QueueId, f64)>,
+}
+
+impl Screened {
+    /// The candidates kept, in order, and the first budget that left one out.
+    fn of(screens: impl Iterator<Item = (usize, Screen)>) -> Screened {
+        let mut kept = Vec::new();
+        let mut budget_block = None;
+        for (k, screen) in screens {
+            match screen {
+                Screen::Kept => kept.push(k),
+                Screen::Guarantee => {}
+                Screen::Budget(q, used) => {
+                    budget_block.get_or_insert((q, used));
+                }
+            }
+        }
+        Screened { kept, budget_block }
+    }
 }
 
 /// The reclaim candidates entitled searches share ([`Cycle::shared_window`]).
@@ -2221,19 +2239,12 @@ impl<'a> Cycle<'a> {
     /// The candidates that pass the bounds now (they only tighten as a search
     /// releases victims, so one that fails them now is never taken), with
     /// the first disruption budget that left one out.
-    fn screen(&mut self, candidates: &[(usize, PreemptReason)]) -> Screened {
-        let mut budget_block = None;
-        let mut kept = Vec::with_capacity(candidates.len());
-        for &(k, reason) in candidates {
-            match self.screen_one(k, reason) {
-                Screen::Kept => kept.push(k),
-                Screen::Guarantee => {}
-                Screen::Budget(q, used) => {
-                    budget_block.get_or_insert((q, used));
-                }
-            }
-        }
-        Screened { kept, budget_block }
+    fn screen(&self, candidates: &[(usize, PreemptReason)]) -> Screened {
+        Screened::of(
+            candidates
+                .iter()
+                .map(|&(k, reason)| (k, self.screen_one(k, reason))),
+        )
     }
 
     /// Whether candidate `k` passes the bounds before any victim is
@@ -2336,22 +2347,15 @@ impl<'a> Cycle<'a> {
         if !filled && shared.stream.len() >= SHARED_STREAM {
             return None;
         }
-        let mut kept = Vec::with_capacity(window.len());
-        let mut budget_block = None;
-        for &(k, reason, screen) in &window {
-            match screen.unwrap_or_else(|| self.screen_one(k, reason)) {
-                Screen::Kept => kept.push(k),
-                Screen::Guarantee => {}
-                Screen::Budget(q, used) => {
-                    budget_block.get_or_insert((q, used));
-                }
-            }
-        }
+        let screened =
+            Screened::of(window.iter().map(|&(k, reason, screen)| {
+                (k, screen.unwrap_or_else(|| self.screen_one(k, reason)))
+            }));
         let candidates = window
             .into_iter()
             .map(|(k, reason, _)| (k, reason))
             .collect();
-        Some((candidates, Screened { kept, budget_block }))
+        Some((candidates, screened))
     }
 
     /// Whether stopping every candidate could let job `i` start on `flavor`;
@@ -2513,12 +2517,11 @@ impl<'a> Cycle<'a> {
                 fit = Some((count, p));
                 break;
             }
+            if count == ending.len() {
+                break;
+            }
             below = count;
-            count = if count == ending.len() {
-                usize::MAX
-            } else {
-                (count * 2).min(ending.len())
-            };
+            count = (count * 2).min(ending.len());
         }
         if let Some((mut above, mut placement)) = fit.take() {
             while above - below > 1 {
