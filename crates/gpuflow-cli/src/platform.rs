@@ -41,6 +41,12 @@ pub struct ServerArgs {
     /// loses more; 0: no limit.
     #[arg(long, default_value_t = 3600)]
     pub max_unsaved: u64,
+    /// GPU-hours of work a queue may lose per hour when batch and training
+    /// jobs of other queues reclaim its borrowed GPUs (inference, notebooks
+    /// and queues below 0.8 of their share of recent usage pass it); `none`:
+    /// no limit.
+    #[arg(long, default_value = "1", value_parser = parse_budget)]
+    pub disruption_budget: Budget,
     /// Output kept per job, in MiB, over all its tasks, streams and
     /// attempts; beyond it only each task's last 16 KiB is kept.
     #[arg(long, default_value_t = 16)]
@@ -178,6 +184,23 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// `--disruption-budget`: GPU-hours, or none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget(pub Option<f64>);
+
+fn parse_budget(v: &str) -> Result<Budget, String> {
+    if v == "none" {
+        return Ok(Budget(None));
+    }
+    v.parse::<f64>()
+        .ok()
+        .filter(|b| b.is_finite() && *b >= 0.0)
+        .map(|b| Budget(Some(b)))
+        .ok_or_else(|| {
+            format!("{v:?} is not a budget: give GPU-hours (0 or more, e.g. 1 or 2.5) or `none`")
+        })
+}
+
 fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     let mut c = gpuflow_server::Config::new(a.listen, a.data_dir.clone());
     c.store_url = a.store.clone();
@@ -186,6 +209,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
     c.max_unsaved_s = (a.max_unsaved > 0).then_some(a.max_unsaved);
+    c.disruption_budget = a.disruption_budget.0;
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());

@@ -202,3 +202,16 @@ fn bench_cycle_takes_a_setting_and_refuses_an_unknown_or_malformed_one() {
     assert_ne!(code, 0);
     assert!(stderr.contains("not a valid value"), "{stderr}");
 }
+
+#[test]
+fn the_server_refuses_a_malformed_disruption_budget_and_says_what_to_give() {
+    for bad in ["-1", "lots", "NaN"] {
+        let arg = format!("--disruption-budget={bad}");
+        let (code, _, stderr) = gpuflow(&["server", &arg]);
+        assert_eq!(code, 2, "{bad}: {stderr}");
+        assert!(
+            stderr.contains("is not a budget") && stderr.contains("`none`"),
+            "{stderr}"
+        );
+    }
+}

@@ -116,14 +116,25 @@ fn build(s: &Spec) -> World {
     }
 }
 
+/// The disruption budget of half the worlds, GPU-hours per window (jobs
+/// lose up to 4 GPUs × 500 s, about 0.56 GPU-h; most lose a few hundredths),
+/// and the window, seconds.
+const BUDGET: f64 = 0.05;
+const WINDOW: u64 = 600;
+
 fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
     let cfg = Config {
         min_runtime: 0,
         aging_step: 0,
         // Both backfill rules: every reserved node kept off, or each on its own.
         backfill_per_node: s.seed % 2 == 1,
+        // Half the worlds with a tight disruption budget.
+        disruption_budget: (s.seed / 2 % 2 == 1).then_some(BUDGET),
+        disruption_window: WINDOW,
         ..Config::default()
     };
+    // GPU-hours lost per queue in the budget's window: (time, GPU-hours).
+    let mut lost: BTreeMap<QueueId, Vec<(u64, f64)>> = BTreeMap::new();
     let mut w = build(s);
     let teams = s.teams.len();
     let mut ends: BTreeMap<JobId, u32> = BTreeMap::new();
@@ -158,6 +169,18 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
         }
         w.history
             .account(now, cfg.usage_half_life, &w.running, &w.queues);
+        // Queues below the share of the decayed usage that passes budgets
+        // (the teams weigh the same).
+        let usage = |q: &QueueId| w.history.usage.get(q).copied().unwrap_or(0.0);
+        let team_ids: Vec<QueueId> = (0..teams).map(|t| QueueId(1 + t as u32)).collect();
+        let used: f64 = team_ids.iter().map(usage).sum();
+        let underserved: BTreeSet<QueueId> = team_ids
+            .iter()
+            .copied()
+            .filter(|q| {
+                used > 0.0 && usage(q) / used * (teams as f64) < cfg.underserved_pass_budgets
+            })
+            .collect();
         let plan = schedule(
             now,
             &mut w.placer,
@@ -208,6 +231,32 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                         "reclaim pushed a queue below its guarantee"
                     );
                 }
+            }
+            // A reclaim by a preemptible job keeps within the victim queue's
+            // budget (with what this plan's earlier victims lost); a protected
+            // job, or one of a queue below its share, may pass it. A queue's
+            // own priority preemptions are not budgeted.
+            let q = victim.work.queue;
+            let window: f64 = lost
+                .get(&q)
+                .into_iter()
+                .flatten()
+                .filter(|(t, _)| now - t < WINDOW)
+                .map(|(_, h)| h)
+                .sum();
+            if let Some(budget) = cfg.disruption_budget
+                && p.reason == PreemptReason::Reclaim
+                && cfg.classes[by.class].preemptible
+                && !underserved.contains(&by.queue)
+            {
+                prop_assert!(
+                    window + p.lost_gpu_hours <= budget + 1e-9,
+                    "a preemption passed the disruption budget: {window} + {} of {budget}",
+                    p.lost_gpu_hours
+                );
+            }
+            if p.reason == PreemptReason::Reclaim {
+                lost.entry(q).or_default().push((now, p.lost_gpu_hours));
             }
             // No cycles: the victim never preempted the preemptor before.
             prop_assert!(

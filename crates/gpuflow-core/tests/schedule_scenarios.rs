@@ -157,27 +157,29 @@ fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never(
 
 #[test]
 fn preemption_respects_min_runtime_and_the_disruption_budget() {
+    // b borrows both GPUs; a reclaims them (a queue's own priority
+    // preemptions are not budgeted, its reclaims by others are).
     let out = run("
-        config min_runtime=600 budget=1 max_unsaved=none
+        config min_runtime=600 budget=1 max_unsaved=none underserved_pass=0
         node n1 gpus=2*H100
-        queue org H100=2
-        queue team parent=org H100=2
-        run 10 queue=team class=batch gpu=whole:1 cpu=1 started=900        # too young at t=1000
-        run 11 queue=team class=batch gpu=whole:1 cpu=1 started=0          # 1 GPU-h... 0.28 at t=1000
-        job 1 queue=team class=training gpu=whole:1 cpu=1
-        job 2 queue=team class=training gpu=whole:1 cpu=1
+        queue a H100=2
+        queue b H100=0
+        run 10 queue=b class=batch gpu=whole:1 cpu=1 started=900        # too young at t=1000
+        run 11 queue=b class=batch gpu=whole:1 cpu=1 started=0          # 0.28 GPU-h lost at t=1000
+        job 1 queue=a class=training gpu=whole:1 cpu=1
+        job 2 queue=a class=training gpu=whole:1 cpu=1
         cycle 1000
-        cycle 5000
+        cycle 5000      # 10 would lose 1.14 GPU-h, more than the budget
     ");
     expect![[r#"
         cycle t=1000
-          preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          preempt job 11 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=5000
           start job 1 on H100: n1[1]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue team's disruption budget: 0.00 of 1.00 GPU-hours already lost in the window
-          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.00 of 1.00 GPU-hours already lost in the window
+          pending job 11 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -483,32 +485,130 @@ fn a_spent_budget_tapers_the_queue_weight_in_fair_share() {
 #[test]
 fn the_disruption_budget_caps_work_lost_per_window() {
     let out = run("
-        config min_runtime=0 budget=0.5 window=600
+        config min_runtime=0 budget=0.5 window=600 underserved_pass=0
         node n1 gpus=2*H100
-        queue q H100=2
-        run 10 queue=q class=batch gpu=whole:1 cpu=1 started=0
-        run 11 queue=q class=batch gpu=whole:1 cpu=1 started=0
-        job 1 queue=q class=training gpu=whole:1 cpu=1
-        job 2 queue=q class=training gpu=whole:1 cpu=1
-        cycle 1000      # 10 preempted: 0.28 of the 0.5 GPU-h budget
+        queue a H100=2
+        queue b H100=0
+        run 10 queue=b class=batch gpu=whole:1 cpu=1 started=0
+        run 11 queue=b class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=a class=training gpu=whole:1 cpu=1
+        job 2 queue=a class=training gpu=whole:1 cpu=1
+        cycle 1000      # 10 reclaimed: 0.28 of b's 0.5 GPU-h budget
         cycle 1001      # 11 would lose 0.28 more within the window: over budget
         cycle 1700      # the first loss left the window; 11 loses 0.47 alone
     ");
     expect![[r#"
         cycle t=1000
-          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
           pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
           pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[0]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue q's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
-          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1700
-          preempt job 11 for job 2 (Priority): signal now, kill at t=1730, loses 0.47 GPU-h
+          preempt job 11 for job 2 (Reclaim): signal now, kill at t=1730, loses 0.47 GPU-h
           pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 10 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
+}
+
+#[test]
+fn a_queues_own_priority_preemptions_are_not_budgeted() {
+    // The budget paces what other queues take back; a queue's training job
+    // still preempts its own batch job, whatever that loses.
+    let out = run("
+        config min_runtime=0 budget=0.1 max_unsaved=none
+        node n1 gpus=1*H100
+        queue q H100=1
+        run 10 queue=q class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=q class=training gpu=whole:1 cpu=1
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
+
+/// Queues a and b guaranteed a GPU each, c borrowing both for two batch
+/// jobs started at 0, a budget of 0.1 GPU-h with `config`, the `usage`
+/// lines, and one job each of a (`class`) and b (training) at t=1000.
+fn borrowed_pair(config: &str, usage: &str, class: &str) -> String {
+    format!(
+        "
+        config min_runtime=0 budget=0.1 max_unsaved=none {config}
+        node n1 gpus=2*H100
+        queue a H100=1
+        queue b H100=1
+        queue c H100=0
+        {usage}
+        run 10 queue=c class=batch gpu=whole:1 cpu=1 started=0
+        run 11 queue=c class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=a class={class} gpu=whole:1 cpu=1
+        job 2 queue=b class=training gpu=whole:1 cpu=1
+        cycle 1000
+        "
+    )
+}
+
+#[test]
+fn protected_classes_reclaim_past_the_disruption_budget() {
+    // Queue c borrows both GPUs; its budget (0.1 GPU-h) is smaller than
+    // either job's loss. A notebook of a, within a's guarantee, reclaims
+    // anyway; a training job of b, within b's guarantee too, is held to the
+    // budget and waits. With the rule off, both are held.
+    let script = |rule: &str| {
+        borrowed_pair(
+            &format!("protected_pass={rule} underserved_pass=0"),
+            "",
+            "notebook",
+        )
+    };
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
+    "#]]
+    .assert_eq(&run(&script("on")));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+    "#]]
+    .assert_eq(&run(&script("off")));
+}
+
+#[test]
+fn a_queue_below_its_share_of_the_history_reclaims_past_the_disruption_budget() {
+    // Queue c borrows both GPUs; its budget (0.1 GPU-h) is smaller than
+    // either job's loss. a has used a tenth of what b and c each have:
+    // below its weighted share, its training job reclaims anyway; b, above
+    // its share, is held to the budget. With the rule off, both are held.
+    let script = |threshold: &str| {
+        borrowed_pair(
+            &format!("underserved_pass={threshold}"),
+            "usage a 1\nusage b 10\nusage c 10",
+            "training",
+        )
+    };
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
+    "#]]
+    .assert_eq(&run(&script("1.0")));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+    "#]]
+    .assert_eq(&run(&script("0")));
 }
 
 #[test]

@@ -626,6 +626,7 @@ fn config(server: &crate::Config) -> Config {
     Config {
         min_runtime: server.min_runtime_s,
         max_unsaved: server.max_unsaved_s,
+        disruption_budget: server.disruption_budget,
         tries_per_cycle: server.tries_per_cycle,
         classes: classes(),
         ..Config::default()

@@ -68,6 +68,10 @@ pub struct Config {
     /// A job with more work than this since its last checkpoint (or its
     /// start) is not preempted; `None`: no limit.
     pub max_unsaved_s: Option<u64>,
+    /// GPU-hours of work a queue may lose to reclaims by batch and training
+    /// jobs per hour (inference, notebooks and queues below their share
+    /// pass); `None`: no limit. See the core's `Config::disruption_budget`.
+    pub disruption_budget: Option<f64>,
     /// Failed tries a cycle may spend, shared among the queues with pending
     /// jobs (each gets at least 8); see the core's `Config::tries_per_cycle`.
     pub tries_per_cycle: usize,
@@ -115,6 +119,7 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_unsaved_s: Some(3600),
+            disruption_budget: gpuflow_core::schedule::Config::default().disruption_budget,
             tries_per_cycle: gpuflow_core::schedule::Config::default().tries_per_cycle,
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,

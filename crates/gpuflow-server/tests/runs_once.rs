@@ -1216,6 +1216,57 @@ async fn a_borrower_with_more_unsaved_work_than_the_limit_keeps_its_gpu_and_why_
     }
 }
 
+/// The disruption budget paces reclaims: once the owner has had its share
+/// of the usage, its batch job does not take back a GPU whose job would
+/// lose more than the budget, and `why` says so; without a budget it does.
+#[tokio::test]
+async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
+    for budget in [Some(0.0001), None] {
+        let h = harness_with(|c| {
+            c.min_runtime_s = 0;
+            c.disruption_budget = budget;
+        })
+        .await;
+        let a = &h.admin;
+        for (team, guaranteed) in [("owner", 2.0), ("borrower", 0.0)] {
+            team_with_queue(&h, team, guaranteed).await;
+        }
+        let gpus = ["GPU-a", "GPU-b"];
+        let tok = register(&h, "n1", inventory(&gpus, 65536)).await;
+        // One job each, side by side: the borrower's on the owner's
+        // guarantee, so both queues use the same share of the GPUs.
+        let first = submit(&h, "owner", "{count: 1}", 1024).await;
+        let theirs = submit(&h, "borrower", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        heartbeat(
+            &h,
+            "n1",
+            &tok,
+            inventory(&gpus, 65536),
+            &[(first, 1, "running"), (theirs, 1, "running")],
+        )
+        .await;
+        // Two seconds of work each (0.0006 GPU-h): over a budget of 0.0001.
+        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        cycle(&h).await;
+        let mine = submit(&h, "owner", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        let state = job_state(&h.get(&format!("/v1/jobs/{theirs}"), a).await.1);
+        if budget.is_none() {
+            assert_eq!(state, "stopping", "reclaimed without a budget");
+            continue;
+        }
+        assert_eq!(state, "running", "kept by the budget");
+        let (_, why) = h.get(&format!("/v1/jobs/{mine}/why"), a).await;
+        assert!(
+            why["reasons"]
+                .to_string()
+                .contains("preempting would pass queue borrower's disruption budget"),
+            "{why}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_evicted_job_counts_in_its_queues_quota_until_it_is_gone() {
     let h = harness(None).await;

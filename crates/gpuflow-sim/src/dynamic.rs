@@ -111,6 +111,8 @@ impl SimPolicy {
         "notebooks_borrow",
         "disruption_budget",
         "disruption_window",
+        "protected_pass_budgets",
+        "underserved_pass_budgets",
         "max_unsaved",
         "batch_rank",
         "preemptible_one_tier",
@@ -127,7 +129,8 @@ impl SimPolicy {
     /// `tries_per_queue=N`, `tries_per_cycle=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
-    /// `disruption_window=SECONDS`, `max_unsaved=SECONDS|none`,
+    /// `disruption_window=SECONDS`, `protected_pass_budgets=true|false`,
+    /// `underserved_pass_budgets=FRACTION` (0: none), `max_unsaved=SECONDS|none`,
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
     /// aging), `aging_cap=N`, `quotas=true|false` (false: no guarantees,
     /// borrowing or reclaim, as the Slurm baselines), `class_tiers=true|false`
@@ -175,6 +178,16 @@ impl SimPolicy {
                     .parse()
                     .ok()
                     .filter(|w: &u64| *w > 0)
+                    .ok_or_else(bad)?
+            }
+            "protected_pass_budgets" => {
+                c.protected_pass_budgets = value.parse().map_err(|_| bad())?
+            }
+            "underserved_pass_budgets" => {
+                c.underserved_pass_budgets = value
+                    .parse()
+                    .ok()
+                    .filter(|x: &f64| x.is_finite() && *x >= 0.0)
                     .ok_or_else(bad)?
             }
             "preemptible_one_tier" => c.preemptible_one_tier = value.parse().map_err(|_| bad())?,
@@ -756,6 +769,14 @@ mod tune_tests {
         assert_eq!((p.config.aging_step, p.config.aging_cap), (0, 24));
         let e = p.tune("aging_cap", "many").unwrap_err();
         assert!(e.contains("not a valid value"), "{e}");
+        p.tune("protected_pass_budgets", "false").unwrap();
+        p.tune("underserved_pass_budgets", "0.5").unwrap();
+        assert!(!p.config.protected_pass_budgets);
+        assert_eq!(p.config.underserved_pass_budgets, 0.5);
+        for bad in ["-1", "NaN", "inf"] {
+            let e = p.tune("underserved_pass_budgets", bad).unwrap_err();
+            assert!(e.contains("not a valid value"), "{e}");
+        }
         let e = p.tune("speed", "11").unwrap_err();
         assert!(
             e.contains("batch_rank") && e.contains("tries_per_queue"),

@@ -239,9 +239,25 @@ pub struct Config {
     /// no victim loses more; it becomes a candidate again once it
     /// checkpoints. `None`: no limit.
     pub max_unsaved: Option<u64>,
-    /// GPU-hours of lost work each queue may suffer per window; `None`: no limit.
+    /// GPU-hours of lost work each queue may suffer per window from the
+    /// preemptions that budgets bind (see `protected_pass_budgets` and
+    /// `underserved_pass_budgets`); `None`: no limit. Default 1 GPU-hour an
+    /// hour: a queue of batch and training is not reclaimed faster than
+    /// that unless the reclaimer has had much less than its share, so the
+    /// others wait for capacity that frees instead (docs/benchmarks.md).
     pub disruption_budget: Option<f64>,
+    /// The disruption budget's window, seconds (default one hour).
     pub disruption_window: u64,
+    /// Whether jobs of the protected classes (those that are not
+    /// preemptible: inference, notebooks) preempt past disruption budgets:
+    /// a budget then paces the reclaims of batch and training, never a
+    /// service or a notebook within its guarantee. On by default.
+    pub protected_pass_budgets: bool,
+    /// A queue whose decayed usage is below this fraction of its weighted
+    /// share (among its siblings) preempts past disruption budgets:
+    /// reclaims that restore fairness are not paced. Default 0.8 (0: no
+    /// queue passes).
+    pub underserved_pass_budgets: f64,
     /// Failed tries per leaf queue per cycle, shared out equally among the
     /// classes the queue has pending: a class that used its share waits for
     /// the next cycle, and the queue's other classes go on (no head-of-line
@@ -294,8 +310,10 @@ impl Default for Config {
             aging_cap: 10,
             min_runtime: 300,
             max_unsaved: Some(3600),
-            disruption_budget: None,
+            disruption_budget: Some(1.0),
             disruption_window: 3600,
+            protected_pass_budgets: true,
+            underserved_pass_budgets: 0.8,
             tries_per_queue: 8,
             tries_per_cycle: 3_000,
             max_reservations: 4,
@@ -845,6 +863,9 @@ struct Cycle<'a> {
     /// Set by a victim search that skipped a candidate for a disruption budget:
     /// (the victim's queue, GPU-hours already lost in the window).
     budget_block: Option<(QueueId, f64)>,
+    /// Whether the disruption budgets bind the victim search under way (set
+    /// by [`Cycle::find_victims`] from the job's class).
+    budgets_bind: bool,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
@@ -859,6 +880,9 @@ struct Cycle<'a> {
     max_free: BTreeMap<String, u64>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
     shares: std::cell::RefCell<Vec<Option<f64>>>,
+    /// [`Cycle::history_share`] by queue index, once a cycle (the history
+    /// does not change during one).
+    history_shares: Vec<Option<f64>>,
 }
 
 impl<'a> Cycle<'a> {
@@ -993,8 +1017,10 @@ impl<'a> Cycle<'a> {
             shape_of: vec![u32::MAX; pending.len()],
             preempt_tried: BTreeSet::new(),
             budget_block: None,
+            budgets_bind: false,
             leaving,
             shares: std::cell::RefCell::new(Vec::new()),
+            history_shares: Vec::new(),
             max_free: BTreeMap::new(),
             admitted_idx: Vec::new(),
             run,
@@ -1226,6 +1252,39 @@ impl<'a> Cycle<'a> {
             c[q.0 as usize] = Some(v);
             v
         })
+    }
+
+    /// A queue's share of its siblings' decayed usage over its share of
+    /// their weight (below 1: it has had less than its share).
+    fn history_share(&mut self, q: QueueId) -> f64 {
+        let i = q.0 as usize;
+        if let Some(Some(v)) = self.history_shares.get(i) {
+            return *v;
+        }
+        let v = self.compute_history_share(q);
+        if self.history_shares.len() <= i {
+            self.history_shares.resize(i + 1, None);
+        }
+        self.history_shares[i] = Some(v);
+        v
+    }
+
+    fn compute_history_share(&self, q: QueueId) -> f64 {
+        let siblings = self.queues.children(self.queues.get(q).parent);
+        let used: f64 = siblings
+            .iter()
+            .map(|c| self.history.usage.get(c).copied().unwrap_or(0.0))
+            .sum();
+        let weights: f64 = siblings
+            .iter()
+            .map(|&c| self.queues.get(c).effective_weight())
+            .sum();
+        let weight = self.queues.get(q).effective_weight();
+        if used > 0.0 && weight > 0.0 {
+            self.history.usage.get(&q).copied().unwrap_or(0.0) / used / (weight / weights)
+        } else {
+            0.0
+        }
     }
 
     fn compute_share(&self, q: QueueId) -> f64 {
@@ -1937,6 +1996,12 @@ impl<'a> Cycle<'a> {
         let my_rank = (self.rank(w), w.priority);
         let fi = self.fidx(flavor);
         let entitled = self.within_guarantee(i, flavor);
+        // Budgets bind the reclaims of batch and training (unless protected
+        // classes are held to them too) by queues that have had their share.
+        let protected = !self.cfg.classes[w.class].preemptible;
+        self.budgets_bind = self.cfg.disruption_budget.is_some()
+            && (!protected || !self.cfg.protected_pass_budgets)
+            && self.history_share(w.queue) >= self.cfg.underserved_pass_budgets;
         // Victims may be the own queue's jobs of strictly lower priority and,
         // when entitled to reclaim, the jobs of queues that borrow this flavor.
         // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
@@ -2073,7 +2138,10 @@ impl<'a> Cycle<'a> {
             if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
                 continue;
             }
-            if let Some(budget) = self.cfg.disruption_budget {
+            if self.budgets_bind
+                && reason == PreemptReason::Reclaim
+                && let Some(budget) = self.cfg.disruption_budget
+            {
                 let planned: f64 = chosen
                     .iter()
                     .filter(|(c, _)| self.running[*c].work.queue == r.work.queue)
@@ -2156,17 +2224,18 @@ impl<'a> Cycle<'a> {
             self.run[k].victim = true;
             // A queue's own priority preemptions make room for its own job;
             // only reclaim takes usage away from it.
+            // Only reclaims count against its disruption budget, too.
             if reason == PreemptReason::Reclaim {
                 *self
                     .leaving
                     .entry((r.work.queue, self.run[k].flavor))
                     .or_default() += self.run[k].milli;
+                self.history
+                    .disruptions
+                    .entry(r.work.queue)
+                    .or_default()
+                    .push((self.now, lost));
             }
-            self.history
-                .disruptions
-                .entry(r.work.queue)
-                .or_default()
-                .push((self.now, lost));
             out.push(Preemption {
                 victim: r.work.job.id,
                 by,
@@ -2208,12 +2277,19 @@ impl<'a> Cycle<'a> {
     }
 
     /// The candidates a search over `window` would have released after its
-    /// last one, without disruption budgets: in order, each reclaim that
-    /// leaves its queue its guarantee once the earlier ones are gone
-    /// ([`Cycle::keeps_guarantee`] as the search sees it).
+    /// last one: in order, each reclaim that leaves its queue its guarantee
+    /// once the earlier ones are gone ([`Cycle::keeps_guarantee`] as the
+    /// search sees it) and, when budgets bind the search, whose loss fits
+    /// its queue's budget with the earlier ones' (as
+    /// [`Cycle::pick_victims`] counts it). Every set the search reaches is a
+    /// subset of it.
     fn releasable(&self, window: &[(usize, PreemptReason)]) -> Vec<usize> {
         // Released so far per victim queue and flavor (few queues per window).
         let mut gone: Vec<(QueueId, u32, u64)> = Vec::new();
+        // GPU-hours the reclaims so far would take from each victim queue,
+        // when budgets bind the search.
+        let mut planned: Vec<(QueueId, f64)> = Vec::new();
+        let budget = self.cfg.disruption_budget.filter(|_| self.budgets_bind);
         let mut out = Vec::with_capacity(window.len());
         for &(k, reason) in window {
             let RunInfo {
@@ -2226,6 +2302,23 @@ impl<'a> Cycle<'a> {
             let before = slot.map_or(0, |s| gone[s].2);
             if reason == PreemptReason::Reclaim && !self.keeps_guarantee_with(k, before) {
                 continue;
+            }
+            if reason == PreemptReason::Reclaim
+                && let Some(budget) = budget
+            {
+                let lost = self.run[k].lost / 3600.0;
+                let p = planned.iter().position(|x| x.0 == q);
+                let so_far = p.map_or(0.0, |p| planned[p].1);
+                let used = self
+                    .history
+                    .disrupted(q, self.now, self.cfg.disruption_window);
+                if used + so_far + lost > budget {
+                    continue;
+                }
+                match p {
+                    Some(p) => planned[p].1 += lost,
+                    None => planned.push((q, lost)),
+                }
             }
             match slot {
                 Some(s) => gone[s].2 += milli,
@@ -2251,10 +2344,18 @@ impl<'a> Cycle<'a> {
     /// released: a reclaim leaves its queue its guarantee, and its loss
     /// fits its queue's disruption budget.
     fn screen_one(&self, k: usize, reason: PreemptReason) -> Screen {
+        self.screen_bounds(k, reason, self.budgets_bind)
+    }
+
+    /// [`Cycle::screen_one`], with the disruption budgets binding or not.
+    fn screen_bounds(&self, k: usize, reason: PreemptReason, budgets: bool) -> Screen {
         if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
             return Screen::Guarantee;
         }
-        if let Some(budget) = self.cfg.disruption_budget {
+        if budgets
+            && reason == PreemptReason::Reclaim
+            && let Some(budget) = self.cfg.disruption_budget
+        {
             let q = self.run[k].queue;
             let used = self
                 .history
@@ -2314,7 +2415,8 @@ impl<'a> Cycle<'a> {
             }
             let q = self.run[k].queue;
             if self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize) {
-                stream.push((k, q, self.screen_one(k, PreemptReason::Reclaim)));
+                // Screened with the budgets, for the searches they bind.
+                stream.push((k, q, self.screen_bounds(k, PreemptReason::Reclaim, true)));
             }
         }
         let w = Rc::new(SharedWindow {
@@ -2339,7 +2441,10 @@ impl<'a> Cycle<'a> {
             .stream
             .iter()
             .filter(|s| s.1 != queue)
-            .map(|&(k, _, screen)| (k, Some(screen)));
+            .map(|&(k, _, screen)| match screen {
+                Screen::Budget(..) if !self.budgets_bind => (k, Some(Screen::Kept)),
+                _ => (k, Some(screen)),
+            });
         // The own candidates are screened here (`None` in the merge).
         let (window, filled) = self.merge(own, None, others);
         // The stream ran out before the window filled: the reclaim list may
@@ -2368,11 +2473,11 @@ impl<'a> Cycle<'a> {
     ///   there stops, unless it already fits elsewhere (a job quota blocked
     ///   before placement was tried).
     ///
-    /// Quota is tested first, as it is the cheaper. Without disruption
-    /// budgets the tests are then repeated with the set the search would
-    /// end with ([`Cycle::releasable`]), when smaller: releases only loosen
-    /// quota and free capacity, so a set that does not help has no subset
-    /// that does, and the search would fail.
+    /// Quota is tested first, as it is the cheaper. The tests are then
+    /// repeated with the set the search would end with
+    /// ([`Cycle::releasable`]), when smaller: releases only loosen quota and
+    /// free capacity, so a set that does not help has no subset that does,
+    /// and the search would fail.
     fn could_help(
         &mut self,
         i: usize,
@@ -2388,9 +2493,6 @@ impl<'a> Cycle<'a> {
         // end there, and the set the search would end with is a subset.
         if !self.helps(i, flavor, &screened.kept, place_failed) {
             return false;
-        }
-        if self.cfg.disruption_budget.is_some() {
-            return true;
         }
         let last = self.releasable(window);
         let helps = last.len() == screened.kept.len() || self.helps(i, flavor, &last, place_failed);

@@ -7,7 +7,8 @@
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
-//!        budget=2 window=3600 aging=3600 history=0.5 tries=8 max_unsaved=3600|none
+//!        budget=2 window=3600 protected_pass=on|off underserved_pass=1.0 aging=3600 history=0.5
+//!        tries=8 max_unsaved=3600|none
 //!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
@@ -189,6 +190,8 @@ pub fn run(fixture: &str) -> String {
                         }
                         "budget" => cfg.disruption_budget = Some(v.parse().unwrap()),
                         "window" => cfg.disruption_window = v.parse().unwrap(),
+                        "protected_pass" => cfg.protected_pass_budgets = v == "on",
+                        "underserved_pass" => cfg.underserved_pass_budgets = v.parse().unwrap(),
                         "aging" => cfg.aging_step = v.parse().unwrap(),
                         "history" => cfg.history_weight = v.parse().unwrap(),
                         "tries" => {
