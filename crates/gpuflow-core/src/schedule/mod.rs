@@ -749,6 +749,24 @@ impl Screened {
     }
 }
 
+/// GPU-hours a victim search's reclaims so far take from each victim queue
+/// (few queues per search), counted against disruption budgets.
+#[derive(Default)]
+struct Planned(Vec<(QueueId, f64)>);
+
+impl Planned {
+    fn of(&self, q: QueueId) -> f64 {
+        self.0.iter().find(|p| p.0 == q).map_or(0.0, |p| p.1)
+    }
+
+    fn add(&mut self, q: QueueId, gpu_hours: f64) {
+        match self.0.iter_mut().find(|p| p.0 == q) {
+            Some(p) => p.1 += gpu_hours,
+            None => self.0.push((q, gpu_hours)),
+        }
+    }
+}
+
 /// The reclaim candidates entitled searches share ([`Cycle::shared_window`]).
 struct SharedWindow {
     /// The value of [`Cycle::epoch`] it was built at.
@@ -863,9 +881,10 @@ struct Cycle<'a> {
     /// Set by a victim search that skipped a candidate for a disruption budget:
     /// (the victim's queue, GPU-hours already lost in the window).
     budget_block: Option<(QueueId, f64)>,
-    /// Whether the disruption budgets bind the victim search under way (set
-    /// by [`Cycle::find_victims`] from the job's class).
-    budgets_bind: bool,
+    /// The disruption budget that binds the victim search under way, `None`
+    /// when none does (set by [`Cycle::find_victims`] from the job's class
+    /// and queue).
+    search_budget: Option<f64>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
@@ -880,9 +899,9 @@ struct Cycle<'a> {
     max_free: BTreeMap<String, u64>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
     shares: std::cell::RefCell<Vec<Option<f64>>>,
-    /// [`Cycle::history_share`] by queue index, once a cycle (the history
-    /// does not change during one).
-    history_shares: Vec<Option<f64>>,
+    /// Per parent (`None`: the top), its children's decayed usage and
+    /// effective weight, summed once a cycle (neither changes during one).
+    sibling_history: std::cell::RefCell<rustc_hash::FxHashMap<Option<QueueId>, (f64, f64)>>,
 }
 
 impl<'a> Cycle<'a> {
@@ -1017,10 +1036,10 @@ impl<'a> Cycle<'a> {
             shape_of: vec![u32::MAX; pending.len()],
             preempt_tried: BTreeSet::new(),
             budget_block: None,
-            budgets_bind: false,
+            search_budget: None,
             leaving,
             shares: std::cell::RefCell::new(Vec::new()),
-            history_shares: Vec::new(),
+            sibling_history: Default::default(),
             max_free: BTreeMap::new(),
             admitted_idx: Vec::new(),
             run,
@@ -1256,29 +1275,8 @@ impl<'a> Cycle<'a> {
 
     /// A queue's share of its siblings' decayed usage over its share of
     /// their weight (below 1: it has had less than its share).
-    fn history_share(&mut self, q: QueueId) -> f64 {
-        let i = q.0 as usize;
-        if let Some(Some(v)) = self.history_shares.get(i) {
-            return *v;
-        }
-        let v = self.compute_history_share(q);
-        if self.history_shares.len() <= i {
-            self.history_shares.resize(i + 1, None);
-        }
-        self.history_shares[i] = Some(v);
-        v
-    }
-
-    fn compute_history_share(&self, q: QueueId) -> f64 {
-        let siblings = self.queues.children(self.queues.get(q).parent);
-        let used: f64 = siblings
-            .iter()
-            .map(|c| self.history.usage.get(c).copied().unwrap_or(0.0))
-            .sum();
-        let weights: f64 = siblings
-            .iter()
-            .map(|&c| self.queues.get(c).effective_weight())
-            .sum();
+    fn history_share(&self, q: QueueId) -> f64 {
+        let (used, weights) = self.sibling_history(self.queues.get(q).parent);
         let weight = self.queues.get(q).effective_weight();
         if used > 0.0 && weight > 0.0 {
             self.history.usage.get(&q).copied().unwrap_or(0.0) / used / (weight / weights)
@@ -1287,14 +1285,29 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    fn compute_share(&self, q: QueueId) -> f64 {
-        let current = self.queues.dominant_share(q);
-        let total_hist: f64 = self
-            .queues
-            .children(self.queues.get(q).parent)
+    /// The decayed usage and the effective weight of `parent`'s children.
+    fn sibling_history(&self, parent: Option<QueueId>) -> (f64, f64) {
+        if let Some(&sums) = self.sibling_history.borrow().get(&parent) {
+            return sums;
+        }
+        let children = self.queues.children(parent);
+        let used: f64 = children
             .iter()
             .map(|c| self.history.usage.get(c).copied().unwrap_or(0.0))
             .sum();
+        let weights: f64 = children
+            .iter()
+            .map(|&c| self.queues.get(c).effective_weight())
+            .sum();
+        self.sibling_history
+            .borrow_mut()
+            .insert(parent, (used, weights));
+        (used, weights)
+    }
+
+    fn compute_share(&self, q: QueueId) -> f64 {
+        let current = self.queues.dominant_share(q);
+        let (total_hist, _) = self.sibling_history(self.queues.get(q).parent);
         let hist = if total_hist > 0.0 {
             self.history.usage.get(&q).copied().unwrap_or(0.0)
                 / total_hist
@@ -1999,9 +2012,10 @@ impl<'a> Cycle<'a> {
         // Budgets bind the reclaims of batch and training (unless protected
         // classes are held to them too) by queues that have had their share.
         let protected = !self.cfg.classes[w.class].preemptible;
-        self.budgets_bind = self.cfg.disruption_budget.is_some()
-            && (!protected || !self.cfg.protected_pass_budgets)
-            && self.history_share(w.queue) >= self.cfg.underserved_pass_budgets;
+        self.search_budget = self.cfg.disruption_budget.filter(|_| {
+            (!protected || !self.cfg.protected_pass_budgets)
+                && self.history_share(w.queue) >= self.cfg.underserved_pass_budgets
+        });
         // Victims may be the own queue's jobs of strictly lower priority and,
         // when entitled to reclaim, the jobs of queues that borrow this flavor.
         // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
@@ -2124,6 +2138,7 @@ impl<'a> Cycle<'a> {
         candidates: &[(usize, PreemptReason)],
     ) -> Option<Vec<(usize, PreemptReason)>> {
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
+        let mut planned = Planned::default();
         let mut found = false;
         let mut released = 0u64;
         let demand = self.pend_milli[i];
@@ -2133,27 +2148,16 @@ impl<'a> Cycle<'a> {
         let trial = self.placer.begin_trial();
         for &(k, reason) in candidates {
             let r = &self.running[k];
-            let lost_h = self.run[k].lost / 3600.0;
             // Bounds: the victim's queue keeps its guarantee; its disruption budget holds.
-            if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
-                continue;
-            }
-            if self.budgets_bind
-                && reason == PreemptReason::Reclaim
-                && let Some(budget) = self.cfg.disruption_budget
-            {
-                let planned: f64 = chosen
-                    .iter()
-                    .filter(|(c, _)| self.running[*c].work.queue == r.work.queue)
-                    .map(|(c, _)| self.running[*c].lost_gpu_seconds(self.now) / 3600.0)
-                    .sum();
-                let used =
-                    self.history
-                        .disrupted(r.work.queue, self.now, self.cfg.disruption_window);
-                if used + planned + lost_h > budget {
+            if reason == PreemptReason::Reclaim {
+                if !self.keeps_guarantee(k) {
+                    continue;
+                }
+                if let Some(used) = self.over_budget(k, &planned, self.search_budget) {
                     self.budget_block.get_or_insert((r.work.queue, used));
                     continue;
                 }
+                planned.add(r.work.queue, self.run[k].lost / 3600.0);
             }
             self.placer.release(&r.allocations);
             self.queues
@@ -2286,10 +2290,7 @@ impl<'a> Cycle<'a> {
     fn releasable(&self, window: &[(usize, PreemptReason)]) -> Vec<usize> {
         // Released so far per victim queue and flavor (few queues per window).
         let mut gone: Vec<(QueueId, u32, u64)> = Vec::new();
-        // GPU-hours the reclaims so far would take from each victim queue,
-        // when budgets bind the search.
-        let mut planned: Vec<(QueueId, f64)> = Vec::new();
-        let budget = self.cfg.disruption_budget.filter(|_| self.budgets_bind);
+        let mut planned = Planned::default();
         let mut out = Vec::with_capacity(window.len());
         for &(k, reason) in window {
             let RunInfo {
@@ -2300,25 +2301,13 @@ impl<'a> Cycle<'a> {
             } = self.run[k];
             let slot = gone.iter().position(|g| g.0 == q && g.1 == fi);
             let before = slot.map_or(0, |s| gone[s].2);
-            if reason == PreemptReason::Reclaim && !self.keeps_guarantee_with(k, before) {
-                continue;
-            }
-            if reason == PreemptReason::Reclaim
-                && let Some(budget) = budget
-            {
-                let lost = self.run[k].lost / 3600.0;
-                let p = planned.iter().position(|x| x.0 == q);
-                let so_far = p.map_or(0.0, |p| planned[p].1);
-                let used = self
-                    .history
-                    .disrupted(q, self.now, self.cfg.disruption_window);
-                if used + so_far + lost > budget {
+            if reason == PreemptReason::Reclaim {
+                if !self.keeps_guarantee_with(k, before)
+                    || self.over_budget(k, &planned, self.search_budget).is_some()
+                {
                     continue;
                 }
-                match p {
-                    Some(p) => planned[p].1 += lost,
-                    None => planned.push((q, lost)),
-                }
+                planned.add(q, self.run[k].lost / 3600.0);
             }
             match slot {
                 Some(s) => gone[s].2 += milli,
@@ -2344,27 +2333,32 @@ impl<'a> Cycle<'a> {
     /// released: a reclaim leaves its queue its guarantee, and its loss
     /// fits its queue's disruption budget.
     fn screen_one(&self, k: usize, reason: PreemptReason) -> Screen {
-        self.screen_bounds(k, reason, self.budgets_bind)
+        self.screen_bounds(k, reason, self.search_budget)
     }
 
-    /// [`Cycle::screen_one`], with the disruption budgets binding or not.
-    fn screen_bounds(&self, k: usize, reason: PreemptReason, budgets: bool) -> Screen {
+    /// [`Cycle::screen_one`] under `budget`.
+    fn screen_bounds(&self, k: usize, reason: PreemptReason, budget: Option<f64>) -> Screen {
         if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
             return Screen::Guarantee;
         }
-        if budgets
-            && reason == PreemptReason::Reclaim
-            && let Some(budget) = self.cfg.disruption_budget
+        if reason == PreemptReason::Reclaim
+            && let Some(used) = self.over_budget(k, &Planned::default(), budget)
         {
-            let q = self.run[k].queue;
-            let used = self
-                .history
-                .disrupted(q, self.now, self.cfg.disruption_window);
-            if used + self.run[k].lost / 3600.0 > budget {
-                return Screen::Budget(q, used);
-            }
+            return Screen::Budget(self.run[k].queue, used);
         }
         Screen::Kept
+    }
+
+    /// Queue `q`'s GPU-hours already lost in the window, when candidate
+    /// `k`'s loss beside what the search already `planned` to take from
+    /// its queue would pass `budget`; `None` when it fits or no budget binds.
+    fn over_budget(&self, k: usize, planned: &Planned, budget: Option<f64>) -> Option<f64> {
+        let budget = budget?;
+        let q = self.run[k].queue;
+        let used = self
+            .history
+            .disrupted(q, self.now, self.cfg.disruption_window);
+        (used + planned.of(q) + self.run[k].lost / 3600.0 > budget).then_some(used)
     }
 
     /// (node, GPUs held there, candidate) for the candidates, by node, from
@@ -2416,7 +2410,11 @@ impl<'a> Cycle<'a> {
             let q = self.run[k].queue;
             if self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize) {
                 // Screened with the budgets, for the searches they bind.
-                stream.push((k, q, self.screen_bounds(k, PreemptReason::Reclaim, true)));
+                stream.push((
+                    k,
+                    q,
+                    self.screen_bounds(k, PreemptReason::Reclaim, self.cfg.disruption_budget),
+                ));
             }
         }
         let w = Rc::new(SharedWindow {
@@ -2442,7 +2440,7 @@ impl<'a> Cycle<'a> {
             .iter()
             .filter(|s| s.1 != queue)
             .map(|&(k, _, screen)| match screen {
-                Screen::Budget(..) if !self.budgets_bind => (k, Some(Screen::Kept)),
+                Screen::Budget(..) if self.search_budget.is_none() => (k, Some(Screen::Kept)),
                 _ => (k, Some(screen)),
             });
         // The own candidates are screened here (`None` in the merge).
