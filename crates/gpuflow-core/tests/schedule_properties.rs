@@ -181,6 +181,8 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                 used > 0.0 && usage(q) / used * (teams as f64) < cfg.underserved_pass_budgets
             })
             .collect();
+        let usage_before: BTreeMap<QueueId, f64> =
+            team_ids.iter().map(|q| (*q, usage(q))).collect();
         let plan = schedule(
             now,
             &mut w.placer,
@@ -253,6 +255,20 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                     window + p.lost_gpu_hours <= budget + 1e-9,
                     "a preemption passed the disruption budget: {window} + {} of {budget}",
                     p.lost_gpu_hours
+                );
+            }
+            // A paced reclaim (the same that budgets bind) takes only from a
+            // queue that has had at least the reclaimer's decayed usage.
+            if cfg.reclaims_restore_fairness
+                && p.reason == PreemptReason::Reclaim
+                && cfg.classes[by.class].preemptible
+                && !underserved.contains(&by.queue)
+            {
+                prop_assert!(
+                    usage_before[&q] >= usage_before[&by.queue],
+                    "a paced reclaim took from a queue that had less: {} < {}",
+                    usage_before[&q],
+                    usage_before[&by.queue]
                 );
             }
             if p.reason == PreemptReason::Reclaim {

@@ -612,6 +612,52 @@ fn a_queue_below_its_share_of_the_history_reclaims_past_the_disruption_budget() 
 }
 
 #[test]
+fn a_paced_reclaim_takes_only_from_queues_that_had_as_much() {
+    // Queues a and b have had ten times c's GPU-hours; c borrows both GPUs.
+    // a's training job is paced (a has had its share) and may not reclaim
+    // from c, which has had less: it waits, and says why. b's notebook (a
+    // protected class) reclaims anyway. When c has had as much as a, or
+    // with the rule off, a reclaims too. No disruption budget: the rule
+    // holds without one.
+    let script = |rule: &str, c_usage: u32| {
+        format!(
+            "
+            config min_runtime=0 budget=none max_unsaved=none restore_fairness={rule}
+            node n1 gpus=2*H100
+            queue a H100=1
+            queue b H100=1
+            queue c H100=0
+            usage a 10
+            usage b 10
+            usage c {c_usage}
+            run 10 queue=c class=batch gpu=whole:1 cpu=1 started=0
+            run 11 queue=c class=batch gpu=whole:1 cpu=1 started=0
+            job 1 queue=a class=training gpu=whole:1 cpu=1
+            job 2 queue=b class=notebook gpu=whole:1 cpu=1
+            cycle 1000
+            "
+        )
+    };
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.22 of its share of recent GPU-hours against this queue's 1.39: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]].assert_eq(&run(&script("on", 1)));
+    // c has had as much as a, or the rule is off: both reclaim.
+    for (rule, c_usage) in [("on", 10), ("off", 1)] {
+        expect![[r#"
+            cycle t=1000
+              preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+              preempt job 11 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+              pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+              pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        "#]]
+        .assert_eq(&run(&script(rule, c_usage)));
+    }
+}
+
+#[test]
 fn a_victim_search_checks_the_fit_after_its_last_candidate() {
     // Candidates in cost order: 10 and 11 (fresh checkpoints, on n2, where
     // nothing fits even without them), then 12 (old checkpoint, on n1, which

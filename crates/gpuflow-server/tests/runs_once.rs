@@ -1216,23 +1216,31 @@ async fn a_borrower_with_more_unsaved_work_than_the_limit_keeps_its_gpu_and_why_
     }
 }
 
+/// A server with `budget` as its disruption budget and no minimum runtime,
+/// queues `owner` (guaranteed 2 H100s) and `borrower` (none), and node n1
+/// with two GPUs: the harness, the GPUs' UUIDs and n1's token.
+async fn owner_and_borrower(budget: Option<f64>) -> (H, [&'static str; 2], String) {
+    let h = harness_with(|c| {
+        c.min_runtime_s = 0;
+        c.disruption_budget = budget;
+    })
+    .await;
+    for (team, guaranteed) in [("owner", 2.0), ("borrower", 0.0)] {
+        team_with_queue(&h, team, guaranteed).await;
+    }
+    let gpus = ["GPU-a", "GPU-b"];
+    let tok = register(&h, "n1", inventory(&gpus, 65536)).await;
+    (h, gpus, tok)
+}
+
 /// The disruption budget paces reclaims: once the owner has had its share
 /// of the usage, its batch job does not take back a GPU whose job would
 /// lose more than the budget, and `why` says so; without a budget it does.
 #[tokio::test]
 async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
     for budget in [Some(0.0001), None] {
-        let h = harness_with(|c| {
-            c.min_runtime_s = 0;
-            c.disruption_budget = budget;
-        })
-        .await;
+        let (h, gpus, tok) = owner_and_borrower(budget).await;
         let a = &h.admin;
-        for (team, guaranteed) in [("owner", 2.0), ("borrower", 0.0)] {
-            team_with_queue(&h, team, guaranteed).await;
-        }
-        let gpus = ["GPU-a", "GPU-b"];
-        let tok = register(&h, "n1", inventory(&gpus, 65536)).await;
         // One job each, side by side: the borrower's on the owner's
         // guarantee, so both queues use the same share of the GPUs.
         let first = submit(&h, "owner", "{count: 1}", 1024).await;
@@ -1265,6 +1273,47 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
             "{why}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_reclaim_never_takes_from_a_queue_that_has_had_less_and_why_says_so() {
+    // No disruption budget: the rule holds without one.
+    let (h, gpus, tok) = owner_and_borrower(None).await;
+    let a = &h.admin;
+    // The owner uses both GPUs for two seconds, then they end.
+    let done = [
+        submit(&h, "owner", "{count: 1}", 1024).await,
+        submit(&h, "owner", "{count: 1}", 1024).await,
+    ];
+    cycle(&h).await;
+    let running: Vec<_> = done.iter().map(|&j| (j, 1, "running")).collect();
+    heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &running).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    cycle(&h).await;
+    let exited: Vec<_> = done.iter().map(|&j| (j, 1, "exited")).collect();
+    heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &exited).await;
+    // The borrower takes both idle GPUs; the owner's next batch job would
+    // reclaim one from a queue that has had less than it.
+    let theirs = [
+        submit(&h, "borrower", "{count: 1}", 1024).await,
+        submit(&h, "borrower", "{count: 1}", 1024).await,
+    ];
+    cycle(&h).await;
+    let running: Vec<_> = theirs.iter().map(|&j| (j, 1, "running")).collect();
+    heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &running).await;
+    let mine = submit(&h, "owner", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    for j in theirs {
+        let state = job_state(&h.get(&format!("/v1/jobs/{j}"), a).await.1);
+        assert_eq!(state, "running", "job {j} kept: its queue has had less");
+    }
+    let (_, why) = h.get(&format!("/v1/jobs/{mine}/why"), a).await;
+    assert!(
+        why["reasons"]
+            .to_string()
+            .contains("reclaiming would take GPUs from queue borrower, which has had"),
+        "{why}"
+    );
 }
 
 #[tokio::test]

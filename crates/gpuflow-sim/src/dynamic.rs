@@ -113,6 +113,7 @@ impl SimPolicy {
         "disruption_window",
         "protected_pass_budgets",
         "underserved_pass_budgets",
+        "reclaims_restore_fairness",
         "max_unsaved",
         "batch_rank",
         "preemptible_one_tier",
@@ -130,7 +131,8 @@ impl SimPolicy {
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
     /// `disruption_window=SECONDS`, `protected_pass_budgets=true|false`,
-    /// `underserved_pass_budgets=FRACTION` (0: none), `max_unsaved=SECONDS|none`,
+    /// `underserved_pass_budgets=FRACTION` (0: none),
+    /// `reclaims_restore_fairness=true|false`, `max_unsaved=SECONDS|none`,
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
     /// aging), `aging_cap=N`, `quotas=true|false` (false: no guarantees,
     /// borrowing or reclaim, as the Slurm baselines), `class_tiers=true|false`
@@ -189,6 +191,9 @@ impl SimPolicy {
                     .ok()
                     .filter(|x: &f64| x.is_finite() && *x >= 0.0)
                     .ok_or_else(bad)?
+            }
+            "reclaims_restore_fairness" => {
+                c.reclaims_restore_fairness = value.parse().map_err(|_| bad())?
             }
             "preemptible_one_tier" => c.preemptible_one_tier = value.parse().map_err(|_| bad())?,
             "victims_by_lost_work" => c.victims_by_lost_work = value.parse().map_err(|_| bad())?,
@@ -777,6 +782,10 @@ mod tune_tests {
             let e = p.tune("underserved_pass_budgets", bad).unwrap_err();
             assert!(e.contains("not a valid value"), "{e}");
         }
+        p.tune("reclaims_restore_fairness", "false").unwrap();
+        assert!(!p.config.reclaims_restore_fairness);
+        let e = p.tune("reclaims_restore_fairness", "maybe").unwrap_err();
+        assert!(e.contains("not a valid value"), "{e}");
         let e = p.tune("speed", "11").unwrap_err();
         assert!(
             e.contains("batch_rank") && e.contains("tries_per_queue"),

@@ -258,6 +258,15 @@ pub struct Config {
     /// reclaims that restore fairness are not paced. Default 0.8 (0: no
     /// queue passes).
     pub underserved_pass_budgets: f64,
+    /// Whether a paced reclaim (one that disruption budgets bind: by a
+    /// class that `protected_pass_budgets` does not exempt, of a queue at or
+    /// above `underserved_pass_budgets` of its share) takes only from
+    /// borrowing queues that have had at least the reclaimer's share of
+    /// their siblings' decayed usage per unit of weight. A queue that has
+    /// had less keeps its borrowed work, and the reclaimer waits for GPUs to
+    /// free: a reclaim never deepens an imbalance of the GPU-hours. On by
+    /// default (docs/benchmarks.md).
+    pub reclaims_restore_fairness: bool,
     /// Failed tries per leaf queue per cycle, shared out equally among the
     /// classes the queue has pending: a class that used its share waits for
     /// the next cycle, and the queue's other classes go on (no head-of-line
@@ -314,6 +323,7 @@ impl Default for Config {
             disruption_window: 3600,
             protected_pass_budgets: true,
             underserved_pass_budgets: 0.8,
+            reclaims_restore_fairness: true,
             tries_per_queue: 8,
             tries_per_cycle: 3_000,
             max_reservations: 4,
@@ -458,6 +468,14 @@ pub enum PendingReason {
         used: f64,
         budget: f64,
     },
+    /// Reclaiming would take from a queue that has had less of its share of
+    /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]);
+    /// shares are per unit of weight among siblings (1: exactly its share).
+    ReclaimFairness {
+        queue: String,
+        theirs: f64,
+        ours: f64,
+    },
     /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
     NotReached {
         ahead: usize,
@@ -576,6 +594,14 @@ impl fmt::Display for PendingReason {
             } => write!(
                 f,
                 "preempting would pass queue {queue}'s disruption budget: {used:.2} of {budget:.2} GPU-hours already lost in the window"
+            ),
+            PendingReason::ReclaimFairness {
+                queue,
+                theirs,
+                ours,
+            } => write!(
+                f,
+                "reclaiming would take GPUs from queue {queue}, which has had {theirs:.2} of its share of recent GPU-hours against this queue's {ours:.2}: a reclaim never deepens that imbalance, so this job waits for GPUs to free"
             ),
             PendingReason::UnsavedWork { jobs, limit_s } => {
                 let limit = if limit_s % 3600 == 0 {
@@ -885,6 +911,12 @@ struct Cycle<'a> {
     /// when none does (set by [`Cycle::find_victims`] from the job's class
     /// and queue).
     search_budget: Option<f64>,
+    /// Whether the victim search under way is paced: disruption budgets and
+    /// [`Config::reclaims_restore_fairness`] bind its reclaims.
+    search_paced: bool,
+    /// Set by a paced victim search that left out a borrowing queue for
+    /// having had less than the reclaimer's share: the first such queue.
+    fair_block: std::cell::Cell<Option<QueueId>>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
@@ -902,6 +934,9 @@ struct Cycle<'a> {
     /// Per parent (`None`: the top), its children's decayed usage and
     /// effective weight, summed once a cycle (neither changes during one).
     sibling_history: std::cell::RefCell<rustc_hash::FxHashMap<Option<QueueId>, (f64, f64)>>,
+    /// Per queue, [`Cycle::history_share`] once asked (NaN before): victim
+    /// searches compare it for every reclaim candidate.
+    history_shares: std::cell::RefCell<Vec<f64>>,
 }
 
 impl<'a> Cycle<'a> {
@@ -1037,9 +1072,12 @@ impl<'a> Cycle<'a> {
             preempt_tried: BTreeSet::new(),
             budget_block: None,
             search_budget: None,
+            search_paced: false,
+            fair_block: std::cell::Cell::new(None),
             leaving,
             shares: std::cell::RefCell::new(Vec::new()),
             sibling_history: Default::default(),
+            history_shares: Default::default(),
             max_free: BTreeMap::new(),
             admitted_idx: Vec::new(),
             run,
@@ -1276,13 +1314,25 @@ impl<'a> Cycle<'a> {
     /// A queue's share of its siblings' decayed usage over its share of
     /// their weight (below 1: it has had less than its share).
     fn history_share(&self, q: QueueId) -> f64 {
+        let i = q.0 as usize;
+        if let Some(&v) = self.history_shares.borrow().get(i)
+            && !v.is_nan()
+        {
+            return v;
+        }
         let (used, weights) = self.sibling_history(self.queues.get(q).parent);
         let weight = self.queues.get(q).effective_weight();
-        if used > 0.0 && weight > 0.0 {
+        let v = if used > 0.0 && weight > 0.0 {
             self.history.usage.get(&q).copied().unwrap_or(0.0) / used / (weight / weights)
         } else {
             0.0
+        };
+        let mut cache = self.history_shares.borrow_mut();
+        if cache.len() <= i {
+            cache.resize(i + 1, f64::NAN);
         }
+        cache[i] = v;
+        v
     }
 
     /// The decayed usage and the effective weight of `parent`'s children.
@@ -1488,7 +1538,17 @@ impl<'a> Cycle<'a> {
                     continue;
                 }
                 self.budget_block = None;
+                self.fair_block.set(None);
                 let found = self.find_victims(i, flavor, place_failed[fi]);
+                if found.is_none()
+                    && let Some(q) = self.fair_block.get()
+                {
+                    reasons.push(PendingReason::ReclaimFairness {
+                        queue: self.queues.get(q).name.clone(),
+                        theirs: self.history_share(q),
+                        ours: self.history_share(self.pending[i].queue),
+                    });
+                }
                 if found.is_none()
                     && let Some((q, used)) = self.budget_block
                 {
@@ -2009,13 +2069,14 @@ impl<'a> Cycle<'a> {
         let my_rank = (self.rank(w), w.priority);
         let fi = self.fidx(flavor);
         let entitled = self.within_guarantee(i, flavor);
-        // Budgets bind the reclaims of batch and training (unless protected
-        // classes are held to them too) by queues that have had their share.
+        // The reclaims of batch and training (unless protected classes are
+        // held to it too) by queues that have had their share are paced:
+        // budgets bind them, and they take only from queues that have had
+        // as much.
         let protected = !self.cfg.classes[w.class].preemptible;
-        self.search_budget = self.cfg.disruption_budget.filter(|_| {
-            (!protected || !self.cfg.protected_pass_budgets)
-                && self.history_share(w.queue) >= self.cfg.underserved_pass_budgets
-        });
+        self.search_paced = (!protected || !self.cfg.protected_pass_budgets)
+            && self.history_share(w.queue) >= self.cfg.underserved_pass_budgets;
+        self.search_budget = self.cfg.disruption_budget.filter(|_| self.search_paced);
         // Victims may be the own queue's jobs of strictly lower priority and,
         // when entitled to reclaim, the jobs of queues that borrow this flavor.
         // Both lists are in cost order: lowest class, least work lost, fewest GPUs.
@@ -2070,7 +2131,10 @@ impl<'a> Cycle<'a> {
                 let list = self.reclaim_list(flavor);
                 let others = list.iter().copied().filter(|&k| {
                     let q = self.run[k].queue;
-                    q != queue && self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize)
+                    q != queue
+                        && self.run[k].eligible()
+                        && self.queues.borrowing_at(q, fi as usize)
+                        && self.may_reclaim_from(q, queue)
                 });
                 self.merge(own, (), others.map(|k| (k, ()))).0
             }
@@ -2280,6 +2344,22 @@ impl<'a> Cycle<'a> {
         after >= self.queues.quota_at(q, fi as usize).guaranteed
     }
 
+    /// Whether the search under way, by a job of `reclaimer`, may reclaim
+    /// from queue `victim`: a paced search only from queues that have had
+    /// at least the reclaimer's share of the decayed usage
+    /// ([`Config::reclaims_restore_fairness`]). Notes the first queue it
+    /// leaves out, for the job's reasons.
+    fn may_reclaim_from(&self, victim: QueueId, reclaimer: QueueId) -> bool {
+        if !self.search_paced || !self.cfg.reclaims_restore_fairness {
+            return true;
+        }
+        let may = self.history_share(victim) >= self.history_share(reclaimer);
+        if !may && self.fair_block.get().is_none() {
+            self.fair_block.set(Some(victim));
+        }
+        may
+    }
+
     /// The candidates a search over `window` would have released after its
     /// last one: in order, each reclaim that leaves its queue its guarantee
     /// once the earlier ones are gone ([`Cycle::keeps_guarantee`] as the
@@ -2438,7 +2518,7 @@ impl<'a> Cycle<'a> {
         let others = shared
             .stream
             .iter()
-            .filter(|s| s.1 != queue)
+            .filter(|s| s.1 != queue && self.may_reclaim_from(s.1, queue))
             .map(|&(k, _, screen)| match screen {
                 Screen::Budget(..) if self.search_budget.is_none() => (k, Some(Screen::Kept)),
                 _ => (k, Some(screen)),

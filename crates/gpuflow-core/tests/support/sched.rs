@@ -188,7 +188,10 @@ pub fn run(fixture: &str) -> String {
                         "max_unsaved" => {
                             cfg.max_unsaved = (v != "none").then(|| v.parse().unwrap())
                         }
-                        "budget" => cfg.disruption_budget = Some(v.parse().unwrap()),
+                        "budget" => {
+                            cfg.disruption_budget = (v != "none").then(|| v.parse().unwrap())
+                        }
+                        "restore_fairness" => cfg.reclaims_restore_fairness = v == "on",
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "protected_pass" => cfg.protected_pass_budgets = v == "on",
                         "underserved_pass" => cfg.underserved_pass_budgets = v.parse().unwrap(),
