@@ -641,7 +641,7 @@ fn a_paced_reclaim_takes_only_from_queues_that_had_as_much() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.22 of its share of recent GPU-hours against this queue's 1.39: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.22 of its share of recent GPU-hours against 1.39 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
           pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
     "#]].assert_eq(&run(&script("on", 1)));
     // c has had as much as a, or the rule is off: both reclaim.
@@ -655,6 +655,45 @@ fn a_paced_reclaim_takes_only_from_queues_that_had_as_much() {
         "#]]
         .assert_eq(&run(&script(rule, c_usage)));
     }
+}
+
+#[test]
+fn a_paced_reclaim_compares_shares_where_fair_share_divides_the_queues() {
+    // Leaf a1 (under orgA) and leaf b1 (under orgB) are each all of their
+    // org's usage, so each has had exactly its share within its org; orgA
+    // has had ten times orgB's. a1's training job may not reclaim from b1:
+    // the orgs, children of the top, are compared. With the orgs' usage
+    // the other way round, it reclaims.
+    let script = |a: u32, b: u32| {
+        format!(
+            "
+            config min_runtime=0 budget=none max_unsaved=none
+            node n1 gpus=2*H100
+            queue orgA H100=2
+            queue a1 parent=orgA H100=2
+            queue orgB H100=0
+            queue b1 parent=orgB H100=0
+            usage orgA {a}
+            usage a1 {a}
+            usage orgB {b}
+            usage b1 {b}
+            run 10 queue=b1 class=batch gpu=whole:1 cpu=1 started=0
+            run 11 queue=b1 class=batch gpu=whole:1 cpu=1 started=0
+            job 1 queue=a1 class=training gpu=whole:1 cpu=1
+            cycle 1000
+            "
+        )
+    };
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue orgB, which has had 0.27 of its share of recent GPU-hours against 1.73 for queue orgA: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+    "#]].assert_eq(&run(&script(10, 1)));
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&run(&script(1, 10)));
 }
 
 #[test]

@@ -469,11 +469,14 @@ pub enum PendingReason {
         budget: f64,
     },
     /// Reclaiming would take from a queue that has had less of its share of
-    /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]);
+    /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]).
+    /// The queues compared are the borrower's and the job's, or, when they
+    /// have different parents, their ancestors under the nearest common one;
     /// shares are per unit of weight among siblings (1: exactly its share).
     ReclaimFairness {
         queue: String,
         theirs: f64,
+        our_queue: String,
         ours: f64,
     },
     /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
@@ -598,10 +601,11 @@ impl fmt::Display for PendingReason {
             PendingReason::ReclaimFairness {
                 queue,
                 theirs,
+                our_queue,
                 ours,
             } => write!(
                 f,
-                "reclaiming would take GPUs from queue {queue}, which has had {theirs:.2} of its share of recent GPU-hours against this queue's {ours:.2}: a reclaim never deepens that imbalance, so this job waits for GPUs to free"
+                "reclaiming would take GPUs from queue {queue}, which has had {theirs:.2} of its share of recent GPU-hours against {ours:.2} for queue {our_queue}: a reclaim never deepens that imbalance, so this job waits for GPUs to free"
             ),
             PendingReason::UnsavedWork { jobs, limit_s } => {
                 let limit = if limit_s % 3600 == 0 {
@@ -915,8 +919,9 @@ struct Cycle<'a> {
     /// [`Config::reclaims_restore_fairness`] bind its reclaims.
     search_paced: bool,
     /// Set by a paced victim search that left out a borrowing queue for
-    /// having had less than the reclaimer's share: the first such queue.
-    fair_block: std::cell::Cell<Option<QueueId>>,
+    /// having had less than the reclaimer's share: the first pair of queues
+    /// so compared (the borrower's side, the reclaimer's).
+    fair_block: std::cell::Cell<Option<(QueueId, QueueId)>>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
@@ -1541,12 +1546,13 @@ impl<'a> Cycle<'a> {
                 self.fair_block.set(None);
                 let found = self.find_victims(i, flavor, place_failed[fi]);
                 if found.is_none()
-                    && let Some(q) = self.fair_block.get()
+                    && let Some((theirs, ours)) = self.fair_block.get()
                 {
                     reasons.push(PendingReason::ReclaimFairness {
-                        queue: self.queues.get(q).name.clone(),
-                        theirs: self.history_share(q),
-                        ours: self.history_share(self.pending[i].queue),
+                        queue: self.queues.get(theirs).name.clone(),
+                        theirs: self.history_share(theirs),
+                        our_queue: self.queues.get(ours).name.clone(),
+                        ours: self.history_share(ours),
                     });
                 }
                 if found.is_none()
@@ -2347,17 +2353,38 @@ impl<'a> Cycle<'a> {
     /// Whether the search under way, by a job of `reclaimer`, may reclaim
     /// from queue `victim`: a paced search only from queues that have had
     /// at least the reclaimer's share of the decayed usage
-    /// ([`Config::reclaims_restore_fairness`]). Notes the first queue it
-    /// leaves out, for the job's reasons.
+    /// ([`Config::reclaims_restore_fairness`]), compared where fair share
+    /// divides them ([`Cycle::compared`]). Notes the first pair it leaves
+    /// out, for the job's reasons.
     fn may_reclaim_from(&self, victim: QueueId, reclaimer: QueueId) -> bool {
         if !self.search_paced || !self.cfg.reclaims_restore_fairness {
             return true;
         }
-        let may = self.history_share(victim) >= self.history_share(reclaimer);
+        let (theirs, ours) = self.compared(victim, reclaimer);
+        let may = self.history_share(theirs) >= self.history_share(ours);
         if !may && self.fair_block.get().is_none() {
-            self.fair_block.set(Some(victim));
+            self.fair_block.set(Some((theirs, ours)));
         }
         may
+    }
+
+    /// The queues whose shares decide between leaves `victim` and
+    /// `reclaimer`: themselves when siblings, else their ancestors that are
+    /// children of the nearest queue above both (or top-level queues).
+    fn compared(&self, victim: QueueId, reclaimer: QueueId) -> (QueueId, QueueId) {
+        if self.queues.get(victim).parent == self.queues.get(reclaimer).parent {
+            return (victim, reclaimer);
+        }
+        // Leaf first: drop the common ancestors from the top.
+        let (mut v, mut r) = (self.queues.path(victim), self.queues.path(reclaimer));
+        while v.len() > 1 && r.len() > 1 && v.last() == r.last() {
+            v.pop();
+            r.pop();
+        }
+        (
+            *v.last().unwrap_or(&victim),
+            *r.last().unwrap_or(&reclaimer),
+        )
     }
 
     /// The candidates a search over `window` would have released after its
