@@ -223,6 +223,13 @@ pub enum BenchCommand {
         /// does; repeatable: e.g. `--tune max_reservations=4`.
         #[arg(long, value_name = "KEY=VALUE")]
         tune: Vec<String>,
+        /// Give the queues decayed usage as on a cluster that has run for a
+        /// while (each leaf 0.2 to 1.8 times a day of its guarantee), so that
+        /// victim searches of the queues at or above their share are paced by
+        /// disruption budgets and reclaim fairness; without it no queue has
+        /// history and no search is.
+        #[arg(long)]
+        history: bool,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -615,6 +622,7 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             warmup,
             classes,
             tune,
+            history,
             seed,
         } => {
             if nodes == 0 || teams == 0 || projects == 0 {
@@ -653,6 +661,9 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let start = Instant::now();
             let mut world = bench::CycleWorld::build(&b)?;
             world.config = policy.config;
+            if history {
+                world.seed_history();
+            }
             println!(
                 "cycle benchmark: {nodes} nodes, {} queues, {} running, {} pending (setup {:.1}s)",
                 world.queues.list().len(),

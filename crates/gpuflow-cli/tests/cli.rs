@@ -186,6 +186,7 @@ fn bench_cycle_takes_a_setting_and_refuses_an_unknown_or_malformed_one() {
         "1",
         "--tune",
         "max_reservations=1",
+        "--history",
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("median incremental cycle"), "{stdout}");

@@ -744,6 +744,9 @@ impl RunInfo {
     }
 }
 
+/// A flavor's reclaim list grouped by queue: each queue's positions in it.
+type ReclaimGroups = Vec<(QueueId, Vec<u32>)>;
+
 /// What the bounds say of one candidate before a search releases any.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Screen {
@@ -883,6 +886,9 @@ struct Cycle<'a> {
     shared: rustc_hash::FxHashMap<u32, Rc<SharedWindow>>,
     /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).
     reclaim: BTreeMap<String, Rc<Vec<usize>>>,
+    /// Per flavor, the reclaim list grouped by queue: each queue's
+    /// positions in it, in order ([`Cycle::reclaim_groups`]).
+    reclaim_groups: BTreeMap<String, Rc<ReclaimGroups>>,
     /// Job shapes that found no place this cycle (a seedless hasher: the core
     /// reads no global randomness). Admissions only take
     /// capacity during a cycle, so the same shape fails again.
@@ -1063,6 +1069,7 @@ impl<'a> Cycle<'a> {
             borrowers: BTreeMap::new(),
             no_victims: Default::default(),
             reclaim: BTreeMap::new(),
+            reclaim_groups: BTreeMap::new(),
             epoch: 0,
             shared: Default::default(),
             unplaceable: rustc_hash::FxHashMap::default(),
@@ -1133,6 +1140,29 @@ impl<'a> Cycle<'a> {
         let list = Rc::new(list);
         self.reclaim.insert(flavor.to_string(), list.clone());
         list
+    }
+
+    /// [`Cycle::reclaim_list`] grouped by queue: each queue's positions in
+    /// it, in order; built once per cycle.
+    fn reclaim_groups(&mut self, flavor: &str) -> Rc<ReclaimGroups> {
+        if let Some(g) = self.reclaim_groups.get(flavor) {
+            return g.clone();
+        }
+        let list = self.reclaim_list(flavor);
+        let mut index: rustc_hash::FxHashMap<QueueId, usize> = Default::default();
+        let mut groups: Vec<(QueueId, Vec<u32>)> = Vec::new();
+        for (at, &k) in list.iter().enumerate() {
+            let q = self.run[k].queue;
+            let g = *index.entry(q).or_insert_with(|| {
+                groups.push((q, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(at as u32);
+        }
+        let groups = Rc::new(groups);
+        self.reclaim_groups
+            .insert(flavor.to_string(), groups.clone());
+        groups
     }
 
     fn with_borrowers(mut self) -> Self {
@@ -2101,7 +2131,11 @@ impl<'a> Cycle<'a> {
         // flavor's searches share, screened once per change of the state
         // (guarantees and disruption budgets; a search's own victims are
         // counted against budgets as it releases them).
-        if entitled && fi != NO_FLAVOR {
+        // A search that reclaim fairness binds builds its own window from the
+        // queues it may take from ([`Cycle::window`]): the shared stream,
+        // filtered, would mostly run dry.
+        let fair = self.search_paced && self.cfg.reclaims_restore_fairness;
+        if entitled && fi != NO_FLAVOR && !fair {
             let shared = self.shared_window(fi, flavor);
             if let Some((candidates, screened)) = self.window_from(&shared, &own, w.queue) {
                 #[cfg(debug_assertions)]
@@ -2133,6 +2167,40 @@ impl<'a> Cycle<'a> {
         flavor: &str,
     ) -> Vec<(usize, PreemptReason)> {
         let window = match reclaim {
+            // The rule leaves out whole queues: merge the queues' own lists,
+            // dropping a queue at its first candidate the rule refuses, so
+            // a search never walks the candidates of queues it may not take
+            // from. The same candidates, in the same order, as the filter
+            // below would give.
+            Some(fi) if self.search_paced && self.cfg.reclaims_restore_fairness => {
+                let list = self.reclaim_list(flavor);
+                let groups = self.reclaim_groups(flavor);
+                let mut heap: BinaryHeap<std::cmp::Reverse<(u32, u32, u32)>> = groups
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (q, _))| *q != queue)
+                    .map(|(g, (_, at))| std::cmp::Reverse((at[0], g as u32, 0)))
+                    .collect();
+                let others = std::iter::from_fn(|| {
+                    while let Some(std::cmp::Reverse((at, g, i))) = heap.pop() {
+                        let (q, positions) = &groups[g as usize];
+                        let k = list[at as usize];
+                        let open =
+                            self.run[k].eligible() && self.queues.borrowing_at(*q, fi as usize);
+                        if open && !self.may_reclaim_from(*q, queue) {
+                            continue;
+                        }
+                        if let Some(&next) = positions.get(i as usize + 1) {
+                            heap.push(std::cmp::Reverse((next, g, i + 1)));
+                        }
+                        if open {
+                            return Some((k, ()));
+                        }
+                    }
+                    None
+                });
+                self.merge(own, (), others).0
+            }
             Some(fi) => {
                 let list = self.reclaim_list(flavor);
                 let others = list.iter().copied().filter(|&k| {
@@ -2372,19 +2440,36 @@ impl<'a> Cycle<'a> {
     /// `reclaimer`: themselves when siblings, else their ancestors that are
     /// children of the nearest queue above both (or top-level queues).
     fn compared(&self, victim: QueueId, reclaimer: QueueId) -> (QueueId, QueueId) {
-        if self.queues.get(victim).parent == self.queues.get(reclaimer).parent {
+        let parent = |q: QueueId| self.queues.get(q).parent;
+        if parent(victim) == parent(reclaimer) {
             return (victim, reclaimer);
         }
-        // Leaf first: drop the common ancestors from the top.
-        let (mut v, mut r) = (self.queues.path(victim), self.queues.path(reclaimer));
-        while v.len() > 1 && r.len() > 1 && v.last() == r.last() {
-            v.pop();
-            r.pop();
+        let depth = |mut q: QueueId| {
+            let mut d = 0;
+            while let Some(p) = parent(q) {
+                q = p;
+                d += 1;
+            }
+            d
+        };
+        // Up to the same depth, then up together until siblings.
+        let (mut v, mut r) = (victim, reclaimer);
+        let (mut dv, mut dr) = (depth(v), depth(r));
+        while dv > dr {
+            v = parent(v).unwrap_or(v);
+            dv -= 1;
         }
-        (
-            *v.last().unwrap_or(&victim),
-            *r.last().unwrap_or(&reclaimer),
-        )
+        while dr > dv {
+            r = parent(r).unwrap_or(r);
+            dr -= 1;
+        }
+        while parent(v) != parent(r) {
+            match (parent(v), parent(r)) {
+                (Some(a), Some(b)) => (v, r) = (a, b),
+                _ => break,
+            }
+        }
+        if v == r { (victim, reclaimer) } else { (v, r) }
     }
 
     /// The candidates a search over `window` would have released after its
