@@ -2199,7 +2199,20 @@ impl<'a> Cycle<'a> {
                     }
                     None
                 });
-                self.merge(own, (), others).0
+                let merged = self.merge(own, (), others).0;
+                #[cfg(debug_assertions)]
+                {
+                    let filtered = list.iter().copied().filter(|&k| {
+                        let q = self.run[k].queue;
+                        q != queue
+                            && self.run[k].eligible()
+                            && self.queues.borrowing_at(q, fi as usize)
+                            && self.may_reclaim_from(q, queue)
+                    });
+                    let direct = self.merge(own, (), filtered.map(|k| (k, ()))).0;
+                    debug_assert_eq!(merged, direct, "the fair window differs from the filter's");
+                }
+                merged
             }
             Some(fi) => {
                 let list = self.reclaim_list(flavor);
