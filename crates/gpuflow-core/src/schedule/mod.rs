@@ -889,6 +889,9 @@ struct Cycle<'a> {
     /// Per flavor, the reclaim list grouped by queue: each queue's
     /// positions in it, in order ([`Cycle::reclaim_groups`]).
     reclaim_groups: BTreeMap<String, Rc<ReclaimGroups>>,
+    /// The merge heap of the searches that reclaim fairness binds, kept to
+    /// be reused ([`Cycle::window`]).
+    fair_heads: Vec<std::cmp::Reverse<(u32, u32, u32)>>,
     /// Job shapes that found no place this cycle (a seedless hasher: the core
     /// reads no global randomness). Admissions only take
     /// capacity during a cycle, so the same shape fails again.
@@ -1070,6 +1073,7 @@ impl<'a> Cycle<'a> {
             no_victims: Default::default(),
             reclaim: BTreeMap::new(),
             reclaim_groups: BTreeMap::new(),
+            fair_heads: Vec::new(),
             epoch: 0,
             shared: Default::default(),
             unplaceable: rustc_hash::FxHashMap::default(),
@@ -2175,31 +2179,54 @@ impl<'a> Cycle<'a> {
             Some(fi) if self.search_paced && self.cfg.reclaims_restore_fairness => {
                 let list = self.reclaim_list(flavor);
                 let groups = self.reclaim_groups(flavor);
-                let mut heap: BinaryHeap<std::cmp::Reverse<(u32, u32, u32)>> = groups
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (q, _))| *q != queue)
-                    .map(|(g, (_, at))| std::cmp::Reverse((at[0], g as u32, 0)))
-                    .collect();
+                let open = |k: usize, q: QueueId| {
+                    self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize)
+                };
+                // The queues the rule allows start the merge; of those it
+                // refuses, the one whose first open candidate comes first
+                // is the job's reason.
+                let mut heads = std::mem::take(&mut self.fair_heads);
+                heads.clear();
+                let mut refused: Option<(u32, (QueueId, QueueId))> = None;
+                for (g, (q, at)) in groups.iter().enumerate() {
+                    if *q == queue {
+                        continue;
+                    }
+                    let Some(pair) = self.refused(*q, queue) else {
+                        heads.push(std::cmp::Reverse((at[0], g as u32, 0)));
+                        continue;
+                    };
+                    if refused.is_some_and(|(best, _)| at[0] >= best) {
+                        continue;
+                    }
+                    let first = at.iter().find(|&&p| open(list[p as usize], *q));
+                    if let Some(&p) = first
+                        && refused.is_none_or(|(best, _)| p < best)
+                    {
+                        refused = Some((p, pair));
+                    }
+                }
+                if let Some((_, pair)) = refused
+                    && self.fair_block.get().is_none()
+                {
+                    self.fair_block.set(Some(pair));
+                }
+                let mut heap = BinaryHeap::from(heads);
                 let others = std::iter::from_fn(|| {
                     while let Some(std::cmp::Reverse((at, g, i))) = heap.pop() {
                         let (q, positions) = &groups[g as usize];
                         let k = list[at as usize];
-                        let open =
-                            self.run[k].eligible() && self.queues.borrowing_at(*q, fi as usize);
-                        if open && !self.may_reclaim_from(*q, queue) {
-                            continue;
-                        }
                         if let Some(&next) = positions.get(i as usize + 1) {
                             heap.push(std::cmp::Reverse((next, g, i + 1)));
                         }
-                        if open {
+                        if open(k, *q) {
                             return Some((k, ()));
                         }
                     }
                     None
                 });
                 let merged = self.merge(own, (), others).0;
+                self.fair_heads = heap.into_vec();
                 #[cfg(debug_assertions)]
                 {
                     let filtered = list.iter().copied().filter(|&k| {
@@ -2438,15 +2465,23 @@ impl<'a> Cycle<'a> {
     /// divides them ([`Cycle::compared`]). Notes the first pair it leaves
     /// out, for the job's reasons.
     fn may_reclaim_from(&self, victim: QueueId, reclaimer: QueueId) -> bool {
+        let refused = self.refused(victim, reclaimer);
+        if let Some(pair) = refused
+            && self.fair_block.get().is_none()
+        {
+            self.fair_block.set(Some(pair));
+        }
+        refused.is_none()
+    }
+
+    /// The pair of queues compared ([`Cycle::compared`]) when the search
+    /// under way may not reclaim from `victim`; `None` when it may.
+    fn refused(&self, victim: QueueId, reclaimer: QueueId) -> Option<(QueueId, QueueId)> {
         if !self.search_paced || !self.cfg.reclaims_restore_fairness {
-            return true;
+            return None;
         }
         let (theirs, ours) = self.compared(victim, reclaimer);
-        let may = self.history_share(theirs) >= self.history_share(ours);
-        if !may && self.fair_block.get().is_none() {
-            self.fair_block.set(Some((theirs, ours)));
-        }
-        may
+        (self.history_share(theirs) < self.history_share(ours)).then_some((theirs, ours))
     }
 
     /// The queues whose shares decide between leaves `victim` and
