@@ -1172,16 +1172,8 @@ async fn a_borrowing_gang_is_reclaimed_for_a_queue_within_its_guarantee() {
 #[tokio::test]
 async fn a_borrower_with_more_unsaved_work_than_the_limit_keeps_its_gpu_and_why_says_so() {
     for limit in [Some(1), None] {
-        let h = harness_with(|c| {
-            c.min_runtime_s = 0;
-            c.max_unsaved_s = limit;
-        })
-        .await;
+        let (h, tok) = owner_and_borrower(&["GPU-a"], |c| c.max_unsaved_s = limit).await;
         let a = &h.admin;
-        for (team, guaranteed) in [("owner", 1.0), ("borrower", 0.0)] {
-            team_with_queue(&h, team, guaranteed).await;
-        }
-        let tok = register(&h, "n1", inventory(&["GPU-a"], 65536)).await;
         let theirs = submit(&h, "borrower", "{count: 1}", 1024).await;
         cycle(&h).await;
         heartbeat(
@@ -1216,21 +1208,23 @@ async fn a_borrower_with_more_unsaved_work_than_the_limit_keeps_its_gpu_and_why_
     }
 }
 
-/// A server with `budget` as its disruption budget and no minimum runtime,
-/// queues `owner` (guaranteed 2 H100s) and `borrower` (none), and node n1
-/// with two GPUs: the harness, the GPUs' UUIDs and n1's token.
-async fn owner_and_borrower(budget: Option<f64>) -> (H, [&'static str; 2], String) {
+/// A server with no minimum runtime and `configure`'s settings, queues
+/// `owner` (guaranteed all of `gpus`) and `borrower` (none), and node n1
+/// with `gpus`: the harness and n1's token.
+async fn owner_and_borrower(
+    gpus: &[&str],
+    configure: impl FnOnce(&mut gpuflow_server::Config),
+) -> (H, String) {
     let h = harness_with(|c| {
         c.min_runtime_s = 0;
-        c.disruption_budget = budget;
+        configure(c);
     })
     .await;
-    for (team, guaranteed) in [("owner", 2.0), ("borrower", 0.0)] {
+    for (team, guaranteed) in [("owner", gpus.len() as f64), ("borrower", 0.0)] {
         team_with_queue(&h, team, guaranteed).await;
     }
-    let gpus = ["GPU-a", "GPU-b"];
-    let tok = register(&h, "n1", inventory(&gpus, 65536)).await;
-    (h, gpus, tok)
+    let tok = register(&h, "n1", inventory(gpus, 65536)).await;
+    (h, tok)
 }
 
 /// The disruption budget paces reclaims: once the owner has had its share
@@ -1239,7 +1233,8 @@ async fn owner_and_borrower(budget: Option<f64>) -> (H, [&'static str; 2], Strin
 #[tokio::test]
 async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
     for budget in [Some(0.0001), None] {
-        let (h, gpus, tok) = owner_and_borrower(budget).await;
+        let gpus = ["GPU-a", "GPU-b"];
+        let (h, tok) = owner_and_borrower(&gpus, |c| c.disruption_budget = budget).await;
         let a = &h.admin;
         // One job each, side by side: the borrower's on the owner's
         // guarantee, so both queues use the same share of the GPUs.
@@ -1278,7 +1273,8 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
 #[tokio::test]
 async fn a_reclaim_never_takes_from_a_queue_that_has_had_less_and_why_says_so() {
     // No disruption budget: the rule holds without one.
-    let (h, gpus, tok) = owner_and_borrower(None).await;
+    let gpus = ["GPU-a", "GPU-b"];
+    let (h, tok) = owner_and_borrower(&gpus, |c| c.disruption_budget = None).await;
     let a = &h.admin;
     // The owner uses both GPUs for two seconds, then they end.
     let done = [

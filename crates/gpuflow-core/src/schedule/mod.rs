@@ -930,7 +930,7 @@ struct Cycle<'a> {
     /// Set by a paced victim search that left out a borrowing queue for
     /// having had less than the reclaimer's share: the first pair of queues
     /// so compared (the borrower's side, the reclaimer's).
-    fair_block: std::cell::Cell<Option<(QueueId, QueueId)>>,
+    fair_block: Option<(QueueId, QueueId)>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
     /// Indices into `pending` of the jobs admitted this cycle.
@@ -1089,7 +1089,7 @@ impl<'a> Cycle<'a> {
             budget_block: None,
             search_budget: None,
             search_paced: false,
-            fair_block: std::cell::Cell::new(None),
+            fair_block: None,
             leaving,
             shares: std::cell::RefCell::new(Vec::new()),
             sibling_history: Default::default(),
@@ -1577,10 +1577,10 @@ impl<'a> Cycle<'a> {
                     continue;
                 }
                 self.budget_block = None;
-                self.fair_block.set(None);
+                self.fair_block = None;
                 let found = self.find_victims(i, flavor, place_failed[fi]);
                 if found.is_none()
-                    && let Some((theirs, ours)) = self.fair_block.get()
+                    && let Some((theirs, ours)) = self.fair_block
                 {
                     reasons.push(PendingReason::ReclaimFairness {
                         queue: self.queues.get(theirs).name.clone(),
@@ -2171,11 +2171,10 @@ impl<'a> Cycle<'a> {
         flavor: &str,
     ) -> Vec<(usize, PreemptReason)> {
         let window = match reclaim {
-            // The rule leaves out whole queues: merge the queues' own lists,
-            // dropping a queue at its first candidate the rule refuses, so
-            // a search never walks the candidates of queues it may not take
-            // from. The same candidates, in the same order, as the filter
-            // below would give.
+            // The rule leaves out whole queues: merge the own lists of the
+            // queues it allows, so a search never walks the candidates of
+            // queues it may not take from. The same candidates, in the same
+            // order, as filtering the reclaim list would give.
             Some(fi) if self.search_paced && self.cfg.reclaims_restore_fairness => {
                 let list = self.reclaim_list(flavor);
                 let groups = self.reclaim_groups(flavor);
@@ -2206,10 +2205,8 @@ impl<'a> Cycle<'a> {
                         refused = Some((p, pair));
                     }
                 }
-                if let Some((_, pair)) = refused
-                    && self.fair_block.get().is_none()
-                {
-                    self.fair_block.set(Some(pair));
+                if let Some((_, pair)) = refused {
+                    self.fair_block.get_or_insert(pair);
                 }
                 let mut heap = BinaryHeap::from(heads);
                 let others = std::iter::from_fn(|| {
@@ -2234,7 +2231,7 @@ impl<'a> Cycle<'a> {
                         q != queue
                             && self.run[k].eligible()
                             && self.queues.borrowing_at(q, fi as usize)
-                            && self.may_reclaim_from(q, queue)
+                            && self.refused(q, queue).is_none()
                     });
                     let direct = self.merge(own, (), filtered.map(|k| (k, ()))).0;
                     debug_assert_eq!(merged, direct, "the fair window differs from the filter's");
@@ -2245,10 +2242,7 @@ impl<'a> Cycle<'a> {
                 let list = self.reclaim_list(flavor);
                 let others = list.iter().copied().filter(|&k| {
                     let q = self.run[k].queue;
-                    q != queue
-                        && self.run[k].eligible()
-                        && self.queues.borrowing_at(q, fi as usize)
-                        && self.may_reclaim_from(q, queue)
+                    q != queue && self.run[k].eligible() && self.queues.borrowing_at(q, fi as usize)
                 });
                 self.merge(own, (), others.map(|k| (k, ()))).0
             }
@@ -2458,24 +2452,11 @@ impl<'a> Cycle<'a> {
         after >= self.queues.quota_at(q, fi as usize).guaranteed
     }
 
-    /// Whether the search under way, by a job of `reclaimer`, may reclaim
-    /// from queue `victim`: a paced search only from queues that have had
-    /// at least the reclaimer's share of the decayed usage
-    /// ([`Config::reclaims_restore_fairness`]), compared where fair share
-    /// divides them ([`Cycle::compared`]). Notes the first pair it leaves
-    /// out, for the job's reasons.
-    fn may_reclaim_from(&self, victim: QueueId, reclaimer: QueueId) -> bool {
-        let refused = self.refused(victim, reclaimer);
-        if let Some(pair) = refused
-            && self.fair_block.get().is_none()
-        {
-            self.fair_block.set(Some(pair));
-        }
-        refused.is_none()
-    }
-
     /// The pair of queues compared ([`Cycle::compared`]) when the search
-    /// under way may not reclaim from `victim`; `None` when it may.
+    /// under way, by a job of `reclaimer`, may not reclaim from `victim`: a
+    /// paced search takes only from queues that have had at least the
+    /// reclaimer's share of the decayed usage
+    /// ([`Config::reclaims_restore_fairness`]); `None` when it may.
     fn refused(&self, victim: QueueId, reclaimer: QueueId) -> Option<(QueueId, QueueId)> {
         if !self.search_paced || !self.cfg.reclaims_restore_fairness {
             return None;
@@ -2678,7 +2659,7 @@ impl<'a> Cycle<'a> {
         let others = shared
             .stream
             .iter()
-            .filter(|s| s.1 != queue && self.may_reclaim_from(s.1, queue))
+            .filter(|s| s.1 != queue)
             .map(|&(k, _, screen)| match screen {
                 Screen::Budget(..) if self.search_budget.is_none() => (k, Some(Screen::Kept)),
                 _ => (k, Some(screen)),

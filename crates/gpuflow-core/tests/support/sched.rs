@@ -7,8 +7,8 @@
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
-//!        budget=2 window=3600 protected_pass=on|off underserved_pass=1.0 aging=3600 history=0.5
-//!        tries=8 max_unsaved=3600|none
+//!        budget=2|none window=3600 protected_pass=on|off underserved_pass=1.0
+//!        restore_fairness=on|off aging=3600 history=0.5 tries=8 max_unsaved=3600|none
 //!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
