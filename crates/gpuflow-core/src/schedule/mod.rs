@@ -814,6 +814,10 @@ struct SharedWindow {
 /// (inline for trees up to four levels deep).
 type LeafKey = smallvec::SmallVec<[OrdF64; 4]>;
 
+/// A class's failed tries in one queue during a cycle: (class, failed
+/// tries, the queue position where it stopped once it used its share).
+type ClassTries = (usize, usize, Option<usize>);
+
 /// Whether a queue limits what each user may hold or run.
 fn has_user_limits(queues: &Queues, q: QueueId) -> bool {
     let l = queues.get(q).user_limits;
@@ -941,6 +945,9 @@ struct Cycle<'a> {
     run: Vec<RunInfo>,
     /// Per pending job, its id (read in explanation passes without touching the job).
     pend_id: Vec<JobId>,
+    /// Per pending job, its class (read by the fair-share walk, which
+    /// visits much of a long backlog, without touching the jobs).
+    pend_class: Vec<usize>,
     /// Per flavor, an upper bound of the GPU capacity free on one node ([`Cycle::max_free`]).
     max_free: BTreeMap<String, u64>,
     /// Fair-share key per queue, cleared along a queue's path when its usage changes.
@@ -1099,6 +1106,7 @@ impl<'a> Cycle<'a> {
             run,
             pend_milli: pending.iter().map(Workload::gpu_milli).collect(),
             pend_id: pending.iter().map(|w| w.job.id).collect(),
+            pend_class: pending.iter().map(|w| w.class).collect(),
         }
         .with_borrowers()
     }
@@ -1421,9 +1429,13 @@ impl<'a> Cycle<'a> {
 
     fn admit_all(&mut self) {
         // Preemptors whose victims have stopped take the room made for them.
-        let ready: Vec<usize> = (0..self.pending.len())
-            .filter(|&i| self.ready.contains(&self.pending[i].job.id))
-            .collect();
+        let ready: Vec<usize> = if self.ready.is_empty() {
+            Vec::new()
+        } else {
+            (0..self.pending.len())
+                .filter(|&i| self.ready.contains(&self.pend_id[i]))
+                .collect()
+        };
         let mut done = BTreeSet::new();
         for i in ready {
             if self.try_admit(i) {
@@ -1462,14 +1474,16 @@ impl<'a> Cycle<'a> {
                 // popped leaf whose key grew since it was pushed goes back.
                 let mut heap: BinaryHeap<(std::cmp::Reverse<LeafKey>, std::cmp::Reverse<QueueId>)> =
                     BinaryHeap::new();
-                let mut cursor: BTreeMap<QueueId, usize> = BTreeMap::new();
+                // Per queue (by id), the next position in its list.
+                let n = self.queues.list().len();
+                let mut cursor = vec![0usize; n];
                 // No head-of-line blocking across classes: a queue's failed
                 // tries are shared out among the classes it has pending, and
                 // a class that used its share holds back only its own jobs
                 // (kept with the queue position where it did). The queue's
                 // total stays about its part of `tries_per_cycle`, at least
                 // `tries_per_queue`.
-                let mut share: BTreeMap<QueueId, usize> = BTreeMap::new();
+                let mut share = vec![0usize; n];
                 let per_queue = self
                     .cfg
                     .tries_per_queue
@@ -1480,12 +1494,13 @@ impl<'a> Cycle<'a> {
                     // smaller one).
                     let classes = list
                         .iter()
-                        .fold(0u128, |m, &j| m | 1 << self.pending[j].class.min(127))
+                        .fold(0u128, |m, &j| m | 1 << self.pend_class[j].min(127))
                         .count_ones() as usize;
-                    share.insert(q, per_queue.div_ceil(classes.max(1)).max(1));
+                    share[q.0 as usize] = per_queue.div_ceil(classes.max(1)).max(1);
                 }
-                let mut tries: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
-                let mut blocked: BTreeMap<(QueueId, usize), usize> = BTreeMap::new();
+                // Per queue, each class it tried.
+                let mut tries: Vec<smallvec::SmallVec<[ClassTries; 4]>> =
+                    vec![Default::default(); n];
                 for &q in self.per_queue.keys() {
                     heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
                 }
@@ -1495,10 +1510,13 @@ impl<'a> Cycle<'a> {
                         heap.push((std::cmp::Reverse(fresh), std::cmp::Reverse(q)));
                         continue;
                     }
+                    let qi = q.0 as usize;
                     let list = &self.per_queue[&q];
-                    let c = cursor.entry(q).or_default();
+                    let mine = &mut tries[qi];
+                    let c = &mut cursor[qi];
                     while let Some(&j) = list.get(*c) {
-                        let Some(&at) = blocked.get(&(q, self.pending[j].class)) else {
+                        let class = self.pend_class[j];
+                        let Some(at) = mine.iter().find(|t| t.0 == class).and_then(|t| t.2) else {
                             break;
                         };
                         self.not_reached[j] = at as u32;
@@ -1506,12 +1524,20 @@ impl<'a> Cycle<'a> {
                     }
                     let Some(&i) = list.get(*c) else { continue };
                     *c += 1;
+                    let at = *c;
                     if !self.try_admit(i) {
-                        let class = self.pending[i].class;
-                        let t = tries.entry((q, class)).or_default();
-                        *t += 1;
-                        if *t >= share[&q] {
-                            blocked.insert((q, class), cursor[&q]);
+                        let class = self.pend_class[i];
+                        let mine = &mut tries[qi];
+                        let k = match mine.iter().position(|t| t.0 == class) {
+                            Some(k) => k,
+                            None => {
+                                mine.push((class, 0, None));
+                                mine.len() - 1
+                            }
+                        };
+                        mine[k].1 += 1;
+                        if mine[k].1 >= share[qi] {
+                            mine[k].2 = Some(at);
                         }
                     }
                     heap.push((std::cmp::Reverse(self.leaf_key(q)), std::cmp::Reverse(q)));
