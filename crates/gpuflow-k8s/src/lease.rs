@@ -7,7 +7,8 @@
 //!
 //! The holder also keeps a small state on the lease (the annotation
 //! [`STATE`], written with each renewal), which the next holder finds when
-//! it takes over: the scheduler's fair-share usage.
+//! it takes over: the scheduler's fair-share usage, and the reclaims it
+//! counted against disruption budgets.
 
 use std::sync::Mutex;
 use std::time::Duration;

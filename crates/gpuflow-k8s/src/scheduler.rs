@@ -100,6 +100,10 @@ pub struct Usage {
     /// start, hours); not decayed.
     #[serde(default)]
     pub budget_used: BTreeMap<String, (u64, f64)>,
+    /// The reclaims counted against each queue's disruption budget within
+    /// its window: (time, GPU-hours of work lost), by queue name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
 }
 
 /// What one cycle did.
@@ -1110,6 +1114,13 @@ fn compute(
         .iter()
         .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
         .collect();
+    // So are the reclaims counted against disruption budgets, which the
+    // cycle reads and adds to.
+    history.disruptions = usage
+        .disruptions
+        .iter()
+        .filter_map(|(name, d)| Some((snap.queues.by_name(name)?, d.clone())))
+        .collect();
     let plan = schedule::schedule(
         now,
         &mut snap.placer,
@@ -1119,6 +1130,12 @@ fn compute(
         &mut history,
         &cfg,
     );
+    usage.disruptions = history
+        .disruptions
+        .iter()
+        .filter(|(_, d)| !d.is_empty())
+        .map(|(id, d)| (snap.queues.get(*id).name.clone(), d.clone()))
+        .collect();
     let report = settings
         .report_workloads
         .then(|| report::workloads(&snap, &plan, &queues, now));

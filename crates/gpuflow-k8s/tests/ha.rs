@@ -449,3 +449,90 @@ async fn a_replica_that_loses_the_race_for_an_expired_lease_stays_a_follower() {
         ("r1".to_string(), 4, holder(&api).unwrap().2)
     );
 }
+
+/// The reclaims counted against queue `q`'s disruption budget, as the
+/// scheduler keeps them (and writes them on the lease).
+fn disruptions(s: &Scheduler, q: &str) -> serde_json::Value {
+    serde_json::to_value(s.usage()).unwrap()["disruptions"][q].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaims_counted_against_a_disruption_budget_survive_a_change_of_leader() {
+    let (api, client) = server().await;
+    borrower_of_idle_gpus(&api);
+    let mut a = Scheduler::new(client.clone(), settings("a"));
+    a.ready().await;
+    assert!(a.try_lead().await.unwrap());
+    let mut borrowing = false;
+    for _ in 0..50 {
+        a.tick().await.unwrap();
+        borrowing = node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some();
+        if borrowing {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(borrowing, "team-b borrows team-a's idle GPUs");
+    // team-a takes its guarantee back: a reclaim, which counts against
+    // team-b's disruption budget for the window.
+    api.apply(pod("a", "a-0", 4));
+    let mut counted = serde_json::Value::Null;
+    for _ in 0..50 {
+        a.tick().await.unwrap();
+        counted = disruptions(&a, "team-b");
+        if counted.as_array().is_some_and(|v| !v.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        counted.as_array().is_some_and(|v| v.len() == 1),
+        "one reclaim counted against team-b: {:?}",
+        a.usage()
+    );
+    assert!(
+        disruptions(&a, "team-a").is_null(),
+        "nothing against team-a"
+    );
+    // The renewal carries the record to the lease, and the next leader
+    // goes on counting from it: its first cycle keeps it (the window is
+    // an hour), so a second reclaim would be paced as under the first.
+    assert!(a.try_lead().await.unwrap());
+    drop(a);
+    let mut b = Scheduler::new(client.clone(), settings("b"));
+    b.ready().await;
+    lead_once_expired(&mut b).await;
+    assert_eq!(
+        disruptions(&b, "team-b"),
+        counted,
+        "b starts from a's record"
+    );
+    b.tick().await.unwrap();
+    assert_eq!(
+        disruptions(&b, "team-b"),
+        counted,
+        "b's cycle keeps it: {:?}",
+        b.usage()
+    );
+    // A queue that sorts first moves every queue's id: the record stays
+    // with team-b's name.
+    api.apply(queue("team-0", &["z"], 0.0));
+    let mut seen = false;
+    for _ in 0..50 {
+        b.tick().await.unwrap();
+        seen = api
+            .get("gpuflow.io/v1alpha1", "GpuQueue", "", "team-0")
+            .is_some_and(|q| q["status"].is_object());
+        if seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "b schedules with team-0 (it writes its status)");
+    assert_eq!(disruptions(&b, "team-b"), counted, "{:?}", b.usage());
+    assert!(
+        disruptions(&b, "team-0").is_null() && disruptions(&b, "team-a").is_null(),
+        "{:?}",
+        b.usage()
+    );
+}

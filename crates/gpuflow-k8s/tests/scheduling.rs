@@ -157,12 +157,7 @@ async fn a_higher_priority_pod_preempts_a_lower_one_with_its_grace_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_borrows_idle_gpus_and_is_reclaimed_when_their_owner_needs_them() {
     let (api, client) = server().await;
-    api.apply(node("n1", 4));
-    api.apply(node("n2", 4));
-    api.apply(queue("team-a", &["a"], 4.0));
-    api.apply(queue("team-b", &["b"], 4.0));
-    api.apply(pod("b", "b-0", 4));
-    api.apply(pod("b", "b-1", 4));
+    borrower_of_idle_gpus(&api);
     let _s = start(&client, "r1");
     eventually(10, "team-b borrowing team-a's idle GPUs", || {
         node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some()

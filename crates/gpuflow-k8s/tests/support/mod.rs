@@ -61,6 +61,18 @@ pub fn queue(name: &str, namespaces: &[&str], guaranteed: f64) -> Value {
     })
 }
 
+/// Two nodes of 4 GPUs, queues `team-a` (namespace `a`) and `team-b`
+/// (namespace `b`) guaranteed 4 each, and team-b's pods `b-0` and `b-1` of
+/// 4 GPUs each: once both are bound, team-b borrows team-a's GPUs.
+pub fn borrower_of_idle_gpus(api: &FakeApi) {
+    api.apply(node("n1", 4));
+    api.apply(node("n2", 4));
+    api.apply(queue("team-a", &["a"], 4.0));
+    api.apply(queue("team-b", &["b"], 4.0));
+    api.apply(pod("b", "b-0", 4));
+    api.apply(pod("b", "b-1", 4));
+}
+
 /// A pod of gpuflow's asking for `gpus` whole GPUs.
 pub fn pod(ns: &str, name: &str, gpus: u32) -> Value {
     json!({
