@@ -7,8 +7,9 @@
 //!
 //! The holder also keeps a small state on the lease (the annotation
 //! [`STATE`], written with each renewal), which the next holder finds when
-//! it takes over: the scheduler's fair-share usage, and the reclaims it
-//! counted against disruption budgets.
+//! it takes over: the scheduler's fair-share usage, the reclaims it
+//! counted against disruption budgets, and the preemptors waiting for
+//! their victims.
 
 use std::sync::Mutex;
 use std::time::Duration;

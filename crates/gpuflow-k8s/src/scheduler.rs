@@ -104,6 +104,11 @@ pub struct Usage {
     /// its window: (time, GPU-hours of work lost), by queue name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
+    /// Preemptors waiting for their victims to stop, by gang id (the same
+    /// in every replica): a new leader waits for them too instead of
+    /// choosing more victims.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub waiting_for: BTreeMap<u64, Vec<u64>>,
 }
 
 /// What one cycle did.
@@ -1114,12 +1119,23 @@ fn compute(
         .iter()
         .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
         .collect();
-    // So are the reclaims counted against disruption budgets, which the
-    // cycle reads and adds to.
+    // So are the reclaims counted against disruption budgets and the
+    // preemptors waiting for their victims, which the cycle reads and
+    // adds to.
     history.disruptions = usage
         .disruptions
         .iter()
         .filter_map(|(name, d)| Some((snap.queues.by_name(name)?, d.clone())))
+        .collect();
+    history.waiting_for = usage
+        .waiting_for
+        .iter()
+        .map(|(p, v)| {
+            (
+                gpuflow_core::JobId(*p),
+                v.iter().map(|&j| gpuflow_core::JobId(j)).collect(),
+            )
+        })
         .collect();
     let plan = schedule::schedule(
         now,
@@ -1135,6 +1151,11 @@ fn compute(
         .iter()
         .filter(|(_, d)| !d.is_empty())
         .map(|(id, d)| (snap.queues.get(*id).name.clone(), d.clone()))
+        .collect();
+    usage.waiting_for = history
+        .waiting_for
+        .iter()
+        .map(|(p, v)| (p.0, v.iter().map(|j| j.0).collect()))
         .collect();
     let report = settings
         .report_workloads

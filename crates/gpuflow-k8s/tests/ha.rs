@@ -450,6 +450,19 @@ async fn a_replica_that_loses_the_race_for_an_expired_lease_stays_a_follower() {
     );
 }
 
+/// Runs `s`'s cycles, 100 ms apart, until `done` holds of it (at most 50
+/// cycles); whether it did.
+async fn tick_until(s: &mut Scheduler, mut done: impl FnMut(&Scheduler) -> bool) -> bool {
+    for _ in 0..50 {
+        s.tick().await.unwrap();
+        if done(s) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 /// The reclaims counted against queue `q`'s disruption budget, as the
 /// scheduler keeps them (and writes them on the lease).
 fn disruptions(s: &Scheduler, q: &str) -> serde_json::Value {
@@ -463,28 +476,21 @@ async fn reclaims_counted_against_a_disruption_budget_survive_a_change_of_leader
     let mut a = Scheduler::new(client.clone(), settings("a"));
     a.ready().await;
     assert!(a.try_lead().await.unwrap());
-    let mut borrowing = false;
-    for _ in 0..50 {
-        a.tick().await.unwrap();
-        borrowing = node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some();
-        if borrowing {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let borrowing = tick_until(&mut a, |_| {
+        node_of(&api, "b", "b-0").is_some() && node_of(&api, "b", "b-1").is_some()
+    })
+    .await;
     assert!(borrowing, "team-b borrows team-a's idle GPUs");
     // team-a takes its guarantee back: a reclaim, which counts against
     // team-b's disruption budget for the window.
     api.apply(pod("a", "a-0", 4));
-    let mut counted = serde_json::Value::Null;
-    for _ in 0..50 {
-        a.tick().await.unwrap();
-        counted = disruptions(&a, "team-b");
-        if counted.as_array().is_some_and(|v| !v.is_empty()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    tick_until(&mut a, |a| {
+        disruptions(a, "team-b")
+            .as_array()
+            .is_some_and(|v| !v.is_empty())
+    })
+    .await;
+    let counted = disruptions(&a, "team-b");
     assert!(
         counted.as_array().is_some_and(|v| v.len() == 1),
         "one reclaim counted against team-b: {:?}",
@@ -517,22 +523,72 @@ async fn reclaims_counted_against_a_disruption_budget_survive_a_change_of_leader
     // A queue that sorts first moves every queue's id: the record stays
     // with team-b's name.
     api.apply(queue("team-0", &["z"], 0.0));
-    let mut seen = false;
-    for _ in 0..50 {
-        b.tick().await.unwrap();
-        seen = api
-            .get("gpuflow.io/v1alpha1", "GpuQueue", "", "team-0")
-            .is_some_and(|q| q["status"].is_object());
-        if seen {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let seen = tick_until(&mut b, |_| {
+        api.get("gpuflow.io/v1alpha1", "GpuQueue", "", "team-0")
+            .is_some_and(|q| q["status"].is_object())
+    })
+    .await;
     assert!(seen, "b schedules with team-0 (it writes its status)");
     assert_eq!(disruptions(&b, "team-b"), counted, "{:?}", b.usage());
     assert!(
         disruptions(&b, "team-0").is_null() && disruptions(&b, "team-a").is_null(),
         "{:?}",
         b.usage()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_does_not_preempt_again_for_a_preemptor_whose_victim_is_still_stopping() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 4));
+    api.apply(queue("ml", &["ml"], 4.0));
+    // Batch pods that take 30 s to stop once told to.
+    let slow = |name: &str| {
+        let mut p = with_class(pod("ml", name, 2), "batch");
+        p["spec"]["terminationGracePeriodSeconds"] = json!(30);
+        p
+    };
+    api.apply(slow("low-0"));
+    api.apply(slow("low-1"));
+    let mut a = Scheduler::new(client.clone(), settings("a"));
+    a.ready().await;
+    assert!(a.try_lead().await.unwrap());
+    let terminating = |api: &gpuflow_k8s::fake::FakeApi| -> Vec<&'static str> {
+        ["low-0", "low-1"]
+            .into_iter()
+            .filter(|n| {
+                get_pod(api, "ml", n).is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+            })
+            .collect()
+    };
+    let bound = tick_until(&mut a, |_| {
+        node_of(&api, "ml", "low-0").is_some() && node_of(&api, "ml", "low-1").is_some()
+    })
+    .await;
+    assert!(bound, "both batch pods run");
+    // A service needs two of the four GPUs: one batch pod is preempted.
+    api.apply(with_class(pod("ml", "high", 2), "inference"));
+    tick_until(&mut a, |_| !terminating(&api).is_empty()).await;
+    let first = terminating(&api);
+    assert_eq!(first.len(), 1, "one victim is enough: {first:?}");
+    // The leader goes while its victim is still stopping; the next one
+    // must wait for that victim too, not take the other batch pod.
+    assert!(a.try_lead().await.unwrap());
+    drop(a);
+    let mut b = Scheduler::new(client.clone(), settings("b"));
+    b.ready().await;
+    lead_once_expired(&mut b).await;
+    for _ in 0..5 {
+        b.tick().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        terminating(&api),
+        first,
+        "the new leader preempted nothing more"
+    );
+    assert!(
+        node_of(&api, "ml", "high").is_none(),
+        "the service waits for its victim"
     );
 }
