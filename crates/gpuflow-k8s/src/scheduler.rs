@@ -544,10 +544,30 @@ impl Scheduler {
         }
         self.annotate(annotations).await?;
         out.bound += self.bind_all(binds, &hami_nodes).await?;
-        // 3. Preemptions, within the victims' disruption budgets.
+        // 3. Preemptions, within the victims' disruption budgets. The state
+        // that records them (who waits for which victims, what counts
+        // against the budgets) goes onto the lease first, so a leader that
+        // dies right after telling a victim leaves it to the next; a
+        // replica that cannot renew the lease preempts nothing.
+        let fenced = if plan.preempted.is_empty() {
+            false
+        } else {
+            match self.elector.try_lead().await {
+                Ok(true) => false,
+                Ok(false) => {
+                    tracing::warn!("lost the lease: no preemption this cycle");
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the lease could not be renewed: no preemption this cycle");
+                    true
+                }
+            }
+        };
+        let preempted = if fenced { &[][..] } else { &plan.preempted[..] };
         let mut allowed = snap.budgets.clone();
         let mut victims = BTreeSet::new();
-        for p in &plan.preempted {
+        for p in preempted {
             if !victims.insert(p.victim) {
                 continue;
             }

@@ -10,13 +10,18 @@ use gpuflow_k8s::scheduler::Scheduler;
 use serde_json::json;
 use support::*;
 
-fn holder(api: &gpuflow_k8s::fake::FakeApi) -> Option<(String, i64, String)> {
-    let l = api.get(
+/// The scheduler's Lease object.
+fn lease(api: &gpuflow_k8s::fake::FakeApi) -> Option<serde_json::Value> {
+    api.get(
         "coordination.k8s.io/v1",
         "Lease",
         "gpuflow-system",
         "gpuflow-scheduler",
-    )?;
+    )
+}
+
+fn holder(api: &gpuflow_k8s::fake::FakeApi) -> Option<(String, i64, String)> {
+    let l = lease(api)?;
     Some((
         l["spec"]["holderIdentity"].as_str()?.to_string(),
         l["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
@@ -25,6 +30,16 @@ fn holder(api: &gpuflow_k8s::fake::FakeApi) -> Option<(String, i64, String)> {
             .unwrap_or_default()
             .to_string(),
     ))
+}
+
+/// The state the lease holder keeps on the lease (its annotation, as written).
+fn lease_state(api: &gpuflow_k8s::fake::FakeApi) -> Option<String> {
+    let l = lease(api)?;
+    Some(
+        l["metadata"]["annotations"]["gpuflow.io/state"]
+            .as_str()?
+            .to_string(),
+    )
 }
 
 /// Tries the lease until it is `s`'s (the last holder's expires in 2 s).
@@ -390,18 +405,7 @@ async fn fair_share_usage_survives_a_change_of_leader_through_the_lease() {
     );
     // The renewal carries it to the lease.
     assert!(a.try_lead().await.unwrap());
-    let lease = api
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            "gpuflow-system",
-            "gpuflow-scheduler",
-        )
-        .unwrap();
-    let state = lease["metadata"]["annotations"]["gpuflow.io/state"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let state = lease_state(&api).unwrap();
     assert!(state.contains("\"ml\""), "{state}");
     drop(a);
     let mut b = Scheduler::new(client.clone(), settings("b"));
@@ -571,9 +575,24 @@ async fn a_new_leader_does_not_preempt_again_for_a_preemptor_whose_victim_is_sti
     tick_until(&mut a, |_| !terminating(&api).is_empty()).await;
     let first = terminating(&api);
     assert_eq!(first.len(), 1, "one victim is enough: {first:?}");
-    // The leader goes while its victim is still stopping; the next one
-    // must wait for that victim too, not take the other batch pod.
-    assert!(a.try_lead().await.unwrap());
+    // The leader wrote who waits for whom on the lease before it told the
+    // victim, not only at its next renewal.
+    let state: serde_json::Value =
+        serde_json::from_str(&lease_state(&api).expect("state on the lease")).unwrap();
+    assert!(
+        state["waiting_for"]
+            .as_object()
+            .is_some_and(|w| w.len() == 1),
+        "{state}"
+    );
+    // A replica that does not hold the lease (it never took it) would
+    // plan the other batch pod as a victim, but preempts nothing.
+    let mut c = Scheduler::new(client.clone(), settings("c"));
+    c.ready().await;
+    c.tick().await.unwrap();
+    assert_eq!(terminating(&api), first, "a follower preempted nothing");
+    // The leader dies there, while its victim is still stopping; the next
+    // one must wait for that victim too, not take the other batch pod.
     drop(a);
     let mut b = Scheduler::new(client.clone(), settings("b"));
     b.ready().await;
