@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gpuflow_core::schedule::{self, Config, History};
+use gpuflow_core::schedule::{self, Config, History, NamedHistory};
 use k8s_openapi::api::batch::v1::Job as BatchJob;
 use k8s_openapi::api::core::v1::{
     Binding, Event, EventSource, Node, ObjectReference, Pod, PodCondition,
@@ -145,7 +145,6 @@ pub struct Scheduler {
     caches: Caches,
     changed: Arc<tokio::sync::Notify>,
     elector: Elector,
-    history: History,
     usage: Usage,
     /// Pods bound and not yet shown bound by the cache: uid → (node, HAMi
     /// devices).
@@ -290,7 +289,6 @@ impl Scheduler {
             },
             changed,
             elector,
-            history: History::default(),
             usage: Usage::default(),
             assumed: BTreeMap::new(),
             decided: BTreeMap::new(),
@@ -466,23 +464,20 @@ impl Scheduler {
         // The CPU part runs off the async runtime, on copies: a cycle that
         // panics leaves the scheduler's memory as it was.
         let (assumed, settings) = (self.assumed.clone(), self.settings.clone());
-        let (history, usage) = (self.history.clone(), self.usage.clone());
+        let usage = self.usage.clone();
         let now = Timestamp::now().as_second().max(0) as u64;
-        let computed = tokio::task::spawn_blocking(move || {
-            compute(&objects, &assumed, &settings, history, usage, now)
-        })
-        .await;
+        let computed =
+            tokio::task::spawn_blocking(move || compute(&objects, &assumed, &settings, usage, now))
+                .await;
         let Computed {
             snap,
             plan,
-            history,
             usage,
             report,
         } = match computed {
             Ok(c) => c,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        self.history = history;
         self.usage = usage;
         if let Some(r) = report {
             *self.report.lock().expect("the report") = Some(r);
@@ -961,7 +956,6 @@ struct Objects {
 struct Computed {
     snap: snapshot::Snapshot,
     plan: schedule::Plan,
-    history: History,
     usage: Usage,
     report: Option<gpuflow_api::WorkloadReport>,
 }
@@ -1093,7 +1087,6 @@ fn compute(
     objects: &Objects,
     assumed: &BTreeMap<String, (String, Vec<String>)>,
     settings: &Settings,
-    mut history: History,
     mut usage: Usage,
     now: u64,
 ) -> Computed {
@@ -1124,39 +1117,19 @@ fn compute(
     // Budgets count GPU-hours since the last cycle in each budgeted
     // queue's current period.
     charge_budgets(&mut usage, now, &queues, &snap);
-    // Fair-share usage is kept by queue name (queue ids change as queues
-    // come and go) and charged up to now.
-    history.usage = usage
-        .gpu_hours
-        .iter()
-        .filter_map(|(name, h)| Some((snap.queues.by_name(name)?, *h)))
-        .collect();
-    history.decayed_at = if usage.at == 0 { now } else { usage.at };
+    // What the scheduler remembers between cycles is kept by queue name
+    // (queue ids change as queues come and go): fair-share usage, charged
+    // up to now, the reclaims counted against disruption budgets and the
+    // preemptors waiting for their victims, which the cycle reads and adds
+    // to.
+    let kept = NamedHistory {
+        usage: std::mem::take(&mut usage.gpu_hours),
+        decayed_at: if usage.at == 0 { now } else { usage.at },
+        disruptions: std::mem::take(&mut usage.disruptions),
+        waiting_for: std::mem::take(&mut usage.waiting_for),
+    };
+    let mut history = History::from_named(&kept, &snap.queues);
     history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
-    usage.at = history.decayed_at;
-    usage.gpu_hours = history
-        .usage
-        .iter()
-        .map(|(id, h)| (snap.queues.get(*id).name.clone(), *h))
-        .collect();
-    // So are the reclaims counted against disruption budgets and the
-    // preemptors waiting for their victims, which the cycle reads and
-    // adds to.
-    history.disruptions = usage
-        .disruptions
-        .iter()
-        .filter_map(|(name, d)| Some((snap.queues.by_name(name)?, d.clone())))
-        .collect();
-    history.waiting_for = usage
-        .waiting_for
-        .iter()
-        .map(|(p, v)| {
-            (
-                gpuflow_core::JobId(*p),
-                v.iter().map(|&j| gpuflow_core::JobId(j)).collect(),
-            )
-        })
-        .collect();
     let plan = schedule::schedule(
         now,
         &mut snap.placer,
@@ -1166,24 +1139,17 @@ fn compute(
         &mut history,
         &cfg,
     );
-    usage.disruptions = history
-        .disruptions
-        .iter()
-        .filter(|(_, d)| !d.is_empty())
-        .map(|(id, d)| (snap.queues.get(*id).name.clone(), d.clone()))
-        .collect();
-    usage.waiting_for = history
-        .waiting_for
-        .iter()
-        .map(|(p, v)| (p.0, v.iter().map(|j| j.0).collect()))
-        .collect();
+    let kept = history.named(&snap.queues);
+    usage.at = kept.decayed_at;
+    usage.gpu_hours = kept.usage;
+    usage.disruptions = kept.disruptions;
+    usage.waiting_for = kept.waiting_for;
     let report = settings
         .report_workloads
         .then(|| report::workloads(&snap, &plan, &queues, now));
     Computed {
         snap,
         plan,
-        history,
         usage,
         report,
     }

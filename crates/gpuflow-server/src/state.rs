@@ -654,45 +654,25 @@ pub struct SavedHistory {
 
 impl SavedHistory {
     pub fn to_core(&self, queues: &gpuflow_core::queue::Queues) -> gpuflow_core::schedule::History {
-        use gpuflow_core::ids::JobId;
-        gpuflow_core::schedule::History {
-            usage: self
-                .usage
-                .iter()
-                .filter_map(|(n, v)| Some((queues.by_name(n)?, *v)))
-                .collect(),
+        let named = gpuflow_core::schedule::NamedHistory {
+            usage: self.usage.clone(),
             decayed_at: self.decayed_at,
-            disruptions: self
-                .disruptions
-                .iter()
-                .filter_map(|(n, v)| Some((queues.by_name(n)?, v.clone())))
-                .collect(),
-            waiting_for: self
-                .waiting_for
-                .iter()
-                .map(|(k, v)| (JobId(*k), v.iter().map(|j| JobId(*j)).collect()))
-                .collect(),
-        }
+            disruptions: self.disruptions.clone(),
+            waiting_for: self.waiting_for.clone(),
+        };
+        gpuflow_core::schedule::History::from_named(&named, queues)
     }
 
     pub fn from_core(
         h: &gpuflow_core::schedule::History,
         queues: &gpuflow_core::queue::Queues,
     ) -> SavedHistory {
-        let name = |q: &gpuflow_core::queue::QueueId| queues.get(*q).name.clone();
+        let named = h.named(queues);
         SavedHistory {
-            usage: h.usage.iter().map(|(q, v)| (name(q), *v)).collect(),
-            decayed_at: h.decayed_at,
-            disruptions: h
-                .disruptions
-                .iter()
-                .map(|(q, v)| (name(q), v.clone()))
-                .collect(),
-            waiting_for: h
-                .waiting_for
-                .iter()
-                .map(|(k, v)| (k.0, v.iter().map(|j| j.0).collect()))
-                .collect(),
+            usage: named.usage,
+            decayed_at: named.decayed_at,
+            disruptions: named.disruptions,
+            waiting_for: named.waiting_for,
         }
     }
 

@@ -1270,6 +1270,19 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
     }
 }
 
+/// Two one-GPU jobs of `queue`, started by a cycle and shown running by
+/// node n1 (whose GPUs are `gpus`).
+async fn run_one_gpu_each(h: &H, queue: &str, tok: &str, gpus: &[&str]) -> [u64; 2] {
+    let jobs = [
+        submit(h, queue, "{count: 1}", 1024).await,
+        submit(h, queue, "{count: 1}", 1024).await,
+    ];
+    cycle(h).await;
+    let running: Vec<_> = jobs.iter().map(|&j| (j, 1, "running")).collect();
+    heartbeat(h, "n1", tok, inventory(gpus, 65536), &running).await;
+    jobs
+}
+
 #[tokio::test]
 async fn a_reclaim_never_takes_from_a_queue_that_has_had_less_and_why_says_so() {
     // No disruption budget: the rule holds without one.
@@ -1277,26 +1290,14 @@ async fn a_reclaim_never_takes_from_a_queue_that_has_had_less_and_why_says_so() 
     let (h, tok) = owner_and_borrower(&gpus, |c| c.disruption_budget = None).await;
     let a = &h.admin;
     // The owner uses both GPUs for two seconds, then they end.
-    let done = [
-        submit(&h, "owner", "{count: 1}", 1024).await,
-        submit(&h, "owner", "{count: 1}", 1024).await,
-    ];
-    cycle(&h).await;
-    let running: Vec<_> = done.iter().map(|&j| (j, 1, "running")).collect();
-    heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &running).await;
+    let done = run_one_gpu_each(&h, "owner", &tok, &gpus).await;
     tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
     cycle(&h).await;
     let exited: Vec<_> = done.iter().map(|&j| (j, 1, "exited")).collect();
     heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &exited).await;
     // The borrower takes both idle GPUs; the owner's next batch job would
     // reclaim one from a queue that has had less than it.
-    let theirs = [
-        submit(&h, "borrower", "{count: 1}", 1024).await,
-        submit(&h, "borrower", "{count: 1}", 1024).await,
-    ];
-    cycle(&h).await;
-    let running: Vec<_> = theirs.iter().map(|&j| (j, 1, "running")).collect();
-    heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &running).await;
+    let theirs = run_one_gpu_each(&h, "borrower", &tok, &gpus).await;
     let mine = submit(&h, "owner", "{count: 1}", 1024).await;
     cycle(&h).await;
     for j in theirs {

@@ -373,6 +373,52 @@ impl History {
         self.decayed_at = now;
     }
 
+    /// This history keyed by queue name and plain job id, as callers keep
+    /// it between cycles and across restarts: queue ids are positions,
+    /// which change as queues come and go. Queues with no reclaim left in
+    /// their window are left out.
+    pub fn named(&self, queues: &Queues) -> NamedHistory {
+        let name = |q: &QueueId| queues.get(*q).name.clone();
+        NamedHistory {
+            usage: self.usage.iter().map(|(q, v)| (name(q), *v)).collect(),
+            decayed_at: self.decayed_at,
+            disruptions: self
+                .disruptions
+                .iter()
+                .filter(|(_, d)| !d.is_empty())
+                .map(|(q, d)| (name(q), d.clone()))
+                .collect(),
+            waiting_for: self
+                .waiting_for
+                .iter()
+                .map(|(p, v)| (p.0, v.iter().map(|j| j.0).collect()))
+                .collect(),
+        }
+    }
+
+    /// The history `named` keeps, for the queues of `queues` (those gone
+    /// are forgotten).
+    pub fn from_named(named: &NamedHistory, queues: &Queues) -> History {
+        History {
+            usage: named
+                .usage
+                .iter()
+                .filter_map(|(n, v)| Some((queues.by_name(n)?, *v)))
+                .collect(),
+            decayed_at: named.decayed_at,
+            disruptions: named
+                .disruptions
+                .iter()
+                .filter_map(|(n, d)| Some((queues.by_name(n)?, d.clone())))
+                .collect(),
+            waiting_for: named
+                .waiting_for
+                .iter()
+                .map(|(p, v)| (JobId(*p), v.iter().map(|&j| JobId(j)).collect()))
+                .collect(),
+        }
+    }
+
     fn disrupted(&self, q: QueueId, now: u64, window: u64) -> f64 {
         self.disruptions.get(&q).map_or(0.0, |v| {
             v.iter()
@@ -381,6 +427,15 @@ impl History {
                 .fold(0.0, |sum, (_, h)| sum + h)
         })
     }
+}
+
+/// [`History`] keyed by queue name and plain job id ([`History::named`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamedHistory {
+    pub usage: BTreeMap<String, f64>,
+    pub decayed_at: u64,
+    pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
+    pub waiting_for: BTreeMap<u64, Vec<u64>>,
 }
 
 /// A victim of preemption: told to stop now, killed at `kill_at`.
