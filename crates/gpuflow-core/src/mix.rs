@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use crate::ids::CpuMilli;
 use crate::model::{GpuHealth, Node};
-use crate::request::{GpuRequest, TaskRequest};
+use crate::request::{GpuRequest, TaskGroup, TaskRequest};
 
 /// Which tasks' shapes form a policy's mix.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,7 +80,32 @@ impl WorkloadMix {
         weighting: MixWeighting,
         coverage: f64,
     ) -> WorkloadMix {
-        WorkloadMix::typical(
+        WorkloadMix::from_counted(tasks.into_iter().map(|t| (t, 1)), weighting, coverage)
+    }
+
+    /// The mix of the tasks of these task groups (of the jobs pending and
+    /// running): each replica counts.
+    pub fn from_groups<'a>(
+        groups: impl IntoIterator<Item = &'a TaskGroup>,
+        weighting: MixWeighting,
+        coverage: f64,
+    ) -> WorkloadMix {
+        WorkloadMix::from_counted(
+            groups.into_iter().map(|g| (&g.request, g.replicas)),
+            weighting,
+            coverage,
+        )
+    }
+
+    /// As [`WorkloadMix::from_tasks`], for task shapes given with how many
+    /// tasks have them (a task group and its replicas): a gang of eight
+    /// tasks counts eight times, as eight pods would.
+    pub fn from_counted<'a>(
+        tasks: impl IntoIterator<Item = (&'a TaskRequest, u32)>,
+        weighting: MixWeighting,
+        coverage: f64,
+    ) -> WorkloadMix {
+        WorkloadMix::typical_counted(
             tasks,
             weighting,
             Typical {
@@ -97,9 +122,18 @@ impl WorkloadMix {
         weighting: MixWeighting,
         typical: Typical,
     ) -> WorkloadMix {
+        WorkloadMix::typical_counted(tasks.into_iter().map(|t| (t, 1)), weighting, typical)
+    }
+
+    /// As [`WorkloadMix::typical`], each shape given with its number of tasks.
+    pub fn typical_counted<'a>(
+        tasks: impl IntoIterator<Item = (&'a TaskRequest, u32)>,
+        weighting: MixWeighting,
+        typical: Typical,
+    ) -> WorkloadMix {
         let coverage = typical.coverage;
         let mut tally: BTreeMap<(u64, u32, u32, Vec<String>), f64> = BTreeMap::new();
-        for t in tasks {
+        for (t, n) in tasks {
             let (milli, count) = match &t.gpu {
                 GpuRequest::Whole { count } if *count > 0 => (1000, *count as u32),
                 GpuRequest::Fraction { milli, .. } if milli.0 > 0 => (milli.0, 1),
@@ -110,10 +144,11 @@ impl WorkloadMix {
                 }
                 _ => continue,
             };
-            let w = match weighting {
-                MixWeighting::Tasks => 1.0,
-                MixWeighting::Gpus => (milli * count) as f64 / 1000.0,
-            };
+            let w = n as f64
+                * match weighting {
+                    MixWeighting::Tasks => 1.0,
+                    MixWeighting::Gpus => (milli * count) as f64 / 1000.0,
+                };
             *tally
                 .entry((t.cpu.0, milli, count, t.models.clone()))
                 .or_default() += w;
@@ -303,6 +338,37 @@ mod tests {
         assert_eq!(fragmentation(&node, 64_000, &[1000, 1000], &gpu_only), 0.0);
         // The CPU ratio of the mix counts CPU-only tasks too.
         assert!(paper.gpu_milli_per_cpu_milli() < gpu_only.gpu_milli_per_cpu_milli());
+    }
+
+    /// A gang of eight 8-GPU tasks is eight tasks of the mix, as eight pods
+    /// are in the FGD paper's popularity, not one.
+    #[test]
+    fn every_replica_of_a_task_group_counts_in_the_mix() {
+        let gang = TaskGroup {
+            name: "workers".into(),
+            replicas: 8,
+            request: task(64_000, GpuRequest::Whole { count: 8 }),
+        };
+        let single = TaskGroup {
+            name: "main".into(),
+            replicas: 1,
+            request: task(8_000, GpuRequest::Whole { count: 1 }),
+        };
+        let mut groups = vec![gang];
+        groups.extend(std::iter::repeat_n(single, 24));
+        let mix = WorkloadMix::from_groups(&groups, MixWeighting::Tasks, 1.0);
+        let weight = |count| mix.shapes.iter().find(|s| s.count == count).unwrap().weight;
+        assert_eq!((weight(8), weight(1)), (0.25, 0.75));
+        let by_gpus = WorkloadMix::from_groups(&groups, MixWeighting::Gpus, 1.0);
+        let weight = |count| {
+            by_gpus
+                .shapes
+                .iter()
+                .find(|s| s.count == count)
+                .unwrap()
+                .weight
+        };
+        assert_eq!((weight(8), weight(1)), (64.0 / 88.0, 24.0 / 88.0));
     }
 
     #[test]

@@ -1839,13 +1839,14 @@ impl<'a> Builder<'a> {
             })
             .collect();
         let cluster = Cluster::new(self.nodes).expect("node ids are their indices");
-        let requests: Vec<TaskRequest> = self
-            .pending
-            .iter()
-            .chain(self.running.iter().map(|r| &r.work))
-            .flat_map(|w| w.job.groups.iter().map(|g| g.request.clone()))
-            .collect();
-        let mix = WorkloadMix::from_tasks(requests.iter(), MixWeighting::Tasks, 1.0);
+        let mix = WorkloadMix::from_groups(
+            self.pending
+                .iter()
+                .chain(self.running.iter().map(|r| &r.work))
+                .flat_map(|w| &w.job.groups),
+            MixWeighting::Tasks,
+            1.0,
+        );
         let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
         for a in &self.fixed {
             if placer.apply(std::slice::from_ref(a)).is_err() {

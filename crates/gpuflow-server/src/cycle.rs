@@ -1034,13 +1034,18 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let aside = set_aside_queues(world);
     let queues = build_queues(world, &capacity, &aside, t);
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
-    let requests: Vec<TaskRequest> = world
+    // Each replica of a task group counts, as the pods of a gang would.
+    let requests: Vec<(TaskRequest, u32)> = world
         .jobs
         .values()
         .filter(|j| j.state == JobState::Pending || j.state.allocated())
-        .flat_map(|j| j.spec.tasks.iter().map(task_request))
+        .flat_map(|j| j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)))
         .collect();
-    let mix = WorkloadMix::from_tasks(requests.iter(), MixWeighting::Tasks, 1.0);
+    let mix = WorkloadMix::from_counted(
+        requests.iter().map(|(r, n)| (r, *n)),
+        MixWeighting::Tasks,
+        1.0,
+    );
     let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
     let mut queues = queues;
     let classes = classes();

@@ -181,9 +181,8 @@ pub fn run(
 ) -> Result<BenchOutcome, SimError> {
     let capacity: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
     let cluster = Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?;
-    let mix = WorkloadMix::from_tasks(
-        jobs.iter()
-            .flat_map(|j| j.groups.iter().map(|g| &g.request)),
+    let mix = WorkloadMix::from_groups(
+        jobs.iter().flat_map(|j| &j.groups),
         MixWeighting::Tasks,
         1.0,
     );

@@ -8,10 +8,13 @@
 //! head-of-line blocking, no quotas), Slurm-like (Slurm's multifactor
 //! priority: fair share with decay, age and job size; EASY backfill on
 //! declared max runtimes, no quotas, no preemption) and gpuflow (fair share
-//! over quotas, bounded preemption and backfill).
+//! over quotas, bounded preemption and backfill). Each places tasks as its
+//! scheduler does: the baselines as Slurm's node selection
+//! ([`slurm_node_selection`]), gpuflow with its own placement policy.
 
 use std::collections::BTreeMap;
 
+use gpuflow_core::policy::{PickChoice, TieBreak};
 use gpuflow_core::queue::{QueueId, Queues};
 use gpuflow_core::schedule::{self, Config, History, Ordering, Running, Workload};
 use gpuflow_core::{Cluster, JobId, MixWeighting, Placer, Policy, WorkloadMix};
@@ -24,6 +27,25 @@ use crate::workload::{ClusterSpec, KINDS, TraceJob};
 pub struct SimPolicy {
     pub name: String,
     pub config: Config,
+    /// Where the policy places tasks.
+    pub placement: Policy,
+}
+
+/// Slurm's node selection (select/cons_tres) as these baselines model it:
+/// the tightest fit (the nodes with the fewest free resources that still
+/// fit the task), the lowest-numbered node among equals, the
+/// lowest-numbered free GPU. Slurm picks the tightest set of consecutive
+/// nodes that can run the job, the first of equal ones, and takes its
+/// nodes in order; on a busy cluster most such sets are single nodes.
+/// Multi-node jobs keep to as few racks as they can, as with Slurm's
+/// topology/tree plugin.
+pub fn slurm_node_selection() -> Policy {
+    Policy {
+        name: "slurm".into(),
+        tie_break: TieBreak::First,
+        pick: PickChoice::First,
+        ..Policy::best_fit()
+    }
 }
 
 impl SimPolicy {
@@ -38,6 +60,7 @@ impl SimPolicy {
         SimPolicy {
             name: "fifo".into(),
             config,
+            placement: slurm_node_selection(),
         }
     }
 
@@ -64,6 +87,7 @@ impl SimPolicy {
         SimPolicy {
             name: "slurm-like".into(),
             config,
+            placement: slurm_node_selection(),
         }
     }
 
@@ -78,6 +102,7 @@ impl SimPolicy {
                 preemptible_one_tier: false,
                 ..SimPolicy::slurm().config
             },
+            placement: slurm_node_selection(),
         }
     }
 
@@ -85,6 +110,7 @@ impl SimPolicy {
         SimPolicy {
             name: "gpuflow".into(),
             config: Config::default(),
+            placement: Policy::gpuflow(),
         }
     }
 
@@ -124,6 +150,7 @@ impl SimPolicy {
         "quotas",
         "class_tiers",
         "backfill_per_node",
+        "placement",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -138,12 +165,21 @@ impl SimPolicy {
     /// borrowing or reclaim, as the Slurm baselines), `class_tiers=true|false`
     /// (false: the classes do not order the queue), `backfill_per_node=true|false`,
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
-    /// two peers that neither preempt nor outrank each other).
+    /// two peers that neither preempt nor outrank each other),
+    /// `placement=POLICY` (`slurm`, a placement policy such as `gpuflow` or
+    /// `best-fit`, or a weighted sum of scorers).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
     pub fn tune(&mut self, key: &str, value: &str) -> Result<(), String> {
         let bad = || format!("{key}={value}: not a valid value for {key}");
+        if key == "placement" {
+            self.placement = match value {
+                "slurm" => slurm_node_selection(),
+                v => Policy::parse(v).map_err(|e| format!("{key}={value}: {e} (or slurm)"))?,
+            };
+            return Ok(());
+        }
         let c = &mut self.config;
         match key {
             "tries_per_queue" => c.tries_per_queue = value.parse().map_err(|_| bad())?,
@@ -313,16 +349,15 @@ pub fn simulate(
     let capacity_milli: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
     let mut queues: Queues = spec.build_queues(&nodes)?;
     let cluster = Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?;
-    let mix = WorkloadMix::from_tasks(
+    let mix = WorkloadMix::from_groups(
         jobs.iter()
-            .map(|j| j.job())
-            .flat_map(|j| j.groups.into_iter().map(|g| g.request))
+            .flat_map(|j| j.job().groups)
             .collect::<Vec<_>>()
             .iter(),
         MixWeighting::Tasks,
         1.0,
     );
-    let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, seed);
+    let mut placer = Placer::new(cluster, policy.placement.clone(), mix, seed);
     let team_queue: BTreeMap<String, QueueId> = spec
         .queues
         .iter()

@@ -1,5 +1,10 @@
 //! The dynamic simulator: the four-team study and its inputs.
 
+use gpuflow_core::placement::task;
+use gpuflow_core::{
+    Allocation, Cluster, CpuMilli, GpuPick, GpuRequest, Job, JobId, MemMib, MixWeighting, NodeId,
+    Placer, Policy, TaskId, WorkloadMix,
+};
 use gpuflow_sim::dynamic::{self, SimConfig, SimPolicy, group_stats, team_shares};
 use gpuflow_sim::workload::{self, ClusterSpec, Synthetic};
 
@@ -334,4 +339,61 @@ fn the_realistic_workload_reports_every_policy_whole() {
             None => assert_eq!(row[col("wait_h")], ""),
         }
     }
+}
+
+/// The baselines place tasks as Slurm's node selection does (the tightest
+/// node, the first of equal ones, its first free GPU), not with gpuflow's
+/// placement policy, which keeps a hole that fits a common shape.
+#[test]
+fn the_slurm_baselines_place_tasks_as_slurm_selects_nodes() {
+    let nodes = workload::h100_cluster(32, std::iter::empty()).build_nodes();
+    assert_eq!(nodes.len(), 4);
+    let gpus = |n: u8| task(8_000 * n as u64, 1_024, GpuRequest::Whole { count: n });
+    // One- and two-GPU tasks are the common shapes.
+    let mix = WorkloadMix::from_tasks([gpus(1), gpus(2)].iter(), MixWeighting::Tasks, 1.0);
+    // Node 0 has GPUs 0-4 in use (3 free), nodes 1 and 2 GPUs 0-5 (2 free);
+    // node 3 is empty.
+    let used = [(0, 5u8), (1, 6), (2, 6)].map(|(node, n)| Allocation {
+        task: TaskId {
+            job: JobId(100 + node),
+            group: 0,
+            index: 0,
+        },
+        node: NodeId(node as u32),
+        cpu: CpuMilli(8_000 * n as u64),
+        mem: MemMib(1_024),
+        gpu: GpuRequest::Whole { count: n },
+        pick: GpuPick::Whole((1u64 << n) - 1),
+    });
+    let placed = |policy: &Policy| {
+        let cluster = Cluster::new(nodes.clone()).unwrap();
+        let mut placer = Placer::new(cluster, policy.clone(), mix.clone(), 7);
+        placer.apply(&used).unwrap();
+        let a = placer.place_job(&Job::single(1, gpus(1))).unwrap();
+        (a[0].node, a[0].pick)
+    };
+    for p in [
+        SimPolicy::fifo(),
+        SimPolicy::slurm(),
+        SimPolicy::slurm_qos(),
+    ] {
+        assert_eq!(
+            placed(&p.placement),
+            (NodeId(1), GpuPick::Whole(1 << 6)),
+            "{} places a one-GPU task on the tightest node, the first of two, on its first free GPU",
+            p.name
+        );
+    }
+    // gpuflow keeps both two-GPU holes and takes one of node 0's three.
+    assert_eq!(placed(&SimPolicy::gpuflow().placement).0, NodeId(0));
+    let mut p = SimPolicy::slurm();
+    p.tune("placement", "gpuflow").unwrap();
+    assert_eq!(placed(&p.placement).0, NodeId(0));
+    p.tune("placement", "slurm").unwrap();
+    assert_eq!(placed(&p.placement).0, NodeId(1));
+    let e = p.tune("placement", "tightest").unwrap_err();
+    assert!(
+        e.contains("placement=tightest") && e.contains("slurm"),
+        "{e}"
+    );
 }
