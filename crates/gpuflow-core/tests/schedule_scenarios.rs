@@ -1192,3 +1192,31 @@ fn victims_may_be_chosen_by_the_work_they_lose_before_their_class() {
     "#]]
     .assert_eq(&fixture("lost-work"));
 }
+
+/// A job blocked by where GPUs are free, not by how many, is not told it
+/// starts now: it starts when a node frees enough. Here 9 GPUs are free in
+/// all, 3 on each node; job 3 needs 4 on one node, which n2 has when job 2
+/// ends at t=100 (job 5 declares no end), with room for both of job 4's
+/// tasks of 4 GPUs.
+#[test]
+fn a_job_that_fits_nowhere_yet_expects_to_start_when_a_node_frees_enough() {
+    let out = run("
+        node n1 gpus=8*H100
+        node n2 gpus=8*H100
+        node n3 gpus=8*H100
+        queue org H100=24
+        config backfill=off
+        run 1 queue=org gpu=whole:5 cpu=1 runtime=300 started=0
+        run 2 queue=org gpu=whole:5 cpu=1 runtime=100 started=0
+        run 5 queue=org gpu=whole:5 cpu=1 started=0
+        job 3 queue=org gpu=whole:4 cpu=1
+        job 4 queue=org group=worker*2 gpu=whole:4 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=100): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
+          pending job 4 (#2 in queue, eta t=100): on H100: worker: needs 4 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

@@ -1496,3 +1496,41 @@ async fn output_is_kept_whole_once_and_within_the_job_limit_postgres() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A job that no node can take yet, while enough GPUs are free in all, is
+/// told through `why` that it starts when a node frees enough, not now.
+#[tokio::test]
+async fn why_tells_a_job_no_node_can_take_yet_when_a_node_frees_room() {
+    let h = harness(None).await;
+    for node in ["n1", "n2"] {
+        let uuids: Vec<String> = (0..3).map(|i| format!("GPU-{node}-{i}")).collect();
+        let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        register(&h, node, inventory(&uuids, 65536)).await;
+    }
+    // Two jobs of two GPUs, limited to one hour and to two: one on each
+    // node, which keeps one GPU free (two in all).
+    let job = |limit: &str| {
+        format!(
+            "name: j\nqueue: default\nkind: batch\n{limit}tasks:\n  - name: main\n    command: [train]\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {{count: 2}}}}\n"
+        )
+    };
+    for hours in [1, 2] {
+        h.submit_spec(job(&format!("max_runtime_s: {}\n", hours * 3600)))
+            .await;
+    }
+    let waiting = h.submit_spec(job("")).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    cycle(&h).await;
+    let (s, why) = h.get(&format!("/v1/jobs/{waiting}/why"), &h.admin).await;
+    assert_eq!(s, 200, "{why}");
+    assert_eq!(why["state"], "pending", "{why}");
+    let eta = why["eta"].as_u64().expect("an estimated start");
+    assert!(
+        (now + 3590..=now + 3700).contains(&eta),
+        "it starts when the one-hour job ends, {} s from now: {why}",
+        eta as i64 - now as i64
+    );
+}

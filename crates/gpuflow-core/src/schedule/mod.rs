@@ -336,6 +336,70 @@ impl Default for Config {
     }
 }
 
+/// When nodes have room for tasks of whole GPUs, from the known ends of
+/// the work on them (constraints aside: a lower bound on when a job that
+/// no node can take yet may start).
+struct NodeSlots {
+    /// Idle whole GPUs per node (0 on nodes that take no new work).
+    idle: Vec<u32>,
+    /// (node, end, whole GPUs given back), by node then end.
+    frees: Vec<(u32, u64, u32)>,
+    /// Per GPUs-per-task size: the moments each further task of that size
+    /// finds room on some node, soonest first.
+    by_size: BTreeMap<u32, Vec<u64>>,
+}
+
+impl NodeSlots {
+    /// The moments a task of `gpus` whole GPUs finds room, one per task,
+    /// soonest first: a node with `k` tasks' room at time t adds t to the
+    /// list `k` times in all.
+    fn moments(&mut self, gpus: u32, now: u64) -> &[u64] {
+        let (idle, frees) = (&self.idle, &self.frees);
+        self.by_size.entry(gpus).or_insert_with(|| {
+            let mut out = Vec::new();
+            let mut k = 0;
+            for (n, &free) in idle.iter().enumerate() {
+                let mut have = free;
+                out.extend(std::iter::repeat_n(now, (have / gpus) as usize));
+                while k < frees.len() && frees[k].0 < n as u32 {
+                    k += 1;
+                }
+                while k < frees.len() && frees[k].0 == n as u32 {
+                    let before = have / gpus;
+                    have += frees[k].2;
+                    out.extend(std::iter::repeat_n(
+                        frees[k].1,
+                        (have / gpus - before) as usize,
+                    ));
+                    k += 1;
+                }
+            }
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// The earliest moment, not before `at`, when nodes have room for
+    /// every whole-GPU task of `job` (each group on its own; other groups
+    /// are not bounded); `None` when the known ends never make room.
+    fn earliest(&mut self, job: &Job, at: u64, now: u64) -> Option<u64> {
+        let mut t = at;
+        for g in &job.groups {
+            let GpuRequest::Whole { count } = g.request.gpu else {
+                continue;
+            };
+            if count == 0 {
+                continue;
+            }
+            let when = self
+                .moments(count as u32, now)
+                .get(g.replicas.max(1) as usize - 1)?;
+            t = t.max(*when);
+        }
+        Some(t)
+    }
+}
+
 /// What the scheduler remembers between cycles.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct History {
@@ -3030,6 +3094,8 @@ impl<'a> Cycle<'a> {
         const HELD: u8 = 8;
         // No node takes it as the cluster stands, however much is free.
         const NOWHERE: u8 = 16;
+        // Some node turned it away for what it holds now.
+        const BY_PLACE: u8 = 32;
         let mut flags = vec![0u8; self.pending.len()];
         for (f, r) in flags.iter_mut().zip(&self.reasons) {
             let mut placed_nowhere = None;
@@ -3052,8 +3118,10 @@ impl<'a> Cycle<'a> {
                     placed_nowhere = Some(placed_nowhere.unwrap_or(true) && fixed);
                 }
             }
-            if placed_nowhere == Some(true) {
-                *f |= NOWHERE;
+            match placed_nowhere {
+                Some(true) => *f |= NOWHERE,
+                Some(false) => *f |= BY_PLACE,
+                None => {}
             }
         }
         for &i in &self.admitted_idx {
@@ -3086,6 +3154,7 @@ impl<'a> Cycle<'a> {
         let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
             Default::default();
         let (mut freed, mut next) = (free_now, 0usize);
+        let mut node_slots: Option<NodeSlots> = None;
         for (&i, &milli) in order.iter().zip(&order_milli) {
             let flag = flags[i];
             // Admitted, or takes nothing from those behind it: it cannot start.
@@ -3126,6 +3195,14 @@ impl<'a> Cycle<'a> {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,
                 };
+            }
+            // Turned away by where GPUs are free, not by how many: also
+            // wait until enough nodes have room for its tasks.
+            if flag & BY_PLACE != 0
+                && let Some(at) = t
+            {
+                let slots = node_slots.get_or_insert_with(|| self.node_slots());
+                t = slots.earliest(&self.pending[i].job, at, self.now);
             }
             if flag & HELD != 0 {
                 t = None;
@@ -3184,6 +3261,58 @@ impl<'a> Cycle<'a> {
             preempted: self.preempted,
             reservations: self.reservations,
             pending,
+        }
+    }
+
+    /// Each ready node's idle whole GPUs now and the whole GPUs its running
+    /// and just-admitted jobs give back at their known ends, for
+    /// [`NodeSlots::earliest`].
+    fn node_slots(&self) -> NodeSlots {
+        let cluster = self.placer.cluster();
+        let idle: Vec<u32> = cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                if n.state != crate::model::NodeState::Ready {
+                    return 0;
+                }
+                let usage = &cluster.usage(n.id).gpus;
+                n.gpus
+                    .iter()
+                    .zip(usage)
+                    .filter(|(g, u)| {
+                        g.health == crate::model::GpuHealth::Healthy
+                            && !g.mig_enabled()
+                            && u.mode == crate::cluster::GpuMode::Idle
+                    })
+                    .count() as u32
+            })
+            .collect();
+        let mut frees: Vec<(u32, u64, u32)> = Vec::new();
+        let mut give_back = |end: u64, allocations: &[Allocation]| {
+            for a in allocations {
+                if let crate::cluster::GpuPick::Whole(mask) = a.pick
+                    && idle.get(a.node.0 as usize).is_some()
+                {
+                    frees.push((a.node.0, end.max(self.now), mask.count_ones()));
+                }
+            }
+        };
+        for r in self.running {
+            if let Some(end) = Self::end_of(r) {
+                give_back(end, &r.allocations);
+            }
+        }
+        for ((_, _, p), &i) in self.admitted.iter().zip(&self.admitted_idx) {
+            if let Some(m) = self.pending[i].max_runtime {
+                give_back(self.now + m, p);
+            }
+        }
+        frees.sort_unstable();
+        NodeSlots {
+            idle,
+            frees,
+            by_size: BTreeMap::new(),
         }
     }
 
