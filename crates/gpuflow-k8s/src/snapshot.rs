@@ -1839,11 +1839,9 @@ impl<'a> Builder<'a> {
             })
             .collect();
         let cluster = Cluster::new(self.nodes).expect("node ids are their indices");
+        // The placement keeps room for the shapes of the pods that wait.
         let mix = WorkloadMix::from_groups(
-            self.pending
-                .iter()
-                .chain(self.running.iter().map(|r| &r.work))
-                .flat_map(|w| &w.job.groups),
+            self.pending.iter().flat_map(|w| &w.job.groups),
             MixWeighting::Tasks,
             1.0,
         );

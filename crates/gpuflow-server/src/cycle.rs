@@ -1034,11 +1034,13 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let aside = set_aside_queues(world);
     let queues = build_queues(world, &capacity, &aside, t);
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
-    // Each replica of a task group counts, as the pods of a gang would.
+    // The placement keeps room for the shapes of the work that waits
+    // (docs/benchmarks.md, "The placement's mix is what waits"); each
+    // replica of a task group counts, as the pods of a gang would.
     let requests: Vec<(TaskRequest, u32)> = world
         .jobs
         .values()
-        .filter(|j| j.state == JobState::Pending || j.state.allocated())
+        .filter(|j| j.state == JobState::Pending)
         .flat_map(|j| j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)))
         .collect();
     let mix = WorkloadMix::from_counted(

@@ -1497,16 +1497,21 @@ async fn output_is_kept_whole_once_and_within_the_job_limit_postgres() {
     }
 }
 
+/// Registers `nodes`, each with `gpus` GPUs named after it.
+async fn register_nodes(h: &H, nodes: &[&str], gpus: usize) {
+    for node in nodes {
+        let uuids: Vec<String> = (0..gpus).map(|i| format!("GPU-{node}-{i}")).collect();
+        let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        register(h, node, inventory(&uuids, 65536)).await;
+    }
+}
+
 /// A job that no node can take yet, while enough GPUs are free in all, is
 /// told through `why` that it starts when a node frees enough, not now.
 #[tokio::test]
 async fn why_tells_a_job_no_node_can_take_yet_when_a_node_frees_room() {
     let h = harness(None).await;
-    for node in ["n1", "n2"] {
-        let uuids: Vec<String> = (0..3).map(|i| format!("GPU-{node}-{i}")).collect();
-        let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
-        register(&h, node, inventory(&uuids, 65536)).await;
-    }
+    register_nodes(&h, &["n1", "n2"], 3).await;
     // Two jobs of two GPUs, limited to one hour and to two: one on each
     // node, which keeps one GPU free (two in all).
     let job = |limit: &str| {
@@ -1532,5 +1537,27 @@ async fn why_tells_a_job_no_node_can_take_yet_when_a_node_frees_room() {
         (now + 3590..=now + 3700).contains(&eta),
         "it starts when the one-hour job ends, {} s from now: {why}",
         eta as i64 - now as i64
+    );
+}
+
+/// The placement keeps room for the shapes of the work that waits, not of
+/// the work that runs: with only a one-GPU job waiting, it takes the
+/// tightest node and leaves a whole four-GPU node free, where keeping room
+/// for the running two-GPU job's shape left no node with more than three.
+#[tokio::test]
+async fn placement_keeps_room_for_what_waits_not_for_what_runs() {
+    let h = harness(None).await;
+    register_nodes(&h, &["n1", "n2"], 4).await;
+    let node_of = |j: Value| j["tasks"][0]["node"].as_str().unwrap().to_string();
+    let two = submit(&h, "default", "{count: 2}", 1024).await;
+    cycle(&h).await;
+    let busy = node_of(h.get(&format!("/v1/jobs/{two}"), &h.admin).await.1);
+    let one = submit(&h, "default", "{count: 1}", 1024).await;
+    cycle(&h).await;
+    let (_, j) = h.get(&format!("/v1/jobs/{one}"), &h.admin).await;
+    assert_eq!(
+        node_of(j.clone()),
+        busy,
+        "the one-GPU job packs onto {busy}: {j}"
     );
 }

@@ -349,15 +349,13 @@ pub fn simulate(
     let capacity_milli: u64 = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
     let mut queues: Queues = spec.build_queues(&nodes)?;
     let cluster = Cluster::new(nodes).map_err(|e| SimError::Invalid(e.to_string()))?;
-    let mix = WorkloadMix::from_groups(
-        jobs.iter()
-            .flat_map(|j| j.job().groups)
-            .collect::<Vec<_>>()
-            .iter(),
-        MixWeighting::Tasks,
-        1.0,
+    // The mix is set each cycle from the pending jobs, as the server does.
+    let mut placer = Placer::new(
+        cluster,
+        policy.placement.clone(),
+        WorkloadMix::default(),
+        seed,
     );
-    let mut placer = Placer::new(cluster, policy.placement.clone(), mix, seed);
     let team_queue: BTreeMap<String, QueueId> = spec
         .queues
         .iter()
@@ -476,6 +474,11 @@ pub fn simulate(
         budgets.apply(now, &mut queues);
         if !pending.is_empty() {
             cycles += 1;
+            placer.set_mix(WorkloadMix::from_groups(
+                pending.iter().flat_map(|w| &w.job.groups),
+                MixWeighting::Tasks,
+                1.0,
+            ));
             let plan = schedule::schedule(
                 now,
                 &mut placer,
