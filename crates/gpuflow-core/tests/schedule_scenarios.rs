@@ -1220,3 +1220,34 @@ fn a_job_that_fits_nowhere_yet_expects_to_start_when_a_node_frees_enough() {
     "#]]
     .assert_eq(&out);
 }
+
+/// GPUs that free on a node that takes no new work, or that have failed,
+/// make no room: job 3 waits for n2, whose job ends at t=300, not for
+/// cordoned n1 (t=100) or for n3, whose job ends at t=50 on GPUs that have
+/// failed since.
+#[test]
+fn room_that_frees_on_a_cordoned_node_or_a_failed_gpu_does_not_count_for_an_estimate() {
+    let out = run("
+        node n1 gpus=8*H100 labels=zone:a
+        node n2 gpus=8*H100 labels=zone:b
+        node n3 gpus=8*H100 labels=zone:c
+        queue org H100=24
+        config backfill=off
+        run 1 queue=org gpu=whole:5 cpu=1 runtime=100 started=0 select=zone:a
+        run 2 queue=org gpu=whole:5 cpu=1 runtime=300 started=0 select=zone:b
+        run 5 queue=org gpu=whole:5 cpu=1 runtime=50 started=0 select=zone:c
+        state n1 cordoned
+        health n3 0 bad
+        health n3 1 bad
+        health n3 2 bad
+        health n3 3 bad
+        health n3 4 bad
+        job 3 queue=org gpu=whole:4 cpu=1
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=300): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node is cordoned, 1 node has too few healthy GPUs, 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

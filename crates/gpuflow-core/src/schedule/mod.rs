@@ -3269,32 +3269,47 @@ impl<'a> Cycle<'a> {
     /// [`NodeSlots::earliest`].
     fn node_slots(&self) -> NodeSlots {
         let cluster = self.placer.cluster();
-        let idle: Vec<u32> = cluster
+        // Only GPUs that can take work count, now or once given back:
+        // healthy, not split into MIG instances, on a node that takes new
+        // work.
+        let usable: Vec<u64> = cluster
             .nodes()
             .iter()
             .map(|n| {
                 if n.state != crate::model::NodeState::Ready {
                     return 0;
                 }
-                let usage = &cluster.usage(n.id).gpus;
                 n.gpus
                     .iter()
-                    .zip(usage)
-                    .filter(|(g, u)| {
-                        g.health == crate::model::GpuHealth::Healthy
-                            && !g.mig_enabled()
-                            && u.mode == crate::cluster::GpuMode::Idle
+                    .enumerate()
+                    .filter(|(_, g)| {
+                        g.health == crate::model::GpuHealth::Healthy && !g.mig_enabled()
                     })
+                    .fold(0u64, |m, (i, _)| m | 1 << i)
+            })
+            .collect();
+        let idle: Vec<u32> = cluster
+            .nodes()
+            .iter()
+            .zip(&usable)
+            .map(|(n, &m)| {
+                cluster
+                    .usage(n.id)
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, u)| m >> i & 1 == 1 && u.mode == crate::cluster::GpuMode::Idle)
                     .count() as u32
             })
             .collect();
         let mut frees: Vec<(u32, u64, u32)> = Vec::new();
         let mut give_back = |end: u64, allocations: &[Allocation]| {
             for a in allocations {
-                if let crate::cluster::GpuPick::Whole(mask) = a.pick
-                    && idle.get(a.node.0 as usize).is_some()
-                {
-                    frees.push((a.node.0, end.max(self.now), mask.count_ones()));
+                if let crate::cluster::GpuPick::Whole(mask) = a.pick {
+                    let back = mask & usable.get(a.node.0 as usize).copied().unwrap_or(0);
+                    if back != 0 {
+                        frees.push((a.node.0, end.max(self.now), back.count_ones()));
+                    }
                 }
             }
         };

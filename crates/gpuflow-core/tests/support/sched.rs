@@ -261,6 +261,32 @@ pub fn run(fixture: &str) -> String {
                 let (w, _) = parse_work(&toks[1..], &queues, &cfg);
                 fx.pending.push(w);
             }
+            // After the runs: a node that stops taking work, a GPU that fails.
+            "state" => {
+                let node = placer
+                    .cluster()
+                    .node_by_name(toks[1])
+                    .expect("a known node");
+                let state = match toks[2] {
+                    "cordoned" => gpuflow_core::NodeState::Cordoned,
+                    "draining" => gpuflow_core::NodeState::Draining,
+                    "lost" => gpuflow_core::NodeState::Lost,
+                    _ => gpuflow_core::NodeState::Ready,
+                };
+                placer.set_node_state(node, state);
+            }
+            "health" => {
+                let node = placer
+                    .cluster()
+                    .node_by_name(toks[1])
+                    .expect("a known node");
+                let health = if toks[3] == "bad" {
+                    gpuflow_core::GpuHealth::Unhealthy
+                } else {
+                    gpuflow_core::GpuHealth::Healthy
+                };
+                placer.set_gpu_health(node, toks[2].parse().unwrap(), health);
+            }
             "usage" => {
                 let q = queues.by_name(toks[1]).expect("a known queue");
                 *history.usage.entry(q).or_default() += toks[2].parse::<f64>().unwrap();
