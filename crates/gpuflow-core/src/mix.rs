@@ -83,8 +83,8 @@ impl WorkloadMix {
         WorkloadMix::from_counted(tasks.into_iter().map(|t| (t, 1)), weighting, coverage)
     }
 
-    /// The mix of the tasks of these task groups (of the jobs pending and
-    /// running): each replica counts.
+    /// The mix of the tasks of these task groups (the schedulers pass the
+    /// pending jobs'): each replica counts.
     pub fn from_groups<'a>(
         groups: impl IntoIterator<Item = &'a TaskGroup>,
         weighting: MixWeighting,
@@ -126,7 +126,7 @@ impl WorkloadMix {
     }
 
     /// As [`WorkloadMix::typical`], each shape given with its number of tasks.
-    pub fn typical_counted<'a>(
+    fn typical_counted<'a>(
         tasks: impl IntoIterator<Item = (&'a TaskRequest, u32)>,
         weighting: MixWeighting,
         typical: Typical,
