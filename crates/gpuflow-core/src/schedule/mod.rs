@@ -340,6 +340,8 @@ impl Default for Config {
 /// the work on them (constraints aside: a lower bound on when a job that
 /// no node can take yet may start).
 struct NodeSlots {
+    /// The cycle's time: when idle GPUs have room.
+    now: u64,
     /// Idle whole GPUs per node (0 on nodes that take no new work).
     idle: Vec<u32>,
     /// (node, end, whole GPUs given back), by node then end.
@@ -353,17 +355,15 @@ impl NodeSlots {
     /// The moments a task of `gpus` whole GPUs finds room, one per task,
     /// soonest first: a node with `k` tasks' room at time t adds t to the
     /// list `k` times in all.
-    fn moments(&mut self, gpus: u32, now: u64) -> &[u64] {
-        let (idle, frees) = (&self.idle, &self.frees);
+    fn moments(&mut self, gpus: u32) -> &[u64] {
+        let (now, idle, frees) = (self.now, &self.idle, &self.frees);
         self.by_size.entry(gpus).or_insert_with(|| {
             let mut out = Vec::new();
+            // `frees` is by node, and every node is visited in order.
             let mut k = 0;
             for (n, &free) in idle.iter().enumerate() {
                 let mut have = free;
                 out.extend(std::iter::repeat_n(now, (have / gpus) as usize));
-                while k < frees.len() && frees[k].0 < n as u32 {
-                    k += 1;
-                }
                 while k < frees.len() && frees[k].0 == n as u32 {
                     let before = have / gpus;
                     have += frees[k].2;
@@ -382,7 +382,7 @@ impl NodeSlots {
     /// The earliest moment, not before `at`, when nodes have room for
     /// every whole-GPU task of `job` (each group on its own; other groups
     /// are not bounded); `None` when the known ends never make room.
-    fn earliest(&mut self, job: &Job, at: u64, now: u64) -> Option<u64> {
+    fn earliest(&mut self, job: &Job, at: u64) -> Option<u64> {
         let mut t = at;
         for g in &job.groups {
             let GpuRequest::Whole { count } = g.request.gpu else {
@@ -392,7 +392,7 @@ impl NodeSlots {
                 continue;
             }
             let when = self
-                .moments(count as u32, now)
+                .moments(count as u32)
                 .get(g.replicas.max(1) as usize - 1)?;
             t = t.max(*when);
         }
@@ -3202,7 +3202,7 @@ impl<'a> Cycle<'a> {
                 && let Some(at) = t
             {
                 let slots = node_slots.get_or_insert_with(|| self.node_slots());
-                t = slots.earliest(&self.pending[i].job, at, self.now);
+                t = slots.earliest(&self.pending[i].job, at);
             }
             if flag & HELD != 0 {
                 t = None;
@@ -3325,6 +3325,7 @@ impl<'a> Cycle<'a> {
         }
         frees.sort_unstable();
         NodeSlots {
+            now: self.now,
             idle,
             frees,
             by_size: BTreeMap::new(),

@@ -30,6 +30,25 @@ pub fn token_lines(fixture: &str) -> Vec<Vec<&str>> {
         .collect()
 }
 
+/// A node state by its fixture name (anything else: ready).
+pub fn parse_node_state(v: &str) -> NodeState {
+    match v {
+        "cordoned" => NodeState::Cordoned,
+        "draining" => NodeState::Draining,
+        "lost" => NodeState::Lost,
+        _ => NodeState::Ready,
+    }
+}
+
+/// A GPU's health by its fixture name: `bad`, or healthy.
+pub fn parse_health(v: &str) -> GpuHealth {
+    if v == "bad" {
+        GpuHealth::Unhealthy
+    } else {
+        GpuHealth::Healthy
+    }
+}
+
 /// A `key=value` token split in two (the value empty when there is no `=`).
 pub fn kv(tok: &str) -> (&str, &str) {
     tok.split_once('=').unwrap_or((tok, ""))
@@ -100,14 +119,7 @@ pub fn parse_node(id: u32, toks: &[&str]) -> Node {
                     })
                     .collect()
             }
-            "state" => {
-                node.state = match v {
-                    "cordoned" => NodeState::Cordoned,
-                    "draining" => NodeState::Draining,
-                    "lost" => NodeState::Lost,
-                    _ => NodeState::Ready,
-                }
-            }
+            "state" => node.state = parse_node_state(v),
             "nvlink" => nvlink = v.parse().unwrap(),
             "unhealthy" => unhealthy = v.split(',').map(|x| x.parse::<usize>().unwrap()).collect(),
             "mig" => {
@@ -315,23 +327,12 @@ pub fn run(fixture: &str) -> String {
             }
             "health" => {
                 let node = placer.cluster().node_by_name(toks[1]).unwrap();
-                let h = if toks[3] == "bad" {
-                    GpuHealth::Unhealthy
-                } else {
-                    GpuHealth::Healthy
-                };
-                placer.set_gpu_health(node, toks[2].parse().unwrap(), h);
+                placer.set_gpu_health(node, toks[2].parse().unwrap(), parse_health(toks[3]));
                 let _ = writeln!(out, "gpu {} of {} is {}", toks[2], toks[1], toks[3]);
             }
             "state" => {
                 let node = placer.cluster().node_by_name(toks[1]).unwrap();
-                let s = match toks[2] {
-                    "cordoned" => NodeState::Cordoned,
-                    "draining" => NodeState::Draining,
-                    "lost" => NodeState::Lost,
-                    _ => NodeState::Ready,
-                };
-                placer.set_node_state(node, s);
+                placer.set_node_state(node, parse_node_state(toks[2]));
                 let _ = writeln!(out, "{} is {}", toks[1], toks[2]);
             }
             other => panic!("unknown step {other}"),

@@ -267,25 +267,14 @@ pub fn run(fixture: &str) -> String {
                     .cluster()
                     .node_by_name(toks[1])
                     .expect("a known node");
-                let state = match toks[2] {
-                    "cordoned" => gpuflow_core::NodeState::Cordoned,
-                    "draining" => gpuflow_core::NodeState::Draining,
-                    "lost" => gpuflow_core::NodeState::Lost,
-                    _ => gpuflow_core::NodeState::Ready,
-                };
-                placer.set_node_state(node, state);
+                placer.set_node_state(node, super::parse_node_state(toks[2]));
             }
             "health" => {
                 let node = placer
                     .cluster()
                     .node_by_name(toks[1])
                     .expect("a known node");
-                let health = if toks[3] == "bad" {
-                    gpuflow_core::GpuHealth::Unhealthy
-                } else {
-                    gpuflow_core::GpuHealth::Healthy
-                };
-                placer.set_gpu_health(node, toks[2].parse().unwrap(), health);
+                placer.set_gpu_health(node, toks[2].parse().unwrap(), super::parse_health(toks[3]));
             }
             "usage" => {
                 let q = queues.by_name(toks[1]).expect("a known queue");
