@@ -304,6 +304,9 @@ pub struct Outcome {
     pub finish: Option<u64>,
     pub preemptions: u32,
     pub lost_gpu_hours: f64,
+    /// Seconds it waited again after being preempted: from each stop to
+    /// its next start (still waiting at the end: to the end).
+    pub requeued_wait: u64,
 }
 
 /// A policy's run.
@@ -383,6 +386,7 @@ pub fn simulate(
             finish: None,
             preemptions: 0,
             lost_gpu_hours: 0.0,
+            requeued_wait: 0,
         })
         .collect();
     let by_id: BTreeMap<JobId, usize> = jobs
@@ -391,6 +395,8 @@ pub fn simulate(
         .map(|(i, j)| (JobId(j.id), i))
         .collect();
     let mut remaining: Vec<u64> = jobs.iter().map(|j| j.duration).collect();
+    // When each preempted job went back to the queue.
+    let mut requeued_at: Vec<Option<u64>> = vec![None; jobs.len()];
     let mut running: Vec<Running> = Vec::new();
     let mut live: BTreeMap<JobId, Live> = BTreeMap::new();
     let mut pending: Vec<Workload> = Vec::new();
@@ -451,6 +457,7 @@ pub fn simulate(
                     / 3600.0;
                 outcomes[i].lost_gpu_hours += lost;
                 lost_total += lost;
+                requeued_at[i] = Some(done_at);
                 pending.push(r.work);
             }
         }
@@ -496,6 +503,9 @@ pub fn simulate(
                 let work = pending.swap_remove(k);
                 let i = by_id[&id];
                 outcomes[i].first_start.get_or_insert(now);
+                if let Some(t) = requeued_at[i].take() {
+                    outcomes[i].requeued_wait += now - t;
+                }
                 let run_for = remaining[i].min(work.max_runtime.unwrap_or(u64::MAX));
                 live.insert(
                     id,
@@ -554,6 +564,11 @@ pub fn simulate(
             r.started,
             now,
         );
+    }
+    for (o, t) in outcomes.iter_mut().zip(&requeued_at) {
+        if let Some(t) = t {
+            o.requeued_wait += now.saturating_sub(*t);
+        }
     }
     let unfinished = outcomes.iter().filter(|o| o.finish.is_none()).count();
     Ok(SimResult {
@@ -688,13 +703,22 @@ pub struct Waits {
     pub p50: f64,
     pub p95: f64,
     pub max: f64,
+    /// The p95 of all the time a job waited: to its first start and again
+    /// after each preemption (the waits above end at the first start).
+    pub queued_p95: f64,
 }
 
 /// [`Waits`] of some outcomes.
 pub fn waits<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Waits {
-    let mut w: Vec<f64> = outcomes
-        .filter_map(|o| o.first_start.map(|s| (s - o.submit) as f64 / 3600.0))
-        .collect();
+    let (mut w, mut queued): (Vec<f64>, Vec<f64>) = outcomes
+        .filter_map(|o| {
+            let first = o.first_start? - o.submit;
+            Some((
+                first as f64 / 3600.0,
+                (first + o.requeued_wait) as f64 / 3600.0,
+            ))
+        })
+        .unzip();
     if w.is_empty() {
         return Waits::default();
     }
@@ -705,6 +729,7 @@ pub fn waits<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Waits {
         p50: w[(w.len() - 1) / 2],
         p95,
         max: w[w.len() - 1],
+        queued_p95: mean_p95(&mut queued).1,
     }
 }
 

@@ -11,11 +11,23 @@ use crate::workload::KINDS;
 /// cluster-wide figures.
 pub fn table(results: &[SimResult]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "wait and job completion time (JCT), hours, per kind");
     let _ = writeln!(
         out,
-        "{:<11} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "policy", "kind", "jobs", "wait avg", "p50", "p95", "max", "JCT avg", "JCT p95"
+        "wait (to the first start; queued: all the time waited, after preemptions too) and job completion time (JCT), hours, per kind"
+    );
+    let _ = writeln!(
+        out,
+        "{:<11} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8}",
+        "policy",
+        "kind",
+        "jobs",
+        "wait avg",
+        "p50",
+        "p95",
+        "max",
+        "queued p95",
+        "JCT avg",
+        "JCT p95"
     );
     for r in results {
         let kinds = (0..KINDS.len()).map(|k| (kind_name(k), Some(k)));
@@ -28,8 +40,8 @@ pub fn table(results: &[SimResult]) -> String {
             let (_, _, _, mj, pj) = group_stats(r.outcomes.iter().filter(of));
             let _ = writeln!(
                 out,
-                "{:<11} {name:<10} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {mj:>8.2} {pj:>8.2}",
-                r.policy, w.jobs, w.mean, w.p50, w.p95, w.max
+                "{:<11} {name:<10} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.2} {mj:>8.2} {pj:>8.2}",
+                r.policy, w.jobs, w.mean, w.p50, w.p95, w.max, w.queued_p95
             );
         }
     }
@@ -112,7 +124,7 @@ fn lost_pct(r: &SimResult) -> f64 {
 /// cluster-wide figures).
 pub fn csv(results: &[SimResult]) -> String {
     let mut out = String::from(
-        "policy,group,name,jobs,wait_avg_h,wait_p50_h,wait_p95_h,wait_max_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share,makespan_h,lost_pct,alloc_pct,jain\n",
+        "policy,group,name,jobs,wait_avg_h,wait_p50_h,wait_p95_h,wait_max_h,queued_p95_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share,makespan_h,lost_pct,alloc_pct,jain\n",
     );
     let row = |out: &mut String,
                r: &SimResult,
@@ -123,8 +135,8 @@ pub fn csv(results: &[SimResult]) -> String {
         let (_, _, _, mj, pj) = group_stats(r.outcomes.iter().filter(|o| of(o)));
         let _ = write!(
             out,
-            "{},{group},{name},{},{:.4},{:.4},{:.4},{:.4},{mj:.4},{pj:.4}",
-            r.policy, w.jobs, w.mean, w.p50, w.p95, w.max
+            "{},{group},{name},{},{:.4},{:.4},{:.4},{:.4},{:.4},{mj:.4},{pj:.4}",
+            r.policy, w.jobs, w.mean, w.p50, w.p95, w.max, w.queued_p95
         );
     };
     for r in results {
@@ -156,10 +168,11 @@ pub fn csv(results: &[SimResult]) -> String {
 
 /// CSV: one row per policy and job (its team, kind, GPUs, when it was
 /// submitted, first started and finished, seconds; how often it was
-/// preempted and the GPU-hours it lost), to see which jobs make a tail.
+/// preempted, the hours it waited again after that and the GPU-hours it
+/// lost), to see which jobs make a tail.
 pub fn jobs_csv(results: &[SimResult]) -> String {
     let mut out = String::from(
-        "policy,job,team,kind,gpus,submit_s,first_start_s,finish_s,wait_h,preemptions,lost_gpu_hours\n",
+        "policy,job,team,kind,gpus,submit_s,first_start_s,finish_s,wait_h,preemptions,requeued_wait_h,lost_gpu_hours\n",
     );
     let opt = |t: Option<u64>| t.map(|t| t.to_string()).unwrap_or_default();
     for r in results {
@@ -170,7 +183,7 @@ pub fn jobs_csv(results: &[SimResult]) -> String {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{wait},{},{:.4}",
+                "{},{},{},{},{},{},{},{},{wait},{},{:.4},{:.4}",
                 r.policy,
                 o.id,
                 o.team,
@@ -180,6 +193,7 @@ pub fn jobs_csv(results: &[SimResult]) -> String {
                 opt(o.first_start),
                 opt(o.finish),
                 o.preemptions,
+                o.requeued_wait as f64 / 3600.0,
                 o.lost_gpu_hours
             );
         }

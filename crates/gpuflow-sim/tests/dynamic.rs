@@ -397,3 +397,87 @@ fn the_slurm_baselines_place_tasks_as_slurm_selects_nodes() {
         "{e}"
     );
 }
+
+/// A job that was preempted and waits again for room: the report's waits
+/// end at its first start, the time queued counts the second wait too.
+#[test]
+fn the_time_a_preempted_job_waits_again_is_reported() {
+    let text = "[[nodes]]\ncount = 1\ngpus = 2\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
+                [[queues]]\nname = \"team-a\"\nguaranteed = { H100 = 1 }\n\n\
+                [[queues]]\nname = \"team-b\"\nguaranteed = { H100 = 1 }\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.toml");
+    std::fs::write(&path, text).unwrap();
+    let spec = ClusterSpec::load(&path).unwrap();
+    let batch = |id, submit, hours: u64| workload::TraceJob {
+        id,
+        submit,
+        duration: hours * 3600,
+        tasks: 1,
+        gpu: GpuRequest::Whole { count: 1 },
+        team: if id == 3 { "team-b" } else { "team-a" }.into(),
+        kind: 3,
+        priority: 0,
+        max_runtime: Some(hours * 7200),
+        model: None,
+    };
+    // team-a runs a 10-hour job on its guarantee and a 5-hour one on
+    // team-b's GPU; team-b's 2-hour job takes its guarantee back. The last
+    // job keeps the simulation going until all have ended.
+    let jobs = vec![
+        batch(1, 0, 10),
+        batch(2, 600, 5),
+        batch(3, 1800, 2),
+        batch(4, 20 * 3600, 1),
+    ];
+    let r = dynamic::simulate(
+        &spec,
+        &jobs,
+        &SimPolicy::gpuflow(),
+        &SimConfig::default(),
+        1,
+    )
+    .unwrap();
+    let (a, b) = (&r.outcomes[1], &r.outcomes[2]);
+    assert_eq!((a.first_start, a.preemptions), (Some(600), 1), "{a:?}");
+    // It ran until it was stopped (all of it lost: batch never saves), then
+    // waited for team-b's job to end, then ran its 5 hours.
+    let ran = (a.lost_gpu_hours * 3600.0).round() as u64;
+    assert!(ran > 0, "{a:?}");
+    let finish = a.finish.unwrap();
+    assert_eq!(a.requeued_wait, finish - 600 - ran - 5 * 3600, "{a:?}");
+    assert!(
+        a.requeued_wait >= b.finish.unwrap() - b.first_start.unwrap(),
+        "{a:?} {b:?}"
+    );
+    assert!(
+        r.outcomes
+            .iter()
+            .all(|o| o.preemptions > 0 || o.requeued_wait == 0)
+    );
+    let w = dynamic::waits(std::iter::once(a));
+    assert_eq!(w.p95, 0.0);
+    assert!(
+        (w.queued_p95 - a.requeued_wait as f64 / 3600.0).abs() < 1e-9,
+        "{w:?}"
+    );
+    // The reports carry it: the job's row and the cluster-wide one.
+    let jobs_csv = gpuflow_sim::dynreport::jobs_csv(std::slice::from_ref(&r));
+    let header: Vec<&str> = jobs_csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "requeued_wait_h").unwrap();
+    let row: Vec<&str> = jobs_csv.lines().nth(2).unwrap().split(',').collect();
+    let h: f64 = row[col].parse().unwrap();
+    assert!(
+        (h - a.requeued_wait as f64 / 3600.0).abs() < 1e-3,
+        "{row:?}"
+    );
+    let csv = gpuflow_sim::dynreport::csv(std::slice::from_ref(&r));
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "queued_p95_h").unwrap();
+    let all = csv
+        .lines()
+        .find(|l| l.starts_with("gpuflow,all,all,"))
+        .unwrap();
+    let v: f64 = all.split(',').nth(col).unwrap().parse().unwrap();
+    assert!((v - a.requeued_wait as f64 / 3600.0).abs() < 1e-3, "{all}");
+}
