@@ -204,6 +204,11 @@ impl Placer {
         &self.policy
     }
 
+    /// The workload mix the fragmentation scorer plans for.
+    pub fn mix(&self) -> &WorkloadMix {
+        &self.mix
+    }
+
     /// Replaces the workload mix the fragmentation scorer plans for.
     pub fn set_mix(&mut self, mix: WorkloadMix) {
         self.pressure = mix.model_pressure(&gpus_by_model(&self.cluster));
