@@ -77,6 +77,10 @@ pub struct Placer {
     /// Fragmentation of node states already measured: (static shape, free CPU,
     /// free milli-GPU per GPU) → milli-GPU. Valid while the mix stays the same.
     frag_memo: FxHashMap<(u32, u64, [u16; 8]), f64>,
+    /// The static filters' answer per (static shape, request): nodes of
+    /// one shape differ only in usage, which those filters do not read.
+    /// Valid for the placer's life (shapes and requests are interned).
+    static_memo: FxHashMap<(u32, u32), Result<(), Reject>>,
     /// Whether a failed placement tallies rejections (off for trial placements).
     explain: bool,
     /// Topology domains per level: name → nodes.
@@ -190,6 +194,7 @@ impl Placer {
             cache: FxHashMap::default(),
             ranked: Vec::new(),
             frag_memo: FxHashMap::default(),
+            static_memo: FxHashMap::default(),
             explain: true,
             domains: BTreeMap::new(),
             scratch: Scratch::default(),
@@ -711,7 +716,7 @@ impl Placer {
         let mut ties = 0u64;
         for &id in members {
             let eval = match nvlink {
-                Some(_) => self.eval_node(id, req, cons, nvlink, None),
+                Some(_) => self.eval_node(id, req, cons, nvlink, None, false),
                 None => self.eval_class(self.cluster.class_of(id), rid, req, cons),
             };
             let (score, pick) = match eval {
@@ -946,7 +951,31 @@ impl Placer {
         // depend on when it was first made: it is drawn from the class's
         // state and the request instead of the placer's stream.
         let seed = self.seed ^ self.cluster.class_hash(class) ^ self.request_hash[rid as usize];
-        let e = self.eval_node(rep, req, cons, None, Some(seed));
+        // The filters that read only the static shape answer once per shape.
+        let key = (self.cluster.shape_id(rep), rid);
+        let fixed = match self.static_memo.get(&key) {
+            Some(r) => *r,
+            None => {
+                let r = filters::run_static(&NodeView {
+                    node: self.cluster.node(rep),
+                    usage: self.cluster.usage(rep),
+                    islands: self.cluster.islands(rep),
+                    req,
+                    cons,
+                    nvlink_scope: None,
+                    reserved: self.cluster.reservation_slot(rep),
+                });
+                if self.static_memo.len() >= MAX_CACHE {
+                    self.static_memo.clear();
+                }
+                self.static_memo.insert(key, r);
+                r
+            }
+        };
+        let e = match fixed {
+            Err(r) => Eval::Reject(r),
+            Ok(()) => self.eval_node(rep, req, cons, None, Some(seed), true),
+        };
         if self.cache.len() >= MAX_CACHE {
             self.cache.clear();
         }
@@ -956,7 +985,8 @@ impl Placer {
 
     /// Stages 2-4 for one node: filters, GPU picks, state scorers.
     /// `pick_seed`: where random GPU picks come from (the placer's stream
-    /// when `None`).
+    /// when `None`); `passed_static`: the static filters are known to pass
+    /// ([`filters::run_static`]), only those that read usage run.
     fn eval_node(
         &mut self,
         id: NodeId,
@@ -964,6 +994,7 @@ impl Placer {
         cons: &Constraints,
         nvlink: Option<&str>,
         pick_seed: Option<u64>,
+        passed_static: bool,
     ) -> Eval {
         let mut local = pick_seed.map(SplitMix64::new);
         let node = self.cluster.node(id);
@@ -977,7 +1008,12 @@ impl Placer {
             nvlink_scope: nvlink,
             reserved: self.cluster.reservation_slot(id),
         };
-        if let Err(r) = filters::run(&view) {
+        let filtered = if passed_static {
+            filters::run_usage(&view)
+        } else {
+            filters::run(&view)
+        };
+        if let Err(r) = filtered {
             return Eval::Reject(r);
         }
         let s = &mut self.scratch;

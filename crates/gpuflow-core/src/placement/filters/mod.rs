@@ -44,7 +44,9 @@ impl NodeView<'_> {
 
 type Filter = fn(&NodeView) -> Result<(), Reject>;
 
-/// The filter pipeline, in order.
+/// The filter pipeline, in order: first the filters that read only the
+/// node's static shape (its state, reservation slot, pool, labels, taints
+/// and GPUs), then the one that reads its usage.
 pub(crate) const FILTERS: &[Filter] = &[
     node_state::check,
     reservation::check,
@@ -56,7 +58,22 @@ pub(crate) const FILTERS: &[Filter] = &[
     cpu_memory::check,
 ];
 
+/// How many of [`FILTERS`] read only the node's static shape (and, through
+/// the NVLink scope, the domain being tried).
+const STATIC_FILTERS: usize = 7;
+
 /// Runs every filter; `Ok` when the node passes them all.
 pub(crate) fn run(view: &NodeView) -> Result<(), Reject> {
     FILTERS.iter().try_for_each(|f| f(view))
+}
+
+/// The filters that read only the node's static shape: nodes of one static
+/// shape get the same answer for one request, constraints and NVLink scope.
+pub(crate) fn run_static(view: &NodeView) -> Result<(), Reject> {
+    FILTERS[..STATIC_FILTERS].iter().try_for_each(|f| f(view))
+}
+
+/// The filters that read the node's usage, after [`run_static`].
+pub(crate) fn run_usage(view: &NodeView) -> Result<(), Reject> {
+    FILTERS[STATIC_FILTERS..].iter().try_for_each(|f| f(view))
 }
