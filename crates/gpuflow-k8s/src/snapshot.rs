@@ -23,7 +23,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuflow_core::cluster::{Allocation, Cluster, GpuPick};
 use gpuflow_core::ids::{CpuMilli, JobId, MemMib, NodeId, TaskId};
-use gpuflow_core::mix::{MixWeighting, WorkloadMix};
 use gpuflow_core::model::{Gpu, GpuHealth, MigInstance, Node, NodeState, Taint};
 use gpuflow_core::placement::Placer;
 use gpuflow_core::policy::Policy;
@@ -1840,11 +1839,7 @@ impl<'a> Builder<'a> {
             .collect();
         let cluster = Cluster::new(self.nodes).expect("node ids are their indices");
         // The placement keeps room for the shapes of the pods that wait.
-        let mix = WorkloadMix::from_groups(
-            self.pending.iter().flat_map(|w| &w.job.groups),
-            MixWeighting::Tasks,
-            1.0,
-        );
+        let mix = gpuflow_core::schedule::pending_mix(&self.pending);
         let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
         for a in &self.fixed {
             if placer.apply(std::slice::from_ref(a)).is_err() {

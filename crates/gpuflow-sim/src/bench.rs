@@ -464,11 +464,8 @@ impl CycleWorld {
     pub fn cycle(&mut self) -> CycleFigures {
         // The placement's mix is the pending work's, as the server and the
         // simulator set it each cycle.
-        self.placer.set_mix(WorkloadMix::from_groups(
-            self.pending.iter().flat_map(|w| &w.job.groups),
-            MixWeighting::Tasks,
-            1.0,
-        ));
+        self.placer
+            .set_mix(gpuflow_core::schedule::pending_mix(&self.pending));
         let plan = gpuflow_core::schedule::schedule(
             self.now,
             &mut self.placer,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use gpuflow_core::policy::{PickChoice, TieBreak};
 use gpuflow_core::queue::{QueueId, Queues};
 use gpuflow_core::schedule::{self, Config, History, Ordering, Running, Workload};
-use gpuflow_core::{Cluster, JobId, MixWeighting, Placer, Policy, WorkloadMix};
+use gpuflow_core::{Cluster, JobId, Placer, Policy, WorkloadMix};
 
 use crate::error::SimError;
 use crate::workload::{ClusterSpec, KINDS, TraceJob};
@@ -481,11 +481,7 @@ pub fn simulate(
         budgets.apply(now, &mut queues);
         if !pending.is_empty() {
             cycles += 1;
-            placer.set_mix(WorkloadMix::from_groups(
-                pending.iter().flat_map(|w| &w.job.groups),
-                MixWeighting::Tasks,
-                1.0,
-            ));
+            placer.set_mix(schedule::pending_mix(&pending));
             let plan = schedule::schedule(
                 now,
                 &mut placer,

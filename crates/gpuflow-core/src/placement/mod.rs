@@ -716,7 +716,7 @@ impl Placer {
         let mut ties = 0u64;
         for &id in members {
             let eval = match nvlink {
-                Some(_) => self.eval_node(id, req, cons, nvlink, None, false),
+                Some(_) => self.eval_node(id, req, cons, nvlink, None, None),
                 None => self.eval_class(self.cluster.class_of(id), rid, req, cons),
             };
             let (score, pick) = match eval {
@@ -951,31 +951,7 @@ impl Placer {
         // depend on when it was first made: it is drawn from the class's
         // state and the request instead of the placer's stream.
         let seed = self.seed ^ self.cluster.class_hash(class) ^ self.request_hash[rid as usize];
-        // The filters that read only the static shape answer once per shape.
-        let key = (self.cluster.shape_id(rep), rid);
-        let fixed = match self.static_memo.get(&key) {
-            Some(r) => *r,
-            None => {
-                let r = filters::run_static(&NodeView {
-                    node: self.cluster.node(rep),
-                    usage: self.cluster.usage(rep),
-                    islands: self.cluster.islands(rep),
-                    req,
-                    cons,
-                    nvlink_scope: None,
-                    reserved: self.cluster.reservation_slot(rep),
-                });
-                if self.static_memo.len() >= MAX_CACHE {
-                    self.static_memo.clear();
-                }
-                self.static_memo.insert(key, r);
-                r
-            }
-        };
-        let e = match fixed {
-            Err(r) => Eval::Reject(r),
-            Ok(()) => self.eval_node(rep, req, cons, None, Some(seed), true),
-        };
+        let e = self.eval_node(rep, req, cons, None, Some(seed), Some(rid));
         if self.cache.len() >= MAX_CACHE {
             self.cache.clear();
         }
@@ -985,8 +961,8 @@ impl Placer {
 
     /// Stages 2-4 for one node: filters, GPU picks, state scorers.
     /// `pick_seed`: where random GPU picks come from (the placer's stream
-    /// when `None`); `passed_static`: the static filters are known to pass
-    /// ([`filters::run_static`]), only those that read usage run.
+    /// when `None`); `rid`: the interned request, when the static filters'
+    /// answer may be remembered per static shape (no NVLink scope).
     fn eval_node(
         &mut self,
         id: NodeId,
@@ -994,7 +970,7 @@ impl Placer {
         cons: &Constraints,
         nvlink: Option<&str>,
         pick_seed: Option<u64>,
-        passed_static: bool,
+        rid: Option<u32>,
     ) -> Eval {
         let mut local = pick_seed.map(SplitMix64::new);
         let node = self.cluster.node(id);
@@ -1008,10 +984,20 @@ impl Placer {
             nvlink_scope: nvlink,
             reserved: self.cluster.reservation_slot(id),
         };
-        let filtered = if passed_static {
-            filters::run_usage(&view)
-        } else {
-            filters::run(&view)
+        let shape = self.cluster.shape_id(id);
+        let filtered = match rid {
+            // The filters that read only the static shape answer once per shape.
+            Some(rid) => {
+                if self.static_memo.len() >= MAX_CACHE {
+                    self.static_memo.clear();
+                }
+                let fixed = *self
+                    .static_memo
+                    .entry((shape, rid))
+                    .or_insert_with(|| filters::run_static(&view));
+                fixed.and_then(|()| filters::run_usage(&view))
+            }
+            None => filters::run(&view),
         };
         if let Err(r) = filtered {
             return Eval::Reject(r);
@@ -1024,7 +1010,6 @@ impl Placer {
         free_milli(node, usage, &mut s.free);
         let uses_frag =
             self.policy.uses(Scorer::Fragmentation) || self.policy.uses(Scorer::FgdKube);
-        let shape = self.cluster.shape_id(id);
         let frag_before = if uses_frag {
             memo_fragmentation(
                 &mut self.frag_memo,

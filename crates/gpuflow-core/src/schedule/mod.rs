@@ -771,6 +771,18 @@ pub struct Plan {
     pub pending: Vec<Pending>,
 }
 
+/// The workload mix a cycle's placement plans for: the task shapes of the
+/// work that waits, each replica of a task group counted (running work
+/// needs no room; docs/benchmarks.md, "The placement's mix is what
+/// waits"). Callers set it on the placer before [`schedule`].
+pub fn pending_mix(pending: &[Workload]) -> crate::mix::WorkloadMix {
+    crate::mix::WorkloadMix::from_groups(
+        pending.iter().flat_map(|w| &w.job.groups),
+        crate::mix::MixWeighting::Tasks,
+        1.0,
+    )
+}
+
 /// One scheduling cycle. `running` must match what is applied to `placer` and
 /// charged to `queues`; `pending` are the jobs waiting. Admissions are applied.
 pub fn schedule(
