@@ -41,6 +41,12 @@ pub struct ServerArgs {
     /// loses more; 0: no limit.
     #[arg(long, default_value_t = 3600)]
     pub max_unsaved: u64,
+    /// Consolidation: a job that no node can take, though the free GPUs
+    /// would hold it, may move smaller running preemptible jobs holding at
+    /// most this many seconds of work since their last checkpoint, when
+    /// they all fit elsewhere at once (one move a cycle); 0: never.
+    #[arg(long, default_value_t = 900)]
+    pub consolidate_max_unsaved: u64,
     /// GPU-hours of work a queue may lose per hour when batch and training
     /// jobs of other queues reclaim its borrowed GPUs (inference, notebooks
     /// and queues below 0.8 of their share of recent usage pass it); `none`:
@@ -209,6 +215,8 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
     c.min_runtime_s = a.min_runtime;
     c.max_unsaved_s = (a.max_unsaved > 0).then_some(a.max_unsaved);
+    c.consolidate_max_unsaved_s =
+        (a.consolidate_max_unsaved > 0).then_some(a.consolidate_max_unsaved);
     c.disruption_budget = a.disruption_budget.0;
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));

@@ -233,6 +233,31 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                         "reclaim pushed a queue below its guarantee"
                     );
                 }
+                PreemptReason::Consolidation => {
+                    // Moved: little unsaved work, its minimum runtime run,
+                    // all on one node (it is placed again whole elsewhere).
+                    let limit = cfg.consolidate_max_unsaved.expect("consolidation is on");
+                    prop_assert!(
+                        victim.unsaved(now) <= limit,
+                        "moved a job with much unsaved work"
+                    );
+                    prop_assert!(
+                        now - victim.started >= cfg.min_runtime,
+                        "moved before its minimum runtime"
+                    );
+                    prop_assert!(
+                        victim
+                            .allocations
+                            .iter()
+                            .all(|a| a.node == victim.allocations[0].node),
+                        "moved a job of several nodes"
+                    );
+                    let rank = |x: &Workload| (cfg.classes[x.class].rank, x.priority);
+                    prop_assert!(
+                        victim.work.gpu_milli() < by.gpu_milli() && rank(&victim.work) <= rank(by),
+                        "moved a job as large as, or above, the job it made room for"
+                    );
+                }
             }
             // A reclaim by a preemptible job keeps within the victim queue's
             // budget (with what this plan's earlier victims lost); a protected

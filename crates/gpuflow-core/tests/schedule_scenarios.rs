@@ -1251,3 +1251,62 @@ fn room_that_frees_on_a_cordoned_node_or_a_failed_gpu_does_not_count_for_an_esti
     "#]]
     .assert_eq(&out);
 }
+
+/// Consolidation: a job no node can take, though the free GPUs would hold
+/// it, starts once a running job that fits elsewhere moves; the cheapest
+/// to move goes (least work lost). Nothing moves when consolidation is off,
+/// when the movers hold more unsaved work than the limit, when they are of
+/// a class that is not preemptible (a notebook), when neither fits on the
+/// other node (job 11 takes 60 of a node's 64 CPUs), or with preemption off.
+#[test]
+fn consolidation_moves_a_job_that_fits_elsewhere_so_a_whole_node_job_starts() {
+    let fixture = |config: &str, class: &str, cpu: u32| {
+        run(&format!(
+            "
+            config {config}
+            node n1 gpus=4*H100
+            node n2 gpus=4*H100
+            queue org H100=8
+            queue team-a parent=org H100=4
+            queue team-b parent=org H100=4
+            run 10 queue=team-b class={class} gpu=whole:2 cpu=10 started=0 runtime=36000
+            state n1 cordoned
+            run 11 queue=team-b class={class} gpu=whole:2 cpu={cpu} started=600 runtime=36000
+            state n1 ready
+            job 1 queue=team-a class=training gpu=whole:4 cpu=1 runtime=3600
+            cycle 1000
+            cycle 1010
+            "
+        ))
+    };
+    expect![[r#"
+        cycle t=1000
+          preempt job 11 for job 1 (Consolidation): signal now, kill at t=1030, loses 0.22 GPU-h
+          pending job 1 (#1 in queue, eta t=1000): waiting for 1 preempted job(s) to stop
+        cycle t=1010
+          start job 1 on H100: n2[0,1,2,3]
+          start job 11 on H100: n1[2,3]
+    "#]]
+    .assert_eq(&fixture("consolidate=1800", "batch", 1));
+    let unmoved = fixture("consolidate=none", "batch", 1);
+    expect![[r#"
+        cycle t=1000
+          reserve n1 for job 1 from t=36000
+          pending job 1 (#1 in queue, eta t=36000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+        cycle t=1010
+          reserve n1 for job 1 from t=36000
+          pending job 1 (#1 in queue, eta t=36000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&unmoved);
+    for (config, class, cpu) in [
+        ("consolidate=300", "batch", 1),
+        ("consolidate=1800", "notebook", 1),
+        ("consolidate=1800", "batch", 60),
+        ("consolidate=1800 preemption=off", "batch", 1),
+    ] {
+        assert_eq!(
+            fixture(config, class, cpu),
+            unmoved,
+            "{config} {class} cpu={cpu}"
+        );
+    }
+}

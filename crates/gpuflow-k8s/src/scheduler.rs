@@ -1195,5 +1195,6 @@ fn gang_reason(r: schedule::PreemptReason) -> &'static str {
     match r {
         schedule::PreemptReason::Priority => "higher priority",
         schedule::PreemptReason::Reclaim => "its queue reclaims its guarantee",
+        schedule::PreemptReason::Consolidation => "moved to make room for a job no node could take",
     }
 }

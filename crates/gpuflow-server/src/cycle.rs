@@ -552,6 +552,9 @@ impl Computed {
                 schedule::PreemptReason::Priority => {
                     "a higher-priority job of its queue needs the GPUs"
                 }
+                schedule::PreemptReason::Consolidation => {
+                    "moved to make room for a job no node could take (it fits on another node)"
+                }
             };
             let kind = lifecycle::preempt(&mut j, p.by.0, why, p.kill_at, p.lost_gpu_hours);
             change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
@@ -626,6 +629,7 @@ fn config(server: &crate::Config) -> Config {
     Config {
         min_runtime: server.min_runtime_s,
         max_unsaved: server.max_unsaved_s,
+        consolidate_max_unsaved: server.consolidate_max_unsaved_s,
         disruption_budget: server.disruption_budget,
         tries_per_cycle: server.tries_per_cycle,
         classes: classes(),

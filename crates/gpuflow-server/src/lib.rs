@@ -68,6 +68,11 @@ pub struct Config {
     /// A job with more work than this since its last checkpoint (or its
     /// start) is not preempted; `None`: no limit.
     pub max_unsaved_s: Option<u64>,
+    /// Consolidation: a job no node can take, though the free GPUs would
+    /// hold it, may move running preemptible jobs with at most this much
+    /// work since their last checkpoint when they all fit elsewhere at
+    /// once; `None`: never. See the core's `Config::consolidate_max_unsaved`.
+    pub consolidate_max_unsaved_s: Option<u64>,
     /// GPU-hours of work a queue may lose to reclaims by batch and training
     /// jobs per hour (inference, notebooks and queues below their share
     /// pass); `None`: no limit. See the core's `Config::disruption_budget`.
@@ -119,6 +124,8 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_unsaved_s: Some(3600),
+            consolidate_max_unsaved_s: gpuflow_core::schedule::Config::default()
+                .consolidate_max_unsaved,
             disruption_budget: gpuflow_core::schedule::Config::default().disruption_budget,
             tries_per_cycle: gpuflow_core::schedule::Config::default().tries_per_cycle,
             max_body_bytes: 1 << 20,

@@ -1561,3 +1561,96 @@ async fn placement_keeps_room_for_what_waits_not_for_what_runs() {
         "the one-GPU job packs onto {busy}: {j}"
     );
 }
+
+/// Consolidation through the API: two 2-GPU nodes each run a one-GPU job,
+/// and a two-GPU job fits on neither. One of the one-GPU jobs is told to
+/// stop, with the reason; once it has, the two-GPU job starts on the node it
+/// left and the moved job starts again on the other. With consolidation off
+/// nothing moves.
+#[tokio::test]
+async fn a_job_that_fits_elsewhere_moves_so_that_a_job_no_node_takes_starts() {
+    for on in [true, false] {
+        let h = harness_with(|c| {
+            c.min_runtime_s = 0;
+            if !on {
+                c.consolidate_max_unsaved_s = None;
+            }
+        })
+        .await;
+        let a = &h.admin;
+        team_with_queue(&h, "t", 4.0).await;
+        let (inv1, inv2) = (
+            inventory(&["GPU-a", "GPU-b"], 65536),
+            inventory(&["GPU-c", "GPU-d"], 65536),
+        );
+        let t1 = register(&h, "n1", inv1.clone()).await;
+        let first = submit(&h, "t", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        // n1 takes no new work while the second starts, so it goes to n2.
+        let (s, v) = h
+            .call("POST", "/v1/nodes/n1/cordon", Some(a), "", vec![])
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let t2 = register(&h, "n2", inv2.clone()).await;
+        let second = submit(&h, "t", "{count: 1}", 1024).await;
+        cycle(&h).await;
+        let (s, v) = h
+            .call("POST", "/v1/nodes/n1/uncordon", Some(a), "", vec![])
+            .await;
+        assert_eq!(s, 200, "{v}");
+        heartbeat(&h, "n1", &t1, inv1.clone(), &[(first, 1, "running")]).await;
+        heartbeat(&h, "n2", &t2, inv2.clone(), &[(second, 1, "running")]).await;
+        let big = submit(&h, "t", "{count: 2}", 1024).await;
+        cycle(&h).await;
+        let state = |j: &Value| job_state(j);
+        let (_, f) = h.get(&format!("/v1/jobs/{first}"), a).await;
+        let (_, s2) = h.get(&format!("/v1/jobs/{second}"), a).await;
+        let moved: Vec<&Value> = [&f, &s2]
+            .into_iter()
+            .filter(|j| state(j) == "stopping")
+            .collect();
+        if !on {
+            assert!(moved.is_empty(), "nothing moves: {f} {s2}");
+            let (_, b) = h.get(&format!("/v1/jobs/{big}"), a).await;
+            assert_eq!(state(&b), "pending", "{b}");
+            continue;
+        }
+        assert_eq!(moved.len(), 1, "one job moves: {f} {s2}");
+        let m = moved[0];
+        assert!(
+            m["reason"].as_str().unwrap().contains(&format!(
+                "preempted by job {big}: moved to make room for a job no node could take"
+            )),
+            "{m}"
+        );
+        // The moved job stops; the two-GPU job takes its node, and the
+        // moved job starts again on the other.
+        let (gone, node, tok, inv, stays) = if m["id"] == first {
+            (
+                first,
+                "n1",
+                &t1,
+                inv1.clone(),
+                (second, "n2", &t2, inv2.clone()),
+            )
+        } else {
+            (
+                second,
+                "n2",
+                &t2,
+                inv2.clone(),
+                (first, "n1", &t1, inv1.clone()),
+            )
+        };
+        heartbeat(&h, node, tok, inv, &[(gone, 1, "exited")]).await;
+        heartbeat(&h, stays.1, stays.2, stays.3, &[(stays.0, 1, "running")]).await;
+        cycle(&h).await;
+        let (_, b) = h.get(&format!("/v1/jobs/{big}"), a).await;
+        assert_eq!(state(&b), "admitted", "{b}");
+        assert_eq!(b["tasks"][0]["node"], node, "{b}");
+        let (_, g) = h.get(&format!("/v1/jobs/{gone}"), a).await;
+        assert_eq!(state(&g), "admitted", "{g}");
+        assert_eq!(g["tasks"][0]["node"], stays.1, "{g}");
+        check_no_gpu_held_twice(&h).await;
+    }
+}

@@ -55,6 +55,7 @@ impl SimPolicy {
             preemption: false,
             backfill: false,
             quotas: false,
+            consolidate_max_unsaved: None,
             ..Config::default()
         };
         SimPolicy {
@@ -82,6 +83,7 @@ impl SimPolicy {
             backfill_per_node: true,
             quotas: false,
             class_tiers: false,
+            consolidate_max_unsaved: None,
             ..Config::default()
         };
         SimPolicy {
@@ -151,6 +153,8 @@ impl SimPolicy {
         "class_tiers",
         "backfill_per_node",
         "placement",
+        "consolidate",
+        "max_consolidations",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -167,7 +171,9 @@ impl SimPolicy {
     /// `batch_rank=N` (the batch class's rank: 20, training's, makes the
     /// two peers that neither preempt nor outrank each other),
     /// `placement=POLICY` (`slurm`, a placement policy such as `gpuflow` or
-    /// `best-fit`, or a weighted sum of scorers).
+    /// `best-fit`, or a weighted sum of scorers), `consolidate=SECONDS|none`
+    /// (the most unsaved work a job consolidation moves may hold; none: no
+    /// consolidation), `max_consolidations=N` (a cycle's).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -243,6 +249,13 @@ impl SimPolicy {
             "aging_step" => c.aging_step = value.parse().map_err(|_| bad())?,
             "aging_cap" => c.aging_cap = value.parse().map_err(|_| bad())?,
             "quotas" => c.quotas = value.parse().map_err(|_| bad())?,
+            "consolidate" => {
+                c.consolidate_max_unsaved = match value {
+                    "none" => None,
+                    v => Some(v.parse().map_err(|_| bad())?),
+                }
+            }
+            "max_consolidations" => c.max_consolidations = value.parse().map_err(|_| bad())?,
             "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
             "backfill_per_node" => c.backfill_per_node = value.parse().map_err(|_| bad())?,
             "batch_rank" => {
