@@ -37,6 +37,14 @@ pub enum K8sCmd {
         /// share one across nodes).
         #[arg(long, default_value = "nvidia.com/gpu.clique")]
         nvlink_label: String,
+        /// Consolidation: a pod group that no node takes, though the free
+        /// GPUs would hold it, may have smaller pods that started at most
+        /// this many seconds ago moved out of its way (deleted, as victims
+        /// are, when they fit on another node at once). 0, the default: never,
+        /// since a deleted pod comes back only if a controller makes it
+        /// again; turn it on where pods belong to Jobs or JobSets.
+        #[arg(long, default_value_t = 0)]
+        consolidate_max_unsaved: u64,
         /// Where to serve /healthz, /readyz and /metrics.
         #[arg(long, default_value = "0.0.0.0:8080")]
         listen: std::net::SocketAddr,
@@ -129,6 +137,7 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
             rack_label,
             block_label,
             nvlink_label,
+            consolidate_max_unsaved,
             listen,
             control_plane,
             token,
@@ -173,6 +182,8 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 settings.topology.rack = rack_label;
                 settings.topology.block = block_label;
                 settings.topology.nvlink = nvlink_label;
+                settings.config.consolidate_max_unsaved =
+                    (consolidate_max_unsaved > 0).then_some(consolidate_max_unsaved);
                 tracing::info!(identity = %settings.identity, "gpuflow on Kubernetes: waiting for the lease");
                 let stop = async {
                     let _ = tokio::signal::ctrl_c().await;

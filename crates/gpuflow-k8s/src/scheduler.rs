@@ -82,7 +82,12 @@ impl Default for Settings {
             lease_duration: Duration::from_secs(15),
             interval: Duration::from_secs(1),
             topology: TopologyLabels::default(),
-            config: Config::default(),
+            // No consolidation by default: a deleted pod comes back only if a
+            // controller makes it again.
+            config: Config {
+                consolidate_max_unsaved: None,
+                ..Config::default()
+            },
             bind_concurrency: 64,
             explain_every: Duration::from_secs(30),
             report_workloads: false,
@@ -1195,6 +1200,8 @@ fn gang_reason(r: schedule::PreemptReason) -> &'static str {
     match r {
         schedule::PreemptReason::Priority => "higher priority",
         schedule::PreemptReason::Reclaim => "its queue reclaims its guarantee",
-        schedule::PreemptReason::Consolidation => "moved to make room for a job no node could take",
+        schedule::PreemptReason::Consolidation => {
+            "moved to make room for a job no node could take; it fits on another node"
+        }
     }
 }

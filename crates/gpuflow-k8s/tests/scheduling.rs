@@ -675,3 +675,61 @@ async fn pod_fields_gpuflow_does_not_evaluate_are_refused_and_the_rest_enforced(
     })
     .await;
 }
+
+/// Consolidation: two 2-GPU nodes each run a one-GPU training pod, and a
+/// two-GPU training pod of the same queue fits on neither (no priority to
+/// preempt by, no guarantee to reclaim). One one-GPU pod is deleted with its
+/// grace period and told why (its controller makes it again; it fits on the
+/// other node), and the two-GPU pod binds to the node it left. It is off by
+/// default on Kubernetes (a deleted bare pod does not come back): without
+/// it nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_fits_elsewhere_is_moved_so_that_a_pod_no_node_takes_binds() {
+    let (api, client) = server().await;
+    api.apply(node("n1", 2));
+    api.apply(node("n2", 2));
+    api.apply(queue("ml", &["ml"], 4.0));
+    for (name, on) in [("a", "n1"), ("b", "n2")] {
+        let mut p = with_class(pod("ml", name, 1), "training");
+        p["spec"]["nodeName"] = json!(on);
+        p["status"]["phase"] = json!("Running");
+        api.apply(p);
+    }
+    api.apply(with_class(pod("ml", "big", 2), "training"));
+    let off = start(&client, "r0");
+    eventually(10, "the two-GPU pod explained", || {
+        why(&api, "ml", "big").is_some()
+    })
+    .await;
+    assert!(
+        get_pod(&api, "ml", "a").is_some() && get_pod(&api, "ml", "b").is_some(),
+        "nothing moves by default"
+    );
+    off.abort();
+    let mut on = settings("r1");
+    on.config.consolidate_max_unsaved = Some(900);
+    let s = gpuflow_k8s::scheduler::Scheduler::new(client.clone(), on);
+    let _s = tokio::spawn(async move {
+        let _ = s.run(std::future::pending()).await;
+    });
+    eventually(10, "the two-GPU pod bound", || {
+        node_of(&api, "ml", "big").is_some()
+    })
+    .await;
+    let gone: Vec<&str> = ["a", "b"]
+        .into_iter()
+        .filter(|n| get_pod(&api, "ml", n).is_none())
+        .collect();
+    assert_eq!(gone.len(), 1, "one one-GPU pod moved");
+    let left = if gone[0] == "a" { "n1" } else { "n2" };
+    assert_eq!(node_of(&api, "ml", "big").as_deref(), Some(left));
+    let events = api.list("v1", "Event");
+    assert!(
+        events.iter().any(|e| e["involvedObject"]["name"] == gone[0]
+            && e["reason"] == "Preempted"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("moved to make room"))),
+        "{events:?}"
+    );
+}
