@@ -44,7 +44,7 @@ pub struct ServerArgs {
     /// Consolidation: a job that no node can take, though the free GPUs
     /// would hold it, may move smaller running preemptible jobs holding at
     /// most this many seconds of work since their last checkpoint, when
-    /// they all fit elsewhere at once (one move a cycle); 0: never.
+    /// they all fit elsewhere at once (one move a minute); 0: never.
     #[arg(long, default_value_t = 900)]
     pub consolidate_max_unsaved: u64,
     /// GPU-hours of work a queue may lose per hour when batch and training

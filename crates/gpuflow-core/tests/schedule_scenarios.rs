@@ -1310,3 +1310,59 @@ fn consolidation_moves_a_job_that_fits_elsewhere_so_a_whole_node_job_starts() {
         );
     }
 }
+
+/// Consolidations are paced: one a cycle, none within
+/// `consolidation_interval` (60 s) of the last, however often cycles run.
+/// Four nodes each run a two-GPU job and two four-GPU jobs wait: the first
+/// moves a job at t=1000, the second only at t=1060.
+#[test]
+fn consolidations_are_paced_by_their_interval() {
+    let out = run("
+        node n1 gpus=4*H100
+        node n2 gpus=4*H100
+        node n3 gpus=4*H100
+        node n4 gpus=4*H100
+        queue org H100=16
+        queue team parent=org H100=16
+        state n2 cordoned
+        state n3 cordoned
+        state n4 cordoned
+        run 10 queue=team class=training gpu=whole:2 cpu=1 started=0 runtime=36000
+        state n1 cordoned
+        state n2 ready
+        run 11 queue=team class=training gpu=whole:2 cpu=1 started=100 runtime=36000
+        state n2 cordoned
+        state n3 ready
+        run 12 queue=team class=training gpu=whole:2 cpu=1 started=200 runtime=36000
+        state n3 cordoned
+        state n4 ready
+        run 13 queue=team class=training gpu=whole:2 cpu=1 started=300 runtime=36000
+        state n1 ready
+        state n2 ready
+        state n3 ready
+        job 1 queue=team class=training gpu=whole:4 cpu=1 runtime=3600
+        job 2 queue=team class=training gpu=whole:4 cpu=1 runtime=3600
+        cycle 1000
+        cycle 1010
+        cycle 1020
+        cycle 1060
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 13 for job 1 (Consolidation): signal now, kill at t=1030, loses 0.39 GPU-h
+          reserve n1 for job 2 from t=36000
+          pending job 1 (#1 in queue, eta t=1000): waiting for 1 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta t=36000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 4 nodes have too few free GPUs in the requested sharing mode
+        cycle t=1010
+          start job 1 on H100: n4[0,1,2,3]
+          start job 13 on H100: n2[2,3]
+          reserve n1 for job 2 from t=36000
+          pending job 2 (#1 in queue, eta t=36000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 4 nodes have too few free GPUs in the requested sharing mode
+        cycle t=1020
+          reserve n4 for job 2 from t=4610
+          pending job 2 (#1 in queue, eta t=4610): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 4 nodes have too few free GPUs in the requested sharing mode
+        cycle t=1060
+          preempt job 12 for job 2 (Consolidation): signal now, kill at t=1090, loses 0.48 GPU-h
+          pending job 2 (#1 in queue, eta t=1060): waiting for 1 preempted job(s) to stop
+    "#]].assert_eq(&out);
+}

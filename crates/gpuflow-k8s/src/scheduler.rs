@@ -114,6 +114,10 @@ pub struct Usage {
     /// choosing more victims.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub waiting_for: BTreeMap<u64, Vec<u64>>,
+    /// When the last consolidation started, so that a new leader keeps
+    /// the interval between them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidated_at: Option<u64>,
 }
 
 /// What one cycle did.
@@ -1132,6 +1136,7 @@ fn compute(
         decayed_at: if usage.at == 0 { now } else { usage.at },
         disruptions: std::mem::take(&mut usage.disruptions),
         waiting_for: std::mem::take(&mut usage.waiting_for),
+        consolidated_at: usage.consolidated_at,
     };
     let mut history = History::from_named(&kept, &snap.queues);
     history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
@@ -1149,6 +1154,7 @@ fn compute(
     usage.gpu_hours = kept.usage;
     usage.disruptions = kept.disruptions;
     usage.waiting_for = kept.waiting_for;
+    usage.consolidated_at = kept.consolidated_at;
     let report = settings
         .report_workloads
         .then(|| report::workloads(&snap, &plan, &queues, now));

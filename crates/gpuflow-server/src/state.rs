@@ -650,6 +650,10 @@ pub struct SavedHistory {
     pub decayed_at: u64,
     pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
     pub waiting_for: BTreeMap<u64, Vec<u64>>,
+    /// When the last consolidation started (absent in records written
+    /// before consolidation).
+    #[serde(default)]
+    pub consolidated_at: Option<u64>,
 }
 
 impl SavedHistory {
@@ -659,6 +663,7 @@ impl SavedHistory {
             decayed_at: self.decayed_at,
             disruptions: self.disruptions.clone(),
             waiting_for: self.waiting_for.clone(),
+            consolidated_at: self.consolidated_at,
         };
         gpuflow_core::schedule::History::from_named(&named, queues)
     }
@@ -673,6 +678,7 @@ impl SavedHistory {
             decayed_at: named.decayed_at,
             disruptions: named.disruptions,
             waiting_for: named.waiting_for,
+            consolidated_at: named.consolidated_at,
         }
     }
 

@@ -154,7 +154,7 @@ impl SimPolicy {
         "backfill_per_node",
         "placement",
         "consolidate",
-        "max_consolidations",
+        "consolidation_interval",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -173,7 +173,7 @@ impl SimPolicy {
     /// `placement=POLICY` (`slurm`, a placement policy such as `gpuflow` or
     /// `best-fit`, or a weighted sum of scorers), `consolidate=SECONDS|none`
     /// (the most unsaved work a job consolidation moves may hold; none: no
-    /// consolidation), `max_consolidations=N` (a cycle's).
+    /// consolidation), `consolidation_interval=SECONDS` (from one to the next).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -255,7 +255,9 @@ impl SimPolicy {
                     v => Some(v.parse().map_err(|_| bad())?),
                 }
             }
-            "max_consolidations" => c.max_consolidations = value.parse().map_err(|_| bad())?,
+            "consolidation_interval" => {
+                c.consolidation_interval = value.parse().map_err(|_| bad())?
+            }
             "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
             "backfill_per_node" => c.backfill_per_node = value.parse().map_err(|_| bad())?,
             "batch_rank" => {

@@ -314,8 +314,9 @@ pub struct Config {
     /// about 0.1 % of the GPU-hours lost (docs/benchmarks.md,
     /// "Consolidation").
     pub consolidate_max_unsaved: Option<u64>,
-    /// Consolidations a cycle may start (default 1).
-    pub max_consolidations: usize,
+    /// Seconds from one consolidation to the next (one a cycle at most):
+    /// a rate that does not depend on how often cycles run. Default 60.
+    pub consolidation_interval: u64,
 }
 
 impl Default for Config {
@@ -346,7 +347,7 @@ impl Default for Config {
             victims_by_lost_work: true,
             multifactor: Multifactor::default(),
             consolidate_max_unsaved: Some(900),
-            max_consolidations: 1,
+            consolidation_interval: 60,
         }
     }
 }
@@ -425,6 +426,8 @@ pub struct History {
     pub disruptions: BTreeMap<QueueId, Vec<(u64, f64)>>,
     /// Preemptors waiting for their victims to stop.
     pub waiting_for: BTreeMap<JobId, Vec<JobId>>,
+    /// When the last consolidation started ([`Config::consolidation_interval`]).
+    pub consolidated_at: Option<u64>,
 }
 
 impl History {
@@ -472,6 +475,7 @@ impl History {
                 .iter()
                 .map(|(p, v)| (p.0, v.iter().map(|j| j.0).collect()))
                 .collect(),
+            consolidated_at: self.consolidated_at,
         }
     }
 
@@ -495,6 +499,7 @@ impl History {
                 .iter()
                 .map(|(p, v)| (JobId(*p), v.iter().map(|&j| JobId(j)).collect()))
                 .collect(),
+            consolidated_at: named.consolidated_at,
         }
     }
 
@@ -515,6 +520,7 @@ pub struct NamedHistory {
     pub decayed_at: u64,
     pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
     pub waiting_for: BTreeMap<u64, Vec<u64>>,
+    pub consolidated_at: Option<u64>,
 }
 
 /// A victim of preemption: told to stop now, killed at `kill_at`.
@@ -1057,8 +1063,10 @@ struct Cycle<'a> {
     /// priority) → the smallest demand that failed. A bigger demand of the same
     /// standing cannot succeed either (the candidate set is the same).
     no_victims: rustc_hash::FxHashMap<(QueueId, u32, u32, i32), u64>,
-    /// Consolidations started this cycle, and the placement problems none helps.
-    consolidations: usize,
+    /// Whether a consolidation may start this cycle (none has, and the
+    /// last was `consolidation_interval` ago), and the placement problems
+    /// none helps.
+    may_consolidate: bool,
     /// Consolidations tried this cycle (at most [`MAX_CONSOLIDATION_TRIES`]).
     consolidation_tries: usize,
     no_consolidation: rustc_hash::FxHashSet<PlaceKey>,
@@ -1202,6 +1210,9 @@ impl<'a> Cycle<'a> {
             .map(|(k, _)| *k)
             .collect();
         history.waiting_for.retain(|k, _| !ready.contains(k));
+        let may_consolidate = history
+            .consolidated_at
+            .is_none_or(|t| now >= t.saturating_add(cfg.consolidation_interval));
         history
             .disruptions
             .values_mut()
@@ -1259,7 +1270,7 @@ impl<'a> Cycle<'a> {
             },
             borrowers: BTreeMap::new(),
             no_victims: Default::default(),
-            consolidations: 0,
+            may_consolidate,
             consolidation_tries: 0,
             no_consolidation: Default::default(),
             movable: Default::default(),
@@ -1830,7 +1841,7 @@ impl<'a> Cycle<'a> {
         // Consolidation: moving a few running jobs lets it start.
         if self.cfg.preemption
             && self.cfg.consolidate_max_unsaved.is_some()
-            && self.consolidations < self.cfg.max_consolidations
+            && self.may_consolidate
             && self.consolidation_tries < MAX_CONSOLIDATION_TRIES
         {
             let open = flavors
@@ -1841,7 +1852,8 @@ impl<'a> Cycle<'a> {
             if let Some(flavor) = open
                 && let Some(victims) = self.consolidate(i, &flavor)
             {
-                self.consolidations += 1;
+                self.may_consolidate = false;
+                self.history.consolidated_at = Some(self.now);
                 return self.wait_for_victims(i, victims);
             }
         }
