@@ -913,6 +913,49 @@ struct Movable {
     movers: rustc_hash::FxHashMap<u32, Vec<usize>>,
 }
 
+/// `job` with its GPU tasks restricted to `flavor` (none: as it is).
+fn on_flavor(job: &Job, flavor: &str) -> Job {
+    let mut job = job.clone();
+    if !flavor.is_empty() {
+        for g in &mut job.groups {
+            if g.request.gpu != GpuRequest::None {
+                g.request.models = vec![flavor.to_string()];
+            }
+        }
+    }
+    job
+}
+
+/// The smallest `n` in 1..=`len` for which `probe(n)` finds a placement,
+/// when every `n` above one that does finds one too (releasing more never
+/// takes room away): doubling `n`, then halving the interval, so O(log len)
+/// probes. `probe` sets the state for `n` before it tests; the state is
+/// left as the last probe set it.
+fn fewest<T>(len: usize, mut probe: impl FnMut(usize) -> Option<T>) -> Option<(usize, T)> {
+    let (mut below, mut count) = (0, 1);
+    let mut found = None;
+    while count <= len {
+        if let Some(p) = probe(count) {
+            found = Some((count, p));
+            break;
+        }
+        if count == len {
+            break;
+        }
+        below = count;
+        count = (count * 2).min(len);
+    }
+    let (mut above, mut p) = found?;
+    while above - below > 1 {
+        let mid = below + (above - below) / 2;
+        match probe(mid) {
+            Some(q) => (above, p) = (mid, q),
+            None => below = mid,
+        }
+    }
+    Some((above, p))
+}
+
 /// Where `job` would be placed now, leaving no trace.
 fn fits_now(placer: &mut Placer, job: &Job) -> Option<Placement> {
     let trial = placer.begin_trial();
@@ -1862,13 +1905,9 @@ impl<'a> Cycle<'a> {
             && self.reservations.len() < self.cfg.max_reservations.max(1)
             && !self.reserved.contains_key(&self.pending[i].job.id)
         {
-            let open = flavors
-                .iter()
-                .enumerate()
-                .find(|&(_, f)| self.quota_check(i, f).is_ok())
-                .map(|(fi, f)| (place_failed[fi], f.clone()));
-            if let Some((_, flavor)) = open {
-                self.reserve(i, &flavor);
+            let open = flavors.iter().find(|f| self.quota_check(i, f).is_ok());
+            if let Some(flavor) = open {
+                self.reserve(i, flavor);
             }
         }
         for r in reasons {
@@ -2122,15 +2161,7 @@ impl<'a> Cycle<'a> {
 
     /// The job restricted to one flavor, keeping off reserved nodes unless it ends first.
     fn job_on(&self, i: usize, flavor: &str) -> Job {
-        let w = &self.pending[i];
-        let mut job = w.job.clone();
-        if !flavor.is_empty() {
-            for g in &mut job.groups {
-                if g.request.gpu != GpuRequest::None {
-                    g.request.models = vec![flavor.to_string()];
-                }
-            }
-        }
+        let mut job = on_flavor(&self.pending[i].job, flavor);
         job.constraints.avoid_reservations = self.avoids_reserved(i);
         job
     }
@@ -2305,9 +2336,6 @@ impl<'a> Cycle<'a> {
         self.admitted_idx.push(i);
     }
 
-    /// Running jobs job `i` could preempt on `flavors` (its own queue's of
-    /// lower priority; borrowers' where it is within its guarantee) but that
-    /// are kept for their unsaved work.
     /// Consolidation for job `i` on `flavor`: running preemptible jobs
     /// alone on nodes with free GPUs, holding little unsaved work, whose
     /// nodes would then take job `i`, and which all fit elsewhere at once.
@@ -2351,9 +2379,7 @@ impl<'a> Cycle<'a> {
             .collect();
         let job = self.job_on(i, flavor);
         let trial = self.placer.begin_trial();
-        // The fewest nodes (cheapest first) whose emptying lets it fit:
-        // emptying more never takes room away, so that count is found by
-        // doubling it and then halving the interval.
+        // The fewest nodes (cheapest first) whose emptying lets it fit.
         let mut emptied = 0;
         let mut released: Vec<usize> = Vec::new();
         let empty =
@@ -2373,30 +2399,12 @@ impl<'a> Cycle<'a> {
                     }
                 }
             };
-        let (mut below, mut count, mut found) = (0, 1, None);
-        while count <= nodes.len() {
-            empty(self.placer, &mut released, &mut emptied, count);
-            if let Some(p) = fits_now(self.placer, &job) {
-                found = Some((count, p));
-                break;
-            }
-            below = count;
-            if count == nodes.len() {
-                break;
-            }
-            count = (count * 2).min(nodes.len());
-        }
-        if let Some((mut above, mut p)) = found.take() {
-            while above - below > 1 {
-                let mid = below + (above - below) / 2;
-                empty(self.placer, &mut released, &mut emptied, mid);
-                match fits_now(self.placer, &job) {
-                    Some(q) => (above, p) = (mid, q),
-                    None => below = mid,
-                }
-            }
-            empty(self.placer, &mut released, &mut emptied, above);
-            found = Some((above, p));
+        let found = fewest(nodes.len(), |n| {
+            empty(self.placer, &mut released, &mut emptied, n);
+            fits_now(self.placer, &job)
+        });
+        if let Some((n, _)) = found {
+            empty(self.placer, &mut released, &mut emptied, n);
         }
         let Some((_, p)) = found else {
             empty(self.placer, &mut released, &mut emptied, 0);
@@ -2417,13 +2425,7 @@ impl<'a> Cycle<'a> {
         let mut placed = Vec::new();
         let mut all = applied;
         for &k in victims.iter().take_while(|_| applied) {
-            let r = &self.running[k];
-            let mut vjob = r.work.job.clone();
-            for g in &mut vjob.groups {
-                if g.request.gpu != GpuRequest::None {
-                    g.request.models = vec![flavor.to_string()];
-                }
-            }
+            let mut vjob = on_flavor(&self.running[k].work.job, flavor);
             vjob.constraints.avoid_reservations = u64::MAX;
             match self.placer.try_place_job(&vjob) {
                 Some(q) => placed.push(q),
@@ -2473,16 +2475,13 @@ impl<'a> Cycle<'a> {
         let mut fixed = vec![false; count];
         let mut cost = vec![(0.0f64, 0u64); count];
         let mut on: Vec<(u32, usize)> = Vec::new();
-        for (k, r) in self.running.iter().enumerate() {
-            let single = r
-                .allocations
-                .split_first()
-                .filter(|(a, rest)| rest.iter().all(|b| b.node == a.node))
-                .map(|(a, _)| a.node.0);
+        for k in 0..self.running.len() {
+            let node = self.locate(k);
+            let r = &self.running[k];
             // Preemptible now (its class, its minimum runtime) and little to lose.
             let may_move =
                 self.run[k].flavor == fi && self.run[k].preemptible && r.unsaved(self.now) <= limit;
-            match single {
+            match (node != u32::MAX).then_some(node) {
                 Some(n) if may_move => {
                     on.push((n, k));
                     let c = &mut cost[n as usize];
@@ -2518,6 +2517,9 @@ impl<'a> Cycle<'a> {
         m
     }
 
+    /// Running jobs job `i` could preempt on `flavors` (its own queue's of
+    /// lower priority; borrowers' where it is within its guarantee) but that
+    /// are kept for their unsaved work.
     fn unsaved_held_for(&self, i: usize, flavors: &[Arc<str>]) -> usize {
         let w = &self.pending[i];
         let my_rank = (self.rank(w), w.priority);
@@ -3040,17 +3042,24 @@ impl<'a> Cycle<'a> {
     /// (node, GPUs held there, candidate) for the candidates, by node, from
     /// the packed records; a candidate on several nodes adds one entry per
     /// allocation.
+    /// Running job `k`'s node (u32::MAX: several or none) and GPUs there,
+    /// read from its allocations on first use.
+    fn locate(&mut self, k: usize) -> u32 {
+        if self.run[k].node == NODE_UNKNOWN {
+            let allocations = &self.running[k].allocations;
+            self.run[k].node = match allocations.split_first() {
+                Some((a, rest)) if rest.iter().all(|b| b.node == a.node) => a.node.0,
+                _ => u32::MAX,
+            };
+            self.run[k].gpus = allocations.iter().fold(0, |m, a| m | a.gpu_mask());
+        }
+        self.run[k].node
+    }
+
     fn by_node(&mut self, candidates: &[usize]) -> Vec<(u32, u64, usize)> {
         let mut on: Vec<(u32, u64, usize)> = Vec::with_capacity(candidates.len());
         for &k in candidates {
-            if self.run[k].node == NODE_UNKNOWN {
-                let allocations = &self.running[k].allocations;
-                self.run[k].node = match allocations.split_first() {
-                    Some((a, rest)) if rest.iter().all(|b| b.node == a.node) => a.node.0,
-                    _ => u32::MAX,
-                };
-                self.run[k].gpus = allocations.iter().fold(0, |m, a| m | a.gpu_mask());
-            }
+            self.locate(k);
             let r = &self.run[k];
             if r.node != u32::MAX {
                 on.push((r.node, r.gpus, k));
@@ -3284,32 +3293,10 @@ impl<'a> Cycle<'a> {
         // doubling it and then halving the interval: O(log n) fit tests.
         let trial = self.placer.begin_trial();
         let mut released = 0;
-        let mut below = 0;
-        let mut fit: Option<(usize, Placement)> = None;
-        let mut count = 1;
-        while count <= ending.len() {
-            self.release_first(&ending, &mut released, count);
-            if let Some(p) = self.fits_now_as(&job) {
-                fit = Some((count, p));
-                break;
-            }
-            if count == ending.len() {
-                break;
-            }
-            below = count;
-            count = (count * 2).min(ending.len());
-        }
-        if let Some((mut above, mut placement)) = fit.take() {
-            while above - below > 1 {
-                let mid = below + (above - below) / 2;
-                self.release_first(&ending, &mut released, mid);
-                match self.fits_now_as(&job) {
-                    Some(p) => (above, placement) = (mid, p),
-                    None => below = mid,
-                }
-            }
-            fit = Some((above, placement));
-        }
+        let fit = fewest(ending.len(), |n| {
+            self.release_first(&ending, &mut released, n);
+            self.fits_now_as(&job)
+        });
         self.release_first(&ending, &mut released, 0);
         self.placer.end_trial(trial);
         let found = fit.map(|(n, p)| (ending[n - 1].0, p));
