@@ -15,7 +15,9 @@
 #   3. a PyTorch program that keeps its GPU busy moves the utilisation samples
 #      (the node's and the task's);
 #   4. a task sharing a GPU with a 1 GiB GPU-memory claim that allocates 4 GiB
-#      is stopped by the watchdog with a gpu-memory event.
+#      is stopped by the watchdog with a gpu-memory event;
+#   5. a task opens only its own GPU's /dev/nvidiaN (others, and every one
+#      for a task without a GPU, are refused by the device controller).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${GPUFLOW_BIN:-}
@@ -51,7 +53,8 @@ else
 fi
 nodes | json 'd[0]["inventory"]["limits"]' | sed 's/^/     limits: /'
 
-submit() { # name gpu-spec script
+submit() { # name gpu-spec (empty: no GPU) script
+  if [ -n "$2" ]; then gpu=", gpu: $2"; else gpu=""; fi
   cat >"$dir/$1.yaml" <<YAML
 name: $1
 queue: default
@@ -59,7 +62,7 @@ kind: batch
 tasks:
   - name: main
     command: [sh, -c, '$3']
-    resources: {cpu: 2, memory_mib: 8192, gpu: $2}
+    resources: {cpu: 2, memory_mib: 8192$gpu}
 YAML
   "$bin" job submit -f "$dir/$1.yaml" --output json | json 'd["id"]'
 }
@@ -119,5 +122,26 @@ if [ "$has_torch" = True ]; then
   else
     fail "a task allocating 4 GiB against a 1 GiB claim ended $state: $reason"
   fi
+fi
+# 5. A task opens only its own GPU's device node.
+probe='for d in /dev/nvidia[0-9]*; do if true 2>e <"$d"; then echo "$d opened"; else echo "$d $(cat e)"; fi; done'
+id=$(submit devs '{count: 1}' "$probe")
+wait_state "$id" succeeded failed >/dev/null
+out=$(logs "$id")
+opened=$(echo "$out" | grep -c ' opened$' || true)
+denied=$(echo "$out" | grep -c 'Operation not permitted' || true)
+total=$(ls /dev/nvidia[0-9]* 2>/dev/null | wc -l)
+if [ "$opened" = 1 ] && [ "$denied" = $((total - 1)) ]; then
+  pass "a 1-GPU task opens its own device node and is refused the other $denied"
+else
+  fail "a 1-GPU task opened $opened of $total GPU device nodes: $(echo "$out" | tr '\n' ';')"
+fi
+id=$(submit nodevs '' "$probe")
+wait_state "$id" succeeded failed >/dev/null
+out=$(logs "$id")
+if [ "$(echo "$out" | grep -c 'Operation not permitted' || true)" = "$total" ]; then
+  pass "a task without a GPU is refused all $total GPU device nodes"
+else
+  fail "a task without a GPU: $(echo "$out" | tr '\n' ';')"
 fi
 exit $failed

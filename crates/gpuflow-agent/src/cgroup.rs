@@ -18,6 +18,19 @@
 //! `cgroup.kill`, or each process in turn on v1), which also reaches
 //! processes that left the task's process group.
 //!
+//! Beside the limits, on v1 the task's group is also made in the `freezer`
+//! hierarchy (so that killing it is race-free: frozen, every process
+//! killed, thawed) and in the `devices` hierarchy, where every NVIDIA GPU
+//! device (`c 195:N`, N < 254) the task was not given is denied: it cannot
+//! open another GPU of the node whatever `CUDA_VISIBLE_DEVICES` says.
+//! On v2 the group is killed with `cgroup.kill`, and the same GPUs are
+//! denied by an eBPF device program attached to the group (`devbpf.rs`);
+//! a node that cannot load one says so ([`Cgroups::device_control`]).
+//!
+//! The agent's subtree itself gets a pids limit (three quarters of the
+//! kernel's `pid_max`), so the tasks together never take every pid of the
+//! node; one task's own limit is capped at a quarter of it.
+//!
 //! Where no controller can be used (not root, no cgroup mounted, a v2 tree
 //! that is not delegated) [`Cgroups::open`] says why; the agent logs it,
 //! reports it with its inventory (`node ls` shows it) and the server says
@@ -29,6 +42,26 @@ use std::path::{Path, PathBuf};
 
 /// The controllers gpuflow sets limits with.
 pub const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
+
+/// The v1 hierarchies a task's group is also made in: to freeze it while
+/// it is killed, and to deny it the GPUs it was not given.
+pub const V1_CONTROLS: [&str; 2] = ["freezer", "devices"];
+
+/// The character-device major of NVIDIA's GPU device nodes
+/// (`/dev/nvidiaN`); minors 254 and 255 are `nvidia-modeset` and
+/// `nvidiactl`, which every CUDA process opens.
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// The minors of GPU device nodes (`/dev/nvidia0` to `/dev/nvidia253`).
+const GPU_MINORS: std::ops::Range<u32> = 0..254;
+
+/// The kernel's `pid_max`.
+fn pid_max() -> u64 {
+    read(Path::new("/proc/sys/kernel/pid_max"))
+        .trim()
+        .parse()
+        .unwrap_or(32_768)
+}
 
 /// A CFS period of 100 ms; the quota is the CPU share of it.
 const PERIOD_US: u64 = 100_000;
@@ -57,6 +90,8 @@ pub struct Cgroups {
     dirs: Vec<(&'static str, PathBuf)>,
     /// The most processes (threads included) one task may have.
     pub pids_max: u64,
+    /// v2: why the eBPF device program cannot be used here (`None`: it can).
+    bpf_devices: Option<String>,
 }
 
 /// What a task may use.
@@ -160,6 +195,8 @@ impl Cgroups {
         pids_max: u64,
     ) -> Result<Cgroups, String> {
         let node = &subtree_name(node, work_dir);
+        // One task never takes more than a quarter of the node's pids.
+        let pids_max = pids_max.clamp(1, pid_max() / 4);
         if crate::user::agent_uid() != 0 {
             return Err("the agent is not root, so it cannot make cgroups".into());
         }
@@ -194,22 +231,29 @@ impl Cgroups {
                 ));
             }
         }
-        let mut dirs = Vec::new();
-        for c in CONTROLLERS {
-            let Some((_, mount, _)) = mounts
+        // The agent's subtree in controller `c`'s v1 hierarchy: `None` when
+        // none is mounted, else made or why not.
+        let v1_dir = |c: &str| -> Option<Result<PathBuf, String>> {
+            let (_, mount, _) = mounts
                 .iter()
-                .find(|(v, _, opts)| *v == Version::V1 && opts.iter().any(|o| o == c))
-            else {
-                continue;
-            };
+                .find(|(v, _, opts)| *v == Version::V1 && opts.iter().any(|o| o == c))?;
             let own_path = own
                 .iter()
                 .find(|(ctls, _)| ctls.iter().any(|x| x == c))
                 .map_or("/", |(_, p)| p.as_str());
             let dir = join(mount, own_path).join("gpuflow").join(node);
-            match std::fs::create_dir_all(&dir) {
-                Ok(()) => dirs.push((c, dir)),
-                Err(e) => why_not.push(format!("cgroup v1 {c}: {}: {e}", dir.display())),
+            Some(
+                std::fs::create_dir_all(&dir)
+                    .map(|()| dir.clone())
+                    .map_err(|e| format!("cgroup v1 {c}: {}: {e}", dir.display())),
+            )
+        };
+        let mut dirs = Vec::new();
+        for c in CONTROLLERS {
+            match v1_dir(c) {
+                None => {}
+                Some(Ok(dir)) => dirs.push((c, dir)),
+                Some(Err(e)) => why_not.push(e),
             }
         }
         if dirs.is_empty() {
@@ -218,11 +262,23 @@ impl Cgroups {
             }
             return Err(why_not.join("; "));
         }
+        for c in V1_CONTROLS {
+            match v1_dir(c) {
+                Some(Ok(dir)) => dirs.push((c, dir)),
+                None => tracing::warn!(
+                    controller = c,
+                    "no cgroup v1 {c} hierarchy: tasks go without it"
+                ),
+                Some(Err(e)) => tracing::warn!(error = %e, "tasks go without it"),
+            }
+        }
         let c = Cgroups {
             version: Version::V1,
             dirs,
             pids_max,
+            bpf_devices: None,
         };
+        c.limit_subtree();
         c.clean();
         Ok(c)
     }
@@ -271,9 +327,40 @@ impl Cgroups {
             version: Version::V2,
             dirs,
             pids_max,
+            bpf_devices: crate::devbpf::probe().err(),
         };
+        c.limit_subtree();
         c.clean();
         Ok(c)
+    }
+
+    /// The node-wide pids limit on the agent's subtree: all tasks together
+    /// leave a quarter of `pid_max` to the system, the agent and keepers.
+    fn limit_subtree(&self) {
+        if let Some((_, d)) = self.dirs.iter().find(|(c, _)| *c == "pids")
+            && let Err(e) = write(&d.join("pids.max"), &(pid_max() * 3 / 4).to_string())
+        {
+            tracing::warn!(error = %e, "cannot set the node-wide pids limit of the tasks");
+        }
+    }
+
+    /// Whether tasks are denied the GPUs they were not given: `Err` says
+    /// why not, for the log and `node ls`.
+    ///
+    /// # Errors
+    /// Without a v1 `devices` hierarchy, or on v2 where the eBPF device
+    /// program cannot be loaded.
+    pub fn device_control(&self) -> Result<(), String> {
+        match self.version {
+            Version::V1 if self.dirs.iter().any(|(c, _)| *c == "devices") => Ok(()),
+            Version::V1 => {
+                Err("no cgroup v1 devices hierarchy: a task can open every GPU of the node".into())
+            }
+            Version::V2 => match &self.bpf_devices {
+                None => Ok(()),
+                Some(why) => Err(format!("{why}: a task can open every GPU of the node")),
+            },
+        }
     }
 
     /// Removes the agent's own subtree for its node when no task is left
@@ -323,12 +410,18 @@ impl Cgroups {
         }
     }
 
-    /// Makes task `k`'s group with its limits.
+    /// Makes task `k`'s group with its limits; on v1 it may open only the
+    /// GPU device nodes of `gpu_minors` (the minors of its GPUs' `/dev/nvidiaN`).
     ///
     /// # Errors
     /// When a directory cannot be made or a limit not written; the message
     /// names the file.
-    pub fn create(&self, k: crate::task::Key, limits: Limits) -> Result<TaskGroup, String> {
+    pub fn create(
+        &self,
+        k: crate::task::Key,
+        limits: Limits,
+        gpu_minors: &[u32],
+    ) -> Result<TaskGroup, String> {
         let g = self.group(k);
         for d in g.bases() {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -353,6 +446,11 @@ impl Cgroups {
                     let _ = set("memory", "memory.swap.max", "0".into());
                 }
                 set("pids", "pids.max", self.pids_max.to_string())?;
+                if self.bpf_devices.is_none()
+                    && let Some(d) = g.bases().first()
+                {
+                    crate::devbpf::deny_gpus(d, gpu_minors)?;
+                }
             }
             Version::V1 => {
                 if limits.cpu_milli > 0 {
@@ -364,10 +462,29 @@ impl Cgroups {
                     let _ = set("memory", "memory.memsw.limit_in_bytes", bytes.to_string());
                 }
                 set("pids", "pids.max", self.pids_max.to_string())?;
+                if let Some(d) = g.dir("devices") {
+                    deny_gpus(d, gpu_minors)?;
+                }
             }
         }
         Ok(g)
     }
+}
+
+/// Denies the group at `dir` every GPU device node but `allowed`'s, one
+/// rule a write (the v1 devices controller takes one rule per write; a
+/// broader deny cannot be narrowed by an allow).
+fn deny_gpus(dir: &Path, allowed: &[u32]) -> Result<(), String> {
+    let path = dir.join("devices.deny");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for minor in GPU_MINORS.filter(|m| !allowed.contains(m)) {
+        f.write_all(format!("c {NVIDIA_MAJOR}:{minor} rwm").as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// One task's group, in each hierarchy.
@@ -407,17 +524,32 @@ impl TaskGroup {
             .collect()
     }
 
-    /// v2's `cgroup.kill`, open for writing, for the task's keeper to
-    /// kill everything in the group when the node's lease runs out.
-    pub fn kill_file(&self) -> Option<File> {
-        if self.version != Version::V2 {
-            return None;
+    /// Where the task's keeper reaches every process of the group: v2's
+    /// `cgroup.kill` open for writing; v1's `cgroup.procs` and
+    /// `freezer.state`.
+    pub fn reach(&self) -> crate::keeper::Reach {
+        let c = |p: PathBuf| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok();
+        match self.version {
+            Version::V2 => crate::keeper::Reach {
+                cgroup_kill: self.bases().into_iter().next().and_then(|d| {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(d.join("cgroup.kill"))
+                        .ok()
+                }),
+                procs: None,
+                freezer: None,
+            },
+            Version::V1 => crate::keeper::Reach {
+                cgroup_kill: None,
+                procs: self
+                    .bases()
+                    .into_iter()
+                    .next()
+                    .and_then(|d| c(d.join("cgroup.procs"))),
+                freezer: self.dir("freezer").and_then(|d| c(d.join("freezer.state"))),
+            },
         }
-        let d = self.bases().into_iter().next()?;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(d.join("cgroup.kill"))
-            .ok()
     }
 
     /// The processes in the group.
@@ -478,16 +610,25 @@ impl TaskGroup {
         {
             return;
         }
-        for _ in 0..10 {
+        // Frozen while it is killed, where the freezer is: nothing in it
+        // forks a process the kill would miss.
+        let freezer = self.dir("freezer").map(|d| d.join("freezer.state"));
+        for _ in 0..50 {
+            if let Some(f) = &freezer {
+                let _ = write(f, "FROZEN");
+            }
             let pids = self.pids();
+            for p in &pids {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+            if let Some(f) = &freezer {
+                let _ = write(f, "THAWED");
+            }
             if pids.is_empty() {
                 return;
             }
-            for p in pids {
-                // SAFETY: kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(p, libc::SIGKILL) };
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 
@@ -576,6 +717,7 @@ mod tests {
                     cpu_milli: 500,
                     memory_mib: 32,
                 },
+                &[],
             )
             .unwrap();
         let procs = g.procs_files().unwrap();
@@ -626,6 +768,7 @@ mod tests {
                     cpu_milli: 100,
                     memory_mib: 64,
                 },
+                &[],
             )
             .unwrap();
         let busy = c
@@ -635,6 +778,7 @@ mod tests {
                     cpu_milli: 100,
                     memory_mib: 64,
                 },
+                &[],
             )
             .unwrap();
         let mut sleeper = std::process::Command::new("sleep")

@@ -365,6 +365,30 @@ impl Gpus {
         (gpus, procs)
     }
 
+    /// Each GPU's device-node minor (`/dev/nvidiaN`), by index: NVML's
+    /// minor number; the index itself for emulated GPUs (and where NVML
+    /// does not say, with a warning).
+    pub fn minors(&self) -> Vec<u32> {
+        let Some(nvml) = &self.nvml else {
+            return self
+                .emulated
+                .as_ref()
+                .map(|e| e.gpus().iter().map(|g| g.index).collect())
+                .unwrap_or_default();
+        };
+        (0..nvml.device_count().unwrap_or(0))
+            .map(|i| {
+                match nvml.device_by_index(i).and_then(|d| d.minor_number()) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(gpu = i, error = %e, "NVML gives no device minor: taking /dev/nvidia{i}");
+                        i
+                    }
+                }
+            })
+            .collect()
+    }
+
     pub fn is_emulated(&self) -> bool {
         self.nvml.is_none()
     }

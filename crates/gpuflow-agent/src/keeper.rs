@@ -5,10 +5,20 @@
 //! 1. **Fencing.** The agent writes its node lease to one lease file after
 //!    every heartbeat the server answered: when to signal and when to kill.
 //!    Every keeper reads it every 100 ms; once the kill time passes it kills
-//!    its task's process group, so a node that cannot renew its lease has
-//!    stopped its work before the server's lease expires and the work is
-//!    placed elsewhere. A SIGSTOPped or crashed agent cannot keep its tasks
+//!    its task whole, so a node that cannot renew its lease has stopped its
+//!    work before the server's lease expires and the work is placed
+//!    elsewhere. A SIGSTOPped or crashed agent cannot keep its tasks
 //!    running past the lease.
+//!
+//!    "Whole" means every process the task started, also those that left
+//!    its process group (`setsid`, a double fork: `ray start`, `jupyter`):
+//!    through the task's cgroup (v2's `cgroup.kill`; on v1 each process of
+//!    `cgroup.procs`, frozen first by the freezer so none forks meanwhile),
+//!    and, as a second line that needs no cgroup, as the task's child
+//!    subreaper: whatever the task's tree orphans becomes the keeper's
+//!    child, and the keeper kills its children until none is left. The
+//!    same happens when the task ends by itself: none of its processes
+//!    outlives it.
 //! 2. **The true exit status.** It waits for the task and writes how it
 //!    ended to an exit record the task cannot reach, so an agent that
 //!    restarts learns how a task it did not start (or that ended while it
@@ -153,6 +163,168 @@ fn parse_lease(buf: &[u8; LEASE_LEN]) -> Option<(u64, u64)> {
     Some((digits(&buf[0..20])?, digits(&buf[21..41])?))
 }
 
+/// Where the keeper reaches every process of its task, prepared before the
+/// fork (the keeper allocates nothing).
+#[derive(Debug)]
+pub struct Reach {
+    /// v2's `cgroup.kill` of the task's group, open for writing.
+    pub cgroup_kill: Option<File>,
+    /// v1: the task group's `cgroup.procs` in one hierarchy.
+    pub procs: Option<std::ffi::CString>,
+    /// v1: the task group's `freezer.state`.
+    pub freezer: Option<std::ffi::CString>,
+}
+
+impl Reach {
+    /// No cgroup: the keeper reaches the task's tree as its subreaper only.
+    pub fn none() -> Reach {
+        Reach {
+            cgroup_kill: None,
+            procs: None,
+            freezer: None,
+        }
+    }
+}
+
+/// Calls `f` with each pid listed in the file at `path` (one number a
+/// line or a space apart: `cgroup.procs`, `/proc/thread-self/children`);
+/// returns how many. Async-signal-safe: open, read and close on a stack
+/// buffer.
+///
+/// # Safety
+/// `path` must point to a NUL-terminated string.
+unsafe fn each_pid(path: *const libc::c_char, mut f: impl FnMut(libc::pid_t)) -> usize {
+    // SAFETY: plain system calls on a stack buffer.
+    unsafe {
+        let fd = libc::open(path, libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let mut buf = [0u8; 4096];
+        let (mut n, mut cur, mut in_number) = (0usize, 0 as libc::pid_t, false);
+        loop {
+            let r = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if r <= 0 {
+                break;
+            }
+            for &c in &buf[..r as usize] {
+                if c.is_ascii_digit() {
+                    cur = cur
+                        .saturating_mul(10)
+                        .saturating_add((c - b'0') as libc::pid_t);
+                    in_number = true;
+                } else if in_number {
+                    f(cur);
+                    n += 1;
+                    (cur, in_number) = (0, false);
+                }
+            }
+        }
+        if in_number {
+            f(cur);
+            n += 1;
+        }
+        libc::close(fd);
+        n
+    }
+}
+
+/// Writes `value` to the file at `path`; async-signal-safe.
+///
+/// # Safety
+/// `path` must point to a NUL-terminated string.
+unsafe fn write_path(path: *const libc::c_char, value: &[u8]) {
+    // SAFETY: plain system calls.
+    unsafe {
+        let fd = libc::open(path, libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, value.as_ptr().cast(), value.len());
+            libc::close(fd);
+        }
+    }
+}
+
+fn pause_ms(ms: i64) {
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ms * 1_000_000,
+    };
+    // SAFETY: nanosleep reads `pause` only.
+    unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+}
+
+/// Sends `sig` to every process of the task the keeper can reach: its
+/// process group (the keeper ignores the stop signals), its cgroup, and
+/// the keeper's children (the task and what its tree orphaned).
+///
+/// # Safety
+/// Only in the keeper; async-signal-safe.
+unsafe fn signal_all(reach: &Reach, sig: i32) {
+    // SAFETY: kill(2) and the helpers above, on prepared paths.
+    unsafe {
+        libc::kill(0, sig);
+        // Once each: what is in the group had it already.
+        let group = libc::getpgid(0);
+        let outside = |pid: libc::pid_t| {
+            if libc::getpgid(pid) != group {
+                libc::kill(pid, sig);
+            }
+        };
+        if let Some(p) = &reach.procs {
+            each_pid(p.as_ptr(), outside);
+        }
+        each_pid(c"/proc/thread-self/children".as_ptr(), outside);
+    }
+}
+
+/// Kills every process of the task: its cgroup (v2 `cgroup.kill`; v1
+/// frozen, each process killed, thawed, until it is empty), then the
+/// keeper's children until none is left (each killed child's own children
+/// become the keeper's, and are killed in the next round). Reaps what it
+/// kills; the task's exit status is lost, so call it once the task is
+/// reaped or when the fence decides how it ended.
+///
+/// # Safety
+/// Only in the keeper; async-signal-safe.
+pub unsafe fn kill_all(reach: &Reach) {
+    // SAFETY: system calls and the helpers above on prepared paths.
+    unsafe {
+        if let Some(f) = &reach.cgroup_kill {
+            use std::os::fd::AsRawFd;
+            libc::write(f.as_raw_fd(), b"1".as_ptr().cast(), 1);
+        }
+        if let Some(procs) = &reach.procs {
+            for _ in 0..200 {
+                if let Some(f) = &reach.freezer {
+                    write_path(f.as_ptr(), b"FROZEN");
+                }
+                let n = each_pid(procs.as_ptr(), |pid| {
+                    libc::kill(pid, libc::SIGKILL);
+                });
+                // Frozen processes die once thawed.
+                if let Some(f) = &reach.freezer {
+                    write_path(f.as_ptr(), b"THAWED");
+                }
+                while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+                if n == 0 {
+                    break;
+                }
+                pause_ms(5);
+            }
+        }
+        for _ in 0..200 {
+            let n = each_pid(c"/proc/thread-self/children".as_ptr(), |pid| {
+                libc::kill(pid, libc::SIGKILL);
+            });
+            while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            if n == 0 {
+                break;
+            }
+            pause_ms(5);
+        }
+    }
+}
+
 /// Writes `kind code\n` to the exit record without allocating.
 ///
 /// # Safety
@@ -195,14 +367,15 @@ unsafe fn write_exit(fd: libc::c_int, kind: u8, code: i32) {
 ///
 /// # Safety
 /// Call only in a freshly forked child (the keeper), with `task` its child,
-/// `lease` and `exit` open descriptors, `cgroup_kill` the task's cgroup's
-/// `cgroup.kill` open for writing or -1. Uses only async-signal-safe calls.
+/// `lease` and `exit` open descriptors, `reach` the task's cgroup files,
+/// after making the keeper a child subreaper (before it forked the task).
+/// Uses only async-signal-safe calls.
 pub unsafe fn keep(
     task: libc::pid_t,
     lease: libc::c_int,
     exit: libc::c_int,
     stop_signal: i32,
-    cgroup_kill: libc::c_int,
+    reach: &Reach,
 ) -> ! {
     // SAFETY (whole body): async-signal-safe libc calls on stack memory.
     unsafe {
@@ -220,8 +393,12 @@ pub unsafe fn keep(
         }
         // Hold nothing of the agent's but the two files: above all not the
         // pipe its launcher waits on, which must close when the task execs.
+        let kill_fd = reach
+            .cgroup_kill
+            .as_ref()
+            .map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
         for fd in 3..4096 {
-            if fd != lease && fd != exit && fd != cgroup_kill {
+            if fd != lease && fd != exit && fd != kill_fd {
                 libc::close(fd);
             }
         }
@@ -231,9 +408,26 @@ pub unsafe fn keep(
         let mut fenced = false;
         let mut last = (0u64, 0u64);
         loop {
-            let mut status = 0;
-            let r = libc::waitpid(task, &mut status, libc::WNOHANG);
-            if r == task {
+            // Reap the task and whatever its tree orphaned to the keeper.
+            let mut ended = None;
+            loop {
+                let mut status = 0;
+                let r = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                if r == task {
+                    ended = Some(status);
+                } else if r <= 0 {
+                    if r < 0
+                        && ended.is_none()
+                        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
+                    {
+                        libc::_exit(127);
+                    }
+                    break;
+                }
+            }
+            if let Some(status) = ended {
+                // None of its processes outlives the task.
+                kill_all(reach);
                 if fenced {
                     write_exit(exit, b'f', 0);
                     libc::_exit(128 + stop_signal);
@@ -248,8 +442,6 @@ pub unsafe fn keep(
                     write_exit(exit, b's', sig);
                     libc::_exit(128 + sig);
                 }
-            } else if r < 0 {
-                libc::_exit(127);
             }
             let mut buf = [0u8; LEASE_LEN];
             if libc::pread(lease, buf.as_mut_ptr().cast(), LEASE_LEN, 0) == LEASE_LEN as isize
@@ -266,22 +458,16 @@ pub unsafe fn keep(
             let now = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000;
             if kill_ms != 0 && now >= kill_ms {
                 write_exit(exit, b'f', 0);
-                // Whatever left the process group but not the cgroup.
-                if cgroup_kill >= 0 {
-                    libc::write(cgroup_kill, b"1".as_ptr().cast(), 1);
-                }
-                // The whole group, the keeper with it.
+                // Everything the task started, wherever it went...
+                kill_all(reach);
+                // ...then the group, the keeper with it.
                 libc::kill(0, libc::SIGKILL);
             }
             if term_ms != 0 && now >= term_ms && !fenced {
                 fenced = true;
-                libc::kill(0, stop_signal);
+                signal_all(reach, stop_signal);
             }
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 100_000_000,
-            };
-            libc::nanosleep(&pause, std::ptr::null_mut());
+            pause_ms(100);
         }
     }
 }

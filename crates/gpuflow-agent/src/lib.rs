@@ -18,8 +18,10 @@
 //! will live beside `task.rs`.
 
 pub mod cgroup;
+pub mod devbpf;
 pub mod fake_nvml;
 pub mod gpu;
+pub mod isolate;
 pub mod keeper;
 pub mod task;
 pub mod telemetry;
@@ -71,6 +73,9 @@ pub struct Config {
     pub cgroup_root: Option<PathBuf>,
     /// The most processes (threads included) one task may have.
     pub task_pids_max: u64,
+    /// Tasks may create user namespaces (their seccomp filter denies it
+    /// otherwise).
+    pub task_user_namespaces: bool,
     /// GPUs and tasks' GPU use are sampled this often.
     pub sample_interval: Duration,
 }
@@ -82,7 +87,7 @@ fn unix_now() -> u64 {
 }
 
 /// The default most processes and threads of one task.
-pub const DEFAULT_TASK_PIDS_MAX: u64 = 32_768;
+pub const DEFAULT_TASK_PIDS_MAX: u64 = 4_096;
 
 /// The node token, kept so that a restarted agent proves it is the node
 /// that registered the name.
@@ -294,7 +299,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Ok(c) => gpuflow_api::NodeLimits {
             cgroup: c.version.as_str().into(),
             controllers: c.controllers(),
-            note: String::new(),
+            note: c.device_control().err().unwrap_or_default(),
         },
         Err(e) => gpuflow_api::NodeLimits {
             cgroup: String::new(),
@@ -302,7 +307,20 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             note: e.clone(),
         },
     };
+    if let Ok(c) = &cgroups
+        && let Err(why) = c.device_control()
+    {
+        tracing::warn!(reason = %why, "tasks are NOT confined to their GPUs");
+    }
+    let isolation = isolate::Policy::new(
+        &cfg.work_dir,
+        user::agent_uid() == 0,
+        cfg.task_user_namespaces,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     let launch = task::Launch {
+        isolation,
+        gpu_minors: gpus.minors(),
         cgroups: cgroups.ok(),
         run_as: cfg.run_as.clone(),
         task_uid_base: cfg.task_uid_base,
@@ -348,9 +366,12 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     };
     let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
     // Readiness checks: plain HTTP to the node's own tasks, a second at most.
+    // No redirects: a task's readiness answer must not send the agent
+    // (root, on the node's network) to another address.
     let probe_http: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(std::time::Duration::from_secs(1)))
         .http_status_as_error(false)
+        .max_redirects(0)
         .build()
         .into();
     let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();

@@ -40,6 +40,11 @@ pub struct Launch {
     pub lease_fd: i32,
     /// The agent's cgroups, where tasks get their limits (none: no limits).
     pub cgroups: Option<crate::cgroup::Cgroups>,
+    /// Each GPU's device-node minor by index: a task may open only its
+    /// GPUs' device nodes.
+    pub gpu_minors: Vec<u32>,
+    /// Namespaces and the seccomp filter (see `isolate.rs`).
+    pub isolation: crate::isolate::Policy,
 }
 
 impl Default for Launch {
@@ -49,6 +54,8 @@ impl Default for Launch {
             task_uid_base: DEFAULT_TASK_UID_BASE,
             lease_fd: -1,
             cgroups: None,
+            gpu_minors: Vec::new(),
+            isolation: crate::isolate::Policy::default(),
         }
     }
 }
@@ -182,6 +189,7 @@ pub struct ProbeAs {
     env: Vec<(String, String)>,
     task_dir: PathBuf,
     work: Option<std::ffi::CString>,
+    isolation: crate::isolate::Prepared,
 }
 
 /// What the agent keeps on disk about a running task, to adopt it after a
@@ -363,8 +371,15 @@ impl Task {
                     cpu_milli: t.limits.cpu_milli,
                     memory_mib: t.limits.memory_mib,
                 };
+                // Its GPUs' device nodes; an index the agent does not know
+                // (the inventory changed) maps to no device at all.
+                let minors: Vec<u32> = t
+                    .gpus
+                    .iter()
+                    .filter_map(|&i| launch.gpu_minors.get(i as usize).copied())
+                    .collect();
                 task.group = Some(
-                    c.create(key(t), limits)
+                    c.create(key(t), limits, &minors)
                         .map_err(|e| format!("cannot set its limits: {e}"))?,
                 );
                 task.memory_mib = t.limits.memory_mib;
@@ -373,10 +388,10 @@ impl Task {
                 Some(g) => g.procs_files()?,
                 None => Vec::new(),
             };
-            let cgroup_kill = task
+            let reach = task
                 .group
                 .as_ref()
-                .and_then(crate::cgroup::TaskGroup::kill_file);
+                .map_or_else(crate::keeper::Reach::none, crate::cgroup::TaskGroup::reach);
             if let Some(u) = &user {
                 std::os::unix::fs::chown(&task_dir, Some(u.uid), Some(u.gid)).map_err(io)?;
             }
@@ -419,6 +434,10 @@ impl Task {
                 // As the agent: its own directory is made for it.
                 .current_dir(&task_dir);
             let ids = user.as_ref().map(|u| (u.uid, u.gid));
+            let job_dir = task_dir.parent().unwrap_or(dir);
+            let isolation = crate::isolate::prepare(&launch.isolation, &task_dir, job_dir, ids)
+                .map_err(|e| format!("cannot isolate it: {e}"))?;
+            let probe_isolation = isolation.clone();
             let work = match &t.working_dir {
                 Some(w) => Some(
                     std::ffi::CString::new(w.as_str())
@@ -428,12 +447,11 @@ impl Task {
             };
             let probe_work = work.clone();
             let lease_fd = launch.lease_fd;
-            let (exit_fd, procs_fds, kill_fd) = {
+            let (exit_fd, procs_fds) = {
                 use std::os::fd::AsRawFd;
                 (
                     exit.as_raw_fd(),
                     procs.iter().map(AsRawFd::as_raw_fd).collect::<Vec<i32>>(),
-                    cgroup_kill.as_ref().map_or(-1, AsRawFd::as_raw_fd),
                 )
             };
             let stop_signal = signal_number(&t.stop_signal);
@@ -443,17 +461,21 @@ impl Task {
             // prepared before the fork.
             unsafe {
                 cmd.pre_exec(move || {
-                    // This process becomes the task's keeper; its child the task.
+                    // This process becomes the task's keeper, and the
+                    // subreaper of its tree; its child the task.
+                    if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                     let pid = libc::fork();
                     if pid < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                     if pid > 0 {
-                        crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal, kill_fd);
+                        crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal, &reach);
                     }
                     // The task becomes itself; its keeper stays outside
                     // its cgroup.
-                    become_task(&procs_fds, ids, work.as_deref())?;
+                    become_task(&procs_fds, ids, work.as_deref(), &isolation)?;
                     libc::umask(0o022);
                     Ok(())
                 });
@@ -461,13 +483,14 @@ impl Task {
             let child = cmd
                 .spawn()
                 .map_err(|e| format!("cannot start {:?}: {e}", t.command[0]));
-            drop((exit, procs, cgroup_kill));
+            drop((exit, procs));
             if t.readiness.as_ref().is_some_and(|r| r.command.is_some()) {
                 task.probe_as = Some(ProbeAs {
                     ids,
                     env,
                     task_dir: task_dir.clone(),
                     work: probe_work,
+                    isolation: probe_isolation,
                 });
             }
             child
@@ -855,8 +878,15 @@ impl Task {
             return;
         };
         let task_dir = task_dir(dir, self.key);
+        let ids = user.as_ref().map(|u| (u.uid, u.gid));
+        let job_dir = task_dir.parent().unwrap_or(dir);
+        let Ok(isolation) = crate::isolate::prepare(&launch.isolation, &task_dir, job_dir, ids)
+        else {
+            return;
+        };
         self.probe_as = Some(ProbeAs {
-            ids: user.as_ref().map(|u| (u.uid, u.gid)),
+            ids,
+            isolation,
             env: environment(t, &task_dir, user.as_ref(), self.port),
             task_dir,
             work: t
@@ -930,14 +960,17 @@ fn environment(
     env
 }
 
-/// In a forked child before exec: joins the task's cgroup (as root, before
-/// dropping privileges), becomes its user, and enters the spec's working
-/// directory as that user (so it grants nothing the user lacks). Calls only
-/// async-signal-safe functions (write, setgroups, setgid, setuid, chdir).
+/// In a forked child before exec: joins the task's cgroup and enters its
+/// own mount namespace (as root, before dropping privileges), becomes its
+/// user, enters the spec's working directory as that user (so it grants
+/// nothing the user lacks), and last takes on its seccomp filter. Calls
+/// only async-signal-safe functions (write, unshare, mount, setgroups,
+/// setgid, setuid, chdir, prctl, seccomp).
 fn become_task(
     procs_fds: &[i32],
     ids: Option<(u32, u32)>,
     work: Option<&std::ffi::CStr>,
+    isolation: &crate::isolate::Prepared,
 ) -> std::io::Result<()> {
     // SAFETY: plain system calls on descriptors and a C string the caller
     // holds.
@@ -947,6 +980,7 @@ fn become_task(
                 return Err(std::io::Error::last_os_error());
             }
         }
+        crate::isolate::enter(isolation)?;
         if let Some((uid, gid)) = ids {
             let groups = [gid];
             if libc::setgroups(1, groups.as_ptr()) != 0
@@ -962,7 +996,7 @@ fn become_task(
             return Err(std::io::Error::last_os_error());
         }
     }
-    Ok(())
+    crate::isolate::confine(isolation)
 }
 
 /// Kills a readiness command that has not been reaped (its process group)
@@ -992,6 +1026,7 @@ fn spawn_probe(
     };
     let ids = p.ids;
     let work = p.work.clone();
+    let isolation = p.isolation.clone();
     let mut c = Command::new(&cmd[0]);
     c.args(&cmd[1..])
         .env_clear()
@@ -1005,7 +1040,7 @@ fn spawn_probe(
     // only async-signal-safe functions (see `become_task`) on memory
     // prepared before the fork.
     unsafe {
-        c.pre_exec(move || become_task(&procs_fds, ids, work.as_deref()));
+        c.pre_exec(move || become_task(&procs_fds, ids, work.as_deref(), &isolation));
     }
     let child = c
         .spawn()

@@ -502,6 +502,10 @@ pub struct User {
     #[serde(default)]
     pub team: String,
     pub role: Role,
+    /// A disabled user's tokens are all refused, at once, until an admin
+    /// (or the user's team lead) enables the user again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -63,6 +63,8 @@ fn run_submissions(
     };
     let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
     cfg.store_url = pg.as_ref().map(|p| p.url.clone());
+    // Throughput, not the per-token rate limit, is measured.
+    cfg.rate_per_token = 0;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -190,6 +192,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
     cfg.join_token = Some("bench".into());
+    cfg.rate_per_token = 0;
     // Long timeouts: nodes registered once must not be lost while the benchmark runs.
     cfg.node_timeout_s = 3600;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -310,4 +313,267 @@ mod tower_service_call {
             .unwrap_or_default();
         (status, String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// `gpuflow bench readers`: what readers cost the server. `jobs` finished
+/// jobs are stored (arrays of 1,000, cancelled); then the server's memory
+/// (its process's resident set, sampled every 100 ms; the benchmark's
+/// client threads are in the same process and small) while 8 and 32
+/// clients read the usage, jobs and advice reports for `seconds`, as a
+/// viewer of another team and as an admin; then submissions per second
+/// alone and with 16 readers of each kind (`why`, `ls` and `/metrics`;
+/// reports by another team's viewer; callers without a token).
+pub fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    if jobs == 0 || seconds == 0 || submissions == 0 {
+        bail!("--jobs, --seconds and --submissions must be above 0");
+    }
+    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
+    // Finished jobs leave memory at once: the reports read them from the store.
+    cfg.keep_finished_s = 0;
+    // The server's own cost is measured, not the per-token rate limit (the
+    // limit for callers without a token stays on).
+    cfg.rate_per_token = 0;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let running = rt.block_on(gpuflow_server::start(cfg))?;
+    let admin = running
+        .new_admin_token
+        .clone()
+        .context("a new installation has an admin token")?;
+    let root = format!("http://{}", running.addr);
+    let base = format!("{root}/v1");
+    let http: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let call = |method: &str, path: &str, token: Option<&str>, body: &str| -> (u16, String) {
+        let url = format!("{base}{path}");
+        let mut req = ureq::http::Request::builder().method(method).uri(url);
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .header("Content-Type", "application/yaml")
+            .body(body.to_string())
+            .expect("a valid request");
+        match http.run(req) {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                r.body_mut().read_to_string().unwrap_or_default(),
+            ),
+            Err(e) => (0, e.to_string()),
+        }
+    };
+    eprintln!("storing {jobs} finished jobs…");
+    let t = Instant::now();
+    let arrays = jobs.div_ceil(1000);
+    for a in 0..arrays {
+        let n = (jobs - a * 1000).min(1000);
+        let spec = format!(
+            "name: stored\nqueue: default\nkind: batch\narray: 0-{}\ntasks:\n  - name: main\n    command: [python, train.py]\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {{count: 1}}}}\n",
+            n - 1
+        );
+        let (s, v) = call("POST", "/jobs", Some(&admin), &spec);
+        if s != 201 {
+            bail!("array refused: {s} {v}");
+        }
+        let id = serde_json::from_str::<serde_json::Value>(&v)?["id"]
+            .as_u64()
+            .context("an array's id")?;
+        let (s, v) = call("POST", &format!("/arrays/{id}/cancel"), Some(&admin), "");
+        if s != 200 {
+            bail!("cancel refused: {s} {v}");
+        }
+    }
+    eprintln!("stored in {:.1} s", t.elapsed().as_secs_f64());
+    // Another team with a viewer; a second admin token for the readers.
+    for (path, body) in [
+        ("/teams", r#"{"name": "other"}"#),
+        (
+            "/users",
+            r#"{"name": "other-viewer", "team": "other", "role": "viewer"}"#,
+        ),
+    ] {
+        let (s, v) = call("POST", path, Some(&admin), body);
+        if s != 201 {
+            bail!("{path}: {s} {v}");
+        }
+    }
+    let token_for = |user: &str| -> anyhow::Result<String> {
+        let (s, v) = call(
+            "POST",
+            "/tokens",
+            Some(&admin),
+            &format!(r#"{{"user": "{user}"}}"#),
+        );
+        if s != 201 {
+            bail!("token: {s} {v}");
+        }
+        Ok(serde_json::from_str::<serde_json::Value>(&v)?["token"]
+            .as_str()
+            .context("a token")?
+            .to_string())
+    };
+    let viewer = token_for("other-viewer")?;
+    let reader_admin = token_for("admin")?;
+    // Let a cycle take the finished jobs out of memory.
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_mib = || -> f64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    // Readers of `paths` with `token` (none: without one) until `done`.
+    let spawn_readers = |n: usize,
+                         token: Option<String>,
+                         paths: Vec<&'static str>,
+                         done: Arc<AtomicBool>,
+                         served: Arc<AtomicUsize>| {
+        (0..n)
+            .map(|r| {
+                let (root, token, paths, done, served) = (
+                    root.clone(),
+                    token.clone(),
+                    paths.clone(),
+                    done.clone(),
+                    served.clone(),
+                );
+                std::thread::spawn(move || {
+                    let http: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    let mut i = r;
+                    while !done.load(Ordering::Relaxed) {
+                        let mut req = http.get(format!("{root}{}", paths[i % paths.len()]));
+                        if let Some(t) = &token {
+                            req = req.header("Authorization", format!("Bearer {t}"));
+                        }
+                        if let Ok(mut resp) = req.call() {
+                            let _ = resp.body_mut().read_to_vec();
+                            if resp.status().as_u16() == 200 {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    const REPORTS: [&str; 3] = [
+        "/v1/reports/usage",
+        "/v1/reports/jobs",
+        "/v1/reports/advice",
+    ];
+    println!("server memory with concurrent report readers, {jobs} stored jobs (SQLite):");
+    let idle = rss_mib();
+    println!("  idle: {idle:.0} MiB");
+    // The viewers first: memory an admin's reports took is not all given
+    // back to the system, and would count in the viewers' peak.
+    for (who, token) in [
+        ("another team's viewer", &viewer),
+        ("an admin (every team)", &reader_admin),
+    ] {
+        for n in [8, 32] {
+            let done = Arc::new(AtomicBool::new(false));
+            let served = Arc::new(AtomicUsize::new(0));
+            let threads = spawn_readers(
+                n,
+                Some(token.clone()),
+                REPORTS.to_vec(),
+                done.clone(),
+                served.clone(),
+            );
+            let end = Instant::now() + Duration::from_secs(seconds);
+            let mut peak = 0.0f64;
+            while Instant::now() < end {
+                peak = peak.max(rss_mib());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            done.store(true, Ordering::Relaxed);
+            for t in threads {
+                let _ = t.join();
+            }
+            println!(
+                "  {n} readers, {who}: peak {peak:.0} MiB (+{:.0} over idle), {} reports in {seconds} s",
+                peak - idle,
+                served.load(Ordering::Relaxed)
+            );
+        }
+    }
+    // Submissions per second, alone and with 16 readers of each kind.
+    let submit = |label: &str, readers: Option<(Option<String>, Vec<&'static str>)>| {
+        let done = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicUsize::new(0));
+        let threads = readers
+            .map(|(token, paths)| spawn_readers(16, token, paths, done.clone(), served.clone()))
+            .unwrap_or_default();
+        let spec = "name: s\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [python, train.py]\n    resources: {cpu: 1, memory_mib: 1024, gpu: {count: 1}}\n";
+        let t = Instant::now();
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                let (base, admin) = (base.clone(), admin.clone());
+                let n = submissions / 4;
+                std::thread::spawn(move || {
+                    let http: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    let mut ok = 0usize;
+                    for _ in 0..n {
+                        if http
+                            .post(format!("{base}/jobs"))
+                            .header("Authorization", format!("Bearer {admin}"))
+                            .header("Content-Type", "application/yaml")
+                            .send(spec)
+                            .is_ok_and(|r| r.status().as_u16() == 201)
+                        {
+                            ok += 1;
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let ok: usize = clients.into_iter().map(|c| c.join().unwrap_or(0)).sum();
+        let wall = t.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        for t in threads {
+            let _ = t.join();
+        }
+        println!(
+            "  {label}: {:.0} submissions/s ({ok} stored), {} reads answered 200",
+            ok as f64 / wall,
+            served.load(Ordering::Relaxed)
+        );
+    };
+    println!("submissions per second (4 clients, {submissions} submissions each run):");
+    submit("alone", None);
+    submit(
+        "16 readers of why, ls and /metrics",
+        Some((
+            Some(reader_admin.clone()),
+            vec!["/v1/jobs/1/why", "/v1/jobs?limit=100", "/metrics"],
+        )),
+    );
+    submit(
+        "16 readers of reports (another team's viewer)",
+        Some((Some(viewer.clone()), REPORTS.to_vec())),
+    );
+    submit(
+        "16 callers without a token",
+        Some((None, vec!["/v1/jobs", "/v1/reports/usage", "/v1/nodes"])),
+    );
+    drop(running);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
 }

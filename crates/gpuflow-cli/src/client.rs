@@ -359,6 +359,12 @@ pub enum UserCmd {
         #[arg(long, value_parser = ["admin", "team-lead", "member", "viewer"])]
         role: String,
     },
+    /// Disable a user: every token of theirs is refused at once, until
+    /// `gpuflow user enable` (admins; team leads for their team's members
+    /// and viewers).
+    Disable { name: String },
+    /// Enable a disabled user again.
+    Enable { name: String },
 }
 
 #[derive(Subcommand)]
@@ -1606,16 +1612,27 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
 
 pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
+    let cmd_kind = match &cmd {
+        UserCmd::Disable { .. } => "disable",
+        _ => "other",
+    };
     match cmd {
         UserCmd::Ls => {
             let v = c.call("GET", "/v1/users", None)?;
             print(conn.output, &v, |v| {
                 columns(
-                    &["name", "team", "role"],
+                    &["name", "team", "role", "state"],
                     v.as_array()
                         .into_iter()
                         .flatten()
-                        .map(|u| vec![s(&u["name"]), s(&u["team"]), s(&u["role"])])
+                        .map(|u| {
+                            let state = if u["disabled"] == true {
+                                "disabled"
+                            } else {
+                                "enabled"
+                            };
+                            vec![s(&u["name"]), s(&u["team"]), s(&u["role"]), state.into()]
+                        })
                         .collect(),
                 )
             });
@@ -1629,6 +1646,17 @@ pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
             )?;
             print(conn.output, &v, |u| {
                 format!("user {} ({}) created\n", s(&u["name"]), s(&u["role"]))
+            });
+        }
+        UserCmd::Disable { name } | UserCmd::Enable { name } => {
+            let verb = if matches!(cmd_kind, "disable") {
+                "disable"
+            } else {
+                "enable"
+            };
+            let v = c.call("POST", &format!("/v1/users/{name}/{verb}"), None)?;
+            print(conn.output, &v, |u| {
+                format!("user {} {verb}d\n", s(&u["name"]))
             });
         }
     }

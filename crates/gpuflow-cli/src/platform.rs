@@ -60,6 +60,13 @@ pub struct ServerArgs {
     /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
     #[arg(long, default_value_t = 1000)]
     pub cycle_ms: u64,
+    /// Requests a second one API token may send; past it, 429 (0: no limit).
+    #[arg(long, default_value_t = gpuflow_server::ratelimit::PER_TOKEN)]
+    pub rate_limit: u32,
+    /// Requests a second one address may send without a valid token (0: no
+    /// limit).
+    #[arg(long, default_value_t = gpuflow_server::ratelimit::ANONYMOUS)]
+    pub rate_limit_anonymous: u32,
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -133,8 +140,14 @@ pub struct NodeArgs {
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
     /// The most processes and threads one task may have (cgroup pids limit).
+    /// Capped at a quarter of the kernel's pid_max; all tasks together get
+    /// at most three quarters of it.
     #[arg(long, default_value_t = gpuflow_agent::DEFAULT_TASK_PIDS_MAX)]
     pub task_pids_max: u64,
+    /// Let tasks create user namespaces (rootless containers, some
+    /// sandboxes); their seccomp filter denies it otherwise.
+    #[arg(long)]
+    pub task_user_namespaces: bool,
     /// Seconds between samples of the GPUs and of tasks' GPU use (which
     /// also enforce GPU-memory limits and measure idleness).
     #[arg(long, default_value_t = 5)]
@@ -221,6 +234,8 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());
+    c.rate_per_token = a.rate_limit;
+    c.rate_anonymous = a.rate_limit_anonymous;
     Ok(c)
 }
 
@@ -265,6 +280,7 @@ fn agent_config(
         task_uid_base: n.task_uid_base,
         cgroup_root: n.cgroup_root.clone(),
         task_pids_max: n.task_pids_max.max(1),
+        task_user_namespaces: n.task_user_namespaces,
         sample_interval: Duration::from_secs(n.sample_s.clamp(1, 3600)),
     })
 }

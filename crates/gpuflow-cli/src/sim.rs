@@ -179,6 +179,21 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         array: usize,
     },
+    /// What readers cost the server: its memory while 8 and 32 clients read
+    /// reports over many stored jobs (as another team's viewer and as an
+    /// admin), and submissions per second alone and with 16 readers of
+    /// each kind (why/ls/metrics, reports, callers without a token).
+    Readers {
+        /// Finished jobs stored first.
+        #[arg(long, default_value_t = 100_000)]
+        jobs: usize,
+        /// How long each memory measure reads.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Submissions per run of the availability measure.
+        #[arg(long, default_value_t = 2000)]
+        submissions: usize,
+    },
     /// Placement decisions per second on a synthetic cluster (one thread), with
     /// departures that hold the cluster near --target allocation.
     Placement {
@@ -566,6 +581,11 @@ fn rayon_threads() -> usize {
 
 pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Readers {
+            jobs,
+            seconds,
+            submissions,
+        } => crate::bench_api::readers(jobs, seconds, submissions),
         BenchCommand::Submit {
             jobs,
             clients,

@@ -13,7 +13,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -48,28 +47,9 @@ fn as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Two teams with no `run_as`: each team's tasks run under a uid of its
-/// own. Returns (alpha member token, beta member token).
-fn teams(api: &Api, admin: &str) -> (String, String) {
-    for team in ["alpha", "beta"] {
-        let (s, v) = api.post_json("/v1/teams", admin, &json!({"name": team}));
-        assert_eq!(s, 201, "{v}");
-        let (s, v) = api.post_json(
-            "/v1/queues",
-            admin,
-            &json!({"name": format!("{team}-q"), "team": team, "quotas": {"*": {"guaranteed": 1}}}),
-        );
-        assert_eq!(s, 201, "{v}");
-    }
-    (
-        api.user_token(admin, "alpha", "mallory", "member"),
-        api.user_token(admin, "beta", "victor", "member"),
-    )
-}
-
 /// Runs the attack next to the victim and checks that nothing leaked.
 fn attack(api: &Api, admin: &str, server_data: &std::path::Path, secrets: &[&str]) {
-    let (mallory, victor) = teams(api, admin);
+    let (mallory, victor) = api.alpha_and_beta(admin);
     let (s, v) = api.submit_yaml(&victor, VICTIM);
     assert_eq!(s, 201, "{v}");
     let victim = v["id"].as_u64().unwrap();

@@ -169,7 +169,20 @@ fn memory_cpu_and_process_tree_limits_hold() {
             read(format!("{}/cpu.cfs_quota_us", mount("cpu"))).trim(),
             "20000"
         );
-        assert_eq!(read(format!("{}/pids.max", mount("pids"))).trim(), "32768");
+        // One task gets 4,096 pids by default, never more than a quarter
+        // of the node's; all tasks together three quarters.
+        let pid_max: u64 = read("/proc/sys/kernel/pid_max".into())
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            read(format!("{}/pids.max", mount("pids"))).trim(),
+            4096.min(pid_max / 4).to_string()
+        );
+        assert_eq!(
+            read(format!("{}/../pids.max", mount("pids"))).trim(),
+            (pid_max * 3 / 4).to_string()
+        );
     }
     let (s, v) = api.post_json(
         &format!("/v1/jobs/{esc}/cancel"),

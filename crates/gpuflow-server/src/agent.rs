@@ -50,8 +50,62 @@ fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
             "inventory: cpu_milli and memory_mib must be positive",
         ));
     }
+    // Bounds no real machine reaches: a node that claims more lies, and
+    // would make every list of nodes huge or every sum overflow.
+    let bad = |what: String| Err(ApiError::bad_request("invalid_inventory", what));
+    if inv.cpu_milli > MAX_CPU_MILLI || inv.memory_mib > MAX_MEMORY_MIB {
+        return bad(format!(
+            "inventory: at most {MAX_CPU_MILLI} milli-CPUs and {MAX_MEMORY_MIB} MiB of memory per node"
+        ));
+    }
+    if inv.labels.len() > MAX_LABELS {
+        return bad(format!("inventory.labels: at most {MAX_LABELS} labels"));
+    }
+    let long = |s: &str| s.len() > MAX_TEXT;
+    if inv.labels.iter().any(|(k, v)| long(k) || long(v))
+        || long(&inv.address)
+        || long(&inv.pool)
+        || long(&inv.limits.note)
+        || inv.limits.controllers.len() > 16
+        || inv.limits.controllers.iter().any(|c| long(c))
+    {
+        return bad(format!(
+            "inventory: labels, address, pool and limits hold at most {MAX_TEXT} bytes each"
+        ));
+    }
+    for g in &inv.gpus {
+        if long(&g.uuid) || long(&g.model) || g.unhealthy.as_deref().is_some_and(long) {
+            return bad(format!(
+                "inventory.gpus[{}]: uuid, model and health hold at most {MAX_TEXT} bytes each",
+                g.index
+            ));
+        }
+        if g.memory_mib > MAX_GPU_MEMORY_MIB || g.mig.len() > 64 || g.nvlink.len() > 64 {
+            return bad(format!(
+                "inventory.gpus[{}]: at most {MAX_GPU_MEMORY_MIB} MiB, 64 MIG instances and 64 NVLink peers",
+                g.index
+            ));
+        }
+        if g.mig
+            .iter()
+            .any(|m| long(&m.uuid) || long(&m.profile) || m.memory_mib > g.memory_mib)
+        {
+            return bad(format!(
+                "inventory.gpus[{}].mig: uuid and profile hold at most {MAX_TEXT} bytes, and no instance has more memory than its GPU",
+                g.index
+            ));
+        }
+    }
     Ok(())
 }
+
+/// The most a node may claim: 64,000 CPUs, 64 TiB of memory, 1 TiB per GPU.
+const MAX_CPU_MILLI: u64 = 64_000_000;
+const MAX_MEMORY_MIB: u64 = 64 << 20;
+const MAX_GPU_MEMORY_MIB: u64 = 1 << 20;
+/// The most labels, and the longest text field, of an inventory.
+const MAX_LABELS: usize = 64;
+const MAX_TEXT: usize = 256;
 
 /// Reads a request's body once its sender is known to be trusted: tokens
 /// are checked before a byte of the body is read.

@@ -49,6 +49,7 @@ pub async fn bootstrap(
             name: "admin".into(),
             team: String::new(),
             role: Role::Admin,
+            disabled: false,
         };
         let tok = TokenRec {
             hash: hash(&token),
@@ -141,6 +142,9 @@ fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub user: User,
+    /// When the token the caller used expires (`None`: never); a token it
+    /// makes cannot outlive it.
+    pub token_expires_at: Option<u64>,
 }
 
 impl Caller {
@@ -192,6 +196,11 @@ impl FromRequestParts<Arc<Shared>> for Caller {
         parts: &mut Parts,
         shared: &Arc<Shared>,
     ) -> Result<Caller, Self::Rejection> {
+        let ip = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        // Requests without any token were counted by the router's layer.
         let Some(token) = bearer(&parts.headers) else {
             return Err(ApiError::new(
                 401,
@@ -203,13 +212,22 @@ impl FromRequestParts<Arc<Shared>> for Caller {
         let h = hash(token);
         let world = shared.world.lock().await;
         match world.principal(&h, now()) {
-            Some(u) => Ok(Caller { user: u.clone() }),
-            None => Err(ApiError::new(
-                401,
-                "unauthenticated",
-                "the token is not valid (unknown, revoked or expired)",
-            )
-            .into()),
+            Some((u, t)) => {
+                shared.rates.token(&h)?;
+                Ok(Caller {
+                    user: u.clone(),
+                    token_expires_at: t.expires_at,
+                })
+            }
+            None => {
+                shared.rates.anonymous(ip)?;
+                Err(ApiError::new(
+                    401,
+                    "unauthenticated",
+                    "the token is not valid (unknown, revoked or expired, or its user is disabled)",
+                )
+                .into())
+            }
         }
     }
 }

@@ -17,8 +17,10 @@ pub mod external;
 pub mod feasible;
 pub mod http;
 pub mod lifecycle;
+pub mod listen;
 pub mod openapi;
 pub mod output;
+pub mod ratelimit;
 pub mod services;
 pub mod state;
 
@@ -89,6 +91,11 @@ pub struct Config {
     pub job_log_bytes: u64,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Requests a second one token may send (0: no limit).
+    pub rate_per_token: u32,
+    /// Requests a second one address may send without a valid token (0:
+    /// no limit).
+    pub rate_anonymous: u32,
     /// Tests of the server's supervision only: a fault injected into every
     /// scheduling computation (see [`Fault`]).
     #[doc(hidden)]
@@ -132,6 +139,8 @@ impl Config {
             keep_finished_s: 3600,
             job_log_bytes: 16 << 20,
             tls: None,
+            rate_per_token: ratelimit::PER_TOKEN,
+            rate_anonymous: ratelimit::ANONYMOUS,
             fault: None,
         }
     }
@@ -148,6 +157,11 @@ pub struct Shared {
     pub applier: Mutex<()>,
     /// One diagnosis (`why` of a job the cycle did not reach) at a time.
     pub diagnoses: tokio::sync::Semaphore,
+    /// Requests a second per token and per address without one.
+    pub rates: ratelimit::RateLimits,
+    /// Reports that read the stored jobs: two at a time, so readers cannot
+    /// take the server's memory (each holds its jobs while it runs).
+    pub reports: tokio::sync::Semaphore,
     /// Cycles that failed or panicked since the start (each is retried).
     pub cycle_failures: std::sync::atomic::AtomicU64,
     /// Held while the server runs: the data directory's exclusive lock.
@@ -228,8 +242,27 @@ impl Change {
 /// # Errors
 /// When the store cannot be read or holds a job it cannot parse.
 pub async fn every_job(shared: &Shared) -> Result<Vec<JobRec>, ServerError> {
+    jobs_of(shared, None).await
+}
+
+/// Every job of `team` (all teams' with `None`), stored or in memory: a
+/// team's report reads only the team's rows from the store (it read
+/// every team's, then filtered).
+///
+/// # Errors
+/// On a store error or a record that does not parse.
+pub async fn jobs_of(shared: &Shared, team: Option<&str>) -> Result<Vec<JobRec>, ServerError> {
     let mut jobs: BTreeMap<u64, JobRec> = BTreeMap::new();
-    for r in shared.store.load(gpuflow_store::Table::Jobs).await? {
+    let rows = match team {
+        None => shared.store.load(gpuflow_store::Table::Jobs).await?,
+        Some(t) => {
+            shared
+                .store
+                .load_team(gpuflow_store::Table::Jobs, t)
+                .await?
+        }
+    };
+    for r in rows {
         let j: JobRec = serde_json::from_str(&r.doc).map_err(|e| ServerError::Corrupt {
             what: format!("job {}", r.key),
             message: e.to_string(),
@@ -237,7 +270,11 @@ pub async fn every_job(shared: &Shared) -> Result<Vec<JobRec>, ServerError> {
         jobs.insert(j.id, j);
     }
     let world = shared.world.lock().await;
-    for j in world.jobs.values() {
+    for j in world
+        .jobs
+        .values()
+        .filter(|j| team.is_none_or(|t| j.team == t))
+    {
         jobs.insert(j.id, j.clone());
     }
     Ok(jobs.into_values().collect())
@@ -369,6 +406,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     for n in world.nodes.values_mut() {
         n.last_heartbeat = n.last_heartbeat.max(t);
     }
+    let rates = ratelimit::RateLimits::new(cfg.rate_per_token, cfg.rate_anonymous);
     Ok(Opened {
         shared: Arc::new(Shared {
             world: Mutex::new(world),
@@ -377,6 +415,8 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             wake: Notify::new(),
             cycle_failures: Default::default(),
             diagnoses: tokio::sync::Semaphore::new(1),
+            reports: tokio::sync::Semaphore::new(2),
+            rates,
             applier: Mutex::new(()),
             data_lock: lock,
         }),
@@ -401,15 +441,36 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let addr = listener.local_addr()?;
     let shared = opened.shared;
     let app = http::router(shared.clone());
-    let scheme = match tls {
-        None => {
-            let listener = tokio::net::TcpListener::from_std(listener)?;
+    // The listener's defences (listen.rs): a bound on connections within
+    // the open-file limit, header and idle timeouts.
+    let nofile = listen::raise_nofile();
+    let most = listen::max_connections(nofile);
+    tracing::info!(nofile, max_connections = most, "connection limits");
+    // Serves `app` with the listener's timeouts (a macro: the two servers'
+    // acceptors are of different types).
+    macro_rules! serve {
+        ($server:expr, $scheme:literal) => {{
+            let mut server = $server;
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(Some(listen::HEADER_TIMEOUT));
+            let server = server.first_request_timeout(listen::HEADER_TIMEOUT);
             tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!(error = %e, "http server stopped");
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
+                if let Err(e) = server.serve(app).await {
+                    tracing::error!(error = %e, "{} server stopped", $scheme);
                 }
             });
-            "http"
+            $scheme
+        }};
+    }
+    let scheme = match tls {
+        None => {
+            serve!(
+                axum_server::from_tcp(listener)?.map(|a| listen::Limited::new(a, most)),
+                "http"
+            )
         }
         Some((cert, key)) => {
             // One crypto provider for the whole process (ring, as kube and sqlx use).
@@ -423,17 +484,27 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
                         key.display()
                     )
                 })?;
-            let server = axum_server::from_tcp_rustls(listener, config)?;
-            tokio::spawn(async move {
-                if let Err(e) = server.serve(app.into_make_service()).await {
-                    tracing::error!(error = %e, "https server stopped");
-                }
-            });
-            "https"
+            serve!(
+                axum_server::from_tcp(listener)?.map(|a| {
+                    axum_server::tls_rustls::RustlsAcceptor::new(config)
+                        .acceptor(listen::Limited::new(a, most))
+                }),
+                "https"
+            )
         }
     };
     tokio::spawn(cycle::run_loop(shared.clone()));
     tokio::spawn(accounting::budget_loop(shared.clone()));
+    {
+        // Callers that went quiet leave the rate limiters.
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                shared.rates.tidy();
+            }
+        });
+    }
     tracing::info!(%addr, scheme, store = shared.store.backend(), "gpuflow server listening");
     Ok(Running {
         addr,

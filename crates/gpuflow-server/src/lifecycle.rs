@@ -253,6 +253,9 @@ pub fn act(j: &mut JobRec, action: Action, who: &str, at: u64) -> Result<Kind, S
     })
 }
 
+/// How far ahead of the server's clock a node's may be.
+const CLOCK_SKEW_S: u64 = 60;
+
 /// Folds `node`'s reports of this job's current attempt into it (reports of
 /// tasks not placed on that node, or of another attempt, change nothing),
 /// then settles its state. Returns the event kind when the state moved.
@@ -298,7 +301,15 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             // server heard of it (a short task may end between reports).
             next.started_at.get_or_insert(started.min(at));
         }
-        if let Some(c) = r.checkpoint_at {
+        // A checkpoint after the report is a lie or a wrong clock: more
+        // than a minute ahead it is ignored, less is taken as now (a job
+        // with a checkpoint in the future would look as if it had no
+        // unsaved work).
+        if let Some(c) = r
+            .checkpoint_at
+            .filter(|&c| c <= at.saturating_add(CLOCK_SKEW_S))
+        {
+            let c = c.min(at);
             next.last_checkpoint = Some(next.last_checkpoint.map_or(c, |x| x.max(c)));
         }
     }

@@ -347,6 +347,22 @@ pub const ROUTES: &[Route] = &[
         Some("User"),
     ),
     r(
+        "post",
+        "/v1/users/{name}/disable",
+        "admin; team lead for their team's members and viewers",
+        "Disable a user: all their tokens are refused at once",
+        None,
+        Some("User"),
+    ),
+    r(
+        "post",
+        "/v1/users/{name}/enable",
+        "admin; team lead for their team's members and viewers",
+        "Enable a disabled user again",
+        None,
+        Some("User"),
+    ),
+    r(
         "patch",
         "/v1/teams/{name}",
         "admin",
@@ -702,6 +718,8 @@ pub fn document() -> Value {
             responses.insert("409".into(), err("conflicts with the current state"));
             responses.insert("413".into(), err("the body is too large"));
         }
+        // Any caller past its rate (per token, or per address without one).
+        responses.insert("429".into(), err("too many requests: slow down and retry"));
         let mut op = json!({
             "summary": route.summary,
             "description": format!("Allowed: {}.", route.who),

@@ -918,11 +918,12 @@ impl World {
     }
 
     /// The caller's user record for a token hash.
-    pub fn principal(&self, hash: &str, now: u64) -> Option<&api::User> {
-        self.tokens
-            .get(hash)
-            .filter(|t| t.live(now))
-            .and_then(|t| self.users.get(&t.user))
+    /// The user a live token belongs to, with the token; `None` for an
+    /// unknown, expired or revoked token or a disabled user.
+    pub fn principal(&self, hash: &str, now: u64) -> Option<(&api::User, &TokenRec)> {
+        let t = self.tokens.get(hash).filter(|t| t.live(now))?;
+        let u = self.users.get(&t.user).filter(|u| !u.disabled)?;
+        Some((u, t))
     }
 
     /// GPU indices in use per node, from the allocations of jobs that hold GPUs.

@@ -50,7 +50,15 @@ fn check(yaml: &str, script: &str, want: Expect) {
                     .collect();
                 Ok(Some(lifecycle::admit(&mut j, "H100", allocs, at)))
             }
-            ["report", node, phases] => {
+            ["report", node, phases, ..] => {
+                // `ckpt=T`: the tasks report a checkpoint at T (`max`: 2^64-1).
+                let ckpt = w
+                    .get(3)
+                    .and_then(|c| c.strip_prefix("ckpt="))
+                    .map(|c| match c {
+                        "max" => u64::MAX,
+                        t => t.parse().unwrap(),
+                    });
                 let reports: Vec<TaskReport> = phases
                     .split(',')
                     .enumerate()
@@ -64,7 +72,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             phase,
                             exit_code,
                             started_at: Some(at - 5),
-                            checkpoint_at: None,
+                            checkpoint_at: ckpt,
                             stdout: None,
                             message: String::new(),
                             breach: None,
@@ -111,6 +119,9 @@ fn check(yaml: &str, script: &str, want: Expect) {
             j.attempts,
             j.reason
         );
+        if let Some(c) = j.last_checkpoint {
+            out += &format!("  last checkpoint {c}\n");
+        }
     }
     // The ledger: what each attempt held, from when to when.
     for h in &j.held {
@@ -193,6 +204,37 @@ fn reports_from_another_node_or_attempt_change_nothing() {
               admitted (attempt 1): admitted to n1 (attempt 1) [-]
             report n1 running,running
               running (attempt 1): 2 tasks running [running]
+        "#]],
+    );
+}
+
+/// A node that lies about checkpoints (a time far in the future made the
+/// job look as if it had no unsaved work, so the cheapest victim) is not
+/// believed: a time after the report's is ignored.
+#[test]
+fn a_checkpoint_reported_in_the_future_is_ignored() {
+    check(
+        GANG,
+        "admit n1
+         report n1 running,running ckpt=115
+         report n1 running,running ckpt=max
+         report n1 running,running ckpt=500
+         report n1 running,running ckpt=140",
+        expect![[r#"
+            admit n1
+              admitted (attempt 1): admitted to n1 (attempt 1) [admitted]
+            report n1 running,running ckpt=115
+              running (attempt 1): 2 tasks running [running]
+              last checkpoint 115
+            report n1 running,running ckpt=max
+              running (attempt 1): 2 tasks running [-]
+              last checkpoint 115
+            report n1 running,running ckpt=500
+              running (attempt 1): 2 tasks running [-]
+              last checkpoint 115
+            report n1 running,running ckpt=140
+              running (attempt 1): 2 tasks running [-]
+              last checkpoint 140
         "#]],
     );
 }

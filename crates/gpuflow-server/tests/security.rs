@@ -1105,3 +1105,246 @@ proptest! {
             .block_on(run_calls(calls));
     }
 }
+
+/// A short-lived token cannot mint one that lasts longer (it made a
+/// never-expiring one before): one asked for without an expiry inherits
+/// its maker's, a later one is refused.
+#[tokio::test]
+async fn a_token_never_outlives_the_token_that_made_it() {
+    let h = harness(None).await;
+    let alpha = team(&h, "alpha").await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &alpha["viewer"],
+            json!({"user": "alpha-viewer", "expires_in_s": 60}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let short = v["token"].as_str().unwrap().to_string();
+    let short_end = v["expires_at"].as_u64().unwrap();
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &short,
+            json!({"user": "alpha-viewer"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["expires_at"].as_u64(), Some(short_end), "{v}");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &short,
+            json!({"user": "alpha-viewer", "expires_in_s": 3600}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("cannot outlive"),
+        "{v}"
+    );
+    // Shorter is fine; a never-expiring maker (the admin's) gives what is asked.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &short,
+            json!({"user": "alpha-viewer", "expires_in_s": 10}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &h.admin,
+            json!({"user": "alpha-viewer"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert!(v.get("expires_at").is_none_or(Value::is_null), "{v}");
+}
+
+/// A disabled user's every token is refused at once, and works again once
+/// enabled; only admins and the user's own team lead may do it.
+#[tokio::test]
+async fn a_disabled_users_tokens_are_all_refused_at_once() {
+    let h = harness(None).await;
+    let alpha = team(&h, "alpha").await;
+    let beta = team(&h, "beta").await;
+    let member = &alpha["member"];
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            member,
+            json!({"user": "alpha-member"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let second = v["token"].as_str().unwrap().to_string();
+    // Not by another team's lead, nor by a member, nor for oneself.
+    for (tok, want) in [(&beta["team-lead"], 404), (&alpha["viewer"], 403)] {
+        let (s, v) = h
+            .json("POST", "/v1/users/alpha-member/disable", tok, json!({}))
+            .await;
+        assert_eq!(s, want, "{v}");
+    }
+    let (s, _) = h
+        .json("POST", "/v1/users/admin/disable", &h.admin, json!({}))
+        .await;
+    assert_eq!(s, 400);
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users/alpha-member/disable",
+            &alpha["team-lead"],
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["disabled"], true);
+    for t in [member, &second] {
+        assert_eq!(h.get("/v1/whoami", t).await.0, 401);
+        // Nor can it make new tokens.
+        let (s, _) = h
+            .json("POST", "/v1/tokens", t, json!({"user": "alpha-member"}))
+            .await;
+        assert_eq!(s, 401);
+    }
+    let (_, users) = h.get("/v1/users", &h.admin).await;
+    assert!(
+        users
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|u| u["name"] == "alpha-member" && u["disabled"] == true),
+        "{users}"
+    );
+    let (s, v) = h
+        .json("POST", "/v1/users/alpha-member/enable", &h.admin, json!({}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(h.get("/v1/whoami", member).await.0, 200);
+    assert_eq!(h.get("/v1/whoami", &second).await.0, 200);
+}
+
+/// A node joined with the join token registered absurd inventories (2^63
+/// MiB of memory, 10,000 labels, a 1 MB model name) and made every list of
+/// nodes huge; they are refused, with what to fix.
+#[tokio::test]
+async fn a_node_cannot_claim_an_absurd_inventory() {
+    let h = harness(None).await;
+    let mut huge_memory = inventory(2);
+    huge_memory["memory_mib"] = json!(1u64 << 63);
+    let mut many_labels = inventory(2);
+    many_labels["labels"] = (0..10_000)
+        .map(|i| (format!("l{i}"), json!("x")))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let mut long_model = inventory(2);
+    long_model["gpus"][0]["model"] = json!("H".repeat(1 << 20));
+    let mut big_gpu = inventory(2);
+    big_gpu["gpus"][1]["memory_mib"] = json!(u64::MAX);
+    for (what, inv) in [
+        ("memory", huge_memory),
+        ("labels", many_labels),
+        ("model", long_model),
+        ("GPU memory", big_gpu),
+    ] {
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/agent/register",
+                &h.join,
+                json!({"node": "liar", "inventory": inv}),
+            )
+            .await;
+        assert_eq!(s, 400, "{what}: {v}");
+        assert_eq!(v["code"], "invalid_inventory", "{what}: {v}");
+    }
+    let (s, nodes) = h.get("/v1/nodes", &h.admin).await;
+    assert_eq!((s, nodes.as_array().map(Vec::len)), (200, Some(0)));
+    assert_eq!(register(&h, "honest", None).await.0, 200);
+}
+
+/// JSON with something after the document was accepted (the rest
+/// ignored); it is refused now.
+#[tokio::test]
+async fn a_body_with_trailing_garbage_is_refused() {
+    let h = harness(None).await;
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/teams",
+            Some(&h.admin),
+            "application/json",
+            br#"{"name": "tail"} {"name": "other"}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("one JSON document"),
+        "{v}"
+    );
+    let (_, teams) = h.get("/v1/teams", &h.admin).await;
+    assert!(!teams.to_string().contains("tail"), "{teams}");
+    // White space after it is fine.
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/teams",
+            Some(&h.admin),
+            "application/json",
+            b"{\"name\": \"tail\"}\n  \n".to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+/// One token, or one address without a valid token, cannot send without
+/// limit: past its rate it gets 429 with what to do, and other callers are
+/// not slowed.
+#[tokio::test]
+async fn a_caller_past_its_rate_is_refused_and_others_are_not() {
+    let h = harness_with(|c| {
+        c.rate_per_token = 5;
+        c.rate_anonymous = 2;
+    })
+    .await;
+    let alpha = team(&h, "alpha").await;
+    let mut limited = None;
+    for _ in 0..100 {
+        let (s, v) = h.get("/v1/whoami", &alpha["viewer"]).await;
+        if s == 429 {
+            limited = Some(v);
+            break;
+        }
+        assert_eq!(s, 200, "{v}");
+    }
+    let v = limited.expect("a token past its rate is refused");
+    assert_eq!(v["code"], "rate_limited", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 5 a second"),
+        "{v}"
+    );
+    // Another token is not slowed.
+    assert_eq!(h.get("/v1/whoami", &alpha["member"]).await.0, 200);
+    // Without a token, or with a wrong one: 401 until the address's rate,
+    // then 429.
+    let mut codes = vec![];
+    for i in 0..20 {
+        let token = if i % 2 == 0 { None } else { Some("gft_wrong") };
+        codes.push(h.call("GET", "/v1/whoami", token, "", vec![]).await.0);
+    }
+    assert!(codes.starts_with(&[401, 401]), "{codes:?}");
+    assert!(codes.contains(&429), "{codes:?}");
+    assert!(codes.iter().all(|c| *c == 401 || *c == 429), "{codes:?}");
+}

@@ -161,6 +161,13 @@ pub trait Store: Send + Sync {
     /// On a database error.
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError>;
 
+    /// The records of a table that belong to `team`, in key order (read
+    /// through the `(team, state)` index where the table has one).
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn load_team(&self, table: Table, team: &str) -> Result<Vec<Record>, StoreError>;
+
     /// The records of a table with these keys (those that exist), in key
     /// order.
     ///
@@ -210,6 +217,40 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 impl SqlStore {
+    /// Every record of a table, or of one team's, in key order.
+    async fn load_where(
+        &self,
+        table: Table,
+        team: Option<&str>,
+    ) -> Result<Vec<Record>, StoreError> {
+        let filter = if team.is_some() {
+            " WHERE team = $1"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT key, team, state, doc FROM {}{filter} ORDER BY key",
+            table.name()
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(t) = team {
+            q = q.bind(t);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Record {
+                    table,
+                    key: r.try_get(0)?,
+                    team: r.try_get(1)?,
+                    state: r.try_get(2)?,
+                    doc: r.try_get(3)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
     /// See [`open`].
     ///
     /// # Errors
@@ -255,25 +296,11 @@ impl Store for SqlStore {
     }
 
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError> {
-        let sql = format!(
-            "SELECT key, team, state, doc FROM {} ORDER BY key",
-            table.name()
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Record {
-                    table,
-                    key: r.try_get(0)?,
-                    team: r.try_get(1)?,
-                    state: r.try_get(2)?,
-                    doc: r.try_get(3)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        self.load_where(table, None).await
+    }
+
+    async fn load_team(&self, table: Table, team: &str) -> Result<Vec<Record>, StoreError> {
+        self.load_where(table, Some(team)).await
     }
 
     async fn get_many(&self, table: Table, keys: &[String]) -> Result<Vec<Record>, StoreError> {

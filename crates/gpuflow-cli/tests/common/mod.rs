@@ -71,12 +71,19 @@ pub struct Server {
 
 /// Starts `gpuflow server` on `port` with fast timers; waits until it answers.
 pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
+    server_nofile(dir, port, extra, None)
+}
+
+/// [`server`] started with this soft limit of open files (as systemd's
+/// default of 1,024), where given.
+pub fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>) -> Server {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("server.log"))
         .unwrap();
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN);
+    child
         .args([
             "server",
             "--listen",
@@ -98,9 +105,24 @@ pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
         .env("RUST_LOG", "info")
         .env("GPUFLOW_JOIN_TOKEN", JOIN)
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+        .stderr(log);
+    if let Some(n) = nofile {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: getrlimit/setrlimit only, between fork and exec.
+        unsafe {
+            child.pre_exec(move || {
+                let mut l = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+                l.rlim_cur = n.min(l.rlim_max);
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+                Ok(())
+            });
+        }
+    }
+    let child = child.spawn().unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let s = Server {
         proc: Proc(child),
@@ -131,6 +153,18 @@ pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
 
 /// [`agent`] with more environment variables.
 pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &str)]) -> Proc {
+    agent_with(dir, url, node, gpus, env, &[])
+}
+
+/// [`agent`] with more environment variables and arguments.
+pub fn agent_with(
+    dir: &Path,
+    url: &str,
+    node: &str,
+    gpus: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Proc {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -149,6 +183,7 @@ pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &s
                 "--work-dir",
             ])
             .arg(dir.join(format!("work-{node}")))
+            .args(args)
             .env("RUST_LOG", "info")
             .env("GPUFLOW_JOIN_TOKEN", JOIN)
             .envs(env.iter().copied())
@@ -321,6 +356,26 @@ impl Api {
     }
 
     /// Creates a team with a member and returns the member's token.
+    /// Teams alpha and beta, each with a queue guaranteed one GPU and no
+    /// `run_as` (each team's tasks run under a uid of its own); returns the
+    /// member tokens of mallory (alpha) and victor (beta).
+    pub fn alpha_and_beta(&self, admin: &str) -> (String, String) {
+        for team in ["alpha", "beta"] {
+            let (s, v) = self.post_json("/v1/teams", admin, &serde_json::json!({"name": team}));
+            assert_eq!(s, 201, "{v}");
+            let (s, v) = self.post_json(
+                "/v1/queues",
+                admin,
+                &serde_json::json!({"name": format!("{team}-q"), "team": team, "quotas": {"*": {"guaranteed": 1}}}),
+            );
+            assert_eq!(s, 201, "{v}");
+        }
+        (
+            self.user_token(admin, "alpha", "mallory", "member"),
+            self.user_token(admin, "beta", "victor", "member"),
+        )
+    }
+
     pub fn team_with_member(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
         let (s, v) = self.post_json("/v1/teams", admin, &serde_json::json!({"name": team}));
         assert!(s == 201 || s == 409, "{v}");

@@ -74,15 +74,26 @@ type Reply<T> = Result<Json<T>, Error>;
 /// A 400 with the field's path.
 pub fn parse_json<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<T, Error> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let at = if path == "." {
             String::new()
         } else {
             format!("{path}: ")
         };
-        ApiError::bad_request("invalid_body", format!("{at}{}", e.inner())).into()
-    })
+        Error::from(ApiError::bad_request(
+            "invalid_body",
+            format!("{at}{}", e.inner()),
+        ))
+    })?;
+    // One JSON document and nothing after it but white space.
+    de.end().map_err(|e| {
+        ApiError::bad_request(
+            "invalid_body",
+            format!("{e}: the body must be one JSON document with nothing after it"),
+        )
+    })?;
+    Ok(value)
 }
 pub fn router(shared: Arc<Shared>) -> Router {
     let limit = shared.cfg.max_body_bytes;
@@ -130,7 +141,34 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(detached))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            anonymous_rate,
+        ))
         .with_state(shared)
+}
+
+/// A request without a token counts against its address's rate (one with
+/// a token is counted when the token is checked: `auth.rs`).
+async fn anonymous_rate(
+    State(shared): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .is_none()
+    {
+        let ip = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        if let Err(e) = shared.rates.anonymous(ip) {
+            return Error(e).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// Runs each request's handler as a task of its own, so that a client that
@@ -151,8 +189,16 @@ async fn detached(request: axum::extract::Request, next: axum::middleware::Next)
         }
     }
 }
-async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
+/// The OpenAPI document, built and serialised once per process (it was
+/// built on every call: a cheap way to load the server).
+async fn openapi() -> axum::response::Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| crate::openapi::document().to_string());
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        doc.as_str(),
+    )
+        .into_response()
 }
 async fn whoami(caller: Caller) -> Json<api::WhoAmI> {
     Json(api::WhoAmI {

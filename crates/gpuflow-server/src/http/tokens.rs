@@ -31,6 +31,23 @@ async fn create_token(
         }
         e => e,
     };
+    let at = now();
+    // A token never outlives the token that made it: one asked for without
+    // an expiry takes the maker's; a later one is refused.
+    let expires_at = match (expires_in.map(|e| at + e), caller.token_expires_at) {
+        (None, mine) => mine,
+        (Some(asked), Some(mine)) if asked > mine => {
+            return Err(ApiError::bad_request(
+                "invalid_token_request",
+                format!(
+                    "expires_in_s: the token you use expires in {} s, and a token it makes cannot outlive it; ask for at most that, or leave it out",
+                    mine.saturating_sub(at)
+                ),
+            )
+            .into());
+        }
+        (asked, _) => asked,
+    };
     let mut world = shared.world.lock().await;
     let Some(u) = world.users.get(&r.user).cloned() else {
         return Err(ApiError::bad_request(
@@ -44,7 +61,6 @@ async fn create_token(
             ApiError::forbidden(format!("you may not create tokens for {:?}", r.user)).into(),
         );
     }
-    let at = now();
     let live = world
         .tokens
         .values()
@@ -62,7 +78,7 @@ async fn create_token(
         hash: hash(&token),
         user: r.user.clone(),
         created_at: at,
-        expires_at: expires_in.map(|e| at + e),
+        expires_at,
     };
     let mut change = Change::default();
     change.batch.put.push(token_rec(&rec));

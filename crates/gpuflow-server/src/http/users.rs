@@ -3,7 +3,10 @@
 use super::*;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new().route("/v1/users", get(list_users).post(create_user))
+    Router::new()
+        .route("/v1/users", get(list_users).post(create_user))
+        .route("/v1/users/{name}/disable", post(disable_user))
+        .route("/v1/users/{name}/enable", post(enable_user))
 }
 
 async fn list_users(
@@ -81,4 +84,70 @@ async fn create_user(
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.users.insert(u.name.clone(), u.clone());
     Ok((StatusCode::CREATED, Json(u)))
+}
+
+/// `POST /v1/users/{name}/disable`: every token of the user is refused at
+/// once (admins; team leads for their team's members and viewers).
+async fn disable_user(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Reply<User> {
+    set_disabled(&shared, &caller, &name, true).await
+}
+
+/// `POST /v1/users/{name}/enable`: the user's live tokens work again.
+async fn enable_user(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Reply<User> {
+    set_disabled(&shared, &caller, &name, false).await
+}
+
+async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bool) -> Reply<User> {
+    let mut world = shared.world.lock().await;
+    let Some(mut u) = world
+        .users
+        .get(name)
+        .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
+        .cloned()
+    else {
+        return Err(ApiError::not_found(format!(
+            "user {name:?} not found among the users you see"
+        ))
+        .into());
+    };
+    let allowed =
+        caller.admin() || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer));
+    if !allowed {
+        return Err(ApiError::forbidden(format!(
+            "disabling or enabling {name:?} needs the admin role (team leads do so for their team's members and viewers)"
+        ))
+        .into());
+    }
+    if disabled && u.name == caller.user.name {
+        return Err(ApiError::bad_request(
+            "invalid_user",
+            "you cannot disable yourself: another admin can",
+        )
+        .into());
+    }
+    u.disabled = disabled;
+    let mut change = Change::default();
+    change.batch.put.push(user_rec(&u));
+    change.audit(
+        now(),
+        &caller.user.name,
+        if disabled {
+            "user.disable"
+        } else {
+            "user.enable"
+        },
+        &format!("user/{}", u.name),
+        "",
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.users.insert(u.name.clone(), u.clone());
+    Ok(Json(u))
 }
