@@ -300,11 +300,13 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             cgroup: c.version.as_str().into(),
             controllers: c.controllers(),
             note: c.device_control().err().unwrap_or_default(),
+            task_uid_base: None,
         },
         Err(e) => gpuflow_api::NodeLimits {
             cgroup: String::new(),
             controllers: vec![],
             note: e.clone(),
+            task_uid_base: None,
         },
     };
     if let Ok(c) = &cgroups
@@ -318,7 +320,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         cfg.task_user_namespaces,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
-    let launch = task::Launch {
+    let mut launch = task::Launch {
         isolation,
         gpu_minors: gpus.minors(),
         cgroups: cgroups.ok(),
@@ -354,6 +356,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         base: cfg.server.trim_end_matches('/').to_string(),
     };
     let (cpu_milli, memory_mib) = cpu_and_memory();
+    // The installation's uid block on this node, once registered: its
+    // first uid, reported with the limits, and the claim held meanwhile.
+    let uid_base_now = std::cell::Cell::new(None::<u32>);
+    let mut uid_claim: Option<user::UidClaim> = None;
     let inventory = || Inventory {
         cpu_milli,
         memory_mib,
@@ -362,7 +368,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         address: cfg.address.clone(),
         labels: cfg.labels.clone(),
         pool: cfg.pool.clone(),
-        limits: node_limits.clone(),
+        limits: gpuflow_api::NodeLimits {
+            task_uid_base: uid_base_now.get(),
+            ..node_limits.clone()
+        },
     };
     let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
     // Readiness checks: plain HTTP to the node's own tasks, a second at most.
@@ -405,6 +414,31 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         &reg,
                     )? {
                         Ok(r) => {
+                            if user::agent_uid() == 0
+                                && cfg.task_uid_base > 0
+                                && !r.installation.is_empty()
+                                && uid_claim.is_none()
+                            {
+                                // Two installations on one node never give
+                                // their teams the same uids.
+                                let base = user::block_base(cfg.task_uid_base, r.uid_block)
+                                    .map_err(Fatal)?;
+                                uid_claim = Some(
+                                    user::claim_uid_block(
+                                        std::path::Path::new(user::UID_CLAIMS),
+                                        r.uid_block,
+                                        &r.installation,
+                                    )
+                                    .map_err(Fatal)?,
+                                );
+                                tracing::info!(
+                                    base,
+                                    block = r.uid_block,
+                                    "teams' tasks run under this installation's uid block"
+                                );
+                                launch.task_uid_base = base;
+                                uid_base_now.set(Some(base));
+                            }
                             renew(sent, r.lease_s);
                             tracing::info!(node = %cfg.node, server = %client.base, "registered");
                             interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));

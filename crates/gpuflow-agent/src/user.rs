@@ -28,6 +28,10 @@ pub enum RunAsError {
     Root(String),
     #[error("tasks of this team run as {0:?}, which needs an agent running as root")]
     NotRoot(String),
+    #[error(
+        "team number {0} is past the installation's uid block of 10,000 teams: give the team a run_as user"
+    )]
+    Block(u32),
 }
 
 /// The agent's effective uid.
@@ -99,6 +103,9 @@ pub fn resolve_task(u: TaskUser<'_>) -> Result<Option<RunAs>, RunAsError> {
         && agent_uid() == 0
         && let Some(n) = u.team_uid
     {
+        if n >= gpuflow_api::UID_BLOCK {
+            return Err(RunAsError::Block(n));
+        }
         let uid = u.uid_base.saturating_add(n);
         return Ok(Some(RunAs {
             name: format!("gpuflow-team-{n}"),
@@ -201,5 +208,123 @@ mod tests {
         );
         let n = resolve(None, "nobody").unwrap().unwrap();
         assert_ne!(n.uid, 0);
+    }
+}
+
+/// Where agents on a node record which installation holds each uid block
+/// (cleared at boot, as claims last only while agents run).
+pub const UID_CLAIMS: &str = "/run/gpuflow";
+
+/// A node-wide claim of a uid block by one installation, held while the
+/// agent runs: the lock file `DIR/uid-block-B` holds the installation's id
+/// and a shared lock of each of its live agents.
+#[derive(Debug)]
+pub struct UidClaim {
+    _file: std::fs::File,
+}
+
+/// The first uid of an installation's block: `base` + `block` ×
+/// [`gpuflow_api::UID_BLOCK`].
+///
+/// # Errors
+/// When it would pass the largest uid.
+pub fn block_base(base: u32, block: u32) -> Result<u32, String> {
+    block
+        .checked_mul(gpuflow_api::UID_BLOCK)
+        .and_then(|o| base.checked_add(o))
+        .filter(|b| b.checked_add(gpuflow_api::UID_BLOCK).is_some())
+        .ok_or_else(|| {
+            format!("--task-uid-base {base} leaves no room for uid block {block}: lower it")
+        })
+}
+
+/// Claims `block` for `installation` on this node, in `dir`.
+///
+/// # Errors
+/// When a live agent of another installation holds the block (their teams
+/// would share uids), or the claim file cannot be made.
+pub fn claim_uid_block(
+    dir: &std::path::Path,
+    block: u32,
+    installation: &str,
+) -> Result<UidClaim, String> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let path = dir.join(format!("uid-block-{block}"));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    let fd = f.as_raw_fd();
+    let lock = |op: libc::c_int| {
+        // SAFETY: flock on a descriptor we own (open while `f` lives).
+        unsafe { libc::flock(fd, op) == 0 }
+    };
+    // Read and write the holder under an exclusive lock; a shared lock of a
+    // live agent of another installation keeps it from being taken.
+    if !lock(libc::LOCK_EX | libc::LOCK_NB) {
+        // Agents hold it shared: read who.
+        let mut holder = String::new();
+        f.read_to_string(&mut holder).map_err(io)?;
+        let holder = holder.trim().to_string();
+        if holder == installation {
+            lock(libc::LOCK_SH);
+            return Ok(UidClaim { _file: f });
+        }
+        if holder.is_empty() {
+            // Another agent is claiming it right now: wait for it, then
+            // look again.
+            lock(libc::LOCK_EX);
+            lock(libc::LOCK_UN);
+            drop(f);
+            return claim_uid_block(dir, block, installation);
+        }
+        return Err(format!(
+            "uid block {block} is held on this node by a live agent of another gpuflow installation ({holder}, {}): its teams would share uids with this one's; give this agent another --task-uid-base",
+            path.display()
+        ));
+    }
+    let mut holder = String::new();
+    f.read_to_string(&mut holder).map_err(io)?;
+    if holder.trim() != installation {
+        // Free (no live holder): take it.
+        f.set_len(0).map_err(io)?;
+        f.rewind().map_err(io)?;
+        writeln!(f, "{installation}").map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    lock(libc::LOCK_SH);
+    Ok(UidClaim { _file: f })
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_block_is_shared_by_one_installations_agents_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let a1 = claim_uid_block(dir.path(), 7, "gfi_a").unwrap();
+        let a2 = claim_uid_block(dir.path(), 7, "gfi_a").unwrap();
+        let e = claim_uid_block(dir.path(), 7, "gfi_b").unwrap_err();
+        assert!(e.contains("another gpuflow installation (gfi_a"), "{e}");
+        // Another block is free.
+        let _b = claim_uid_block(dir.path(), 8, "gfi_b").unwrap();
+        // Once installation a's agents are gone, b may take block 7.
+        drop((a1, a2));
+        let _b7 = claim_uid_block(dir.path(), 7, "gfi_b").unwrap();
+        assert!(claim_uid_block(dir.path(), 7, "gfi_a").is_err());
+    }
+
+    #[test]
+    fn block_bases_stay_below_the_largest_uid() {
+        assert_eq!(block_base(1_600_000_000, 3), Ok(1_600_030_000));
+        assert!(block_base(1_600_000_000, gpuflow_api::UID_BLOCKS - 1).is_ok());
+        assert!(block_base(4_294_960_000, 1).is_err());
     }
 }

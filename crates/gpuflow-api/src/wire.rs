@@ -943,6 +943,11 @@ pub struct NodeLimits {
     /// Why it sets none (or fewer), in words.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// The first uid of its installation's block, when tasks of teams
+    /// without `run_as` run under uids of their own (team `N` runs as this
+    /// plus `N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_uid_base: Option<u32>,
 }
 
 impl NodeLimits {
@@ -1013,7 +1018,22 @@ pub struct Registered {
     /// As [`Desired::lease_s`].
     #[serde(default)]
     pub lease_s: u64,
+    /// The installation's id: two installations' agents on one node must
+    /// not share a uid block.
+    #[serde(default)]
+    pub installation: String,
+    /// The installation's block of task uids: its teams' tasks run as the
+    /// agent's `--task-uid-base` plus `uid_block` × [`UID_BLOCK`] plus the
+    /// team's number.
+    #[serde(default)]
+    pub uid_block: u32,
 }
+
+/// Team numbers of one installation's uid block.
+pub const UID_BLOCK: u32 = 10_000;
+/// Blocks above the default uid base (1,600,000,000) that stay below 2^31
+/// (tools that take uids for signed numbers break above it).
+pub const UID_BLOCKS: u32 = 54_000;
 
 /// Where a task is on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

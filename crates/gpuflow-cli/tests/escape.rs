@@ -70,7 +70,8 @@ fn attack(api: &Api, admin: &str, server_data: &std::path::Path, secrets: &[&str
         assert!(!log.contains(s), "the task read {s:?}:\n{log}");
     }
     if as_root() {
-        // Alpha's own uid: the agent's default base plus the team's number.
+        // Alpha's own uid: the first uid of the installation's block (the
+        // agent's default base plus the block) plus the team's number.
         let teams = api.get("/v1/teams", admin);
         let alpha = teams
             .as_array()
@@ -80,7 +81,15 @@ fn attack(api: &Api, admin: &str, server_data: &std::path::Path, secrets: &[&str
             .unwrap()["uid"]
             .as_u64()
             .unwrap();
-        let uid = gpuflow_agent::task::DEFAULT_TASK_UID_BASE as u64 + alpha;
+        let base = api.get("/v1/nodes", admin)[0]["inventory"]["limits"]["task_uid_base"]
+            .as_u64()
+            .expect("a root agent reports its installation's uid block");
+        assert!(base >= gpuflow_agent::task::DEFAULT_TASK_UID_BASE as u64);
+        assert_eq!(
+            (base - gpuflow_agent::task::DEFAULT_TASK_UID_BASE as u64) % 10_000,
+            0
+        );
+        let uid = base + alpha;
         assert!(log.contains(&format!("uid={uid}\n")), "{log}");
     } else {
         println!("not root: tasks run as the agent's own user; the privilege drop was not tested");
@@ -137,4 +146,40 @@ fn a_job_on_gpuflow_up_reaches_no_secret() {
         &data,
         &[admin.as_str(), join.trim(), "s3cr3t-of-up"],
     );
+}
+
+/// Two installations whose agents share a node gave their teams the same
+/// uids (the agent's base plus the team's number): each team of one could
+/// read the other's processes and files. Each installation now has a uid
+/// block of its own, claimed on the node while its agents run.
+#[test]
+fn two_installations_on_one_node_give_their_teams_different_uids() {
+    if !as_root() {
+        println!("not root: tasks run as the agent's own user; nothing to compare");
+        return;
+    }
+    let uid_of_default_team = |dir: &std::path::Path| {
+        let srv = server(dir, free_port(), &[]);
+        let _agent = agent(dir, &srv.url, "n1", "1");
+        let api = Api::new(&srv.url);
+        let admin = admin_token(dir);
+        let (s, v) = api.submit_yaml(
+            &admin,
+            &job_yaml("who", "default", "batch", 1, "echo uid=$(id -u)", 1),
+        );
+        assert_eq!(s, 201, "{v}");
+        let id = v["id"].as_u64().unwrap();
+        api.wait_state(id, &admin, "succeeded", LONG);
+        let l = api.get(&format!("/v1/jobs/{id}/logs"), &admin);
+        let out = l["tasks"]["main/0"].as_str().unwrap_or("").to_string();
+        out.trim()
+            .strip_prefix("uid=")
+            .expect(&out)
+            .parse::<u64>()
+            .unwrap()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ua, ub) = (uid_of_default_team(a.path()), uid_of_default_team(b.path()));
+    println!("the default team runs as {ua} in one installation, {ub} in the other");
+    assert_ne!(ua, ub, "two installations' first teams share a uid");
 }

@@ -220,6 +220,8 @@ pub async fn register(
         node_token,
         heartbeat_s: shared.cfg.heartbeat_s,
         lease_s: shared.cfg.node_timeout_s,
+        installation: world.installation.id.clone(),
+        uid_block: world.installation.uid_block,
     }))
 }
 

@@ -43,6 +43,23 @@ pub async fn bootstrap(
     use anyhow::Context;
     let mut batch = gpuflow_store::Batch::default();
     let mut admin_token = None;
+    if world.installation.id.is_empty() {
+        // A new installation draws its uid block; one made before blocks
+        // existed keeps block 0, the uids its teams' files already have.
+        let mut r = [0u8; 4];
+        getrandom::fill(&mut r).expect("the OS random source works");
+        world.installation = crate::state::Installation {
+            id: new_token("gfi"),
+            uid_block: if world.users.is_empty() {
+                u32::from_le_bytes(r) % gpuflow_api::UID_BLOCKS
+            } else {
+                0
+            },
+        };
+        batch
+            .put
+            .push(crate::state::installation_rec(&world.installation));
+    }
     if world.users.is_empty() {
         let token = new_token("gfa");
         let admin = User {

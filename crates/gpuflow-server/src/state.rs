@@ -572,6 +572,8 @@ pub struct World {
     pub idempotency: BTreeMap<(String, String), u64>,
     /// The hash of the agents' join token.
     pub join_hash: String,
+    /// This installation, as its agents tell it from another on a node.
+    pub installation: Installation,
     /// The last cycle's explanation of each pending job.
     pub why: BTreeMap<u64, api::Why>,
     /// Pending jobs the last cycle did not reach (explained by their
@@ -703,6 +705,20 @@ pub fn team_rec(t: &api::Team) -> Record {
 pub fn project_rec(p: &api::Project) -> Record {
     put(Table::Projects, &p.name, &p.team, "", p)
 }
+/// An installation's identity on its nodes: a random id, and the block of
+/// uids its teams' tasks run under (`--task-uid-base` plus the block times
+/// [`api::UID_BLOCK`] plus the team's number), so that two installations
+/// sharing a node do not give their teams the same uids.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Installation {
+    pub id: String,
+    pub uid_block: u32,
+}
+
+pub fn installation_rec(i: &Installation) -> Record {
+    put(Table::Meta, "installation", "", "", i)
+}
+
 pub fn user_rec(u: &api::User) -> Record {
     put(Table::Users, &u.name, &u.team, u.role.as_str(), u)
 }
@@ -815,6 +831,9 @@ impl World {
         for r in store.load(Table::Meta).await? {
             if r.key == "join_hash" {
                 w.join_hash = r.doc.clone();
+            }
+            if r.key == "installation" {
+                w.installation = parse(&r)?;
             }
             if r.key == "history" {
                 w.history = parse(&r)?;
