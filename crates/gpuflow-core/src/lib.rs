@@ -1,5 +1,6 @@
-//! gpuflow's scheduling core: the domain model and the placement of gangs on
-//! shared, heterogeneous GPUs.
+//! gpuflow's scheduling core: the domain model, the placement of gangs on
+//! shared, heterogeneous GPUs, and the scheduling cycle (queues, quotas,
+//! fair share, preemption, backfill, explanations).
 //!
 //! This crate is pure and deterministic: it does no I/O, runs no async code,
 //! reads no clock and uses no global randomness (random choices come from a
@@ -7,8 +8,8 @@
 //! cannot be placed is data ([`Unplaced`]), never an error; [`CoreError`] is for
 //! inputs that do not describe a valid cluster.
 //!
-//! It does not know about queues, quotas or time yet, about HTTP, storage,
-//! agents or Kubernetes; those are edges around it.
+//! Time is an input (the cycle's `now`), never read. It does not know about
+//! HTTP, storage, agents or Kubernetes; those are edges around it.
 
 // `Unplaced` is the explanation of a job that waits: ordinary data returned in
 // `Err`, not a rare failure, so it is not boxed.

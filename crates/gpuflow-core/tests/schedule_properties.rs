@@ -184,13 +184,15 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
         let usage_before: BTreeMap<QueueId, f64> =
             team_ids.iter().map(|q| (*q, usage(q))).collect();
         let plan = schedule(
-            now,
-            &mut w.placer,
-            &mut w.queues,
-            &w.running,
-            &w.pending,
+            gpuflow_core::schedule::Snapshot {
+                now,
+                placer: &mut w.placer,
+                queues: &mut w.queues,
+                running: &w.running,
+                pending: &w.pending,
+                cfg: &cfg,
+            },
             &mut w.history,
-            &cfg,
         );
         // Preemption bounds.
         for p in &plan.preempted {

@@ -1141,13 +1141,15 @@ fn compute(
     let mut history = History::from_named(&kept, &snap.queues);
     history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
     let plan = schedule::schedule(
-        now,
-        &mut snap.placer,
-        &mut snap.queues,
-        &snap.running,
-        &snap.pending,
+        gpuflow_core::schedule::Snapshot {
+            now,
+            placer: &mut snap.placer,
+            queues: &mut snap.queues,
+            running: &snap.running,
+            pending: &snap.pending,
+            cfg: &cfg,
+        },
         &mut history,
-        &cfg,
     );
     let kept = history.named(&snap.queues);
     usage.at = kept.decayed_at;

@@ -742,13 +742,15 @@ impl Trial {
     /// blocked before scheduling).
     pub fn diagnose(mut self, id: u64) -> Option<Vec<String>> {
         let reasons = schedule::diagnose(
-            self.t,
-            &mut self.snap.placer,
-            &mut self.snap.queues,
-            &self.snap.running,
-            &self.snap.pending,
+            gpuflow_core::schedule::Snapshot {
+                now: self.t,
+                placer: &mut self.snap.placer,
+                queues: &mut self.snap.queues,
+                running: &self.snap.running,
+                pending: &self.snap.pending,
+                cfg: &self.cfg,
+            },
             &self.history,
-            &self.cfg,
             JobId(id),
         )?;
         Some(reasons.iter().map(ToString::to_string).collect())
@@ -907,13 +909,15 @@ impl Snapshot {
             (fault.0)(&ids);
         }
         schedule::schedule(
-            t,
-            &mut self.placer,
-            &mut self.queues,
-            &self.running,
-            &self.pending,
+            gpuflow_core::schedule::Snapshot {
+                now: t,
+                placer: &mut self.placer,
+                queues: &mut self.queues,
+                running: &self.running,
+                pending: &self.pending,
+                cfg,
+            },
             history,
-            cfg,
         )
     }
 }

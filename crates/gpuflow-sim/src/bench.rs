@@ -467,13 +467,15 @@ impl CycleWorld {
         self.placer
             .set_mix(gpuflow_core::schedule::pending_mix(&self.pending));
         let plan = gpuflow_core::schedule::schedule(
-            self.now,
-            &mut self.placer,
-            &mut self.queues,
-            &self.running,
-            &self.pending,
+            gpuflow_core::schedule::Snapshot {
+                now: self.now,
+                placer: &mut self.placer,
+                queues: &mut self.queues,
+                running: &self.running,
+                pending: &self.pending,
+                cfg: &self.config,
+            },
             &mut self.history,
-            &self.config,
         );
         let figures = CycleFigures {
             queues: self.queues.list().len(),

@@ -498,13 +498,15 @@ pub fn simulate(
             cycles += 1;
             placer.set_mix(schedule::pending_mix(&pending));
             let plan = schedule::schedule(
-                now,
-                &mut placer,
-                &mut queues,
-                &running,
-                &pending,
+                gpuflow_core::schedule::Snapshot {
+                    now,
+                    placer: &mut placer,
+                    queues: &mut queues,
+                    running: &running,
+                    pending: &pending,
+                    cfg: &policy.config,
+                },
                 &mut history,
-                &policy.config,
             );
             for (id, flavor, allocations) in plan.admitted {
                 let k = pending

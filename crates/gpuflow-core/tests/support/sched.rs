@@ -289,13 +289,15 @@ pub fn run(fixture: &str) -> String {
                 let now: u64 = toks[1].parse().unwrap();
                 history.account(now, cfg.usage_half_life, &fx.running, &queues);
                 let plan = schedule(
-                    now,
-                    &mut placer,
-                    &mut queues,
-                    &fx.running,
-                    &fx.pending,
+                    gpuflow_core::schedule::Snapshot {
+                        now,
+                        placer: &mut placer,
+                        queues: &mut queues,
+                        running: &fx.running,
+                        pending: &fx.pending,
+                        cfg: &cfg,
+                    },
                     &mut history,
-                    &cfg,
                 );
                 let _ = writeln!(out, "cycle t={now}");
                 for (id, flavor, p) in &plan.admitted {
@@ -382,13 +384,15 @@ pub fn run(fixture: &str) -> String {
                 let now: u64 = toks[2].parse().unwrap();
                 let (mut p0, mut q0, h0) = (placer.clone(), queues.clone(), history.clone());
                 let reasons = diagnose(
-                    now,
-                    &mut placer,
-                    &mut queues,
-                    &fx.running,
-                    &fx.pending,
+                    gpuflow_core::schedule::Snapshot {
+                        now,
+                        placer: &mut placer,
+                        queues: &mut queues,
+                        running: &fx.running,
+                        pending: &fx.pending,
+                        cfg: &cfg,
+                    },
                     &history,
-                    &cfg,
                     JobId(id),
                 )
                 .expect("a pending job");
@@ -396,7 +400,17 @@ pub fn run(fixture: &str) -> String {
                 assert_eq!(history, h0, "diagnose changed the history");
                 let next = |p: &mut Placer, q: &mut Queues| {
                     let mut h = history.clone();
-                    schedule(now, p, q, &fx.running, &fx.pending, &mut h, &cfg)
+                    schedule(
+                        gpuflow_core::schedule::Snapshot {
+                            now,
+                            placer: p,
+                            queues: q,
+                            running: &fx.running,
+                            pending: &fx.pending,
+                            cfg: &cfg,
+                        },
+                        &mut h,
+                    )
                 };
                 assert_eq!(
                     next(&mut placer.clone(), &mut queues.clone()),

@@ -1,0 +1,399 @@
+//! Phase 3: every job still pending gets its reasons, its position in
+//! its queue and an estimated start ([`NodeSlots`]: the known ends of
+//! running work per node, for gangs no node can take yet).
+
+use super::*;
+
+/// When nodes have room for tasks of whole GPUs, from the known ends of
+/// the work on them (constraints aside: a lower bound on when a job that
+/// no node can take yet may start).
+pub(super) struct NodeSlots {
+    /// The cycle's time: when idle GPUs have room.
+    now: u64,
+    /// Idle whole GPUs per node (0 on nodes that take no new work).
+    idle: Vec<u32>,
+    /// (node, end, whole GPUs given back), by node then end.
+    frees: Vec<(u32, u64, u32)>,
+    /// Per GPUs-per-task size: the moments each further task of that size
+    /// finds room on some node, soonest first.
+    by_size: BTreeMap<u32, Vec<u64>>,
+}
+
+impl NodeSlots {
+    /// The moments a task of `gpus` whole GPUs finds room, one per task,
+    /// soonest first: a node with `k` tasks' room at time t adds t to the
+    /// list `k` times in all.
+    fn moments(&mut self, gpus: u32) -> &[u64] {
+        let (now, idle, frees) = (self.now, &self.idle, &self.frees);
+        self.by_size.entry(gpus).or_insert_with(|| {
+            let mut out = Vec::new();
+            // `frees` is by node, and every node is visited in order.
+            let mut k = 0;
+            for (n, &free) in idle.iter().enumerate() {
+                let mut have = free;
+                out.extend(std::iter::repeat_n(now, (have / gpus) as usize));
+                while k < frees.len() && frees[k].0 == n as u32 {
+                    let before = have / gpus;
+                    have += frees[k].2;
+                    out.extend(std::iter::repeat_n(
+                        frees[k].1,
+                        (have / gpus - before) as usize,
+                    ));
+                    k += 1;
+                }
+            }
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// The earliest moment, not before `at`, when nodes have room for
+    /// every whole-GPU task of `job` (each group on its own; other groups
+    /// are not bounded); `None` when the known ends never make room.
+    fn earliest(&mut self, job: &Job, at: u64) -> Option<u64> {
+        let mut t = at;
+        for g in &job.groups {
+            let GpuRequest::Whole { count } = g.request.gpu else {
+                continue;
+            };
+            if count == 0 {
+                continue;
+            }
+            let when = self
+                .moments(count as u32)
+                .get(g.replicas.max(1) as usize - 1)?;
+            t = t.max(*when);
+        }
+        Some(t)
+    }
+}
+
+impl<'a> Cycle<'a> {
+    pub(super) fn check_quotas(&self) -> bool {
+        if !self.snap.cfg.quotas {
+            return true;
+        }
+        // Every admitted job's queue path stays within caps and borrow limits.
+        self.out.admitted.iter().all(|(id, flavor, _)| {
+            let w = self
+                .snap
+                .pending
+                .iter()
+                .find(|w| w.job.id == *id)
+                .expect("admitted from pending");
+            flavor.is_empty()
+                || self.snap.queues.path(w.queue).iter().all(|&q| {
+                    self.snap.queues.usage(q, flavor)
+                        <= self.snap.queues.get(q).quota(flavor).limit()
+                })
+        })
+    }
+
+    pub(super) fn explain(mut self) -> Plan {
+        // Release the reservations' hold: the next cycle decides again.
+        for r in &self.reserve.reservations {
+            for &n in &r.nodes {
+                self.snap.placer.set_reserved(n, 0);
+            }
+        }
+        // What the ETA pass needs of each job, in one sequential pass (the
+        // ETA pass visits jobs in priority order, so random access to the
+        // reasons themselves would miss the cache at every job).
+        const ADMITTED: u8 = 1;
+        const BY_USER: u8 = 2;
+        const BY_QUOTA: u8 = 4;
+        const HELD: u8 = 8;
+        // No node takes it as the cluster stands, however much is free.
+        const NOWHERE: u8 = 16;
+        // Some node turned it away for what it holds now.
+        const BY_PLACE: u8 = 32;
+        let mut flags = vec![0u8; self.snap.pending.len()];
+        for (f, r) in flags.iter_mut().zip(&self.out.reasons) {
+            let mut placed_nowhere = None;
+            for x in r {
+                *f |= match x {
+                    PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
+                        BY_USER
+                    }
+                    PendingReason::Quota { .. } | PendingReason::NotWithinGuarantee { .. } => {
+                        BY_QUOTA
+                    }
+                    PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
+                    _ => 0,
+                };
+                // On every flavor it was tried on, every node turned it
+                // away by what the node is, not by what it holds.
+                if let PendingReason::Placement { unplaced, .. } = x {
+                    let fixed = !unplaced.rejections.is_empty()
+                        && unplaced.rejections.iter().all(|(r, _)| r.is_static());
+                    placed_nowhere = Some(placed_nowhere.unwrap_or(true) && fixed);
+                }
+            }
+            match placed_nowhere {
+                Some(true) => *f |= NOWHERE,
+                Some(false) => *f |= BY_PLACE,
+                None => {}
+            }
+        }
+        for &i in &self.out.admitted_idx {
+            flags[i] |= ADMITTED;
+        }
+        // ETA: running jobs' declared ends against the demand ahead in order.
+        let mut ends: Vec<(u64, u64)> = self
+            .snap
+            .running
+            .iter()
+            .zip(&self.victims.run)
+            .filter_map(|(r, info)| Some((Self::end_of(r)?.max(self.snap.now), info.milli)))
+            .collect();
+        ends.sort_unstable();
+        let running_milli: u64 = self.victims.run.iter().map(|r| r.milli).sum();
+        let free_now: u64 = self
+            .snap
+            .queues
+            .flavors()
+            .map(|f| self.snap.queues.capacity(f))
+            .sum::<u64>()
+            .saturating_sub(running_milli + self.admitted_milli());
+        let mut ahead: u64 = 0;
+        // The order of phase 1 (the same key for every ordering but FIFO).
+        let order = std::mem::take(&mut self.order.global);
+        let order_milli = std::mem::take(&mut self.order.global_milli);
+        // Demand ahead only grows along the order, so one pass over the ends suffices.
+        const NO_ETA: u64 = u64::MAX;
+        let mut eta: Vec<u64> = vec![NO_ETA; self.snap.pending.len()];
+        // Known ends of running and just-admitted jobs of a queue, by end:
+        // (end, milli-GPU, user); built for the queues that need it.
+        let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
+            Default::default();
+        let (mut freed, mut next) = (free_now, 0usize);
+        let mut node_slots: Option<NodeSlots> = None;
+        for (&i, &milli) in order.iter().zip(&order_milli) {
+            let flag = flags[i];
+            // Admitted, or takes nothing from those behind it: it cannot start.
+            if flag & (ADMITTED | NOWHERE) != 0 {
+                continue;
+            }
+            ahead += milli;
+            while freed < ahead && next < ends.len() {
+                freed += ends[next].1;
+                next += 1;
+            }
+            let mut t = match (freed >= ahead, next) {
+                (false, _) => None,
+                (true, 0) => Some(self.snap.now),
+                (true, n) => Some(ends[n - 1].0),
+            };
+            // Blocked by quota or a user limit: also wait for the queue (or the
+            // user) to free as much as the job needs, from jobs with a known end.
+            let by_user = flag & BY_USER != 0;
+            if flag & (BY_USER | BY_QUOTA) != 0 {
+                let w = &self.snap.pending[i];
+                let mine = by_queue
+                    .entry(w.queue)
+                    .or_insert_with(|| self.known_ends(w.queue));
+                let mut got = 0;
+                let mut when = None;
+                for &(end, m, user) in mine.iter() {
+                    if by_user && user != w.user.as_str() {
+                        continue;
+                    }
+                    got += m.max(1);
+                    if got >= self.pend.pend_milli[i].max(1) {
+                        when = Some(end);
+                        break;
+                    }
+                }
+                t = match (t, when) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            // Turned away by where GPUs are free, not by how many: also
+            // wait until enough nodes have room for its tasks.
+            if flag & BY_PLACE != 0
+                && let Some(at) = t
+            {
+                let slots = node_slots.get_or_insert_with(|| self.node_slots());
+                t = slots.earliest(&self.snap.pending[i].job, at);
+            }
+            if flag & HELD != 0 {
+                t = None;
+            }
+            if let Some(&start_at) = self.reserve.reserved.get(&self.pend.pend_id[i]) {
+                t = Some(start_at);
+            }
+            eta[i] = t.unwrap_or(NO_ETA);
+        }
+        // Positions in each queue, then the explanations in job order (the
+        // backlog usually comes nearly in that order, which the stable sort
+        // takes in about one pass).
+        let mut position = vec![0u32; self.snap.pending.len()];
+        for list in self.order.per_queue.values() {
+            let mut p = 0;
+            for &i in list {
+                if flags[i] & ADMITTED == 0 {
+                    p += 1;
+                    position[i] = p;
+                }
+            }
+        }
+        let mut by_id: Vec<(JobId, u32)> = (0..self.snap.pending.len())
+            .filter(|&i| flags[i] & ADMITTED == 0)
+            .map(|i| (self.pend.pend_id[i], i as u32))
+            .collect();
+        by_id.sort_by_key(|&(id, _)| id);
+        let mut pending = Vec::with_capacity(by_id.len());
+        for (job, i) in by_id {
+            let i = i as usize;
+            let tried = std::mem::take(&mut self.out.reasons[i]);
+            let mut r = if tried.is_empty() {
+                Reasons::new()
+            } else {
+                Reasons::from_vec(tried)
+            };
+            if self.out.not_reached[i] != u32::MAX {
+                r.push(PendingReason::NotReached {
+                    ahead: self.out.not_reached[i] as usize,
+                });
+            }
+            if r.is_empty() {
+                r.push(PendingReason::NotReached {
+                    ahead: position[i] as usize - 1,
+                });
+            }
+            pending.push(Pending {
+                job,
+                reasons: r,
+                position: position[i] as usize,
+                eta: (eta[i] != NO_ETA).then_some(eta[i]),
+            });
+        }
+        Plan {
+            admitted: self.out.admitted,
+            preempted: self.out.preempted,
+            reservations: self.reserve.reservations,
+            pending,
+        }
+    }
+
+    /// Each ready node's idle whole GPUs now and the whole GPUs its running
+    /// and just-admitted jobs give back at their known ends, for
+    /// [`NodeSlots::earliest`].
+    pub(super) fn node_slots(&self) -> NodeSlots {
+        let cluster = self.snap.placer.cluster();
+        // Only GPUs that can take work count, now or once given back:
+        // healthy, not split into MIG instances, on a node that takes new
+        // work.
+        let usable: Vec<u64> = cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                if n.state != crate::model::NodeState::Ready {
+                    return 0;
+                }
+                n.gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, g)| {
+                        g.health == crate::model::GpuHealth::Healthy && !g.mig_enabled()
+                    })
+                    .fold(0u64, |m, (i, _)| m | 1 << i)
+            })
+            .collect();
+        let idle: Vec<u32> = cluster
+            .nodes()
+            .iter()
+            .zip(&usable)
+            .map(|(n, &m)| {
+                cluster
+                    .usage(n.id)
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, u)| m >> i & 1 == 1 && u.mode == crate::cluster::GpuMode::Idle)
+                    .count() as u32
+            })
+            .collect();
+        let mut frees: Vec<(u32, u64, u32)> = Vec::new();
+        let mut give_back = |end: u64, allocations: &[Allocation]| {
+            for a in allocations {
+                if let crate::cluster::GpuPick::Whole(mask) = a.pick {
+                    let back = mask & usable.get(a.node.0 as usize).copied().unwrap_or(0);
+                    if back != 0 {
+                        frees.push((a.node.0, end.max(self.snap.now), back.count_ones()));
+                    }
+                }
+            }
+        };
+        for r in self.snap.running {
+            if let Some(end) = Self::end_of(r) {
+                give_back(end, &r.allocations);
+            }
+        }
+        for ((_, _, p), &i) in self.out.admitted.iter().zip(&self.out.admitted_idx) {
+            if let Some(m) = self.snap.pending[i].max_runtime {
+                give_back(self.snap.now + m, p);
+            }
+        }
+        frees.sort_unstable();
+        NodeSlots {
+            now: self.snap.now,
+            idle,
+            frees,
+            by_size: BTreeMap::new(),
+        }
+    }
+
+    /// A running job's known end: its kill time once told to stop, else its
+    /// declared maximum runtime.
+    pub(super) fn end_of(r: &Running) -> Option<u64> {
+        r.stopping_at.or(r.work.max_runtime.map(|m| r.started + m))
+    }
+
+    /// Known ends of a queue's running and just-admitted jobs, soonest first:
+    /// (end, milli-GPU, user).
+    pub(super) fn known_ends(&self, q: QueueId) -> Vec<(u64, u64, &'a str)> {
+        let running = self.snap.running;
+        let pending = self.snap.pending;
+        let mut v: Vec<(u64, u64, &'a str)> = self
+            .victims
+            .running_by_queue
+            .get(&q)
+            .into_iter()
+            .flatten()
+            .filter_map(|&k| {
+                let r = &running[k];
+                Some((
+                    Self::end_of(r)?.max(self.snap.now),
+                    self.victims.run[k].milli,
+                    r.work.user.as_str(),
+                ))
+            })
+            .chain(
+                self.out
+                    .admitted_idx
+                    .iter()
+                    .filter(|&&i| pending[i].queue == q)
+                    .filter_map(|&i| {
+                        let w = &pending[i];
+                        Some((
+                            (self.snap.now + w.max_runtime?).max(self.snap.now),
+                            self.pend.pend_milli[i],
+                            w.user.as_str(),
+                        ))
+                    }),
+            )
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub(super) fn admitted_milli(&self) -> u64 {
+        self.out
+            .admitted
+            .iter()
+            .map(|(_, _, p)| p.iter().map(|a| a.gpu.quota_milli()).sum::<u64>())
+            .sum()
+    }
+}

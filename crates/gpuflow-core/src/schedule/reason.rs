@@ -1,0 +1,246 @@
+//! Why a job waits ([`PendingReason`], rendered for people by its
+//! `Display`), a pending job's explanation and the plan a cycle returns.
+
+use super::*;
+
+/// Why a job waits. Each reason is data; [`fmt::Display`] renders it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PendingReason {
+    QueueHeld {
+        queue: String,
+    },
+    QueueDraining {
+        queue: String,
+    },
+    UserGpuLimit {
+        user: String,
+        used: u64,
+        limit: u64,
+    },
+    UserRunningLimit {
+        user: String,
+        running: u32,
+        limit: u32,
+    },
+    /// The class may not borrow and the job does not fit the guarantee.
+    NotWithinGuarantee {
+        flavor: Arc<str>,
+        class: Arc<str>,
+        usage: u64,
+        guaranteed: u64,
+    },
+    Quota {
+        flavor: Arc<str>,
+        block: QuotaBlock,
+        /// Names of the queues the block mentions.
+        queue_names: Arc<[(QueueId, String)]>,
+    },
+    Placement {
+        flavor: Arc<str>,
+        /// Shared: every job of the same shape that fails in a cycle gets the same one.
+        unplaced: Arc<Unplaced>,
+    },
+    /// Capacity is held for a blocked gang that starts before this job would end.
+    Reservation {
+        job: JobId,
+        start_at: u64,
+    },
+    WaitingForPreemption {
+        victims: usize,
+    },
+    /// Running jobs that could make room hold more work since their last
+    /// checkpoint than `Config::max_unsaved` and are kept until they
+    /// checkpoint or end.
+    UnsavedWork {
+        jobs: usize,
+        limit_s: u64,
+    },
+    /// Preemption would help, but would pass a queue's disruption budget.
+    DisruptionBudget {
+        queue: String,
+        used: f64,
+        budget: f64,
+    },
+    /// Reclaiming would take from a queue that has had less of its share of
+    /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]).
+    /// The queues compared are the borrower's and the job's, or, when they
+    /// have different parents, their ancestors under the nearest common one;
+    /// shares are per unit of weight among siblings (1: exactly its share).
+    ReclaimFairness {
+        queue: String,
+        theirs: f64,
+        our_queue: String,
+        ours: f64,
+    },
+    /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
+    NotReached {
+        ahead: usize,
+    },
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gpus = |m: u64| m as f64 / 1000.0;
+        match self {
+            PendingReason::QueueHeld { queue } => {
+                write!(f, "queue {queue} is held: it accepts work but starts none")
+            }
+            PendingReason::QueueDraining { queue } => write!(f, "queue {queue} is draining"),
+            PendingReason::UserGpuLimit { user, used, limit } => {
+                write!(
+                    f,
+                    "user {user} holds {} GPUs of a {} GPU limit in this queue",
+                    gpus(*used),
+                    gpus(*limit)
+                )
+            }
+            PendingReason::UserRunningLimit {
+                user,
+                running,
+                limit,
+            } => {
+                write!(
+                    f,
+                    "user {user} runs {running} jobs of a {limit} job limit in this queue"
+                )
+            }
+            PendingReason::NotWithinGuarantee {
+                flavor,
+                class,
+                usage,
+                guaranteed,
+            } => write!(
+                f,
+                "{class} jobs must fit the guaranteed {flavor} quota: jobs that may not borrow would hold {} of {} GPUs",
+                gpus(*usage),
+                gpus(*guaranteed)
+            ),
+            PendingReason::Quota {
+                flavor,
+                block,
+                queue_names,
+            } => {
+                let name = |q: &QueueId| {
+                    queue_names
+                        .iter()
+                        .find(|(id, _)| id == q)
+                        .map_or("?", |(_, n)| n.as_str())
+                };
+                match block {
+                    QuotaBlock::Cap { queue, usage, cap } => {
+                        write!(
+                            f,
+                            "queue {} would use {} {flavor} GPUs, above its cap of {}",
+                            name(queue),
+                            gpus(*usage),
+                            gpus(*cap)
+                        )
+                    }
+                    QuotaBlock::BorrowLimit {
+                        queue,
+                        usage,
+                        limit,
+                    } => write!(
+                        f,
+                        "queue {} would use {} {flavor} GPUs, above its guarantee plus borrowing limit of {}",
+                        name(queue),
+                        gpus(*usage),
+                        gpus(*limit)
+                    ),
+                    QuotaBlock::NoLendableCapacity {
+                        parent,
+                        needed,
+                        available,
+                    } => write!(
+                        f,
+                        "needs {} {flavor} GPUs of quota; {} has {} left to lend",
+                        gpus(*needed),
+                        parent.as_ref().map_or("the cluster", |p| name(p)),
+                        gpus(*available)
+                    ),
+                    QuotaBlock::Budget { queue, exhausted } => write!(
+                        f,
+                        "queue {}'s GPU-hour budget is used up: it {}",
+                        name(queue),
+                        match exhausted {
+                            crate::queue::BudgetExhausted::StopBorrowing => "may not borrow",
+                            crate::queue::BudgetExhausted::StopAdmitting => "starts no new work",
+                        }
+                    ),
+                }
+            }
+            PendingReason::Placement { flavor, unplaced } if flavor.is_empty() => {
+                write!(f, "{unplaced}")
+            }
+            PendingReason::Placement { flavor, unplaced } => write!(f, "on {flavor}: {unplaced}"),
+            PendingReason::Reservation { job, start_at } => {
+                write!(
+                    f,
+                    "capacity is reserved for job {} from t={start_at}s and this job would not end before",
+                    job.0
+                )
+            }
+            PendingReason::WaitingForPreemption { victims } => {
+                write!(f, "waiting for {victims} preempted job(s) to stop")
+            }
+            PendingReason::DisruptionBudget {
+                queue,
+                used,
+                budget,
+            } => write!(
+                f,
+                "preempting would pass queue {queue}'s disruption budget: {used:.2} of {budget:.2} GPU-hours already lost in the window"
+            ),
+            PendingReason::ReclaimFairness {
+                queue,
+                theirs,
+                our_queue,
+                ours,
+            } => write!(
+                f,
+                "reclaiming would take GPUs from queue {queue}, which has had {theirs:.2} of its share of recent GPU-hours against {ours:.2} for queue {our_queue}: a reclaim never deepens that imbalance, so this job waits for GPUs to free"
+            ),
+            PendingReason::UnsavedWork { jobs, limit_s } => {
+                let limit = if limit_s % 3600 == 0 {
+                    format!("{} h", limit_s / 3600)
+                } else if limit_s % 60 == 0 {
+                    format!("{} min", limit_s / 60)
+                } else {
+                    format!("{limit_s} s")
+                };
+                write!(
+                    f,
+                    "{jobs} running job(s) that could make room hold more than {limit} of work since their last checkpoint and are not preempted until they checkpoint or end"
+                )
+            }
+            PendingReason::NotReached { ahead } => write!(
+                f,
+                "not reached this cycle: {ahead} job(s) ahead were tried first"
+            ),
+        }
+    }
+}
+
+/// A pending job's reasons: most have one, kept inline (a cycle explains
+/// every pending job, so a heap allocation each would cost more than the rest).
+pub type Reasons = smallvec::SmallVec<[PendingReason; 1]>;
+
+/// A pending job's explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pending {
+    pub job: JobId,
+    pub reasons: Reasons,
+    /// 1-based position among its queue's pending jobs.
+    pub position: usize,
+    /// Estimated start, seconds; `None` when running jobs declare no max runtime.
+    pub eta: Option<u64>,
+}
+
+/// The outcome of a cycle.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub admitted: Vec<(JobId, String, Placement)>,
+    pub preempted: Vec<Preemption>,
+    pub reservations: Vec<Reservation>,
+    pub pending: Vec<Pending>,
+}
