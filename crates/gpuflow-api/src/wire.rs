@@ -1423,6 +1423,10 @@ pub struct RecordedWorkload {
     /// Jobs of the range left out, by why (never held a GPU, several task
     /// groups asking for different GPUs).
     pub left_out: BTreeMap<String, u32>,
+    /// Seconds between the server's scheduling cycles (at least 1): what a
+    /// replay cycles at by default. 0 from a server that did not say.
+    #[serde(default)]
+    pub cycle_s: u64,
 }
 
 /// One recorded job: when it came, how long it held its GPUs (over every

@@ -28,9 +28,10 @@ pub struct WhatifArgs {
     /// The scheduling policy replayed (as `sim run`).
     #[arg(long, default_value = "gpuflow")]
     policy: String,
-    /// Seconds between simulated scheduling cycles.
-    #[arg(long, default_value_t = 60)]
-    cycle_s: u64,
+    /// Seconds between simulated scheduling cycles; default: the server's
+    /// own cycle interval (60 from a server that does not say).
+    #[arg(long)]
+    cycle_s: Option<u64>,
     #[command(flatten)]
     conn: Conn,
 }
@@ -48,7 +49,7 @@ pub fn run(a: WhatifArgs) -> anyhow::Result<()> {
             SimPolicy::NAMES.join(", ")
         )
     })?;
-    if a.cycle_s == 0 {
+    if a.cycle_s == Some(0) {
         bail!("--cycle-s must be above 0");
     }
     let mut query = form_urlencoded::Serializer::new(String::new());
@@ -136,13 +137,17 @@ pub fn run(a: WhatifArgs) -> anyhow::Result<()> {
             .copied()
             .unwrap_or(0.0)
     };
+    let cycle_s = a
+        .cycle_s
+        .unwrap_or(if w.cycle_s > 0 { w.cycle_s } else { 60 });
     let cfg = SimConfig {
-        interval: a.cycle_s,
+        interval: cycle_s,
         ..SimConfig::default()
     };
     let (now, then) = whatif::compare(&spec, &recorded, &changes, &policy, &cfg, &price)?;
     let out = json!({
         "jobs": recorded.len(),
+        "cycle_s": cycle_s,
         "left_out": w.left_out,
         "guarantees_scaled": scaled,
         "currency": w.prices.currency,

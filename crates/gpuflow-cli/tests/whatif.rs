@@ -103,6 +103,25 @@ fn adding_gpus_to_the_recorded_workload_shortens_its_waits() {
         "{v}"
     );
 
+    // Without --cycle-s the replay cycles as the server does (every
+    // 200 ms here, so every second): a 60 s default made jobs that waited
+    // a minute look as if they waited seven.
+    let (ok, out, err) = whatif(
+        &api,
+        &admin,
+        &[
+            "--change",
+            "2x2xemu-gpu",
+            "--from",
+            "1h",
+            "--output",
+            "json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cycle_s"], 1, "{v}");
+
     // The table says the same to a person.
     let (ok, out, err) = whatif(&api, &admin, &["--change", "2x2xemu-gpu", "--cycle-s", "1"]);
     assert!(ok, "{err}");

@@ -1366,3 +1366,52 @@ fn consolidations_are_paced_by_their_interval() {
           pending job 2 (#1 in queue, eta t=1060): waiting for 1 preempted job(s) to stop
     "#]].assert_eq(&out);
 }
+
+#[test]
+fn a_cycle_starts_no_victim_search_past_its_preemption_cap() {
+    // Two queues, each with a training job that may preempt its own
+    // queue's batch job. Without a cap both preempt in the first cycle;
+    // with a cap of one, the second waits for the next cycle.
+    let fixture = |cap: &str| {
+        run(&format!(
+            "
+            node n1 gpus=2*H100
+            queue org H100=2
+            queue a parent=org H100=1
+            queue b parent=org H100=1
+            config min_runtime=0 max_preemptions={cap}
+            run 10 queue=a class=batch started=0 gpu=whole:1 cpu=1
+            run 11 queue=b class=batch started=0 gpu=whole:1 cpu=1
+            job 1 queue=a class=training gpu=whole:1 cpu=1
+            job 2 queue=b class=training gpu=whole:1 cpu=1
+            cycle 1000
+            cycle 1001
+            "
+        ))
+    };
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          preempt job 11 for job 2 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+        cycle t=1001
+          start job 1 on H100: n1[0]
+          start job 2 on H100: n1[1]
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 11 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&fixture("256"));
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
+          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=1001
+          start job 1 on H100: n1[0]
+          preempt job 11 for job 2 (Priority): signal now, kill at t=1031, loses 0.28 GPU-h
+          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&fixture("1"));
+}

@@ -495,6 +495,7 @@ pub fn recorded(
         teams: Vec::new(),
         prices: api::Prices::default(),
         left_out: BTreeMap::new(),
+        cycle_s: 0,
     };
     let mut skip = |why: &str| *out.left_out.entry(why.to_string()).or_default() += 1;
     for j in jobs.iter().filter(|j| (from..to).contains(&j.submitted_at)) {

@@ -577,7 +577,7 @@ impl Computed {
             .pending
             .iter()
             .map(|p| {
-                let mut reasons: Vec<String> = p.reasons.iter().map(ToString::to_string).collect();
+                let mut reasons: Vec<String> = p.reasons.iter().map(|r| r.describe(t)).collect();
                 // Waiting on quota: who holds the capacity over their
                 // guarantee, and from when their work may be reclaimed.
                 for r in &p.reasons {
@@ -753,7 +753,7 @@ impl Trial {
             &self.history,
             JobId(id),
         )?;
-        Some(reasons.iter().map(ToString::to_string).collect())
+        Some(reasons.iter().map(|r| r.describe(self.t)).collect())
     }
 
     /// The cycle the server would run now with `candidate` (not stored)
@@ -791,7 +791,7 @@ impl Trial {
             would_start: false,
             nodes: vec![],
             reasons: pending.map_or_else(Vec::new, |p| {
-                p.reasons.iter().map(ToString::to_string).collect()
+                p.reasons.iter().map(|r| r.describe(self.t)).collect()
             }),
             eta: pending.and_then(|p| p.eta),
         }

@@ -1103,3 +1103,50 @@ async fn a_batch_is_stored_whole_or_not_at_all() {
     assert!(v["message"].as_str().unwrap().starts_with("jobs[0]"), "{v}");
     assert_eq!(h.stored_jobs().await, before + 3);
 }
+
+/// A job above its queue's per-user GPU limit (8 GPUs against 6) was
+/// accepted and left pending for good, "estimated start: unknown". It is
+/// refused at submit, saying why and what to ask for.
+#[tokio::test]
+async fn a_job_above_the_per_user_gpu_limit_is_refused_at_submit() {
+    let h = harness(None).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/queues",
+            &h.admin,
+            serde_json::json!({"name": "capped", "team": "default", "quotas": {"*": {"guaranteed": 16}}, "user_limits": {"max_gpus": 6}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let spec = |gpus: u32, replicas: u32| {
+        format!(
+            "name: big\nqueue: capped\nkind: training\ntasks:\n  - name: main\n    replicas: {replicas}\n    command: [train]\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {{count: {gpus}}}}}\n"
+        )
+    };
+    for (gpus, replicas) in [(8, 1), (2, 4)] {
+        let (s, v) = h
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(&h.admin),
+                "application/yaml",
+                spec(gpus, replicas).into_bytes(),
+            )
+            .await;
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(v["code"], "never_starts", "{v}");
+        let m = v["message"].as_str().unwrap();
+        assert!(m.contains("needs 8 GPUs") && m.contains("at most 6"), "{m}");
+    }
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec(3, 2).into_bytes(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+}

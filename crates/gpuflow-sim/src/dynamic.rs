@@ -155,6 +155,7 @@ impl SimPolicy {
         "placement",
         "consolidate",
         "consolidation_interval",
+        "max_preemptions_per_cycle",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -173,7 +174,9 @@ impl SimPolicy {
     /// `placement=POLICY` (`slurm`, a placement policy such as `gpuflow` or
     /// `best-fit`, or a weighted sum of scorers), `consolidate=SECONDS|none`
     /// (the most unsaved work a job consolidation moves may hold; none: no
-    /// consolidation), `consolidation_interval=SECONDS` (from one to the next).
+    /// consolidation), `consolidation_interval=SECONDS` (from one to the next),
+    /// `max_preemptions_per_cycle=N` (no new victim search once a cycle has
+    /// told that many jobs to stop).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -257,6 +260,9 @@ impl SimPolicy {
             }
             "consolidation_interval" => {
                 c.consolidation_interval = value.parse().map_err(|_| bad())?
+            }
+            "max_preemptions_per_cycle" => {
+                c.max_preemptions_per_cycle = value.parse().map_err(|_| bad())?
             }
             "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
             "backfill_per_node" => c.backfill_per_node = value.parse().map_err(|_| bad())?,

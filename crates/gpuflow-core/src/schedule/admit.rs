@@ -180,6 +180,7 @@ impl<'a> Cycle<'a> {
         }
         // Preemption, on the first flavor (in the queue's order) where it helps.
         if self.snap.cfg.preemption
+            && self.out.preempted.len() < self.snap.cfg.max_preemptions_per_cycle
             && self
                 .victims
                 .preempt_tried
@@ -241,6 +242,7 @@ impl<'a> Cycle<'a> {
         }
         // Consolidation: moving a few running jobs lets it start.
         if self.snap.cfg.preemption
+            && self.out.preempted.len() < self.snap.cfg.max_preemptions_per_cycle
             && self.snap.cfg.consolidate_max_unsaved.is_some()
             && self.consolidation.may_consolidate
             && self.consolidation.consolidation_tries < MAX_CONSOLIDATION_TRIES

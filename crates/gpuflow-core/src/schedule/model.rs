@@ -253,6 +253,12 @@ pub struct Config {
     /// Seconds from one consolidation to the next (one a cycle at most):
     /// a rate that does not depend on how often cycles run. Default 60.
     pub consolidation_interval: u64,
+    /// Once a cycle has told this many jobs to stop (preemptions and
+    /// consolidation moves), it starts no new victim search: the rest
+    /// waits for the next cycle, so one cycle cannot preempt a storm
+    /// (`bench cycle` saw 1,489 at once). A search under way may pass it.
+    /// Default 256.
+    pub max_preemptions_per_cycle: usize,
 }
 
 impl Default for Config {
@@ -284,6 +290,7 @@ impl Default for Config {
             multifactor: Multifactor::default(),
             consolidate_max_unsaved: Some(900),
             consolidation_interval: 60,
+            max_preemptions_per_cycle: 256,
         }
     }
 }

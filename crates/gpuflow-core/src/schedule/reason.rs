@@ -78,6 +78,50 @@ pub enum PendingReason {
     },
 }
 
+/// A span of seconds for people: `45 s`, `12 min`, `3 h 20 min`, `2 d 4 h`.
+pub fn span(secs: u64) -> String {
+    match secs {
+        0..=89 => format!("{secs} s"),
+        90..=5399 => format!("{} min", (secs + 30) / 60),
+        5400..=172_799 => {
+            let m = (secs + 30) / 60;
+            match m % 60 {
+                0 => format!("{} h", m / 60),
+                r => format!("{} h {r} min", m / 60),
+            }
+        }
+        _ => {
+            let h = (secs + 1800) / 3600;
+            match h % 24 {
+                0 => format!("{} d", h / 24),
+                r => format!("{} d {r} h", h / 24),
+            }
+        }
+    }
+}
+
+impl PendingReason {
+    /// The reason for people at time `now`: as its `Display`, with the
+    /// times it holds told relative to `now` ("in 12 min"), never as raw
+    /// seconds of the cycle's clock.
+    pub fn describe(&self, now: u64) -> String {
+        match self {
+            PendingReason::Reservation { job, start_at } => {
+                let when = if *start_at > now {
+                    format!("in {}", span(start_at - now))
+                } else {
+                    "now".to_string()
+                };
+                format!(
+                    "capacity is reserved for job {} starting {when}, and this job would not end before",
+                    job.0
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for PendingReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gpus = |m: u64| m as f64 / 1000.0;
@@ -243,4 +287,39 @@ pub struct Plan {
     pub preempted: Vec<Preemption>,
     pub reservations: Vec<Reservation>,
     pub pending: Vec<Pending>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reservation was told to people as "from t=1796442831s", the
+    /// cycle's raw clock; it is told relative to now.
+    #[test]
+    fn a_reservation_is_told_relative_to_now() {
+        let r = PendingReason::Reservation {
+            job: JobId(7),
+            start_at: 1_796_446_431,
+        };
+        let said = r.describe(1_796_442_831);
+        assert_eq!(
+            said,
+            "capacity is reserved for job 7 starting in 60 min, and this job would not end before"
+        );
+        assert!(!said.contains("t="));
+        assert!(r.describe(1_796_446_431).contains("starting now"));
+        // Other reasons read as their Display.
+        let q = PendingReason::QueueDraining { queue: "a".into() };
+        assert_eq!(q.describe(0), q.to_string());
+    }
+
+    #[test]
+    fn spans_read_as_people_say_them() {
+        assert_eq!(span(45), "45 s");
+        assert_eq!(span(600), "10 min");
+        assert_eq!(span(3600), "60 min");
+        assert_eq!(span(3 * 3600 + 20 * 60), "3 h 20 min");
+        assert_eq!(span(7200), "2 h");
+        assert_eq!(span(2 * 86_400 + 4 * 3600), "2 d 4 h");
+    }
 }

@@ -10,7 +10,7 @@
 //!        budget=2|none window=3600 protected_pass=on|off underserved_pass=1.0
 //!        restore_fairness=on|off aging=3600 history=0.5 tries=8 max_unsaved=3600|none
 //!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
-//!        consolidate=1800|none consolidation_interval=60
+//!        consolidate=1800|none consolidation_interval=60 max_preemptions=256
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
@@ -212,6 +212,7 @@ pub fn run(fixture: &str) -> String {
                             cfg.consolidate_max_unsaved = (v != "none").then(|| v.parse().unwrap())
                         }
                         "consolidation_interval" => cfg.consolidation_interval = v.parse().unwrap(),
+                        "max_preemptions" => cfg.max_preemptions_per_cycle = v.parse().unwrap(),
                         _ => panic!("unknown config {k}"),
                     }
                 }

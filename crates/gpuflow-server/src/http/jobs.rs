@@ -187,6 +187,26 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
     if let Some(why) = crate::feasible::never_fits(world, spec) {
         return Err(ApiError::bad_request("never_fits", why).into());
     }
+    // More GPUs than one user may hold in the queue: it could never start,
+    // so it is refused now rather than left pending for good.
+    if let Some(most) = queue.user_limits.max_gpus {
+        let milli: u64 = spec
+            .tasks
+            .iter()
+            .map(|g| crate::cycle::task_request(g).gpu.quota_milli() * u64::from(g.replicas))
+            .sum();
+        if milli as f64 > most * 1000.0 {
+            return Err(ApiError::bad_request(
+                "never_starts",
+                format!(
+                    "the job needs {} GPUs and a user of queue {} may hold at most {most} at once (user_limits.max_gpus): it could never start; ask for at most {most}, or use another queue",
+                    milli as f64 / 1000.0,
+                    queue.name
+                ),
+            )
+            .into());
+        }
+    }
     let team = queue.team.clone();
     if let Some(p) = &spec.project {
         match world.projects.get(p) {

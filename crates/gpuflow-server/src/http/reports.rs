@@ -313,6 +313,7 @@ async fn workload(
         .collect();
     let queues: Vec<&api::QueueSpec> = world.queues.values().collect();
     let mut out = crate::accounting::recorded(&jobs, &nodes, &queues, range, t);
+    out.cycle_s = shared.cfg.cycle_interval.as_secs().max(1);
     out.prices = world.prices.clone();
     Ok(Json(out))
 }
