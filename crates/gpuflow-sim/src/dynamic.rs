@@ -349,6 +349,51 @@ pub struct SimResult {
     pub cycles: u64,
     /// Jobs still waiting or running when the simulation stopped.
     pub unfinished: usize,
+    /// GPU-hours, inside the arrival horizon, that the waiting work could
+    /// have held on GPUs free after each cycle, quota aside ([`could_hold`]):
+    /// GPUs idle while work that fits them waits.
+    pub idle_waiting_gpu_hours: f64,
+}
+
+/// Milli-GPUs of the pending work that the free capacity could hold now,
+/// quota aside: each pending job, in order, placed on what is left (a
+/// shape that fails is not tried again: capacity only shrinks), then all
+/// of it released; a trial, so it changes nothing.
+pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let shape = |w: &Workload| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for g in &w.job.groups {
+            g.request.hash(&mut h);
+            g.replicas.hash(&mut h);
+        }
+        w.job.constraints.hash(&mut h);
+        h.finish()
+    };
+    let trial = placer.begin_trial();
+    let mut failed: std::collections::BTreeSet<u64> = Default::default();
+    let mut placed = Vec::new();
+    let mut milli = 0;
+    for w in pending.iter().filter(|w| w.gpu_milli() > 0) {
+        let s = shape(w);
+        if failed.contains(&s) {
+            continue;
+        }
+        match placer.try_place_job(&w.job) {
+            Some(p) => {
+                milli += w.gpu_milli();
+                placed.push(p);
+            }
+            None => {
+                failed.insert(s);
+            }
+        }
+    }
+    for p in placed.iter().rev() {
+        placer.release(p);
+    }
+    placer.end_trial(trial);
+    milli
 }
 
 struct Live {
@@ -424,6 +469,7 @@ pub fn simulate(
     let mut history = History::default();
     let mut team_gpu_hours: BTreeMap<String, f64> =
         spec.queues.iter().map(|q| (q.name.clone(), 0.0)).collect();
+    let mut idle_waiting_milli_s = 0.0f64;
     let (mut next_arrival, mut now, mut cycles, mut preemptions, mut lost_total) =
         (0usize, 0u64, 0u64, 0u32, 0.0);
     let class_of = |kind: usize| kind.min(3);
@@ -571,7 +617,13 @@ pub fn simulate(
         .flatten()
         .min();
         let Some(next) = next_event else { break };
+        let before = now;
         now = (now + sim.interval).max(next.div_ceil(sim.interval) * sim.interval);
+        // GPUs idle while work that fits them waits, until the next cycle.
+        if before < horizon && !pending.is_empty() {
+            let held = could_hold(&mut placer, &pending);
+            idle_waiting_milli_s += held as f64 * (now.min(horizon) - before) as f64;
+        }
         if now > stop {
             break;
         }
@@ -590,6 +642,7 @@ pub fn simulate(
         }
     }
     let unfinished = outcomes.iter().filter(|o| o.finish.is_none()).count();
+    let idle_waiting_gpu_hours = idle_waiting_milli_s / 1000.0 / 3600.0;
     Ok(SimResult {
         policy: policy.name.clone(),
         outcomes,
@@ -614,6 +667,7 @@ pub fn simulate(
         run_gpu_hours,
         cycles,
         unfinished,
+        idle_waiting_gpu_hours,
     })
 }
 

@@ -77,9 +77,10 @@ pub fn table(results: &[SimResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<11} {:>11} {:>6} {:>12} {:>11} {:>7} {:>10} {:>11} {:>7}",
+        "\n{:<11} {:>11} {:>11} {:>6} {:>12} {:>11} {:>7} {:>10} {:>11} {:>7}",
         "policy",
         "GPU alloc %",
+        "idle-wait %",
         "Jain",
         "preemptions",
         "GPU-h lost",
@@ -91,9 +92,10 @@ pub fn table(results: &[SimResult]) -> String {
     for r in results {
         let _ = writeln!(
             out,
-            "{:<11} {:>11.1} {:>6.3} {:>12} {:>11.1} {:>6.2}% {:>10.1} {:>11} {:>7}",
+            "{:<11} {:>11.1} {:>10.2}% {:>6.3} {:>12} {:>11.1} {:>6.2}% {:>10.1} {:>11} {:>7}",
             r.policy,
             alloc_pct(r),
+            idle_waiting_pct(r),
             jain(r),
             r.preemptions,
             r.lost_gpu_hours,
@@ -111,6 +113,12 @@ fn alloc_pct(r: &SimResult) -> f64 {
     r.team_gpu_hours.values().sum::<f64>() / r.capacity_gpu_hours * 100.0
 }
 
+/// GPU-hours idle while work that fits them waited (quota aside), over
+/// the cluster's GPU-hours in the arrival window, percent.
+pub fn idle_waiting_pct(r: &SimResult) -> f64 {
+    r.idle_waiting_gpu_hours / r.capacity_gpu_hours * 100.0
+}
+
 /// GPU-hours lost to preemption over the GPU-hours run, percent.
 fn lost_pct(r: &SimResult) -> f64 {
     if r.run_gpu_hours > 0.0 {
@@ -124,7 +132,7 @@ fn lost_pct(r: &SimResult) -> f64 {
 /// cluster-wide figures).
 pub fn csv(results: &[SimResult]) -> String {
     let mut out = String::from(
-        "policy,group,name,jobs,wait_avg_h,wait_p50_h,wait_p95_h,wait_max_h,queued_p95_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share,makespan_h,lost_pct,alloc_pct,jain\n",
+        "policy,group,name,jobs,wait_avg_h,wait_p50_h,wait_p95_h,wait_max_h,queued_p95_h,jct_avg_h,jct_p95_h,gpu_hours,share,target_share,makespan_h,lost_pct,alloc_pct,jain,idle_waiting_pct\n",
     );
     let row = |out: &mut String,
                r: &SimResult,
@@ -142,25 +150,26 @@ pub fn csv(results: &[SimResult]) -> String {
     for r in results {
         for k in 0..KINDS.len() {
             row(&mut out, r, "kind", kind_name(k), &|o| o.kind == k);
-            out.push_str(",,,,,,,\n");
+            out.push_str(",,,,,,,,\n");
         }
         for (team, share, target) in team_shares(r) {
             row(&mut out, r, "team", &team, &|o| o.team == team);
             let _ = writeln!(
                 out,
-                ",{:.2},{share:.4},{target:.4},,,,",
+                ",{:.2},{share:.4},{target:.4},,,,,",
                 r.team_gpu_hours[&team]
             );
         }
         row(&mut out, r, "all", "all", &|_| true);
         let _ = writeln!(
             out,
-            ",{:.2},,,{:.2},{:.4},{:.2},{:.4}",
+            ",{:.2},,,{:.2},{:.4},{:.2},{:.4},{:.4}",
             r.run_gpu_hours,
             makespan(r),
             lost_pct(r),
             alloc_pct(r),
-            jain(r)
+            jain(r),
+            idle_waiting_pct(r)
         );
     }
     out
