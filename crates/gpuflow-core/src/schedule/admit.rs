@@ -669,13 +669,7 @@ impl<'a> Cycle<'a> {
                 .charge(w.queue, flavor, self.pend.pend_milli[i] as i64);
             // Shares of the queue, its ancestors and (through the history sum
             // of siblings, which does not change here) nobody else.
-            let mut c = self.fair.shares.borrow_mut();
-            for q in self.snap.queues.path(w.queue) {
-                if let Some(x) = c.get_mut(q.0 as usize) {
-                    *x = None;
-                }
-            }
-            drop(c);
+            self.fair.charged(self.snap.queues, w.queue);
             // Jobs admitted now are not victims this cycle, but their queue's
             // existing jobs may now be borrowing.
             if self.snap.queues.borrowing(w.queue, flavor)

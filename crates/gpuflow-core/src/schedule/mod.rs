@@ -26,6 +26,7 @@ use crate::total::OrdF64;
 mod admit;
 mod consolidate;
 mod explain;
+mod fair_share;
 mod history;
 mod model;
 mod order;
