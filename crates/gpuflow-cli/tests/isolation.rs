@@ -5,8 +5,8 @@
 //! `/dev/shm`, runs with `no_new_privs`, and cannot make a user namespace.
 //!
 //! All of it needs the agent to run as root (as CI does); without it the
-//! tests say so and stop. The work directory is outside `/tmp`, so the
-//! agent makes `/tmp` private.
+//! tests say so and stop. The work directory is outside `/tmp` (in
+//! `/var/lib`, wherever the checkout is), so the agent makes `/tmp` private.
 
 mod common;
 
@@ -23,9 +23,15 @@ fn as_root() -> bool {
 }
 
 /// A directory outside `/tmp`, reachable by the tasks' users.
+/// (The agent keeps `/tmp` shared when its work directory is under it, as
+/// a checkout in `/tmp` would put the build's own temporary directory;
+/// these tests run as root, so `/var/lib` is theirs.)
 fn work_dir() -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
-    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let top = std::path::Path::new("/var/lib/gpuflow-tests");
+    std::fs::create_dir_all(top).unwrap();
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = tempfile::tempdir_in(top).unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     d
 }
