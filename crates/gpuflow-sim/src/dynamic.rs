@@ -328,6 +328,9 @@ pub struct Outcome {
     /// Seconds it waited again after being preempted: from each stop to
     /// its next start (still waiting at the end: to the end).
     pub requeued_wait: u64,
+    /// GPU-hours (inside the arrival horizon) that stood free beside it
+    /// while it waited and they could hold it, quota aside ([`could_hold`]).
+    pub idle_waiting_gpu_hours: f64,
 }
 
 /// A policy's run.
@@ -355,11 +358,11 @@ pub struct SimResult {
     pub idle_waiting_gpu_hours: f64,
 }
 
-/// Milli-GPUs of the pending work that the free capacity could hold now,
-/// quota aside: each pending job, in order, placed on what is left (a
+/// The pending jobs the free capacity could hold now, quota aside, with
+/// their milli-GPUs: each pending job, in order, placed on what is left (a
 /// shape that fails is not tried again: capacity only shrinks), then all
 /// of it released; a trial, so it changes nothing.
-pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> u64 {
+pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> Vec<(JobId, u64)> {
     use std::hash::{Hash, Hasher};
     let shape = |w: &Workload| {
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -373,7 +376,7 @@ pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> u64 {
     let trial = placer.begin_trial();
     let mut failed: std::collections::BTreeSet<u64> = Default::default();
     let mut placed = Vec::new();
-    let mut milli = 0;
+    let mut held = Vec::new();
     for w in pending.iter().filter(|w| w.gpu_milli() > 0) {
         let s = shape(w);
         if failed.contains(&s) {
@@ -381,7 +384,7 @@ pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> u64 {
         }
         match placer.try_place_job(&w.job) {
             Some(p) => {
-                milli += w.gpu_milli();
+                held.push((w.job.id, w.gpu_milli()));
                 placed.push(p);
             }
             None => {
@@ -393,7 +396,7 @@ pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> u64 {
         placer.release(p);
     }
     placer.end_trial(trial);
-    milli
+    held
 }
 
 struct Live {
@@ -453,6 +456,7 @@ pub fn simulate(
             preemptions: 0,
             lost_gpu_hours: 0.0,
             requeued_wait: 0,
+            idle_waiting_gpu_hours: 0.0,
         })
         .collect();
     let by_id: BTreeMap<JobId, usize> = jobs
@@ -621,8 +625,11 @@ pub fn simulate(
         now = (now + sim.interval).max(next.div_ceil(sim.interval) * sim.interval);
         // GPUs idle while work that fits them waits, until the next cycle.
         if before < horizon && !pending.is_empty() {
-            let held = could_hold(&mut placer, &pending);
-            idle_waiting_milli_s += held as f64 * (now.min(horizon) - before) as f64;
+            let dt = (now.min(horizon) - before) as f64;
+            for (id, milli) in could_hold(&mut placer, &pending) {
+                idle_waiting_milli_s += milli as f64 * dt;
+                outcomes[by_id[&id]].idle_waiting_gpu_hours += milli as f64 * dt / 3.6e6;
+            }
         }
         if now > stop {
             break;

@@ -119,6 +119,18 @@ pub fn idle_waiting_pct(r: &SimResult) -> f64 {
     r.idle_waiting_gpu_hours / r.capacity_gpu_hours * 100.0
 }
 
+/// The GPUs idle beside one group's waiting jobs (a kind, a team), over
+/// the cluster's GPU-hours in the arrival window, percent.
+fn idle_waiting_pct_of(r: &SimResult, of: &dyn Fn(&Outcome) -> bool) -> f64 {
+    r.outcomes
+        .iter()
+        .filter(|o| of(o))
+        .map(|o| o.idle_waiting_gpu_hours)
+        .fold(0.0, |a, b| a + b)
+        / r.capacity_gpu_hours
+        * 100.0
+}
+
 /// GPU-hours lost to preemption over the GPU-hours run, percent.
 fn lost_pct(r: &SimResult) -> f64 {
     if r.run_gpu_hours > 0.0 {
@@ -150,14 +162,19 @@ pub fn csv(results: &[SimResult]) -> String {
     for r in results {
         for k in 0..KINDS.len() {
             row(&mut out, r, "kind", kind_name(k), &|o| o.kind == k);
-            out.push_str(",,,,,,,,\n");
+            let _ = writeln!(
+                out,
+                ",,,,,,,,{:.4}",
+                idle_waiting_pct_of(r, &|o| o.kind == k)
+            );
         }
         for (team, share, target) in team_shares(r) {
             row(&mut out, r, "team", &team, &|o| o.team == team);
             let _ = writeln!(
                 out,
-                ",{:.2},{share:.4},{target:.4},,,,,",
-                r.team_gpu_hours[&team]
+                ",{:.2},{share:.4},{target:.4},,,,,{:.4}",
+                r.team_gpu_hours[&team],
+                idle_waiting_pct_of(r, &|o| o.team == team)
             );
         }
         row(&mut out, r, "all", "all", &|_| true);

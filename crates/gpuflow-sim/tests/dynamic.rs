@@ -525,6 +525,32 @@ fn gpus_idle_while_work_that_fits_them_waits_are_measured() {
         ours.idle_waiting_gpu_hours
     );
     assert_eq!(slurm.idle_waiting_gpu_hours, 0.0);
+    // Told per job: the three that waited, an hour each beside a free GPU.
+    let per_job: Vec<f64> = ours
+        .outcomes
+        .iter()
+        .map(|o| o.idle_waiting_gpu_hours)
+        .filter(|&h| h > 0.0)
+        .collect();
+    assert_eq!(per_job.len(), 3, "{per_job:?}");
+    assert!(
+        per_job.iter().all(|h| (h - 1.0).abs() < 0.05),
+        "{per_job:?}"
+    );
+    // And in the CSV's team rows (team-a: all of it; team-b: none).
+    let csv = gpuflow_sim::dynreport::csv(std::slice::from_ref(&ours));
+    let team = |name: &str| {
+        csv.lines()
+            .find(|l| l.contains(&format!(",team,{name},")))
+            .unwrap()
+            .rsplit(',')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert!((team("team-a") - 3.0 / 32.0 * 100.0).abs() < 0.5, "{csv}");
+    assert_eq!(team("team-b"), 0.0, "{csv}");
     let pct = gpuflow_sim::dynreport::idle_waiting_pct(&ours);
     assert!((pct - 3.0 / (8.0 * 4.0) * 100.0).abs() < 0.5, "{pct}");
 }
