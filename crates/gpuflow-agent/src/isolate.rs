@@ -95,14 +95,14 @@ fn cstr(p: &Path) -> Result<CString, String> {
 }
 
 /// Makes (as the agent) the directories a task's namespace binds, owned by
-/// its user `ids`: `task_dir/tmp` and `job_dir/shm`.
+/// its user `ids`: `task_dir/tmp`, and `shm` in its job's directory (the
+/// task directory's parent, shared by the job's tasks on the node).
 ///
 /// # Errors
 /// When a directory cannot be made or given to the task's user.
 pub fn prepare(
     policy: &Policy,
     task_dir: &Path,
-    job_dir: &Path,
     ids: Option<(u32, u32)>,
 ) -> Result<Prepared, String> {
     let mut p = Prepared {
@@ -129,6 +129,7 @@ pub fn prepare(
         p.var_tmp = policy.private_var_tmp;
     }
     if Path::new("/dev/shm").is_dir() {
+        let job_dir = task_dir.parent().unwrap_or(task_dir);
         p.shm = Some(make(&job_dir.join("shm"))?);
     }
     Ok(p)
@@ -141,16 +142,9 @@ pub fn prepare(
 /// # Errors
 /// The failing system call's error (the task then does not start).
 pub fn enter(p: &Prepared) -> std::io::Result<()> {
-    let Some(tmp) = &p.tmp else {
-        if p.shm.is_none() {
-            return Ok(());
-        }
-        return enter_with(None, false, p.shm.as_ref());
-    };
-    enter_with(Some(tmp), p.var_tmp, p.shm.as_ref())
-}
-
-fn enter_with(tmp: Option<&CString>, var_tmp: bool, shm: Option<&CString>) -> std::io::Result<()> {
+    if p.tmp.is_none() && p.shm.is_none() {
+        return Ok(());
+    }
     let fail = || Err(std::io::Error::last_os_error());
     // SAFETY: plain system calls on NUL-terminated strings prepared before the fork.
     unsafe {
@@ -177,15 +171,15 @@ fn enter_with(tmp: Option<&CString>, var_tmp: bool, shm: Option<&CString>) -> st
                 std::ptr::null(),
             )
         };
-        if let Some(t) = tmp {
+        if let Some(t) = &p.tmp {
             if bind(t, c"/tmp") != 0 {
                 return fail();
             }
-            if var_tmp && bind(t, c"/var/tmp") != 0 {
+            if p.var_tmp && bind(t, c"/var/tmp") != 0 {
                 return fail();
             }
         }
-        if let Some(s) = shm
+        if let Some(s) = &p.shm
             && bind(s, c"/dev/shm") != 0
         {
             return fail();

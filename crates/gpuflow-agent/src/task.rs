@@ -434,8 +434,7 @@ impl Task {
                 // As the agent: its own directory is made for it.
                 .current_dir(&task_dir);
             let ids = user.as_ref().map(|u| (u.uid, u.gid));
-            let job_dir = task_dir.parent().unwrap_or(dir);
-            let isolation = crate::isolate::prepare(&launch.isolation, &task_dir, job_dir, ids)
+            let isolation = crate::isolate::prepare(&launch.isolation, &task_dir, ids)
                 .map_err(|e| format!("cannot isolate it: {e}"))?;
             let probe_isolation = isolation.clone();
             let work = match &t.working_dir {
@@ -879,9 +878,7 @@ impl Task {
         };
         let task_dir = task_dir(dir, self.key);
         let ids = user.as_ref().map(|u| (u.uid, u.gid));
-        let job_dir = task_dir.parent().unwrap_or(dir);
-        let Ok(isolation) = crate::isolate::prepare(&launch.isolation, &task_dir, job_dir, ids)
-        else {
+        let Ok(isolation) = crate::isolate::prepare(&launch.isolation, &task_dir, ids) else {
             return;
         };
         self.probe_as = Some(ProbeAs {

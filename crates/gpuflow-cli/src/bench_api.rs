@@ -8,6 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+/// An HTTP client that hands back every status (the benchmarks count them).
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
 pub fn submit(
     jobs: usize,
     clients: usize,
@@ -84,12 +92,7 @@ fn run_submissions(
             String::new()
         }
     );
-    let http = || -> ureq::Agent {
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into()
-    };
+    let http = client;
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -345,10 +348,7 @@ pub fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<
         .context("a new installation has an admin token")?;
     let root = format!("http://{}", running.addr);
     let base = format!("{root}/v1");
-    let http: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let http = client();
     let call = |method: &str, path: &str, token: Option<&str>, body: &str| -> (u16, String) {
         let url = format!("{base}{path}");
         let mut req = ureq::http::Request::builder().method(method).uri(url);
@@ -447,10 +447,7 @@ pub fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<
                     served.clone(),
                 );
                 std::thread::spawn(move || {
-                    let http: ureq::Agent = ureq::Agent::config_builder()
-                        .http_status_as_error(false)
-                        .build()
-                        .into();
+                    let http = client();
                     let mut i = r;
                     while !done.load(Ordering::Relaxed) {
                         let mut req = http.get(format!("{root}{}", paths[i % paths.len()]));
@@ -524,10 +521,7 @@ pub fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<
                 let (base, admin) = (base.clone(), admin.clone());
                 let n = submissions / 4;
                 std::thread::spawn(move || {
-                    let http: ureq::Agent = ureq::Agent::config_builder()
-                        .http_status_as_error(false)
-                        .build()
-                        .into();
+                    let http = client();
                     let mut ok = 0usize;
                     for _ in 0..n {
                         if http

@@ -155,20 +155,20 @@ fn when_one_team_over_submits_fair_share_keeps_the_others_waiting_less_than_qos_
 /// team-a alone on 8 GPUs with a 20 GPU-hour budget per 10-hour period,
 /// submitting a 1-GPU, 1-hour batch job every 15 minutes for 30 hours:
 /// (start, finish) of its jobs.
-fn budgeted_run(budget: &str) -> Vec<(u64, u64)> {
-    let text = format!(
-        "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
-         [[queues]]\nname = \"team-a\"\nguaranteed = {{ H100 = 2 }}\nbudget = {budget}\n\n\
-         [[queues]]\nname = \"team-b\"\nguaranteed = {{ H100 = 6 }}\n"
-    );
+/// A cluster file's spec, as `sim run --cluster` reads it.
+fn cluster(text: &str) -> ClusterSpec {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.toml");
     std::fs::write(&path, text).unwrap();
-    let spec = ClusterSpec::load(&path).unwrap();
-    let jobs: Vec<workload::TraceJob> = (0..120)
+    ClusterSpec::load(&path).unwrap()
+}
+
+/// `n` one-hour one-GPU batch jobs of team-a, job `i` submitted at `submit(i)`.
+fn one_gpu_hours(n: u64, submit: impl Fn(u64) -> u64) -> Vec<workload::TraceJob> {
+    (0..n)
         .map(|i| workload::TraceJob {
             id: i + 1,
-            submit: i * 900,
+            submit: submit(i),
             duration: 3600,
             tasks: 1,
             gpu: gpuflow_core::GpuRequest::Whole { count: 1 },
@@ -178,7 +178,17 @@ fn budgeted_run(budget: &str) -> Vec<(u64, u64)> {
             max_runtime: Some(3600),
             model: None,
         })
-        .collect();
+        .collect()
+}
+
+fn budgeted_run(budget: &str) -> Vec<(u64, u64)> {
+    let text = format!(
+        "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
+         [[queues]]\nname = \"team-a\"\nguaranteed = {{ H100 = 2 }}\nbudget = {budget}\n\n\
+         [[queues]]\nname = \"team-b\"\nguaranteed = {{ H100 = 6 }}\n"
+    );
+    let spec = cluster(&text);
+    let jobs = one_gpu_hours(120, |i| i * 900);
     let mut policy = SimPolicy::gpuflow();
     policy.config.preemption = false;
     let r = dynamic::simulate(&spec, &jobs, &policy, &SimConfig::default(), 1).unwrap();
@@ -405,10 +415,7 @@ fn the_time_a_preempted_job_waits_again_is_reported() {
     let text = "[[nodes]]\ncount = 1\ngpus = 2\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
                 [[queues]]\nname = \"team-a\"\nguaranteed = { H100 = 1 }\n\n\
                 [[queues]]\nname = \"team-b\"\nguaranteed = { H100 = 1 }\n";
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.toml");
-    std::fs::write(&path, text).unwrap();
-    let spec = ClusterSpec::load(&path).unwrap();
+    let spec = cluster(text);
     let batch = |id, submit, hours: u64| workload::TraceJob {
         id,
         submit,
@@ -492,25 +499,9 @@ fn gpus_idle_while_work_that_fits_them_waits_are_measured() {
     let text = "[[nodes]]\ncount = 1\ngpus = 8\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n\
          [[queues]]\nname = \"team-a\"\nguaranteed = { H100 = 4 }\nborrow_limit = { H100 = 0 }\n\n\
          [[queues]]\nname = \"team-b\"\nguaranteed = { H100 = 4 }\n";
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.toml");
-    std::fs::write(&path, text).unwrap();
-    let spec = ClusterSpec::load(&path).unwrap();
-    let jobs: Vec<workload::TraceJob> = (0..8)
-        .map(|i| workload::TraceJob {
-            id: i + 1,
-            // The last arrival sets the horizon: one more job, 4 h later.
-            submit: if i == 7 { 4 * 3600 } else { 0 },
-            duration: 3600,
-            tasks: 1,
-            gpu: gpuflow_core::GpuRequest::Whole { count: 1 },
-            team: "team-a".into(),
-            kind: 3,
-            priority: 0,
-            max_runtime: Some(3600),
-            model: None,
-        })
-        .collect();
+    let spec = cluster(text);
+    // The last arrival sets the horizon: one more job, 4 h later.
+    let jobs = one_gpu_hours(8, |i| if i == 7 { 4 * 3600 } else { 0 });
     let run = |p: SimPolicy| dynamic::simulate(&spec, &jobs, &p, &SimConfig::default(), 1).unwrap();
     let ours = run(SimPolicy::gpuflow());
     let slurm = run(SimPolicy::slurm());
