@@ -47,6 +47,12 @@ pub struct ServerArgs {
     /// they all fit elsewhere at once (one move a minute); 0: never.
     #[arg(long, default_value_t = 900)]
     pub consolidate_max_unsaved: u64,
+    /// Seconds a notebook or inference job that runs beyond its queue's
+    /// guarantee, on capacity other queues leave idle, keeps it before a
+    /// queue within its guarantee may take it back; 0: such jobs stay
+    /// within their guarantee.
+    #[arg(long, default_value_t = 4 * 3600)]
+    pub lease_horizon: u64,
     /// GPU-hours of work a queue may lose per hour when batch and training
     /// jobs of other queues reclaim its borrowed GPUs (inference, notebooks
     /// and queues below 0.8 of their share of recent usage pass it); `none`:
@@ -231,6 +237,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.consolidate_max_unsaved_s =
         (a.consolidate_max_unsaved > 0).then_some(a.consolidate_max_unsaved);
     c.disruption_budget = a.disruption_budget.0;
+    c.lease_horizon_s = (a.lease_horizon > 0).then_some(a.lease_horizon);
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());

@@ -165,7 +165,7 @@ fn a_service_serves_replaces_scales_and_rolls_out_within_its_bounds() {
         (ready_ids(&v).len() == 3 && pending.len() == 1).then(|| pending[0])
     });
     let why = api.get(&format!("/v1/jobs/{waiting}/why"), &admin);
-    assert!(why.to_string().contains("quota"), "{why}");
+    assert!(why.to_string().contains("guarantee"), "{why}");
     assert_eq!(get()["endpoints"].as_array().unwrap().len(), 3);
     let (code, _, err) = cli(&["service", "scale", "web", "2"]);
     assert_eq!(code, Some(0), "{err}");

@@ -117,7 +117,8 @@ fn a_queue_below_its_guarantee_reclaims_borrowed_capacity_without_pushing_the_bo
     expect![[r#"
         cycle t=1000
           preempt job 11 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.06 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[4,5]
           pending job 11 (#1 in queue, eta unknown): needs 2 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
@@ -144,7 +145,8 @@ fn within_a_queue_only_strictly_lower_priority_is_preempted_and_inference_never(
         cycle t=1000
           preempt job 12 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           preempt job 13 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 2 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 2 preempted job(s) to stop
           pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[2,3]
@@ -174,12 +176,15 @@ fn preemption_respects_min_runtime_and_the_disruption_budget() {
     expect![[r#"
         cycle t=1000
           preempt job 11 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          hold n1 for job 2 from t=1500
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta t=1500): within queue a's guarantee of 2 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=5000
           start job 1 on H100: n1[1]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.00 of 1.00 GPU-hours already lost in the window
-          pending job 11 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          hold n1 for job 2 from t=5000
+          pending job 2 (#1 in queue, eta t=5000): within queue a's guarantee of 2 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.00 of 1.00 GPU-hours already lost in the window
+          pending job 11 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=5000s; this job would borrow and not end before
     "#]]
     .assert_eq(&out);
 }
@@ -187,6 +192,7 @@ fn preemption_respects_min_runtime_and_the_disruption_budget() {
 #[test]
 fn inference_must_fit_its_guarantee() {
     let out = run("
+        config lease=none
         node n1 gpus=8*H100
         queue org H100=8
         queue svc parent=org H100=2
@@ -455,8 +461,10 @@ fn two_reclaimers_in_one_cycle_never_take_a_borrower_below_its_guarantee_togethe
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.56 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          hold n1 for job 2 from t=1000
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=1000): within queue c's guarantee of 2 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -500,15 +508,19 @@ fn the_disruption_budget_caps_work_lost_per_window() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          hold n1 for job 2 from t=1000
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#2 in queue, eta t=1000): within queue a's guarantee of 2 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[0]
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
-          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          hold n1 for job 2 from t=1001
+          pending job 2 (#1 in queue, eta t=1001): within queue a's guarantee of 2 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 0.28 of 0.50 GPU-hours already lost in the window
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1001s; this job would borrow and not end before
         cycle t=1700
           preempt job 11 for job 2 (Reclaim): signal now, kill at t=1730, loses 0.47 GPU-h
-          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 2 from t=1730
+          pending job 2 (#1 in queue, eta t=1730): waiting for 1 preempted job(s) to stop
           pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
@@ -529,7 +541,8 @@ fn a_queues_own_priority_preemptions_are_not_budgeted() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&out);
 }
@@ -571,14 +584,15 @@ fn protected_classes_reclaim_past_the_disruption_budget() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
     "#]]
     .assert_eq(&run(&script("on")));
     expect![[r#"
         cycle t=1000
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
     "#]]
     .assert_eq(&run(&script("off")));
 }
@@ -599,14 +613,15 @@ fn a_queue_below_its_share_of_the_history_reclaims_past_the_disruption_budget() 
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.28 of 0.10 GPU-hours already lost in the window
     "#]]
     .assert_eq(&run(&script("1.0")));
     expect![[r#"
         cycle t=1000
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
     "#]]
     .assert_eq(&run(&script("0")));
 }
@@ -641,20 +656,22 @@ fn a_paced_reclaim_takes_only_from_queues_that_had_as_much() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.22 of its share of recent GPU-hours against 1.39 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
-          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 2 from t=1030
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.22 of its share of recent GPU-hours against 1.39 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
     "#]].assert_eq(&run(&script("on", 1)));
     // c has had as much as a, or the rule is off: both reclaim.
-    for (rule, c_usage) in [("on", 10), ("off", 1)] {
-        expect![[r#"
-            cycle t=1000
-              preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-              preempt job 11 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-              pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-              pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-        "#]]
-        .assert_eq(&run(&script(rule, c_usage)));
-    }
+    let both = expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          preempt job 11 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
+          nominate n1 for job 1 from t=1030
+          nominate n1 for job 2 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+    "#]];
+    both.assert_eq(&run(&script("on", 10)));
+    both.assert_eq(&run(&script("off", 1)));
 }
 
 #[test]
@@ -686,12 +703,13 @@ fn a_paced_reclaim_compares_shares_where_fair_share_divides_the_queues() {
     };
     expect![[r#"
         cycle t=1000
-          pending job 1 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue orgB, which has had 0.27 of its share of recent GPU-hours against 1.73 for queue orgA: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 1 (#1 in queue, eta unknown): within queue a1's guarantee of 2 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue orgB, which has had 0.27 of its share of recent GPU-hours against 1.73 for queue orgA: a reclaim never deepens that imbalance, so this job waits for GPUs to free
     "#]].assert_eq(&run(&script(10, 1)));
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&run(&script(1, 10)));
 }
@@ -719,7 +737,8 @@ fn a_victim_search_checks_the_fit_after_its_last_candidate() {
     expect![[r#"
         cycle t=1000
           preempt job 12 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[4,5,6,7]
           pending job 12 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node lacks the selected labels, 1 node has too few free GPUs in the requested sharing mode
@@ -798,7 +817,8 @@ fn a_ready_preemptor_that_cannot_start_is_explained_once() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 1.11 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 10 on H100: n1[0,1,2,3]
           pending job 1 (#1 in queue, eta unknown): user ann runs 1 jobs of a 1 job limit in this queue
@@ -856,7 +876,8 @@ fn a_victim_search_checks_the_fit_after_its_last_victim_when_later_candidates_ar
           preempt job 13 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
           preempt job 14 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
           preempt job 15 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.03 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 3 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 3 preempted job(s) to stop
     "#]]
     .assert_eq(&out);
 }
@@ -886,7 +907,8 @@ fn a_reclaim_that_could_only_help_past_the_borrowers_guarantee_is_not_tried() {
     ");
     expect![[r#"
         cycle t=1000
-          pending job 1 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 1 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          hold n2 for job 1 from t=1000
+          pending job 1 (#1 in queue, eta t=1000): within queue team-a's guarantee of 5 H100 GPUs (it would hold 5), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&out);
 }
@@ -943,7 +965,8 @@ fn a_gang_is_preempted_whole_and_requeued_whole() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 2.22 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[0,1,2,3]
           pending job 10 (#1 in queue, eta unknown): needs 8 H100 GPUs of quota; org has 4 left to lend; on H100: worker: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
@@ -969,7 +992,8 @@ fn victims_lose_the_least_work_then_hold_the_fewest_gpus() {
     expect![[r#"
         cycle t=1000
           preempt job 11 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&out);
 }
@@ -980,7 +1004,7 @@ fn victims_lose_the_least_work_then_hold_the_fewest_gpus() {
 #[test]
 fn a_class_held_by_its_quota_does_not_hold_the_queues_other_classes() {
     let out = run("
-        config tries=1
+        config tries=1 lease=none
         node n1 gpus=4*H100
         queue org H100=4
         queue team parent=org H100=2,borrow=2
@@ -1058,13 +1082,15 @@ fn a_victim_with_more_than_an_hour_of_unsaved_work_is_not_preempted() {
     expect![[r#"
         cycle t=7200
           preempt job 10 for job 1 (Priority): signal now, kill at t=7230, loses 2.00 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=7230
+          pending job 1 (#1 in queue, eta t=7230): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&fixture("none", ""));
     expect![[r#"
         cycle t=7200
           preempt job 10 for job 1 (Priority): signal now, kill at t=7230, loses 0.06 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=7230
+          pending job 1 (#1 in queue, eta t=7230): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&fixture("3600", "checkpoint=7000"));
 }
@@ -1182,13 +1208,15 @@ fn victims_may_be_chosen_by_the_work_they_lose_before_their_class() {
     expect![[r#"
         cycle t=100
           preempt job 1 for job 3 (Priority): signal now, kill at t=130, loses 0.11 GPU-h
-          pending job 3 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 3 from t=130
+          pending job 3 (#1 in queue, eta t=130): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&fixture("class"));
     expect![[r#"
         cycle t=100
           preempt job 2 for job 3 (Priority): signal now, kill at t=130, loses 0.01 GPU-h
-          pending job 3 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 3 from t=130
+          pending job 3 (#1 in queue, eta t=130): waiting for 1 preempted job(s) to stop
     "#]]
     .assert_eq(&fixture("lost-work"));
 }
@@ -1282,7 +1310,8 @@ fn consolidation_moves_a_job_that_fits_elsewhere_so_a_whole_node_job_starts() {
     expect![[r#"
         cycle t=1000
           preempt job 11 for job 1 (Consolidation): signal now, kill at t=1030, loses 0.22 GPU-h
-          pending job 1 (#1 in queue, eta t=1000): waiting for 1 preempted job(s) to stop
+          nominate n2 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1010
           start job 1 on H100: n2[0,1,2,3]
           start job 11 on H100: n1[2,3]
@@ -1351,7 +1380,8 @@ fn consolidations_are_paced_by_their_interval() {
         cycle t=1000
           preempt job 13 for job 1 (Consolidation): signal now, kill at t=1030, loses 0.39 GPU-h
           reserve n1 for job 2 from t=36000
-          pending job 1 (#1 in queue, eta t=1000): waiting for 1 preempted job(s) to stop
+          nominate n4 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
           pending job 2 (#2 in queue, eta t=36000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 4 nodes have too few free GPUs in the requested sharing mode
         cycle t=1010
           start job 1 on H100: n4[0,1,2,3]
@@ -1363,7 +1393,8 @@ fn consolidations_are_paced_by_their_interval() {
           pending job 2 (#1 in queue, eta t=4610): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 4 nodes have too few free GPUs in the requested sharing mode
         cycle t=1060
           preempt job 12 for job 2 (Consolidation): signal now, kill at t=1090, loses 0.48 GPU-h
-          pending job 2 (#1 in queue, eta t=1060): waiting for 1 preempted job(s) to stop
+          nominate n3 for job 2 from t=1090
+          pending job 2 (#1 in queue, eta t=1090): waiting for 1 preempted job(s) to stop
     "#]].assert_eq(&out);
 }
 
@@ -1393,8 +1424,10 @@ fn a_cycle_starts_no_victim_search_past_its_preemption_cap() {
         cycle t=1000
           preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
           preempt job 11 for job 2 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          nominate n1 for job 2 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
         cycle t=1001
           start job 1 on H100: n1[0]
           start job 2 on H100: n1[1]
@@ -1405,13 +1438,192 @@ fn a_cycle_starts_no_victim_search_past_its_preemption_cap() {
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 1 (Priority): signal now, kill at t=1030, loses 0.28 GPU-h
-          pending job 1 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 1 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
           pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
         cycle t=1001
           start job 1 on H100: n1[0]
           preempt job 11 for job 2 (Priority): signal now, kill at t=1031, loses 0.28 GPU-h
-          pending job 2 (#1 in queue, eta unknown): waiting for 1 preempted job(s) to stop
+          nominate n1 for job 2 from t=1031
+          pending job 2 (#1 in queue, eta t=1031): waiting for 1 preempted job(s) to stop
           pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]]
     .assert_eq(&fixture("1"));
+}
+
+/// Leases: a notebook beyond its team's guarantee runs on the guarantee
+/// another team leaves idle (job 1), as long as the flavor's leases stay
+/// within what the idle guarantees leave beyond the work pending: once
+/// team-b has work pending for its guarantee, job 2 is told how much is
+/// lent and how little is left. Job 3 declares nothing and gets the same
+/// terms: its lease may be taken back after the horizon.
+#[test]
+fn a_notebook_beyond_its_guarantee_runs_on_a_lease_of_idle_guarantee() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        queue team-a parent=org H100=2
+        queue team-b parent=org H100=6
+        run 10 queue=team-a class=notebook gpu=whole:2 cpu=1 started=0
+        job 1 queue=team-a class=notebook submit=1 gpu=whole:2 cpu=1 runtime=3600
+        cycle 100
+        job 2 queue=team-a class=notebook submit=101 gpu=whole:2 cpu=1 runtime=3600
+        job 3 queue=team-b class=batch submit=102 gpu=whole:4 cpu=1 prio=0
+        run 11 queue=team-b class=batch gpu=whole:1 cpu=1 started=150
+        cycle 200
+    ");
+    expect![[r#"
+        cycle t=100
+          start job 1 on H100: n1[2,3]
+        cycle t=200
+          reserve n1 for job 3 from t=3700
+          pending job 2 (#1 in queue, eta t=3700): notebook jobs beyond the guaranteed H100 quota (they would hold 6 of 2 GPUs) run only on idle capacity lent to them: 2 GPUs are lent already and this job needs 2 more, but the capacity no queue claims for its guarantee (what it holds and has pending) leaves 1 GPUs to lend; capacity is reserved for job 3 from t=3700s and this job would not end before
+          pending job 3 (#1 in queue, eta t=3700): within queue team-b's guarantee of 6 H100 GPUs (it would hold 5), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
+/// A lease past the horizon is taken back by a queue within its guarantee,
+/// but after every other candidate: job 1 (one GPU) takes the borrowing
+/// batch job; job 2 (two more) then takes the notebook whose lease has run
+/// four hours, not the younger one.
+#[test]
+fn an_expired_lease_is_taken_back_after_every_other_candidate() {
+    let out = run("
+        config underserved_pass=1.0 budget=none
+        node n1 gpus=4*H100
+        queue org H100=4
+        queue team-a parent=org H100=1
+        queue team-b parent=org H100=3
+        run 10 queue=team-a class=notebook gpu=whole:1 cpu=1 started=0
+        run 11 queue=team-a class=notebook gpu=whole:1 cpu=1 started=0
+        run 12 queue=team-a class=notebook gpu=whole:1 cpu=1 started=10000
+        run 13 queue=team-a class=batch gpu=whole:1 cpu=1 started=10000
+        job 1 queue=team-b class=training submit=15000 gpu=whole:1 cpu=1
+        cycle 15000
+        job 2 queue=team-b class=training submit=15010 gpu=whole:1 cpu=1
+        cycle 15010
+        job 3 queue=team-b class=training submit=15020 gpu=whole:1 cpu=1
+        cycle 15020
+    ");
+    expect![[r#"
+        cycle t=15000
+          preempt job 13 for job 1 (Reclaim): signal now, kill at t=15030, loses 1.39 GPU-h
+          nominate n1 for job 1 from t=15030
+          pending job 1 (#1 in queue, eta t=15030): waiting for 1 preempted job(s) to stop
+        cycle t=15010
+          start job 1 on H100: n1[3]
+          preempt job 10 for job 2 (Reclaim): signal now, kill at t=15040, loses 4.17 GPU-h
+          nominate n1 for job 2 from t=15040
+          pending job 2 (#1 in queue, eta t=15040): waiting for 1 preempted job(s) to stop
+          pending job 13 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=15020
+          start job 2 on H100: n1[0]
+          preempt job 11 for job 3 (Reclaim): signal now, kill at t=15050, loses 4.17 GPU-h
+          nominate n1 for job 3 from t=15050
+          pending job 3 (#1 in queue, eta t=15050): waiting for 1 preempted job(s) to stop
+          pending job 10 (#1 in queue, eta unknown): notebook jobs beyond the guaranteed H100 quota (they would hold 3 of 1 GPUs) run only on idle capacity lent to them: 1 GPUs are lent already and this job needs 1 more, but the capacity no queue claims for its guarantee (what it holds and has pending) leaves 0 GPUs to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 13 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
+/// Unsaved work does not protect capacity held beyond a guarantee: the
+/// borrower's job has run two hours without a checkpoint, more than
+/// `max_unsaved`, and the lender's job within its guarantee takes it back
+/// all the same (its own queue's lower priority work would be kept).
+#[test]
+fn unsaved_work_does_not_keep_borrowed_capacity_from_its_lender() {
+    let out = run("
+        config max_unsaved=3600 budget=none
+        node n1 gpus=2*H100
+        queue org H100=2
+        queue team-a parent=org H100=1
+        queue team-b parent=org H100=1
+        run 10 queue=team-b class=batch gpu=whole:1 cpu=1 started=0
+        run 11 queue=team-b class=batch gpu=whole:1 cpu=1 started=0
+        job 1 queue=team-a class=training submit=7000 gpu=whole:1 cpu=1
+        cycle 7200
+    ");
+    expect![[r#"
+        cycle t=7200
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=7230, loses 2.00 GPU-h
+          nominate n1 for job 1 from t=7230
+          pending job 1 (#1 in queue, eta t=7230): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
+
+/// The lender first: team-a's job within its guarantee needs three GPUs on
+/// the node team-b borrows; the borrowers are younger than their minimum
+/// runtime. The node is held from new borrowing until they may be taken
+/// back (t=1200), and held again every cycle until the job starts:
+/// team-b's next borrower (job 2) is kept off the GPU that stands free. A
+/// borrower that ends before the hold starts (job 3) may still use it.
+#[test]
+fn a_reclaim_hold_keeps_new_borrowing_off_the_node_a_lender_takes_back() {
+    let fixture = |holds: &str| {
+        run(&format!(
+            "
+            config budget=none min_runtime=300 holds={holds}
+            node n1 gpus=4*H100
+            queue org H100=4
+            queue team-a parent=org H100=3
+            queue team-b parent=org H100=1
+            run 10 queue=team-b class=batch gpu=whole:1 cpu=1 started=0
+            run 11 queue=team-b class=batch gpu=whole:1 cpu=1 started=900
+            run 12 queue=team-b class=batch gpu=whole:1 cpu=1 started=900
+            job 1 queue=team-a class=training submit=950 gpu=whole:3 cpu=1
+            job 2 queue=team-b class=batch submit=960 gpu=whole:1 cpu=1
+            job 3 queue=team-b class=batch submit=970 gpu=whole:1 cpu=1 runtime=120
+            cycle 1000
+            cycle 1200
+            cycle 1210
+            "
+        ))
+    };
+    expect![[r#"
+        cycle t=1000
+          start job 3 on H100: n1[3]
+          hold n1 for job 1 from t=1200
+          pending job 1 (#1 in queue, eta t=1200): within queue team-a's guarantee of 3 H100 GPUs (it would hold 3), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 3 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#1 in queue, eta unknown): the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
+        cycle t=1200
+          preempt job 11 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
+          preempt job 12 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.33 GPU-h
+          hold n1 for job 1 from t=1200
+          nominate n1 for job 1 from t=1230
+          pending job 1 (#1 in queue, eta t=1230): waiting for 3 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
+        cycle t=1210
+          start job 1 on H100: n1[0,1,2]
+          pending job 2 (#4 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 10 (#1 in queue, eta t=1210): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&fixture("on"));
+    // Without holds, job 2 (which would not end before) takes the free GPU
+    // at once. Here the lender still starts at t=1210 on the other three
+    // GPUs; with borrowers on every GPU that keep ending and starting (the
+    // server test `lending.rs`), it waits as long as they come.
+    expect![[r#"
+        cycle t=1000
+          start job 2 on H100: n1[3]
+          pending job 1 (#1 in queue, eta unknown): within queue team-a's guarantee of 3 H100 GPUs (it would hold 3), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 3 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 3 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=1200
+          preempt job 11 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
+          preempt job 12 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.33 GPU-h
+          nominate n1 for job 1 from t=1230
+          pending job 1 (#1 in queue, eta t=1230): waiting for 3 preempted job(s) to stop
+          pending job 3 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=1210
+          start job 1 on H100: n1[0,1,2]
+          pending job 3 (#4 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&fixture("off"));
 }

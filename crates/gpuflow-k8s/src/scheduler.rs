@@ -118,6 +118,10 @@ pub struct Usage {
     /// the interval between them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consolidated_at: Option<u64>,
+    /// Gangs within their guarantee holding nodes from new borrowing, and
+    /// the flavor: they hold them again first in the next cycle.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub holding: BTreeMap<u64, String>,
 }
 
 /// What one cycle did.
@@ -1137,6 +1141,7 @@ fn compute(
         disruptions: std::mem::take(&mut usage.disruptions),
         waiting_for: std::mem::take(&mut usage.waiting_for),
         consolidated_at: usage.consolidated_at,
+        holding: std::mem::take(&mut usage.holding),
     };
     let mut history = History::from_named(&kept, &snap.queues);
     history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
@@ -1157,6 +1162,7 @@ fn compute(
     usage.disruptions = kept.disruptions;
     usage.waiting_for = kept.waiting_for;
     usage.consolidated_at = kept.consolidated_at;
+    usage.holding = kept.holding;
     let report = settings
         .report_workloads
         .then(|| report::workloads(&snap, &plan, &queues, now));

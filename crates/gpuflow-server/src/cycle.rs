@@ -175,13 +175,12 @@ pub async fn run_once_with(
 }
 
 /// The queues running more `flavor` GPUs than they are guaranteed, with
-/// how much, and when the first of their jobs may be preempted: once past
-/// the minimum runtime, unless it holds more unsaved work than the limit (it
-/// is kept until it checkpoints); `None` when no queue borrows.
+/// how much, and when the first of their jobs may be reclaimed: once past
+/// the minimum runtime (unsaved work does not protect borrowed GPUs);
+/// `None` when no queue borrows.
 fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String> {
     let mut used: BTreeMap<&str, u64> = BTreeMap::new();
-    // Per queue: the earliest time one of its jobs may be preempted
-    // (u64::MAX: none may until it checkpoints).
+    // Per queue: the earliest time one of its jobs may be reclaimed.
     let mut first_preemptible: BTreeMap<&str, u64> = BTreeMap::new();
     for j in world
         .jobs
@@ -189,12 +188,7 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
         .filter(|j| j.state.allocated() && j.flavor == flavor)
     {
         *used.entry(j.spec.queue.as_str()).or_default() += quota_milli(&j.spec);
-        let started = j.started_at.unwrap_or(t);
-        let saved = j.last_checkpoint.unwrap_or(started).max(started);
-        let from = match cfg.max_unsaved {
-            Some(m) if t.saturating_sub(saved) > m => u64::MAX,
-            _ => started + cfg.min_runtime,
-        };
+        let from = j.started_at.unwrap_or(t) + cfg.min_runtime;
         let e = first_preemptible
             .entry(j.spec.queue.as_str())
             .or_insert(from);
@@ -220,17 +214,12 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
     if over.is_empty() {
         return None;
     }
-    let when = if from == u64::MAX {
-        format!(
-            "each of their jobs holds more than {} s of work since its last checkpoint and is not preempted until it checkpoints or ends",
-            cfg.max_unsaved.unwrap_or(0)
-        )
-    } else if from <= t {
+    let when = if from <= t {
         "their jobs are past the minimum runtime".to_string()
     } else {
         format!(
-            "their first job passes the minimum runtime at {from} (in {} s)",
-            from - t
+            "their first job passes the minimum runtime in {}",
+            schedule::span(from - t)
         )
     };
     Some(format!(
@@ -578,10 +567,13 @@ impl Computed {
             .iter()
             .map(|p| {
                 let mut reasons: Vec<String> = p.reasons.iter().map(|r| r.describe(t)).collect();
-                // Waiting on quota: who holds the capacity over their
-                // guarantee, and from when their work may be reclaimed.
+                // Waiting on quota, or for a guarantee lent to others: who
+                // holds the capacity over their guarantee, and from when
+                // their work may be reclaimed.
                 for r in &p.reasons {
-                    if let schedule::PendingReason::Quota { flavor, .. } = r {
+                    if let schedule::PendingReason::Quota { flavor, .. }
+                    | schedule::PendingReason::GuaranteeLent { flavor, .. } = r
+                    {
                         let line = lenders
                             .entry(flavor.to_string())
                             .or_insert_with(|| borrowers(world, flavor, t, &taken.cfg));
@@ -630,6 +622,7 @@ fn config(server: &crate::Config) -> Config {
         min_runtime: server.min_runtime_s,
         max_unsaved: server.max_unsaved_s,
         consolidate_max_unsaved: server.consolidate_max_unsaved_s,
+        lease_horizon: server.lease_horizon_s,
         disruption_budget: server.disruption_budget,
         tries_per_cycle: server.tries_per_cycle,
         classes: classes(),
@@ -645,6 +638,7 @@ fn classes() -> Vec<schedule::PriorityClass> {
     let spent = base.iter().map(|c| schedule::PriorityClass {
         name: format!("{} (project budget spent)", c.name),
         may_borrow: false,
+        may_lease: false,
         ..c.clone()
     });
     base.clone().into_iter().chain(spent).collect()

@@ -75,6 +75,11 @@ pub struct Config {
     /// work since their last checkpoint when they all fit elsewhere at
     /// once; `None`: never. See the core's `Config::consolidate_max_unsaved`.
     pub consolidate_max_unsaved_s: Option<u64>,
+    /// A notebook or inference job may run beyond its queue's guarantee on
+    /// capacity the other queues leave idle, and keeps it this long before
+    /// a queue within its guarantee may take it back; `None`: such jobs
+    /// stay within their guarantee. See the core's `Config::lease_horizon`.
+    pub lease_horizon_s: Option<u64>,
     /// GPU-hours of work a queue may lose to reclaims by batch and training
     /// jobs per hour (inference, notebooks and queues below their share
     /// pass); `None`: no limit. See the core's `Config::disruption_budget`.
@@ -131,6 +136,7 @@ impl Config {
             cycle_interval: Duration::from_secs(1),
             min_runtime_s: 300,
             max_unsaved_s: Some(3600),
+            lease_horizon_s: gpuflow_core::schedule::Config::default().lease_horizon,
             consolidate_max_unsaved_s: gpuflow_core::schedule::Config::default()
                 .consolidate_max_unsaved,
             disruption_budget: gpuflow_core::schedule::Config::default().disruption_budget,

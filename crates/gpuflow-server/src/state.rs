@@ -656,6 +656,10 @@ pub struct SavedHistory {
     /// before consolidation).
     #[serde(default)]
     pub consolidated_at: Option<u64>,
+    /// Jobs within their guarantee holding nodes from new borrowing, and
+    /// the flavor (absent in records written before holds).
+    #[serde(default)]
+    pub holding: BTreeMap<u64, String>,
 }
 
 impl SavedHistory {
@@ -666,6 +670,7 @@ impl SavedHistory {
             disruptions: self.disruptions.clone(),
             waiting_for: self.waiting_for.clone(),
             consolidated_at: self.consolidated_at,
+            holding: self.holding.clone(),
         };
         gpuflow_core::schedule::History::from_named(&named, queues)
     }
@@ -681,6 +686,7 @@ impl SavedHistory {
             disruptions: named.disruptions,
             waiting_for: named.waiting_for,
             consolidated_at: named.consolidated_at,
+            holding: named.holding,
         }
     }
 

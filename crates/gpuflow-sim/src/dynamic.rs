@@ -156,12 +156,16 @@ impl SimPolicy {
         "consolidate",
         "consolidation_interval",
         "max_preemptions_per_cycle",
+        "lease_horizon",
+        "reclaim_holds",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
     /// `tries_per_queue=N`, `tries_per_cycle=N`, `max_reservations=N`, `min_runtime=SECONDS`,
     /// `history_weight=X`, `preemption=true|false`,
-    /// `notebooks_borrow=true|false`, `disruption_budget=GPU_HOURS|none`,
+    /// `notebooks_borrow=true|false`, `lease_horizon=SECONDS|none`,
+    /// `reclaim_holds=true|false`,
+    /// `disruption_budget=GPU_HOURS|none`,
     /// `disruption_window=SECONDS`, `protected_pass_budgets=true|false`,
     /// `underserved_pass_budgets=FRACTION` (0: none),
     /// `reclaims_restore_fairness=true|false`, `max_unsaved=SECONDS|none`,
@@ -263,6 +267,13 @@ impl SimPolicy {
             }
             "max_preemptions_per_cycle" => {
                 c.max_preemptions_per_cycle = value.parse().map_err(|_| bad())?
+            }
+            "reclaim_holds" => c.reclaim_holds = value.parse().map_err(|_| bad())?,
+            "lease_horizon" => {
+                c.lease_horizon = match value {
+                    "none" => None,
+                    v => Some(v.parse().map_err(|_| bad())?),
+                }
             }
             "class_tiers" => c.class_tiers = value.parse().map_err(|_| bad())?,
             "backfill_per_node" => c.backfill_per_node = value.parse().map_err(|_| bad())?,

@@ -11,6 +11,8 @@ impl<'a> Cycle<'a> {
     }
 
     pub(super) fn admit_all(&mut self) {
+        self.nominate_waiting();
+        self.hold_again();
         // Preemptors whose victims have stopped take the room made for them.
         let ready: Vec<usize> = if self.order.ready.is_empty() {
             Vec::new()
@@ -157,6 +159,9 @@ impl<'a> Cycle<'a> {
         let mut reasons = Vec::new();
         // Per flavor: whether placement was tried and failed (not only quota).
         let mut place_failed = vec![false; flavors.len()];
+        // Whether a victim search was refused by a disruption budget or
+        // reclaim fairness: then no hold, for a reclaim that may not come.
+        let mut rule_blocked = false;
         for (fi, flavor) in flavors.iter().enumerate() {
             if let Err(r) = self.quota_check(i, flavor) {
                 reasons.push(r);
@@ -203,6 +208,7 @@ impl<'a> Cycle<'a> {
                     fair_block,
                     ..
                 } = self.find_victims(i, flavor, place_failed[fi]);
+                rule_blocked |= budget_block.is_some() || fair_block.is_some();
                 if found.is_none()
                     && let Some((theirs, ours)) = fair_block
                 {
@@ -260,17 +266,42 @@ impl<'a> Cycle<'a> {
                 return self.wait_for_victims(i, victims);
             }
         }
-        // Backfill: the first jobs blocked by capacity (not quota) get a reservation.
+        if rule_blocked {
+            self.history.holding.remove(&self.snap.pending[i].job.id);
+        }
+        // Backfill: the first jobs blocked by capacity (not quota) get a
+        // reservation; jobs within their guarantee, a reclaim hold, with an
+        // allowance of their own, so that neither takes the other's.
         if self.snap.cfg.backfill
-            && self.reserve.reservations.len() < self.snap.cfg.max_reservations.max(1)
             && !self
                 .reserve
                 .reserved
                 .contains_key(&self.snap.pending[i].job.id)
         {
-            let open = flavors.iter().find(|f| self.quota_check(i, f).is_ok());
-            if let Some(flavor) = open {
-                self.reserve(i, flavor);
+            // A job within its guarantee that quota blocks (its guarantee is
+            // lent) holds the nodes it would take back, too.
+            let mut open = flavors
+                .iter()
+                .find(|f| self.quota_check(i, f).is_ok())
+                .cloned();
+            if open.is_none() {
+                for f in flavors.iter() {
+                    if !rule_blocked && self.reclaims(i, f) {
+                        open = Some(f.clone());
+                        break;
+                    }
+                }
+            }
+            if let Some(flavor) = open.as_deref() {
+                let reclaims = !rule_blocked && self.reclaims(i, flavor);
+                let made = if reclaims {
+                    self.reserve.holds.len()
+                } else {
+                    self.reserve.reservations.len()
+                };
+                if made < self.snap.cfg.max_reservations.max(1) {
+                    self.reserve(i, flavor, reclaims);
+                }
             }
         }
         for r in reasons {
@@ -283,6 +314,17 @@ impl<'a> Cycle<'a> {
     /// preempted with the plan.
     pub(super) fn wait_for_victims(&mut self, i: usize, victims: Vec<Preemption>) -> bool {
         let id = self.snap.pending[i].job.id;
+        let start_at = victims
+            .iter()
+            .map(|v| v.kill_at)
+            .max()
+            .unwrap_or(self.snap.now);
+        let by_id = self.running_index();
+        let stopping: Vec<usize> = victims
+            .iter()
+            .filter_map(|v| by_id.get(&v.victim).copied())
+            .collect();
+        self.nominate(i, &stopping, start_at);
         self.history
             .waiting_for
             .insert(id, victims.iter().map(|v| v.victim).collect());
@@ -448,6 +490,46 @@ impl<'a> Cycle<'a> {
             .is_none_or(|c| c.may_borrow)
     }
 
+    /// Whether job `i`, of a class that may not borrow, may run beyond its
+    /// queue's guarantee of `flavor` on a lease ([`Config::lease_horizon`]),
+    /// its class holding `held` of `guaranteed` there: `Err(None)` when
+    /// leases are off or the flavor has no quota, else why not.
+    pub(super) fn lease(
+        &self,
+        i: usize,
+        flavor: &str,
+        held: u64,
+        guaranteed: u64,
+    ) -> Result<(), Option<LeaseBlock>> {
+        let fi = self.fidx(flavor);
+        let may_lease = self
+            .snap
+            .cfg
+            .classes
+            .get(self.snap.pending[i].class)
+            .is_some_and(|c| c.may_lease);
+        if self.snap.cfg.lease_horizon.is_none() || fi == NO_FLAVOR || !may_lease {
+            return Err(None);
+        }
+        let need = Self::beyond(held, self.pend.pend_milli[i], guaranteed);
+        let leased = self.usage.leased.get(&fi).copied().unwrap_or(0);
+        let lendable = self.usage.lendable.get(fi as usize).copied().unwrap_or(0);
+        if leased + need > lendable {
+            return Err(Some(LeaseBlock::Lendable {
+                leased,
+                need,
+                lendable,
+            }));
+        }
+        Ok(())
+    }
+
+    /// How much of `more` milli-GPU lies beyond `guaranteed` when `held`
+    /// is held already.
+    pub(super) fn beyond(held: u64, more: u64, guaranteed: u64) -> u64 {
+        (held + more).saturating_sub(guaranteed) - held.saturating_sub(guaranteed)
+    }
+
     pub(super) fn within_guarantee(&self, i: usize, flavor: &str) -> bool {
         let q = self.snap.pending[i].queue;
         match self.fidx(flavor) {
@@ -479,18 +561,30 @@ impl<'a> Cycle<'a> {
                 NO_FLAVOR => self.snap.queues.get(w.queue).quota(flavor).guaranteed,
                 f => self.snap.queues.quota_at(w.queue, f as usize).guaranteed,
             };
-            if held + self.pend.pend_milli[i] > guaranteed {
+            if held + self.pend.pend_milli[i] > guaranteed
+                && let Err(block) = self.lease(i, flavor, held, guaranteed)
+            {
                 let class = self
                     .snap
                     .cfg
                     .classes
                     .get(w.class)
                     .map_or(Arc::from(""), |c| Arc::from(c.name.as_str()));
-                return Err(PendingReason::NotWithinGuarantee {
-                    flavor: self.flavor_name(flavor),
-                    class,
-                    usage: held + self.pend.pend_milli[i],
-                    guaranteed,
+                let (flavor, usage) = (self.flavor_name(flavor), held + self.pend.pend_milli[i]);
+                return Err(match block {
+                    None => PendingReason::NotWithinGuarantee {
+                        flavor,
+                        class,
+                        usage,
+                        guaranteed,
+                    },
+                    Some(block) => PendingReason::NoLease {
+                        flavor,
+                        class,
+                        usage,
+                        guaranteed,
+                        block,
+                    },
                 });
             }
         }
@@ -504,6 +598,17 @@ impl<'a> Cycle<'a> {
                 .queues
                 .fits_at(w.queue, f as usize, self.pend.pend_milli[i]),
         };
+        if let Err(QuotaBlock::NoLendableCapacity { .. }) = fits
+            && self.within_guarantee(i, flavor)
+        {
+            let fi = self.fidx(flavor) as usize;
+            return Err(PendingReason::GuaranteeLent {
+                flavor: self.flavor_name(flavor),
+                queue: self.snap.queues.get(w.queue).name.clone(),
+                usage: self.snap.queues.usage_at(w.queue, fi) + self.pend.pend_milli[i],
+                guaranteed: self.snap.queues.quota_at(w.queue, fi).guaranteed,
+            });
+        }
         fits.map_err(|block| PendingReason::Quota {
             flavor: self.flavor_name(flavor),
             queue_names: {
@@ -555,7 +660,7 @@ impl<'a> Cycle<'a> {
     /// take slot 1). The reservations past the last slot share it: a job
     /// keeps off them all when the earliest of them starts before it ends.
     pub(super) fn slot(k: usize) -> u8 {
-        (k + 1).min(crate::cluster::MAX_RESERVATION_SLOT as usize) as u8
+        (k + 1).min(HOLD_SLOT as usize - 1) as u8
     }
 
     /// Job `i`'s placement problem on `flavor` (see [`PlaceKey`]).
@@ -652,6 +757,18 @@ impl<'a> Cycle<'a> {
                     start_at: r.start_at,
                 };
             }
+            if unplaced
+                .rejections
+                .iter()
+                .any(|(r, _)| *r == crate::placement::Reject::Reserved)
+                && job.constraints.avoid_reservations & (1u64 << HOLD_SLOT) != 0
+                && let Some(r) = self.reserve.holds.iter().min_by_key(|r| r.start_at)
+            {
+                return PendingReason::ReclaimHold {
+                    job: r.job,
+                    start_at: r.start_at,
+                };
+            }
             PendingReason::Placement {
                 flavor: self.flavor_name(flavor),
                 unplaced: Arc::new(unplaced),
@@ -693,11 +810,17 @@ impl<'a> Cycle<'a> {
             e.1 += 1;
         }
         if !self.class_may_borrow(w) {
-            *self
-                .usage
-                .protected
-                .entry((w.queue, self.fidx(flavor)))
-                .or_default() += self.pend.pend_milli[i];
+            let fi = self.fidx(flavor);
+            let held = self.usage.protected.entry((w.queue, fi)).or_default();
+            let before = *held;
+            *held += self.pend.pend_milli[i];
+            if fi != NO_FLAVOR {
+                let guaranteed = self.snap.queues.quota_at(w.queue, fi as usize).guaranteed;
+                let lease = Self::beyond(before, self.pend.pend_milli[i], guaranteed);
+                if lease > 0 {
+                    *self.usage.leased.entry(fi).or_default() += lease;
+                }
+            }
         }
         self.out.admitted.push((w.job.id, flavor.to_string(), p));
         self.out.admitted_idx.push(i);

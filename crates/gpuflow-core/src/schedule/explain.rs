@@ -91,7 +91,9 @@ impl<'a> Cycle<'a> {
 
     pub(super) fn explain(mut self) -> Plan {
         // Release the reservations' hold: the next cycle decides again.
-        for r in &self.reserve.reservations {
+        let claims = std::mem::take(&mut self.reserve.claims);
+        self.snap.placer.release(&claims);
+        for r in self.reserve.reservations.iter().chain(&self.reserve.holds) {
             for &n in &r.nodes {
                 self.snap.placer.set_reserved(n, 0);
             }
@@ -115,9 +117,10 @@ impl<'a> Cycle<'a> {
                     PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
                         BY_USER
                     }
-                    PendingReason::Quota { .. } | PendingReason::NotWithinGuarantee { .. } => {
-                        BY_QUOTA
-                    }
+                    PendingReason::Quota { .. }
+                    | PendingReason::GuaranteeLent { .. }
+                    | PendingReason::NotWithinGuarantee { .. }
+                    | PendingReason::NoLease { .. } => BY_QUOTA,
                     PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
                     _ => 0,
                 };
@@ -273,6 +276,8 @@ impl<'a> Cycle<'a> {
             admitted: self.out.admitted,
             preempted: self.out.preempted,
             reservations: self.reserve.reservations,
+            holds: self.reserve.holds,
+            nominated: self.reserve.nominated,
             pending,
         }
     }

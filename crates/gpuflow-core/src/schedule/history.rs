@@ -16,6 +16,9 @@ pub struct History {
     pub waiting_for: BTreeMap<JobId, Vec<JobId>>,
     /// When the last consolidation started ([`Config::consolidation_interval`]).
     pub consolidated_at: Option<u64>,
+    /// Jobs within their guarantee that held nodes from new borrowing last
+    /// cycle, and the flavor: they hold them again first.
+    pub holding: BTreeMap<JobId, String>,
 }
 
 impl History {
@@ -64,6 +67,7 @@ impl History {
                 .map(|(p, v)| (p.0, v.iter().map(|j| j.0).collect()))
                 .collect(),
             consolidated_at: self.consolidated_at,
+            holding: self.holding.iter().map(|(j, f)| (j.0, f.clone())).collect(),
         }
     }
 
@@ -88,6 +92,11 @@ impl History {
                 .map(|(p, v)| (JobId(*p), v.iter().map(|&j| JobId(j)).collect()))
                 .collect(),
             consolidated_at: named.consolidated_at,
+            holding: named
+                .holding
+                .iter()
+                .map(|(j, f)| (JobId(*j), f.clone()))
+                .collect(),
         }
     }
 
@@ -109,4 +118,5 @@ pub struct NamedHistory {
     pub disruptions: BTreeMap<String, Vec<(u64, f64)>>,
     pub waiting_for: BTreeMap<u64, Vec<u64>>,
     pub consolidated_at: Option<u64>,
+    pub holding: BTreeMap<u64, String>,
 }

@@ -16,7 +16,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::cluster::Allocation;
+use crate::cluster::{Allocation, GpuMode, GpuPick};
 use crate::ids::JobId;
 use crate::placement::{Placement, Placer, Unplaced};
 use crate::queue::{QueueId, QueueState, Queues, QuotaBlock};
@@ -181,8 +181,18 @@ struct RunInfo {
     /// ([`NODE_UNKNOWN`] until then), as only victim searches need them.
     node: u32,
     gpus: u64,
-    /// Its class is preemptible and it ran its minimum runtime.
+    /// Its class is preemptible, it ran its minimum runtime and holds at
+    /// most `Config::max_unsaved` of unsaved work: its queue's own work of
+    /// a higher priority may preempt it.
     preemptible: bool,
+    /// A reclaim may take it: its class is preemptible and it ran its
+    /// minimum runtime (unsaved work does not protect capacity held beyond
+    /// a guarantee), or it holds an expired lease (`leased`).
+    reclaimable: bool,
+    /// Of a class that may not borrow, it has run beyond its queue's
+    /// guarantee for `Config::lease_horizon`: a reclaim may take it, after
+    /// every other candidate.
+    leased: bool,
     /// It would be preemptible but holds more unsaved work than
     /// `Config::max_unsaved`.
     unsaved_held: bool,
@@ -194,6 +204,11 @@ impl RunInfo {
     /// Whether it may be chosen as a victim now.
     fn eligible(&self) -> bool {
         self.preemptible && !self.victim
+    }
+
+    /// Whether a reclaim may choose it now.
+    fn reclaim_eligible(&self) -> bool {
+        self.reclaimable && !self.victim
     }
 }
 
@@ -298,11 +313,35 @@ struct Outcome {
     admitted_idx: Vec<usize>,
 }
 
+/// The placer's slot of the nodes a reclaim hold keeps from new borrowing
+/// (reservations take the slots below it).
+const HOLD_SLOT: u8 = crate::cluster::MAX_RESERVATION_SLOT;
+
+/// Running jobs by the time they end or may be taken back, earliest first:
+/// (time, index into the running jobs).
+type Ending = Rc<Vec<(u64, usize)>>;
+
 /// Backfill reservations made this cycle and what they are built from.
 #[derive(Default)]
 struct Reserves {
     /// This cycle's reservations, in the order they were made.
     reservations: Vec<Reservation>,
+    /// This cycle's reclaim holds: nodes kept from new borrowing for a job
+    /// within its guarantee until it can take them back
+    /// ([`Cycle::reserve`]); their nodes carry [`HOLD_SLOT`].
+    holds: Vec<Reservation>,
+    /// The earliest start among the holds (`u64::MAX`: none).
+    held_from: u64,
+    /// The flavor indices the holds are of.
+    held_flavors: Vec<u32>,
+    /// The nodes preemptors wait to take once their victims stop, per
+    /// preemptor ([`Cycle::nominate`]).
+    nominated: Vec<Reservation>,
+    /// The free GPUs claimed for them, applied to the placer until the
+    /// end of the cycle.
+    claims: Vec<Allocation>,
+    /// The running jobs' indices by id ([`Cycle::running_index`]).
+    running_index: Option<Rc<rustc_hash::FxHashMap<JobId, usize>>>,
     /// Each holder's start.
     reserved: rustc_hash::FxHashMap<JobId, u64>,
     /// The earliest start among them (`u64::MAX`: none).
@@ -310,6 +349,9 @@ struct Reserves {
     /// Running jobs by the time they end (stop, or reach their time limit),
     /// earliest first: sorted once a cycle, for every reservation.
     ending: Option<Rc<Vec<(u64, usize)>>>,
+    /// Per flavor index, `ending` with each job a reclaim could take told
+    /// at the time it could ([`Cycle::reclaim_order`]), built when first asked.
+    reclaiming: BTreeMap<u32, Option<Ending>>,
     /// Per flavor, an upper bound of the GPU capacity free on one node ([`Cycle::max_free`]).
     max_free: BTreeMap<String, u64>,
 }
@@ -363,6 +405,12 @@ struct Usage<'a> {
     /// Per queue and flavor index: milli-GPU of jobs told to stop (this cycle
     /// or earlier) that still run, so still count in the queue's usage.
     leaving: rustc_hash::FxHashMap<(QueueId, u32), u64>,
+    /// Per flavor index: milli-GPU that classes which may not borrow hold
+    /// beyond their queues' guarantees, on a lease ([`Config::lease_horizon`]).
+    leased: rustc_hash::FxHashMap<u32, u64>,
+    /// By flavor index: what the queues can lend on a lease this cycle
+    /// ([`Cycle::with_leases`]); empty when leases are off.
+    lendable: Vec<u64>,
 }
 
 /// Consolidation's pacing and memos.
@@ -482,6 +530,8 @@ impl<'a> Cycle<'a> {
                 node: NODE_UNKNOWN,
                 gpus: 0,
                 preemptible: may_preempt && !over_unsaved,
+                reclaimable: may_preempt,
+                leased: false,
                 unsaved_held: may_preempt && over_unsaved && r.stopping_at.is_none(),
                 victim: r.stopping_at.is_some(),
             });
@@ -559,6 +609,7 @@ impl<'a> Cycle<'a> {
             },
             reserve: Reserves {
                 reserved_from: u64::MAX,
+                held_from: u64::MAX,
                 ..Reserves::default()
             },
             victims: VictimIndex {
@@ -572,6 +623,7 @@ impl<'a> Cycle<'a> {
                 users,
                 protected,
                 leaving,
+                ..Usage::default()
             },
             consolidation: Consolidation {
                 may_consolidate,
@@ -594,6 +646,85 @@ impl<'a> Cycle<'a> {
             fair: FairShare::default(),
         }
         .with_borrowers()
+        .with_leases()
+    }
+
+    /// What classes that may not borrow hold beyond their guarantees, per
+    /// flavor (leases taken in earlier cycles), which of them may be taken
+    /// back, and what may be lent: the flavor's capacity less what each
+    /// leaf queue claims of its guarantee, all it holds and has pending
+    /// (of any flavor: a queue that may want its guarantee back soon lends
+    /// none of it) up to the guarantee. Guarantees that add up to more
+    /// than the cluster (the default queue is guaranteed everything) claim
+    /// only what their queues hold and want. An admission moves a queue's
+    /// demand from pending to held, so the figure stands for the cycle.
+    fn with_leases(mut self) -> Self {
+        if self.snap.cfg.lease_horizon.is_none() {
+            return self;
+        }
+        let queues: &Queues = self.snap.queues;
+        let mut pending = vec![0u64; queues.list().len()];
+        for (w, &m) in self.snap.pending.iter().zip(&self.pend.pend_milli) {
+            pending[w.queue.0 as usize] += m;
+        }
+        let leaves: Vec<QueueId> = (0..queues.list().len())
+            .map(|q| QueueId(q as u32))
+            .filter(|&q| queues.is_leaf(q))
+            .collect();
+        // Leases past the horizon may be taken back, each while its queue
+        // keeps its guarantee without it.
+        let horizon = self.snap.cfg.lease_horizon.unwrap_or(u64::MAX);
+        for (k, r) in self.snap.running.iter().enumerate() {
+            let info = &self.victims.run[k];
+            if info.flavor == NO_FLAVOR
+                || self.snap.now.saturating_sub(r.started) < horizon
+                || self
+                    .snap
+                    .cfg
+                    .classes
+                    .get(r.work.class)
+                    .is_none_or(|c| c.may_borrow)
+            {
+                continue;
+            }
+            let held = self
+                .usage
+                .protected
+                .get(&(info.queue, info.flavor))
+                .copied()
+                .unwrap_or(0);
+            let g = queues.quota_at(info.queue, info.flavor as usize).guaranteed;
+            if held >= g + info.milli {
+                self.victims.run[k].reclaimable = true;
+                self.victims.run[k].leased = true;
+            }
+        }
+        self.usage.lendable = (0..self.flavors.flavor_names.len())
+            .map(|f| {
+                let claimed: u64 = leaves
+                    .iter()
+                    .map(|&q| {
+                        let wants = queues.usage_at(q, f) + pending[q.0 as usize];
+                        queues.quota_at(q, f).guaranteed.min(wants)
+                    })
+                    .sum();
+                queues
+                    .capacity(&self.flavors.flavor_names[f])
+                    .saturating_sub(claimed)
+            })
+            .collect();
+        let mut leased: rustc_hash::FxHashMap<u32, u64> = Default::default();
+        for (&(q, fi), &held) in &self.usage.protected {
+            if fi == NO_FLAVOR {
+                continue;
+            }
+            let g = self.snap.queues.quota_at(q, fi as usize).guaranteed;
+            if held > g {
+                *leased.entry(fi).or_default() += held - g;
+            }
+        }
+        self.usage.leased = leased;
+        self
     }
 
     fn with_borrowers(mut self) -> Self {

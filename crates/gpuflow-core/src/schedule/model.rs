@@ -14,6 +14,9 @@ pub struct PriorityClass {
     pub preemptible: bool,
     /// Whether the class may run above its queue's guarantee.
     pub may_borrow: bool,
+    /// For a class that may not borrow: whether its jobs may still run
+    /// above the guarantee on a lease ([`Config::lease_horizon`]).
+    pub may_lease: bool,
 }
 
 /// The four classes gpuflow ships with.
@@ -23,6 +26,7 @@ pub fn default_classes() -> Vec<PriorityClass> {
         rank,
         preemptible,
         may_borrow,
+        may_lease: true,
     };
     vec![
         c("inference", 40, false, false),
@@ -259,6 +263,27 @@ pub struct Config {
     /// (`bench cycle` saw 1,489 at once). A search under way may pass it.
     /// Default 256.
     pub max_preemptions_per_cycle: usize,
+    /// Leases: a job of a class that may not borrow (notebooks, inference)
+    /// may still run beyond its queue's guarantee on capacity lent to it:
+    /// the flavor's leases stay within its capacity less what the queues
+    /// claim of their guarantees (what they hold and all the work they
+    /// have pending, each up to its guarantee), and the class allows it
+    /// ([`PriorityClass::may_lease`]). A
+    /// lease is not reclaimed for this many seconds from the job's start;
+    /// after that a queue within its guarantee may take it back, after
+    /// every other candidate (preemptible borrowers are reclaimed after
+    /// their minimum runtime). So a lender whose work comes back waits at
+    /// most this long for the part of its guarantee on lease. `None`: such
+    /// classes stay within the guarantee. Default 4 hours.
+    pub lease_horizon: Option<u64>,
+    /// The lender first: a job within its queue's guarantee that waits for
+    /// borrowed GPUs to pass their minimum runtime holds the nodes it will
+    /// take back from new borrowing (a reclaim hold), and keeps holding
+    /// them every cycle until it starts, so that a stream of borrowers
+    /// cannot keep its victims young. Only when it can take them back
+    /// sooner than a new borrower could be, and no disruption budget or
+    /// reclaim fairness refuses its reclaim. Default on.
+    pub reclaim_holds: bool,
 }
 
 impl Default for Config {
@@ -291,6 +316,8 @@ impl Default for Config {
             consolidate_max_unsaved: Some(900),
             consolidation_interval: 60,
             max_preemptions_per_cycle: 256,
+            lease_horizon: Some(4 * 3600),
+            reclaim_holds: true,
         }
     }
 }

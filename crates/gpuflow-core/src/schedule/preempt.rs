@@ -92,8 +92,9 @@ pub(super) struct SharedWindow {
 }
 
 impl<'a> Cycle<'a> {
-    /// Orders two running jobs as victims: lowest class, least work lost
-    /// (the other way round with [`Config::victims_by_lost_work`]), fewest GPUs.
+    /// Orders two running jobs as victims: expired leases last; then lowest
+    /// class, least work lost (the other way round with
+    /// [`Config::victims_by_lost_work`]), fewest GPUs.
     pub(super) fn victim_cost(&self, a: usize, b: usize) -> std::cmp::Ordering {
         let (ra, rb) = (&self.victims.run[a], &self.victims.run[b]);
         let class = || ra.rank.cmp(&rb.rank);
@@ -103,7 +104,12 @@ impl<'a> Cycle<'a> {
         } else {
             class().then_with(lost)
         };
-        first.then(ra.milli.cmp(&rb.milli)).then(ra.id.cmp(&rb.id))
+        // Expired leases go after every other candidate.
+        ra.leased
+            .cmp(&rb.leased)
+            .then(first)
+            .then(ra.milli.cmp(&rb.milli))
+            .then(ra.id.cmp(&rb.id))
     }
 
     /// Whether running job `k` is charged to the flavor with index `fi` and name `flavor`.
@@ -139,7 +145,7 @@ impl<'a> Cycle<'a> {
             .filter(|&k| {
                 self.runs_on(k, fi, flavor)
                     && self.snap.running[k].stopping_at.is_none()
-                    && self.victims.run[k].preemptible
+                    && self.victims.run[k].reclaimable
             })
             .collect();
         list.sort_by(|&a, &b| self.victim_cost(a, b));
@@ -175,37 +181,20 @@ impl<'a> Cycle<'a> {
     }
 
     /// Running jobs job `i` could preempt on `flavors` (its own queue's of
-    /// lower priority; borrowers' where it is within its guarantee) but that
-    /// are kept for their unsaved work.
+    /// lower priority) but that are kept for their unsaved work. A reclaim
+    /// is not held back by unsaved work: capacity beyond a guarantee is
+    /// lent on the terms that it can be taken back.
     pub(super) fn unsaved_held_for(&self, i: usize, flavors: &[Arc<str>]) -> usize {
         let w = &self.snap.pending[i];
         let my_rank = (self.rank(w), w.priority);
-        let held = |q: QueueId, fi: u32, below: Option<(u32, i32)>| {
-            self.victims
-                .held
-                .get(&q)
-                .into_iter()
-                .flatten()
-                .filter(|&&(f, rank, priority)| {
-                    f == fi && below.is_none_or(|b| (rank, priority) < b)
-                })
-                .count()
-        };
+        let held = self.victims.held.get(&w.queue).map_or(&[][..], |v| v);
         let mut n = 0;
         for flavor in flavors {
             let fi = self.fidx(flavor);
-            n += held(w.queue, fi, Some(my_rank));
-            if fi != NO_FLAVOR && self.within_guarantee(i, flavor) {
-                n += self
-                    .victims
-                    .borrowers
-                    .get(&**flavor)
-                    .into_iter()
-                    .flatten()
-                    .filter(|&&q| q != w.queue)
-                    .map(|&q| held(q, fi, None))
-                    .sum::<usize>();
-            }
+            n += held
+                .iter()
+                .filter(|&&(f, rank, priority)| f == fi && (rank, priority) < my_rank)
+                .count();
         }
         n
     }
@@ -298,7 +287,8 @@ impl<'a> Cycle<'a> {
                 let list = self.reclaim_list(flavor);
                 let groups = self.reclaim_groups(flavor);
                 let open = |k: usize, q: QueueId| {
-                    self.victims.run[k].eligible() && self.snap.queues.borrowing_at(q, fi as usize)
+                    self.victims.run[k].reclaim_eligible()
+                        && self.snap.queues.borrowing_at(q, fi as usize)
                 };
                 // The queues the rule allows start the merge; of those it
                 // refuses, the one whose first open candidate comes first
@@ -348,7 +338,7 @@ impl<'a> Cycle<'a> {
                     let filtered = list.iter().copied().filter(|&k| {
                         let q = self.victims.run[k].queue;
                         q != queue
-                            && self.victims.run[k].eligible()
+                            && self.victims.run[k].reclaim_eligible()
                             && self.snap.queues.borrowing_at(q, fi as usize)
                             && self.refused(q, queue, s).is_none()
                     });
@@ -362,7 +352,7 @@ impl<'a> Cycle<'a> {
                 let others = list.iter().copied().filter(|&k| {
                     let q = self.victims.run[k].queue;
                     q != queue
-                        && self.victims.run[k].eligible()
+                        && self.victims.run[k].reclaim_eligible()
                         && self.snap.queues.borrowing_at(q, fi as usize)
                 });
                 self.merge(own, (), others.map(|k| (k, ()))).0
@@ -784,7 +774,9 @@ impl<'a> Cycle<'a> {
                 break;
             }
             let q = self.victims.run[k].queue;
-            if self.victims.run[k].eligible() && self.snap.queues.borrowing_at(q, fi as usize) {
+            if self.victims.run[k].reclaim_eligible()
+                && self.snap.queues.borrowing_at(q, fi as usize)
+            {
                 // Screened with the budgets, for the searches they bind.
                 stream.push((
                     k,

@@ -29,6 +29,23 @@ pub enum PendingReason {
         usage: u64,
         guaranteed: u64,
     },
+    /// The class may not borrow, the job does not fit the guarantee, and
+    /// it may not take a lease ([`Config::lease_horizon`]) either.
+    NoLease {
+        flavor: Arc<str>,
+        class: Arc<str>,
+        usage: u64,
+        guaranteed: u64,
+        block: LeaseBlock,
+    },
+    /// Within its queue's guarantee, but other queues hold that capacity
+    /// on loan (borrowed, or leased): it is taken back as the loans allow.
+    GuaranteeLent {
+        flavor: Arc<str>,
+        queue: String,
+        usage: u64,
+        guaranteed: u64,
+    },
     Quota {
         flavor: Arc<str>,
         block: QuotaBlock,
@@ -42,6 +59,12 @@ pub enum PendingReason {
     },
     /// Capacity is held for a blocked gang that starts before this job would end.
     Reservation {
+        job: JobId,
+        start_at: u64,
+    },
+    /// The job would borrow, and the nodes it could take are held for a
+    /// job within its guarantee that reclaims them at `start_at`.
+    ReclaimHold {
         job: JobId,
         start_at: u64,
     },
@@ -78,6 +101,18 @@ pub enum PendingReason {
     },
 }
 
+/// Why a job may not run on a lease beyond its queue's guarantee.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LeaseBlock {
+    /// The flavor's leases would pass what the queues can lend: `leased`
+    /// held already, `need` more for this job, `lendable` in all.
+    Lendable {
+        leased: u64,
+        need: u64,
+        lendable: u64,
+    },
+}
+
 /// A span of seconds for people: `45 s`, `12 min`, `3 h 20 min`, `2 d 4 h`.
 pub fn span(secs: u64) -> String {
     match secs {
@@ -100,6 +135,15 @@ pub fn span(secs: u64) -> String {
     }
 }
 
+/// `at` for people at time `now`: "in 12 min", or "now" once it has come.
+fn relative(at: u64, now: u64) -> String {
+    if at > now {
+        format!("in {}", span(at - now))
+    } else {
+        "now".to_string()
+    }
+}
+
 impl PendingReason {
     /// The reason for people at time `now`: as its `Display`, with the
     /// times it holds told relative to `now` ("in 12 min"), never as raw
@@ -107,13 +151,16 @@ impl PendingReason {
     pub fn describe(&self, now: u64) -> String {
         match self {
             PendingReason::Reservation { job, start_at } => {
-                let when = if *start_at > now {
-                    format!("in {}", span(start_at - now))
-                } else {
-                    "now".to_string()
-                };
+                let when = relative(*start_at, now);
                 format!(
                     "capacity is reserved for job {} starting {when}, and this job would not end before",
+                    job.0
+                )
+            }
+            PendingReason::ReclaimHold { job, start_at } => {
+                let when = relative(*start_at, now);
+                format!(
+                    "the free GPUs that would hold it are kept from new borrowing for job {}, within its queue's guarantee, which takes back the borrowed GPUs beside them {when}; this job would borrow and not end before",
                     job.0
                 )
             }
@@ -158,6 +205,44 @@ impl fmt::Display for PendingReason {
                 "{class} jobs must fit the guaranteed {flavor} quota: jobs that may not borrow would hold {} of {} GPUs",
                 gpus(*usage),
                 gpus(*guaranteed)
+            ),
+            PendingReason::NoLease {
+                flavor,
+                class,
+                usage,
+                guaranteed,
+                block,
+            } => {
+                write!(
+                    f,
+                    "{class} jobs beyond the guaranteed {flavor} quota (they would hold {} of {} GPUs) run only on idle capacity lent to them: ",
+                    gpus(*usage),
+                    gpus(*guaranteed)
+                )?;
+                match block {
+                    LeaseBlock::Lendable {
+                        leased,
+                        need,
+                        lendable,
+                    } => write!(
+                        f,
+                        "{} GPUs are lent already and this job needs {} more, but the capacity no queue claims for its guarantee (what it holds and has pending) leaves {} GPUs to lend",
+                        gpus(*leased),
+                        gpus(*need),
+                        gpus(*lendable)
+                    ),
+                }
+            }
+            PendingReason::GuaranteeLent {
+                flavor,
+                queue,
+                usage,
+                guaranteed,
+            } => write!(
+                f,
+                "within queue {queue}'s guarantee of {} {flavor} GPUs (it would hold {}), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term",
+                gpus(*guaranteed),
+                gpus(*usage)
             ),
             PendingReason::Quota {
                 flavor,
@@ -224,6 +309,13 @@ impl fmt::Display for PendingReason {
                     job.0
                 )
             }
+            PendingReason::ReclaimHold { job, start_at } => {
+                write!(
+                    f,
+                    "the free GPUs that would hold it are kept from new borrowing for job {}, within its queue's guarantee, which takes back the borrowed GPUs beside them from t={start_at}s; this job would borrow and not end before",
+                    job.0
+                )
+            }
             PendingReason::WaitingForPreemption { victims } => {
                 write!(f, "waiting for {victims} preempted job(s) to stop")
             }
@@ -286,6 +378,12 @@ pub struct Plan {
     pub admitted: Vec<(JobId, String, Placement)>,
     pub preempted: Vec<Preemption>,
     pub reservations: Vec<Reservation>,
+    /// Reclaim holds: nodes kept from new borrowing for a job within its
+    /// guarantee until it can take back the borrowed GPUs there.
+    pub holds: Vec<Reservation>,
+    /// The nodes preemptors will take once their victims stop, kept from
+    /// everyone else meanwhile.
+    pub nominated: Vec<Reservation>,
     pub pending: Vec<Pending>,
 }
 

@@ -11,6 +11,7 @@
 //!        restore_fairness=on|off aging=3600 history=0.5 tries=8 max_unsaved=3600|none
 //!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
 //!        consolidate=1800|none consolidation_interval=60 max_preemptions=256
+//!        lease=14400|none holds=on|off
 //! usage team-a 100                         # decayed GPU-hours the queue used before
 //! run 7 queue=team-b class=batch started=0 checkpoint=100 runtime=3600 grace=30 gpu=whole:4 cpu=1
 //! job 1 queue=team-a user=alice class=training prio=0 submit=0 runtime=3600 gpu=whole:4 cpu=1
@@ -213,6 +214,8 @@ pub fn run(fixture: &str) -> String {
                         }
                         "consolidation_interval" => cfg.consolidation_interval = v.parse().unwrap(),
                         "max_preemptions" => cfg.max_preemptions_per_cycle = v.parse().unwrap(),
+                        "lease" => cfg.lease_horizon = (v != "none").then(|| v.parse().unwrap()),
+                        "holds" => cfg.reclaim_holds = v == "on",
                         _ => panic!("unknown config {k}"),
                     }
                 }
@@ -327,19 +330,25 @@ pub fn run(fixture: &str) -> String {
                         pr.victim.0, pr.by.0, pr.reason, pr.kill_at, pr.lost_gpu_hours
                     );
                 }
-                for r in &plan.reservations {
-                    let names: Vec<String> = r
-                        .nodes
-                        .iter()
-                        .map(|n| placer.cluster().node(*n).name.clone())
-                        .collect();
-                    let _ = writeln!(
-                        out,
-                        "  reserve {} for job {} from t={}",
-                        names.join(","),
-                        r.job.0,
-                        r.start_at
-                    );
+                for (what, list) in [
+                    ("reserve", &plan.reservations),
+                    ("hold", &plan.holds),
+                    ("nominate", &plan.nominated),
+                ] {
+                    for r in list {
+                        let names: Vec<String> = r
+                            .nodes
+                            .iter()
+                            .map(|n| placer.cluster().node(*n).name.clone())
+                            .collect();
+                        let _ = writeln!(
+                            out,
+                            "  {what} {} for job {} from t={}",
+                            names.join(","),
+                            r.job.0,
+                            r.start_at
+                        );
+                    }
                 }
                 for p in &plan.pending {
                     let reasons: Vec<String> = p.reasons.iter().map(|r| r.to_string()).collect();

@@ -1,0 +1,221 @@
+//! Lending through the real router and cycle: a queue's guarantee lent to
+//! others comes back to it (#35). A lender's job is not starved by a stream
+//! of borrowers, is told the truth while it waits, and a notebook beyond
+//! its team's guarantee runs on a lease of idle guarantee.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{H, harness_with};
+
+/// Teams `lender` (queue `lend-q`, 3 H100 guaranteed) and `borrower`
+/// (queue `borrow-q`, 1), and node `n1` with 4 H100s; the node's token.
+async fn two_teams(h: &H) -> String {
+    let a = &h.admin;
+    for team in ["lender", "borrower"] {
+        let (s, v) = h.json("POST", "/v1/teams", a, json!({"name": team})).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    for (q, team, g) in [("lend-q", "lender", 3), ("borrow-q", "borrower", 1)] {
+        let (s, v) = h
+            .json(
+                "POST",
+                "/v1/queues",
+                a,
+                json!({"name": q, "team": team, "quotas": {"H100": {"guaranteed": g}}}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/register",
+            &h.join,
+            json!({"node": "n1", "inventory": inventory()}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v["node_token"].as_str().unwrap().to_string()
+}
+
+fn inventory() -> Value {
+    let gpus: Vec<Value> = (0..4)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mib": 81920}))
+        .collect();
+    json!({"cpu_milli": 64000, "memory_mib": 262144, "gpus": gpus, "emulated": true})
+}
+
+/// A job of `kind` with `gpus` H100s in `queue`, submitted by the admin.
+async fn submit(h: &H, queue: &str, kind: &str, gpus: u32) -> u64 {
+    h.submit_spec(format!(
+        "name: j\nqueue: {queue}\nkind: {kind}\ntasks:\n  - name: main\n    command: [sleep, '1000']\n    resources: {{cpu: 1, memory_mib: 1024, gpu: {{count: {gpus}}}}}\n"
+    ))
+    .await
+}
+
+/// Node `n1`'s heartbeat reporting these jobs' tasks in `phase`
+/// (`running`, `done` or `stopped`), at their current attempts.
+async fn beat(h: &H, token: &str, jobs: &[u64], phase: &str) {
+    let attempts: Vec<u32> = {
+        let w = h.shared.world.lock().await;
+        jobs.iter()
+            .map(|id| w.jobs.get(id).map_or(0, |j| j.attempts))
+            .collect()
+    };
+    let tasks: Vec<Value> = jobs
+        .iter()
+        .zip(attempts)
+        .map(|(id, attempt)| {
+            let (phase, code) = match phase {
+                "done" => ("exited", Some(0)),
+                p => (p, None),
+            };
+            json!({"job": id, "attempt": attempt, "group": 0, "index": 0, "phase": phase, "exit_code": code})
+        })
+        .collect();
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/heartbeat",
+            token,
+            json!({"node": "n1", "inventory": inventory(), "tasks": tasks}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+async fn cycle(h: &H) {
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+}
+
+async fn state(h: &H, id: u64) -> String {
+    let (_, v) = h.get(&format!("/v1/jobs/{id}"), &h.admin).await;
+    v["state"].as_str().unwrap_or_default().to_string()
+}
+
+async fn why(h: &H, id: u64) -> Value {
+    let (s, v) = h.get(&format!("/v1/jobs/{id}/why"), &h.admin).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// The live walk-through of #35: a lender's 3-GPU job within its
+/// guarantee waited while another team's borrowing array took every GPU
+/// freed on the node, each new borrower resetting the minimum runtime the
+/// reclaim waited for. Now the GPU a borrower frees is kept from new
+/// borrowing, the lender is told it is within its guarantee (not "the
+/// cluster has 0 left to lend") and when it starts, and it starts once the
+/// borrowers pass their minimum runtime.
+#[tokio::test]
+async fn a_lenders_job_is_not_starved_by_a_stream_of_borrowers() {
+    let h = harness_with(|c| c.min_runtime_s = 6).await;
+    let node = two_teams(&h).await;
+    let mut stream = Vec::new();
+    for _ in 0..12 {
+        stream.push(submit(&h, "borrow-q", "batch", 1).await);
+    }
+    cycle(&h).await;
+    let running: Vec<u64> = {
+        let mut v = Vec::new();
+        for &id in &stream {
+            if state(&h, id).await == "admitted" {
+                v.push(id);
+            }
+        }
+        v
+    };
+    assert_eq!(running.len(), 4, "the borrowers fill the node");
+    beat(&h, &node, &running, "running").await;
+    let lender = submit(&h, "lend-q", "training", 3).await;
+    cycle(&h).await;
+    assert_eq!(state(&h, lender).await, "pending");
+    // One borrower ends: its GPU is not lent again.
+    beat(&h, &node, &running[..1], "done").await;
+    cycle(&h).await;
+    let mut started = 0;
+    for &id in &stream[4..] {
+        if state(&h, id).await != "pending" {
+            started += 1;
+        }
+    }
+    assert_eq!(
+        started,
+        0,
+        "no new borrower takes the GPU the lender needs: {}",
+        why(&h, lender).await
+    );
+    let w = why(&h, lender).await;
+    let text = w.to_string();
+    assert!(text.contains("within queue lend-q's guarantee"), "{w}");
+    assert!(!text.contains("left to lend"), "{w}");
+    let now = gpuflow_server::now();
+    let eta = w["eta"].as_u64().expect("an estimated start");
+    assert!(
+        eta <= now + 6,
+        "the lender starts within the minimum runtime: {w}"
+    );
+    let w = why(&h, stream[4]).await;
+    assert!(
+        w.to_string()
+            .contains(&format!("kept from new borrowing for job {lender}")),
+        "{w}"
+    );
+    // Past the borrowers' minimum runtime the lender takes its GPUs back.
+    tokio::time::sleep(Duration::from_millis(6200)).await;
+    cycle(&h).await;
+    let mut victims = Vec::new();
+    for &id in &running[1..] {
+        if state(&h, id).await == "stopping" {
+            victims.push(id);
+        }
+    }
+    assert_eq!(
+        victims.len(),
+        2,
+        "two borrowers give back what the lender needs"
+    );
+    let w = why(&h, lender).await;
+    assert!(w["eta"].as_u64().is_some(), "a preemptor knows when: {w}");
+    beat(&h, &node, &victims, "stopped").await;
+    cycle(&h).await;
+    assert_eq!(state(&h, lender).await, "admitted");
+}
+
+/// A notebook beyond its team's guarantee starts on a lease of the
+/// guarantee another team leaves idle, where it used to wait ("notebook
+/// jobs must fit the guaranteed quota") with GPUs free beside it; once the
+/// other team has work pending for its guarantee, no more is lent and the
+/// notebook is told why in numbers.
+#[tokio::test]
+async fn a_notebook_beyond_its_guarantee_runs_on_a_lease_of_idle_guarantee() {
+    let h = harness_with(|c| c.min_runtime_s = 2).await;
+    let node = two_teams(&h).await;
+    let first = submit(&h, "borrow-q", "notebook", 1).await;
+    let leased = submit(&h, "borrow-q", "notebook", 1).await;
+    cycle(&h).await;
+    assert_eq!(state(&h, first).await, "admitted");
+    assert_eq!(
+        state(&h, leased).await,
+        "admitted",
+        "{}",
+        why(&h, leased).await
+    );
+    beat(&h, &node, &[first, leased], "running").await;
+    // The lender's work comes: what is left of its guarantee is not lent.
+    let lenders = submit(&h, "lend-q", "batch", 2).await;
+    let more = submit(&h, "borrow-q", "notebook", 1).await;
+    cycle(&h).await;
+    assert_eq!(
+        state(&h, lenders).await,
+        "admitted",
+        "{}",
+        why(&h, lenders).await
+    );
+    assert_eq!(state(&h, more).await, "pending");
+    let w = why(&h, more).await.to_string();
+    assert!(w.contains("run only on idle capacity lent to them"), "{w}");
+    assert!(w.contains("1 GPUs are lent already"), "{w}");
+}
