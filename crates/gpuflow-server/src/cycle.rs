@@ -140,6 +140,13 @@ pub async fn run_once_with(
     stats.admissions += out.admitted as u64;
     stats.preemptions += out.preempted as u64;
     stats.lost_gpu_hours += out.lost_gpu_hours;
+    // What stood idle since the last cycle, as that cycle measured it.
+    if stats.idle_waiting_at > 0 {
+        stats.idle_waiting_gpu_hours +=
+            stats.idle_waiting_gpus * t.saturating_sub(stats.idle_waiting_at) as f64 / 3600.0;
+    }
+    stats.idle_waiting_gpus = out.idle_waiting_milli as f64 / 1000.0;
+    stats.idle_waiting_at = t;
     world.history = out.history;
     if out.history_saved {
         world.history_saved_at = t;
@@ -386,19 +393,42 @@ impl Taken {
             &self.snap.queues,
         );
         let plan = (self.pending > 0).then(|| self.snap.schedule(t, &mut self.history, &self.cfg));
+        // GPUs left free after this cycle's admissions that waiting work
+        // could hold, quota aside: the first rule of the product, measured.
+        let idle_waiting_milli = plan.as_ref().map_or(0, |plan| {
+            let admitted: std::collections::BTreeSet<_> =
+                plan.admitted.iter().map(|(id, ..)| *id).collect();
+            let waiting = self
+                .snap
+                .pending
+                .iter()
+                .filter(|w| !admitted.contains(&w.job.id));
+            schedule::could_hold(&mut self.snap.placer, waiting, IDLE_WAITING_SHAPES)
+                .iter()
+                .map(|(_, m)| m)
+                .sum()
+        });
         let history = crate::state::SavedHistory::from_core(&self.history, &self.snap.queues);
         Computed {
             plan,
             history,
+            idle_waiting_milli,
             taken: self,
         }
     }
 }
 
+/// Failed job shapes after which the idle-while-waiting measure stops
+/// trying (it is then a lower bound), so that it stays cheap on a long
+/// backlog of many shapes.
+const IDLE_WAITING_SHAPES: usize = 256;
+
 /// Phase 2's output.
 struct Computed {
     plan: Option<schedule::Plan>,
     history: crate::state::SavedHistory,
+    /// Milli-GPUs free after the cycle that waiting work could hold, quota aside.
+    idle_waiting_milli: u64,
     taken: Taken,
 }
 
@@ -417,6 +447,7 @@ struct Applied {
     /// Decisions dropped because what they were made on changed meanwhile.
     stale: usize,
     running: usize,
+    idle_waiting_milli: u64,
 }
 
 impl Computed {
@@ -425,6 +456,7 @@ impl Computed {
         let Computed {
             plan,
             history,
+            idle_waiting_milli,
             taken,
         } = self;
         let mut change = Change::default();
@@ -465,6 +497,7 @@ impl Computed {
                 lost_gpu_hours: 0.0,
                 stale,
                 running: taken.snap.running.len(),
+                idle_waiting_milli,
             };
         };
         let snap = &taken.snap;
@@ -612,6 +645,7 @@ impl Computed {
             lost_gpu_hours,
             stale,
             running: taken.snap.running.len(),
+            idle_waiting_milli,
         }
     }
 }

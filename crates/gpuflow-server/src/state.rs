@@ -642,6 +642,12 @@ pub struct Stats {
     pub admissions: u64,
     pub preemptions: u64,
     pub lost_gpu_hours: f64,
+    /// GPUs free after the last cycle that waiting work could hold, quota
+    /// aside, and when that cycle ran.
+    pub idle_waiting_gpus: f64,
+    pub idle_waiting_at: u64,
+    /// Those GPUs over time since the server started.
+    pub idle_waiting_gpu_hours: f64,
 }
 
 /// The core's `History` keyed by queue names, so it survives restarts and

@@ -219,3 +219,51 @@ async fn a_notebook_beyond_its_guarantee_runs_on_a_lease_of_idle_guarantee() {
     assert!(w.contains("run only on idle capacity lent to them"), "{w}");
     assert!(w.contains("1 GPUs are lent already"), "{w}");
 }
+
+/// `GET /metrics` as an admin sees it: the value of one unlabelled series.
+async fn metric(h: &H, name: &str) -> f64 {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .uri("/metrics")
+        .header("authorization", format!("Bearer {}", h.admin))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = h.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// GPUs idle while work that fits them waits, on `/metrics`: with leases
+/// off, a notebook beyond its team's guarantee waits beside three free
+/// GPUs and the gauge says one GPU; with leases (the default) it starts
+/// and the gauge says none.
+#[tokio::test]
+async fn gpus_idle_while_work_that_fits_them_waits_are_on_metrics() {
+    for (lease, idle) in [(None, 1.0), (Some(4 * 3600), 0.0)] {
+        let h = harness_with(|c| c.lease_horizon_s = lease).await;
+        two_teams(&h).await;
+        submit(&h, "borrow-q", "notebook", 1).await;
+        let second = submit(&h, "borrow-q", "notebook", 1).await;
+        cycle(&h).await;
+        let waits = state(&h, second).await == "pending";
+        assert_eq!(waits, lease.is_none(), "{}", why(&h, second).await);
+        assert_eq!(
+            metric(&h, "gpuflow_scheduler_idle_waiting_gpus").await,
+            idle,
+            "leases {lease:?}"
+        );
+        assert_eq!(
+            metric(&h, "gpuflow_scheduler_idle_waiting_gpu_hours_total").await,
+            0.0,
+            "nothing has stood idle for any time yet"
+        );
+    }
+}

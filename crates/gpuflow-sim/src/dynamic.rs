@@ -369,45 +369,10 @@ pub struct SimResult {
     pub idle_waiting_gpu_hours: f64,
 }
 
-/// The pending jobs the free capacity could hold now, quota aside, with
-/// their milli-GPUs: each pending job, in order, placed on what is left (a
-/// shape that fails is not tried again: capacity only shrinks), then all
-/// of it released; a trial, so it changes nothing.
+/// The pending jobs the free capacity could hold now, quota aside: the
+/// core's [`schedule::could_hold`], every shape tried.
 pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> Vec<(JobId, u64)> {
-    use std::hash::{Hash, Hasher};
-    let shape = |w: &Workload| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for g in &w.job.groups {
-            g.request.hash(&mut h);
-            g.replicas.hash(&mut h);
-        }
-        w.job.constraints.hash(&mut h);
-        h.finish()
-    };
-    let trial = placer.begin_trial();
-    let mut failed: std::collections::BTreeSet<u64> = Default::default();
-    let mut placed = Vec::new();
-    let mut held = Vec::new();
-    for w in pending.iter().filter(|w| w.gpu_milli() > 0) {
-        let s = shape(w);
-        if failed.contains(&s) {
-            continue;
-        }
-        match placer.try_place_job(&w.job) {
-            Some(p) => {
-                held.push((w.job.id, w.gpu_milli()));
-                placed.push(p);
-            }
-            None => {
-                failed.insert(s);
-            }
-        }
-    }
-    for p in placed.iter().rev() {
-        placer.release(p);
-    }
-    placer.end_trial(trial);
-    held
+    schedule::could_hold(placer, pending, usize::MAX)
 }
 
 struct Live {

@@ -266,6 +266,56 @@ fn fits_now(placer: &mut Placer, job: &Job) -> Option<Placement> {
     p
 }
 
+/// The pending jobs the free capacity could hold now, quota aside, with
+/// their milli-GPUs: GPUs idle while work that fits them waits. Each
+/// pending job with GPUs, in order, is placed on what is left (a shape
+/// that fails is not tried again, as capacity only shrinks; after
+/// `max_failed` failed shapes the rest is not tried, so the answer is a
+/// lower bound), then all of it is released: a trial, it changes nothing.
+pub fn could_hold<'w>(
+    placer: &mut Placer,
+    pending: impl IntoIterator<Item = &'w Workload>,
+    max_failed: usize,
+) -> Vec<(JobId, u64)> {
+    use std::hash::{Hash, Hasher};
+    let shape = |w: &Workload| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for g in &w.job.groups {
+            g.request.hash(&mut h);
+            g.replicas.hash(&mut h);
+        }
+        w.job.constraints.hash(&mut h);
+        h.finish()
+    };
+    let trial = placer.begin_trial();
+    let mut failed: BTreeSet<u64> = BTreeSet::new();
+    let mut placed = Vec::new();
+    let mut held = Vec::new();
+    for w in pending.into_iter().filter(|w| w.gpu_milli() > 0) {
+        if failed.len() >= max_failed {
+            break;
+        }
+        let s = shape(w);
+        if failed.contains(&s) {
+            continue;
+        }
+        match placer.try_place_job(&w.job) {
+            Some(p) => {
+                held.push((w.job.id, w.gpu_milli()));
+                placed.push(p);
+            }
+            None => {
+                failed.insert(s);
+            }
+        }
+    }
+    for p in placed.iter().rev() {
+        placer.release(p);
+    }
+    placer.end_trial(trial);
+    held
+}
+
 /// A leaf queue's fair-share key: the shares along its path, top first
 /// (inline for trees up to four levels deep).
 type LeafKey = smallvec::SmallVec<[OrdF64; 4]>;

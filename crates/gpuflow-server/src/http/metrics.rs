@@ -409,10 +409,25 @@ async fn metrics(
             "GPU-hours of work the preemptions lost (since the victims' checkpoints).",
             st.lost_gpu_hours,
         ),
+        (
+            "gpuflow_scheduler_idle_waiting_gpu_hours_total",
+            "GPU-hours that stood free while waiting work could have held them, quota aside.",
+            st.idle_waiting_gpu_hours,
+        ),
     ] {
         o.head(name, "counter", help);
         o.line(name, &[], v);
     }
+    o.head(
+        "gpuflow_scheduler_idle_waiting_gpus",
+        "gauge",
+        "GPUs free after the last cycle that waiting work could hold, quota aside.",
+    );
+    o.line(
+        "gpuflow_scheduler_idle_waiting_gpus",
+        &[],
+        st.idle_waiting_gpus,
+    );
     o.head(
         "gpuflow_node_heartbeat_age_seconds",
         "gauge",
