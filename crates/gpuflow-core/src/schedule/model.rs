@@ -280,9 +280,10 @@ pub struct Config {
     /// borrowed GPUs to pass their minimum runtime holds the nodes it will
     /// take back from new borrowing (a reclaim hold), and keeps holding
     /// them every cycle until it starts, so that a stream of borrowers
-    /// cannot keep its victims young. Only when it can take them back
-    /// sooner than a new borrower could be, and no disruption budget or
-    /// reclaim fairness refuses its reclaim. Default on.
+    /// cannot keep its victims young. Only when it can take them back no
+    /// later than a new borrower placed there now could be taken back (else
+    /// it gets an ordinary backfill reservation), and no disruption budget
+    /// or reclaim fairness refused its reclaim. Default on.
     pub reclaim_holds: bool,
 }
 
