@@ -340,7 +340,7 @@ pub struct Outcome {
     /// its next start (still waiting at the end: to the end).
     pub requeued_wait: u64,
     /// GPU-hours (inside the arrival horizon) that stood free beside it
-    /// while it waited and they could hold it, quota aside ([`could_hold`]).
+    /// while it waited and they could hold it, quota aside ([`schedule::could_hold`]).
     pub idle_waiting_gpu_hours: f64,
 }
 
@@ -364,15 +364,9 @@ pub struct SimResult {
     /// Jobs still waiting or running when the simulation stopped.
     pub unfinished: usize,
     /// GPU-hours, inside the arrival horizon, that the waiting work could
-    /// have held on GPUs free after each cycle, quota aside ([`could_hold`]):
+    /// have held on GPUs free after each cycle, quota aside ([`schedule::could_hold`]):
     /// GPUs idle while work that fits them waits.
     pub idle_waiting_gpu_hours: f64,
-}
-
-/// The pending jobs the free capacity could hold now, quota aside: the
-/// core's [`schedule::could_hold`], every shape tried.
-pub fn could_hold(placer: &mut Placer, pending: &[Workload]) -> Vec<(JobId, u64)> {
-    schedule::could_hold(placer, pending, usize::MAX)
 }
 
 struct Live {
@@ -602,7 +596,7 @@ pub fn simulate(
         // GPUs idle while work that fits them waits, until the next cycle.
         if before < horizon && !pending.is_empty() {
             let dt = (now.min(horizon) - before) as f64;
-            for (id, milli) in could_hold(&mut placer, &pending) {
+            for (id, milli) in schedule::could_hold(&mut placer, &pending, usize::MAX) {
                 idle_waiting_milli_s += milli as f64 * dt;
                 outcomes[by_id[&id]].idle_waiting_gpu_hours += milli as f64 * dt / 3.6e6;
             }

@@ -283,17 +283,17 @@ impl<'a> Cycle<'a> {
             let mut open = flavors
                 .iter()
                 .find(|f| self.quota_check(i, f).is_ok())
-                .cloned();
-            if open.is_none() {
+                .map(|f| (f.clone(), !rule_blocked && self.reclaims(i, f)));
+            if open.is_none() && !rule_blocked {
                 for f in flavors.iter() {
-                    if !rule_blocked && self.reclaims(i, f) {
-                        open = Some(f.clone());
+                    if self.reclaims(i, f) {
+                        open = Some((f.clone(), true));
                         break;
                     }
                 }
             }
-            if let Some(flavor) = open.as_deref() {
-                let reclaims = !rule_blocked && self.reclaims(i, flavor);
+            if let Some((flavor, reclaims)) = open {
+                let flavor = &*flavor;
                 let made = if reclaims {
                     self.reserve.holds.len()
                 } else {
@@ -493,14 +493,15 @@ impl<'a> Cycle<'a> {
     /// Whether job `i`, of a class that may not borrow, may run beyond its
     /// queue's guarantee of `flavor` on a lease ([`Config::lease_horizon`]),
     /// its class holding `held` of `guaranteed` there: `Err(None)` when
-    /// leases are off or the flavor has no quota, else why not.
+    /// leases are off, the class takes none or the flavor has no quota,
+    /// else `[leased, need, lendable]` (see [`PendingReason::NoLease`]).
     pub(super) fn lease(
         &self,
         i: usize,
         flavor: &str,
         held: u64,
         guaranteed: u64,
-    ) -> Result<(), Option<LeaseBlock>> {
+    ) -> Result<(), Option<[u64; 3]>> {
         let fi = self.fidx(flavor);
         let may_lease = self
             .snap
@@ -515,11 +516,7 @@ impl<'a> Cycle<'a> {
         let leased = self.usage.leased.get(&fi).copied().unwrap_or(0);
         let lendable = self.usage.lendable.get(fi as usize).copied().unwrap_or(0);
         if leased + need > lendable {
-            return Err(Some(LeaseBlock::Lendable {
-                leased,
-                need,
-                lendable,
-            }));
+            return Err(Some([leased, need, lendable]));
         }
         Ok(())
     }
@@ -578,12 +575,14 @@ impl<'a> Cycle<'a> {
                         usage,
                         guaranteed,
                     },
-                    Some(block) => PendingReason::NoLease {
+                    Some([leased, need, lendable]) => PendingReason::NoLease {
                         flavor,
                         class,
                         usage,
                         guaranteed,
-                        block,
+                        leased,
+                        need,
+                        lendable,
                     },
                 });
             }

@@ -30,13 +30,17 @@ pub enum PendingReason {
         guaranteed: u64,
     },
     /// The class may not borrow, the job does not fit the guarantee, and
-    /// it may not take a lease ([`Config::lease_horizon`]) either.
+    /// the flavor's leases ([`Config::lease_horizon`]) would pass what may
+    /// be lent: `leased` held already, `need` more for this job,
+    /// `lendable` in all.
     NoLease {
         flavor: Arc<str>,
         class: Arc<str>,
         usage: u64,
         guaranteed: u64,
-        block: LeaseBlock,
+        leased: u64,
+        need: u64,
+        lendable: u64,
     },
     /// Within its queue's guarantee, but other queues hold that capacity
     /// on loan (borrowed, or leased): it is taken back as the loans allow.
@@ -98,18 +102,6 @@ pub enum PendingReason {
     /// Not reached this cycle (the queue used its tries, or FIFO blocked at the head).
     NotReached {
         ahead: usize,
-    },
-}
-
-/// Why a job may not run on a lease beyond its queue's guarantee.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum LeaseBlock {
-    /// The flavor's leases would pass what the queues can lend: `leased`
-    /// held already, `need` more for this job, `lendable` in all.
-    Lendable {
-        leased: u64,
-        need: u64,
-        lendable: u64,
     },
 }
 
@@ -211,28 +203,18 @@ impl fmt::Display for PendingReason {
                 class,
                 usage,
                 guaranteed,
-                block,
-            } => {
-                write!(
-                    f,
-                    "{class} jobs beyond the guaranteed {flavor} quota (they would hold {} of {} GPUs) run only on idle capacity lent to them: ",
-                    gpus(*usage),
-                    gpus(*guaranteed)
-                )?;
-                match block {
-                    LeaseBlock::Lendable {
-                        leased,
-                        need,
-                        lendable,
-                    } => write!(
-                        f,
-                        "{} GPUs are lent already and this job needs {} more, but the capacity no queue claims for its guarantee (what it holds and has pending) leaves {} GPUs to lend",
-                        gpus(*leased),
-                        gpus(*need),
-                        gpus(*lendable)
-                    ),
-                }
-            }
+                leased,
+                need,
+                lendable,
+            } => write!(
+                f,
+                "{class} jobs beyond the guaranteed {flavor} quota (they would hold {} of {} GPUs) run only on idle capacity lent to them: {} GPUs are lent already and this job needs {} more, but the capacity no queue claims for its guarantee (what it holds and has pending) leaves {} GPUs to lend",
+                gpus(*usage),
+                gpus(*guaranteed),
+                gpus(*leased),
+                gpus(*need),
+                gpus(*lendable)
+            ),
             PendingReason::GuaranteeLent {
                 flavor,
                 queue,
