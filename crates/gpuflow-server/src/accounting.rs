@@ -125,27 +125,70 @@ pub fn usage(
     prices: &api::Prices,
     by: By,
     period: Period,
-    (from, to): (u64, u64),
+    range: (u64, u64),
     now: u64,
 ) -> Vec<api::UsageRow> {
-    #[derive(Default)]
-    struct Acc {
-        gpu_s: f64,
-        sampled_s: f64,
-        used_s: f64,
-        cost: f64,
-        jobs: std::collections::BTreeSet<u64>,
+    let mut u = Usage::new(projects, prices, by, period, range, now);
+    jobs.iter().for_each(|j| u.add(j));
+    u.rows()
+}
+
+/// The usage report, summed one job at a time: it keeps a row per key and
+/// period, never the jobs.
+pub struct Usage<'a> {
+    projects: &'a BTreeMap<String, api::Project>,
+    prices: &'a api::Prices,
+    by: By,
+    period: Period,
+    range: (u64, u64),
+    now: u64,
+    rows: BTreeMap<(String, u64), UsageSum>,
+}
+
+#[derive(Default)]
+struct UsageSum {
+    gpu_s: f64,
+    sampled_s: f64,
+    used_s: f64,
+    cost: f64,
+    jobs: u32,
+    /// The last job counted in `jobs`: a job adds to a row from several
+    /// holds, all before the next job comes.
+    last: Option<u64>,
+}
+
+impl<'a> Usage<'a> {
+    pub fn new(
+        projects: &'a BTreeMap<String, api::Project>,
+        prices: &'a api::Prices,
+        by: By,
+        period: Period,
+        range: (u64, u64),
+        now: u64,
+    ) -> Usage<'a> {
+        Usage {
+            projects,
+            prices,
+            by,
+            period,
+            range,
+            now,
+            rows: BTreeMap::new(),
+        }
     }
-    let mut rows: BTreeMap<(String, u64), Acc> = BTreeMap::new();
-    for j in jobs {
+
+    /// Adds what `j` held in the range.
+    pub fn add(&mut self, j: &JobRec) {
+        let (from, to) = self.range;
+        let now = self.now;
         for h in &j.held {
             let end = h.to.unwrap_or(now).min(to);
             let mut t = h.from.max(from);
             while t < end {
-                let (p0, p1) = period.bounds(t, (from, to));
+                let (p0, p1) = self.period.bounds(t, (from, to));
                 let upto = p1.min(end);
                 let gpu_s = h.gpu_s(t, upto, now);
-                let key = match by {
+                let key = match self.by {
                     By::Team => j.team.clone(),
                     By::Project => j.spec.project.clone().unwrap_or_else(|| "-".into()),
                     By::User => j.user.clone(),
@@ -155,13 +198,13 @@ pub fn usage(
                         .spec
                         .project
                         .as_ref()
-                        .and_then(|p| projects.get(p))
+                        .and_then(|p| self.projects.get(p))
                         .map(|p| p.cost_centre.clone())
                         .filter(|c| !c.is_empty())
                         .unwrap_or_else(|| "-".into()),
                     By::Job => j.id.to_string(),
                 };
-                let a = rows.entry((key, p0)).or_default();
+                let a = self.rows.entry((key, p0)).or_default();
                 a.gpu_s += gpu_s;
                 // An open hold's utilisation so far, from its tasks' samples.
                 let util = j.hold_util(h);
@@ -169,37 +212,70 @@ pub fn usage(
                     a.sampled_s += gpu_s;
                     a.used_s += gpu_s * u / 100.0;
                 }
-                a.cost += gpu_s / 3600.0 * gpu_price(prices, &h.model);
-                a.jobs.insert(j.id);
+                a.cost += gpu_s / 3600.0 * gpu_price(self.prices, &h.model);
+                if a.last != Some(j.id) {
+                    a.last = Some(j.id);
+                    a.jobs += 1;
+                }
                 t = upto;
             }
         }
     }
-    rows.into_iter()
-        .map(|((key, period_start), a)| api::UsageRow {
-            key,
-            period_start,
-            gpu_hours: a.gpu_s / 3600.0,
-            used_gpu_hours: a.used_s / 3600.0,
-            efficiency: (a.sampled_s > 0.0).then(|| a.used_s / a.sampled_s),
-            cost: a.cost,
-            jobs: a.jobs.len() as u32,
-        })
-        .collect()
+
+    pub fn rows(self) -> Vec<api::UsageRow> {
+        self.rows
+            .into_iter()
+            .map(|((key, period_start), a)| api::UsageRow {
+                key,
+                period_start,
+                gpu_hours: a.gpu_s / 3600.0,
+                used_gpu_hours: a.used_s / 3600.0,
+                efficiency: (a.sampled_s > 0.0).then(|| a.used_s / a.sampled_s),
+                cost: a.cost,
+                jobs: a.jobs,
+            })
+            .collect()
+    }
 }
 
 /// The jobs report: the jobs submitted in `[from, to)`, by queue or kind
 /// (`by`: anything else is the queue): waits (p50, p95 by nearest rank),
 /// outcomes, preemptions and the work they lost.
-pub fn job_rows(jobs: &[JobRec], by_kind: bool, (from, to): (u64, u64)) -> Vec<api::JobsRow> {
-    let mut rows: BTreeMap<String, (api::JobsRow, Vec<u64>)> = BTreeMap::new();
-    for j in jobs.iter().filter(|j| (from..to).contains(&j.submitted_at)) {
-        let key = if by_kind {
+pub fn job_rows(jobs: &[JobRec], by_kind: bool, range: (u64, u64)) -> Vec<api::JobsRow> {
+    let mut r = JobRows::new(by_kind, range);
+    jobs.iter().for_each(|j| r.add(j));
+    r.rows()
+}
+
+/// The jobs report, summed one job at a time: a row and the waits of each
+/// key.
+pub struct JobRows {
+    by_kind: bool,
+    range: (u64, u64),
+    rows: BTreeMap<String, (api::JobsRow, Vec<u64>)>,
+}
+
+impl JobRows {
+    pub fn new(by_kind: bool, range: (u64, u64)) -> JobRows {
+        JobRows {
+            by_kind,
+            range,
+            rows: BTreeMap::new(),
+        }
+    }
+
+    /// Counts `j` when it was submitted in the range.
+    pub fn add(&mut self, j: &JobRec) {
+        let (from, to) = self.range;
+        if !(from..to).contains(&j.submitted_at) {
+            return;
+        }
+        let key = if self.by_kind {
             format!("{:?}", j.spec.kind).to_lowercase()
         } else {
             j.spec.queue.clone()
         };
-        let (r, waits) = rows.entry(key.clone()).or_insert_with(|| {
+        let (r, waits) = self.rows.entry(key.clone()).or_insert_with(|| {
             (
                 api::JobsRow {
                     key,
@@ -231,20 +307,24 @@ pub fn job_rows(jobs: &[JobRec], by_kind: bool, (from, to): (u64, u64)) -> Vec<a
         r.preemptions += j.preemptions;
         r.lost_gpu_hours += j.lost_gpu_hours;
     }
-    rows.into_values()
-        .map(|(mut r, mut waits)| {
-            waits.sort_unstable();
-            let rank = |p: f64| {
-                let n = waits.len();
-                (n > 0).then(|| waits[((n as f64 * p).ceil() as usize).clamp(1, n) - 1])
-            };
-            r.wait_p50_s = rank(0.50);
-            r.wait_p95_s = rank(0.95);
-            let finished = r.succeeded + r.failed + r.cancelled;
-            r.failure_rate = (finished > 0).then(|| f64::from(r.failed) / f64::from(finished));
-            r
-        })
-        .collect()
+
+    pub fn rows(self) -> Vec<api::JobsRow> {
+        self.rows
+            .into_values()
+            .map(|(mut r, mut waits)| {
+                waits.sort_unstable();
+                let rank = |p: f64| {
+                    let n = waits.len();
+                    (n > 0).then(|| waits[((n as f64 * p).ceil() as usize).clamp(1, n) - 1])
+                };
+                r.wait_p50_s = rank(0.50);
+                r.wait_p95_s = rank(0.95);
+                let finished = r.succeeded + r.failed + r.cancelled;
+                r.failure_rate = (finished > 0).then(|| f64::from(r.failed) / f64::from(finished));
+                r
+            })
+            .collect()
+    }
 }
 
 /// Memory a job must have to spare over its measured peak before a
@@ -270,78 +350,90 @@ pub fn advice(
     jobs: &[JobRec],
     offer: &Offer,
     prices: &api::Prices,
-    (from, to): (u64, u64),
+    range: (u64, u64),
     now: u64,
 ) -> Vec<api::Advice> {
-    let month = 30.0 * 86_400.0 / (to - from) as f64;
-    let mut out = Vec::new();
-    for j in jobs {
-        // Whole GPUs only: what it holds is what it could hold less of.
-        let whole = j.spec.tasks.iter().all(|g| {
-            g.resources
-                .gpu
-                .as_ref()
-                .is_none_or(|s| s.mode == api::GpuMode::Whole)
-        });
-        let peak = j
-            .tasks
-            .iter()
-            .filter_map(|t| t.usage.as_ref())
-            .filter(|u| u.samples > 0)
-            .map(|u| u.gpu_memory_peak_mib)
-            .max();
-        let (Some(peak), Some(h), true) = (peak, j.held.last(), whole) else {
-            continue;
-        };
-        let Some(util) = j.hold_util(h) else {
-            continue;
-        };
-        let gpu_hours: f64 = j.held.iter().map(|h| h.gpu_s(from, to, now)).sum::<f64>() / 3600.0;
-        let price = gpu_price(prices, &h.model);
-        if gpu_hours <= 0.0 || price <= 0.0 {
-            continue;
-        }
-        let need = (peak as f64 * HEADROOM).ceil() as u64;
-        // The cheapest model with room for it.
-        let cheaper = offer
-            .models
-            .iter()
-            .filter(|(m, mem)| **m != h.model && **mem >= need)
-            .map(|(m, _)| (m.clone(), gpu_price(prices, m)))
-            .filter(|(_, p)| *p < price)
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        // A MIG slice of its own model, when it uses little of the GPU.
-        let slice = (util < MIG_BELOW_PCT)
-            .then(|| {
-                offer
-                    .mig
-                    .get(&h.model)?
-                    .iter()
-                    .filter(|(_, mem, _)| *mem >= need)
-                    .min_by_key(|(_, _, s)| *s)
-                    .map(|(p, _, s)| (format!("{} MIG {p}", h.model), price * f64::from(*s) / 7.0))
-            })
-            .flatten();
-        let best = [cheaper, slice]
-            .into_iter()
-            .flatten()
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((instead, p)) = best {
-            out.push(api::Advice {
-                id: j.id,
-                name: j.spec.name.clone(),
-                team: j.team.clone(),
-                model: h.model.clone(),
-                peak_gpu_memory_mib: peak,
-                util_pct: util,
-                instead,
-                saving_per_month: (price - p) * gpu_hours * month,
-                currency: prices.currency.clone(),
-            });
-        }
-    }
-    out.sort_by(|a, b| b.saving_per_month.total_cmp(&a.saving_per_month));
+    let mut out: Vec<api::Advice> = jobs
+        .iter()
+        .filter_map(|j| advice_for(j, offer, prices, range, now))
+        .collect();
+    sort_advice(&mut out);
     out
+}
+
+/// Largest saving first.
+pub fn sort_advice(out: &mut [api::Advice]) {
+    out.sort_by(|a, b| b.saving_per_month.total_cmp(&a.saving_per_month));
+}
+
+/// The advice for one job, if any (see [`advice`]).
+pub fn advice_for(
+    j: &JobRec,
+    offer: &Offer,
+    prices: &api::Prices,
+    (from, to): (u64, u64),
+    now: u64,
+) -> Option<api::Advice> {
+    let month = 30.0 * 86_400.0 / (to - from) as f64;
+    // Whole GPUs only: what it holds is what it could hold less of.
+    let whole = j.spec.tasks.iter().all(|g| {
+        g.resources
+            .gpu
+            .as_ref()
+            .is_none_or(|s| s.mode == api::GpuMode::Whole)
+    });
+    let peak = j
+        .tasks
+        .iter()
+        .filter_map(|t| t.usage.as_ref())
+        .filter(|u| u.samples > 0)
+        .map(|u| u.gpu_memory_peak_mib)
+        .max();
+    let (Some(peak), Some(h), true) = (peak, j.held.last(), whole) else {
+        return None;
+    };
+    let util = j.hold_util(h)?;
+    let gpu_hours: f64 = j.held.iter().map(|h| h.gpu_s(from, to, now)).sum::<f64>() / 3600.0;
+    let price = gpu_price(prices, &h.model);
+    if gpu_hours <= 0.0 || price <= 0.0 {
+        return None;
+    }
+    let need = (peak as f64 * HEADROOM).ceil() as u64;
+    // The cheapest model with room for it.
+    let cheaper = offer
+        .models
+        .iter()
+        .filter(|(m, mem)| **m != h.model && **mem >= need)
+        .map(|(m, _)| (m.clone(), gpu_price(prices, m)))
+        .filter(|(_, p)| *p < price)
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    // A MIG slice of its own model, when it uses little of the GPU.
+    let slice = (util < MIG_BELOW_PCT)
+        .then(|| {
+            offer
+                .mig
+                .get(&h.model)?
+                .iter()
+                .filter(|(_, mem, _)| *mem >= need)
+                .min_by_key(|(_, _, s)| *s)
+                .map(|(p, _, s)| (format!("{} MIG {p}", h.model), price * f64::from(*s) / 7.0))
+        })
+        .flatten();
+    let best = [cheaper, slice]
+        .into_iter()
+        .flatten()
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    best.map(|(instead, p)| api::Advice {
+        id: j.id,
+        name: j.spec.name.clone(),
+        team: j.team.clone(),
+        model: h.model.clone(),
+        peak_gpu_memory_mib: peak,
+        util_pct: util,
+        instead,
+        saving_per_month: (price - p) * gpu_hours * month,
+        currency: prices.currency.clone(),
+    })
 }
 
 /// The start of `period` holding `t` (UTC; weeks start on Monday).
@@ -441,23 +533,36 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
     if queues.is_empty() && projects.is_empty() {
         return Ok(());
     }
-    let jobs = crate::every_job(shared).await?;
-    let count = |name: &str, b: &api::BudgetSpec, of_queue: bool| {
-        let start = period_start(b.period, now);
-        let mine = jobs.iter().filter(|j| {
-            if of_queue {
-                j.spec.queue == name
-            } else {
-                j.spec.project.as_deref() == Some(name)
-            }
-        });
-        (
-            name.to_string(),
-            (start, budget_spent(mine, b, &prices, start, now)),
-        )
-    };
-    let queues = queues.iter().map(|(q, b)| count(q, b, true)).collect();
-    let projects = projects.iter().map(|(p, b)| count(p, b, false)).collect();
+    // Summed one job at a time, in each budget's period.
+    let mut queue_spent: BTreeMap<String, (u64, f64)> = queues
+        .iter()
+        .map(|(q, b)| (q.clone(), (period_start(b.period, now), 0.0)))
+        .collect();
+    let mut project_spent: BTreeMap<String, (u64, f64)> = projects
+        .iter()
+        .map(|(p, b)| (p.clone(), (period_start(b.period, now), 0.0)))
+        .collect();
+    let budgets_of_queues: BTreeMap<&str, &api::BudgetSpec> =
+        queues.iter().map(|(q, b)| (q.as_str(), b)).collect();
+    let budgets_of_projects: BTreeMap<&str, &api::BudgetSpec> =
+        projects.iter().map(|(p, b)| (p.as_str(), b)).collect();
+    crate::each_job(shared, None, |j| {
+        if let (Some(b), Some((start, spent))) = (
+            budgets_of_queues.get(j.spec.queue.as_str()),
+            queue_spent.get_mut(&j.spec.queue),
+        ) {
+            *spent += budget_spent(std::iter::once(&j), b, &prices, *start, now);
+        }
+        if let Some(p) = j.spec.project.as_deref()
+            && let (Some(b), Some((start, spent))) =
+                (budgets_of_projects.get(p), project_spent.get_mut(p))
+        {
+            *spent += budget_spent(std::iter::once(&j), b, &prices, *start, now);
+        }
+    })
+    .await?;
+    let queues = queue_spent;
+    let projects = project_spent;
     let mut w = shared.world.lock().await;
     w.budget_used = queues;
     w.project_budget_used = projects;

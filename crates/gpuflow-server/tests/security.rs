@@ -1348,3 +1348,58 @@ async fn a_caller_past_its_rate_is_refused_and_others_are_not() {
     assert!(codes.contains(&429), "{codes:?}");
     assert!(codes.iter().all(|c| *c == 401 || *c == 429), "{codes:?}");
 }
+
+/// Reports read the store a page at a time: every stored job is counted
+/// once, past the first page, a job in memory counts as its newer copy,
+/// and a team's reader counts its team's jobs only.
+#[tokio::test]
+async fn reports_count_every_stored_job_once_and_only_the_callers_team() {
+    let h = harness(None).await;
+    let tokens = team(&h, "alpha").await;
+    let spec = |queue: &str| {
+        gpuflow_api::JobSpec::parse(
+            format!("name: old\nqueue: {queue}\ntasks:\n  - name: main\n    command: [x]\n")
+                .as_bytes(),
+            false,
+        )
+        .unwrap()
+    };
+    let t = gpuflow_server::now();
+    // 1,203 finished jobs in the store only, as after a restart: two of
+    // three of team default's, one of three of alpha's.
+    let mut batch = gpuflow_store::Batch::default();
+    for id in 1_000..2_203u64 {
+        let (team, queue) = if id % 3 == 0 {
+            ("alpha", "alpha-q")
+        } else {
+            ("default", "default")
+        };
+        let mut j =
+            gpuflow_server::lifecycle::submitted(id, spec(queue), team, "old", None, t - 7200);
+        j.state = gpuflow_api::JobState::Succeeded;
+        j.started_at = Some(t - 7100);
+        j.finished_at = Some(t - 7000);
+        batch.put.push(j.record());
+    }
+    h.shared.store.commit(&batch).await.unwrap();
+    // A job in memory too: its newer copy (running) counts, once.
+    let live = h.job("alpha-q").await;
+    let submitted = |v: &Value| -> u64 {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["submitted"].as_u64().unwrap())
+            .sum()
+    };
+    // Up to a minute from now: the live job was submitted this second.
+    let path = format!("/v1/reports/jobs?from=1d&to={}", t + 60);
+    let (s, v) = h.get(&path, &h.admin).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(submitted(&v), 1_204, "{v}");
+    let (s, v) = h.get(&path, &tokens["viewer"]).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(submitted(&v), 401 + 1, "{v}");
+    let rows = v.as_array().unwrap();
+    assert!(rows.iter().all(|r| r["key"] == "alpha-q"), "{v}");
+    assert!(live > 0);
+}

@@ -161,12 +161,19 @@ pub trait Store: Send + Sync {
     /// On a database error.
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError>;
 
-    /// The records of a table that belong to `team`, in key order (read
-    /// through the `(team, state)` index where the table has one).
+    /// Up to `limit` records of a table with keys after `after` (from the
+    /// first with `None`), in key order; only `team`'s with `Some`. A
+    /// reader that pages through a table holds one page, not the table.
     ///
     /// # Errors
     /// On a database error.
-    async fn load_team(&self, table: Table, team: &str) -> Result<Vec<Record>, StoreError>;
+    async fn load_page(
+        &self,
+        table: Table,
+        team: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Record>, StoreError>;
 
     /// The records of a table with these keys (those that exist), in key
     /// order.
@@ -217,24 +224,38 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 impl SqlStore {
-    /// Every record of a table, or of one team's, in key order.
+    /// The records of a table in key order: only `team`'s with `Some`,
+    /// only those with keys after `after` with `Some`, at most `limit`.
     async fn load_where(
         &self,
         table: Table,
         team: Option<&str>,
+        after: Option<&str>,
+        limit: Option<u32>,
     ) -> Result<Vec<Record>, StoreError> {
-        let filter = if team.is_some() {
-            " WHERE team = $1"
+        let mut filter = Vec::new();
+        if team.is_some() {
+            filter.push(format!("team = ${}", filter.len() + 1));
+        }
+        if after.is_some() {
+            filter.push(format!("key > ${}", filter.len() + 1));
+        }
+        let filter = if filter.is_empty() {
+            String::new()
         } else {
-            ""
+            format!(" WHERE {}", filter.join(" AND "))
         };
+        let limit = limit.map(|n| format!(" LIMIT {n}")).unwrap_or_default();
         let sql = format!(
-            "SELECT key, team, state, doc FROM {}{filter} ORDER BY key",
+            "SELECT key, team, state, doc FROM {}{filter} ORDER BY key{limit}",
             table.name()
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(t) = team {
             q = q.bind(t);
+        }
+        if let Some(a) = after {
+            q = q.bind(a);
         }
         let rows = q.fetch_all(&self.pool).await?;
         rows.iter()
@@ -296,11 +317,17 @@ impl Store for SqlStore {
     }
 
     async fn load(&self, table: Table) -> Result<Vec<Record>, StoreError> {
-        self.load_where(table, None).await
+        self.load_where(table, None, None, None).await
     }
 
-    async fn load_team(&self, table: Table, team: &str) -> Result<Vec<Record>, StoreError> {
-        self.load_where(table, Some(team)).await
+    async fn load_page(
+        &self,
+        table: Table,
+        team: Option<&str>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.load_where(table, team, after, Some(limit)).await
     }
 
     async fn get_many(&self, table: Table, keys: &[String]) -> Result<Vec<Record>, StoreError> {

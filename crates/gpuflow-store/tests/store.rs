@@ -57,6 +57,33 @@ async fn suite(store: &dyn Store) {
     assert_eq!(store.get_many(Table::Jobs, &many).await.unwrap(), jobs);
     assert!(store.get_many(Table::Jobs, &[]).await.unwrap().is_empty());
 
+    // Pages: in key order after a key, of one team or all, never more
+    // than asked.
+    let mut b = Batch::default();
+    for i in 3..10 {
+        let team = if i % 2 == 0 { "a" } else { "b" };
+        b.put.push(rec(Table::Jobs, &format!("{i:08}"), team, "{}"));
+    }
+    store.commit(&b).await.unwrap();
+    let keys = |rs: Vec<Record>| rs.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    let page = store.load_page(Table::Jobs, None, None, 3).await.unwrap();
+    assert_eq!(keys(page), ["00000001", "00000003", "00000004"]);
+    let page = store
+        .load_page(Table::Jobs, Some("a"), Some("00000004"), 10)
+        .await
+        .unwrap();
+    assert_eq!(keys(page), ["00000006", "00000008"]);
+    let page = store
+        .load_page(Table::Jobs, Some("b"), Some("00000009"), 10)
+        .await
+        .unwrap();
+    assert!(page.is_empty());
+    let mut b = Batch::default();
+    for i in 3..10 {
+        b.delete.push((Table::Jobs, format!("{i:08}")));
+    }
+    store.commit(&b).await.unwrap();
+
     // Events filter by job and team, in order, after a sequence number.
     let all = store
         .events(&EventQuery {

@@ -58,13 +58,45 @@ impl Out {
     }
 }
 
+/// The last text rendered, and when its render began.
+pub type Rendered = Option<(std::time::Instant, Arc<String>)>;
+
 async fn metrics(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
 ) -> Result<axum::response::Response, Error> {
     caller.need_admin("reading /metrics")?;
-    let t = now();
-    let world = shared.world.lock().await;
+    let asked = std::time::Instant::now();
+    // One render at a time, under the state lock; callers who asked while
+    // it ran share the next one, which began after they asked, so nobody
+    // reads figures older than their request, and however many scrape at
+    // once, the lock sees at most one render in flight and one queued.
+    let mut last = shared.metrics.lock().await;
+    let text = match last.as_ref() {
+        Some((began, text)) if *began >= asked => text.clone(),
+        _ => {
+            let began = std::time::Instant::now();
+            let failures = shared
+                .cycle_failures
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let text = Arc::new(render(&*shared.world.lock().await, failures, now()));
+            *last = Some((began, text.clone()));
+            text
+        }
+    };
+    drop(last);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text.as_str().to_owned(),
+    )
+        .into_response())
+}
+
+/// The metrics' text at `t`.
+fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     let mut o = Out(String::new());
 
     // Queues: jobs by state, GPUs used against guaranteed.
@@ -370,9 +402,7 @@ async fn metrics(
     o.line(
         "gpuflow_scheduler_cycle_failures_total",
         &[],
-        shared
-            .cycle_failures
-            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+        cycle_failures as f64,
     );
     let st = &world.stats;
     o.head(
@@ -483,13 +513,5 @@ async fn metrics(
             }
         }
     }
-    drop(world);
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        o.0,
-    )
-        .into_response())
+    o.0
 }

@@ -9,7 +9,7 @@
 mod clusters;
 mod events;
 mod jobs;
-mod metrics;
+pub mod metrics;
 mod nodes;
 mod projects;
 mod queues;

@@ -129,15 +129,9 @@ async fn jobs_report(
     };
     let (from, to) = range(&q, now())?;
     let _turn = shared.reports.acquire().await;
-    let mine: Vec<JobRec> = crate::jobs_of(&shared, seen_team(&caller))
-        .await?
-        .into_iter()
-        .collect();
-    Ok(Json(crate::accounting::job_rows(
-        &mine,
-        by_kind,
-        (from, to),
-    )))
+    let mut rows = crate::accounting::JobRows::new(by_kind, (from, to));
+    crate::each_job(&shared, seen_team(&caller), |j| rows.add(&j)).await?;
+    Ok(Json(rows.rows()))
 }
 
 async fn usage(
@@ -169,16 +163,9 @@ async fn usage(
         (world.projects.clone(), world.prices.clone())
     };
     let _turn = shared.reports.acquire().await;
-    let mine: Vec<JobRec> = crate::jobs_of(&shared, seen_team(&caller))
-        .await?
-        .into_iter()
-        .filter(|j| {
-            j.held
-                .iter()
-                .any(|h| h.from < to && h.to.is_none_or(|e| e > from))
-        })
-        .collect();
-    let rows = crate::accounting::usage(&mine, &projects, &prices, by, period, (from, to), t);
+    let mut sums = crate::accounting::Usage::new(&projects, &prices, by, period, (from, to), t);
+    crate::each_job(&shared, seen_team(&caller), |j| sums.add(&j)).await?;
+    let rows = sums.rows();
     Ok(Json(api::UsageReport {
         by: by_name.to_string(),
         period: period_name.to_string(),
@@ -282,13 +269,13 @@ async fn advice(
         (offer, world.prices.clone())
     };
     let _turn = shared.reports.acquire().await;
-    let mine: Vec<JobRec> = crate::jobs_of(&shared, seen_team(&caller))
-        .await?
-        .into_iter()
-        .collect();
-    Ok(Json(crate::accounting::advice(
-        &mine, &offer, &prices, range, t,
-    )))
+    let mut out = Vec::new();
+    crate::each_job(&shared, seen_team(&caller), |j| {
+        out.extend(crate::accounting::advice_for(&j, &offer, &prices, range, t));
+    })
+    .await?;
+    crate::accounting::sort_advice(&mut out);
+    Ok(Json(out))
 }
 
 /// The recorded workload of a range (default: the last 30 days), the
