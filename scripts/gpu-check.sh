@@ -17,7 +17,10 @@
 #   4. a task sharing a GPU with a 1 GiB GPU-memory claim that allocates 4 GiB
 #      is stopped by the watchdog with a gpu-memory event;
 #   5. a task opens only its own GPU's /dev/nvidiaN (others, and every one
-#      for a task without a GPU, are refused by the device controller).
+#      for a task without a GPU, are refused by the device controller);
+#   6. where a GPU is already in MIG mode with two or more instances (the
+#      script never sets it): a task on one instance opens its own two
+#      /dev/nvidia-caps capabilities and is refused every other one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${GPUFLOW_BIN:-}
@@ -123,8 +126,10 @@ if [ "$has_torch" = True ]; then
     fail "a task allocating 4 GiB against a 1 GiB claim ended $state: $reason"
   fi
 fi
+# A task's script that tries to open each device node of a glob.
+opener() { echo 'for d in '"$1"'; do if true 2>e <"$d"; then echo "$d opened"; else echo "$d $(cat e)"; fi; done'; }
 # 5. A task opens only its own GPU's device node.
-probe='for d in /dev/nvidia[0-9]*; do if true 2>e <"$d"; then echo "$d opened"; else echo "$d $(cat e)"; fi; done'
+probe=$(opener '/dev/nvidia[0-9]*')
 id=$(submit devs '{count: 1}' "$probe")
 wait_state "$id" succeeded failed >/dev/null
 out=$(logs "$id")
@@ -143,5 +148,24 @@ if [ "$(echo "$out" | grep -c 'Operation not permitted' || true)" = "$total" ]; 
   pass "a task without a GPU is refused all $total GPU device nodes"
 else
   fail "a task without a GPU: $(echo "$out" | tr '\n' ';')"
+fi
+# 6. A MIG task opens only its own instance's capabilities.
+profile=$(nvidia-smi -L | sed -n 's/.*MIG \([0-9]*g\.[0-9]*gb\).*/\1/p' | head -1)
+caps=$(ls /dev/nvidia-caps/nvidia-cap* 2>/dev/null | wc -l)
+if [ -z "$profile" ] || [ "$caps" -lt 4 ]; then
+  skip "no GPU in MIG mode with capability devices here (the script never sets MIG mode)"
+else
+  probe=$(opener '/dev/nvidia-caps/nvidia-cap*')
+  id=$(submit migcaps "{mode: mig, profile: $profile}" "$probe")
+  wait_state "$id" succeeded failed >/dev/null
+  out=$(logs "$id")
+  opened=$(echo "$out" | grep -c ' opened$' || true)
+  # config and monitor are root's alone (0400): refused before the cgroup asks.
+  denied=$(echo "$out" | grep -c 'Operation not permitted\|Permission denied' || true)
+  if [ "$opened" = 2 ] && [ "$denied" = $((caps - 2)) ]; then
+    pass "a $profile task opens its instance's 2 capabilities and is refused the other $denied"
+  else
+    fail "a $profile task opened $opened of $caps MIG capabilities: $(echo "$out" | tr '\n' ';')"
+  fi
 fi
 exit $failed

@@ -374,6 +374,22 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k,
     return NVML_SUCCESS;
 }
 
+/* A MIG device's GPU instance id (its instance number + 1) and compute
+ * instance id (0); not a MIG device: invalid argument, as NVML answers. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !id || d->mig < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned int)d->mig + 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!d || !id || d->mig < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = 0;
+    return NVML_SUCCESS;
+}
+
 /* The island of GPU i in FAKE_NVML_NVLINK (its position), or -1. */
 static int island(unsigned int i) {
     const char *s = getenv("FAKE_NVML_NVLINK");

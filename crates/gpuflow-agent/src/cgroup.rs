@@ -410,8 +410,10 @@ impl Cgroups {
         }
     }
 
-    /// Makes task `k`'s group with its limits; on v1 it may open only the
-    /// GPU device nodes of `gpu_minors` (the minors of its GPUs' `/dev/nvidiaN`).
+    /// Makes task `k`'s group with its limits; it may open only the GPU
+    /// device nodes of `gpu_minors` (the minors of its GPUs' `/dev/nvidiaN`)
+    /// and, where the driver has MIG capability devices, only `caps`'s
+    /// allowed ones (see `migcaps.rs`).
     ///
     /// # Errors
     /// When a directory cannot be made or a limit not written; the message
@@ -421,6 +423,7 @@ impl Cgroups {
         k: crate::task::Key,
         limits: Limits,
         gpu_minors: &[u32],
+        caps: Option<&crate::migcaps::CapsRule>,
     ) -> Result<TaskGroup, String> {
         let g = self.group(k);
         for d in g.bases() {
@@ -449,7 +452,7 @@ impl Cgroups {
                 if self.bpf_devices.is_none()
                     && let Some(d) = g.bases().first()
                 {
-                    crate::devbpf::deny_gpus(d, gpu_minors)?;
+                    crate::devbpf::deny_gpus(d, gpu_minors, caps)?;
                 }
             }
             Version::V1 => {
@@ -463,7 +466,7 @@ impl Cgroups {
                 }
                 set("pids", "pids.max", self.pids_max.to_string())?;
                 if let Some(d) = g.dir("devices") {
-                    deny_gpus(d, gpu_minors)?;
+                    deny_gpus(d, gpu_minors, caps)?;
                 }
             }
         }
@@ -471,17 +474,31 @@ impl Cgroups {
     }
 }
 
-/// Denies the group at `dir` every GPU device node but `allowed`'s, one
+/// Denies the group at `dir` every GPU device node but `allowed`'s, and
+/// every MIG capability the driver lists but `caps`'s allowed ones, one
 /// rule a write (the v1 devices controller takes one rule per write; a
 /// broader deny cannot be narrowed by an allow).
-fn deny_gpus(dir: &Path, allowed: &[u32]) -> Result<(), String> {
+fn deny_gpus(
+    dir: &Path,
+    allowed: &[u32],
+    caps: Option<&crate::migcaps::CapsRule>,
+) -> Result<(), String> {
     let path = dir.join("devices.deny");
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    for minor in GPU_MINORS.filter(|m| !allowed.contains(m)) {
-        f.write_all(format!("c {NVIDIA_MAJOR}:{minor} rwm").as_bytes())
+    let gpus = GPU_MINORS
+        .filter(|m| !allowed.contains(m))
+        .map(|m| (NVIDIA_MAJOR, m));
+    let others = caps.into_iter().flat_map(|c| {
+        c.listed
+            .iter()
+            .filter(|m| !c.allowed.contains(m))
+            .map(|&m| (c.major, m))
+    });
+    for (major, minor) in gpus.chain(others) {
+        f.write_all(format!("c {major}:{minor} rwm").as_bytes())
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
@@ -718,6 +735,7 @@ mod tests {
                     memory_mib: 32,
                 },
                 &[],
+                None,
             )
             .unwrap();
         let procs = g.procs_files().unwrap();
@@ -769,6 +787,7 @@ mod tests {
                     memory_mib: 64,
                 },
                 &[],
+                None,
             )
             .unwrap();
         let busy = c
@@ -779,6 +798,7 @@ mod tests {
                     memory_mib: 64,
                 },
                 &[],
+                None,
             )
             .unwrap();
         let mut sleeper = std::process::Command::new("sleep")

@@ -13,6 +13,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
+use crate::migcaps::CapsRule;
+
 /// One eBPF instruction (`struct bpf_insn`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -51,8 +53,9 @@ const BPF_F_ALLOW_MULTI: u32 = 2;
 const DEV_CHAR: i32 = 2;
 
 /// The program: 1 (allow) unless the device is a character device of
-/// `major` with a minor below 254 that is not in `allowed`.
-fn program(major: u32, allowed: &[u32]) -> Vec<Insn> {
+/// `major` with a minor below 254 that is not in `allowed`, or one of
+/// `caps`'s major (MIG capabilities) with a minor not in its allowed list.
+fn program(major: u32, allowed: &[u32], caps: Option<&CapsRule>) -> Vec<Insn> {
     // r1: struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }
     let mut p = vec![
         insn(LDX_MEM_W, 2, 1, 0, 0),        // r2 = access_type
@@ -60,11 +63,16 @@ fn program(major: u32, allowed: &[u32]) -> Vec<Insn> {
         insn(LDX_MEM_W, 3, 1, 4, 0),        // r3 = major
         insn(LDX_MEM_W, 4, 1, 8, 0),        // r4 = minor
     ];
-    // Jumps to "allow", counted from the instruction after each; filled
-    // in once the program's length is known.
+    // Jumps to "allow" and to the capabilities' section, counted from the
+    // instruction after each; filled in once their places are known.
     let mut to_allow = Vec::new();
+    let mut to_caps = None;
     to_allow.push(p.len());
     p.push(insn(JMP_JNE_K, 2, 0, 0, DEV_CHAR));
+    if let Some(c) = caps {
+        to_caps = Some(p.len());
+        p.push(insn(JMP_JEQ_K, 3, 0, 0, c.major as i32));
+    }
     to_allow.push(p.len());
     p.push(insn(JMP_JNE_K, 3, 0, 0, major as i32));
     to_allow.push(p.len());
@@ -75,6 +83,15 @@ fn program(major: u32, allowed: &[u32]) -> Vec<Insn> {
     }
     p.push(insn(ALU64_MOV_K, 0, 0, 0, 0)); // deny
     p.push(insn(JMP_EXIT, 0, 0, 0, 0));
+    if let (Some(c), Some(at)) = (caps, to_caps) {
+        p[at].off = (p.len() - at - 1) as i16;
+        for &m in &c.allowed {
+            to_allow.push(p.len());
+            p.push(insn(JMP_JEQ_K, 4, 0, 0, m as i32));
+        }
+        p.push(insn(ALU64_MOV_K, 0, 0, 0, 0)); // deny
+        p.push(insn(JMP_EXIT, 0, 0, 0, 0));
+    }
     let allow = p.len();
     p.push(insn(ALU64_MOV_K, 0, 0, 0, 1)); // allow
     p.push(insn(JMP_EXIT, 0, 0, 0, 0));
@@ -104,13 +121,13 @@ fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> std::io::Result<libc::c_long>
 
 /// Attaches to the cgroup v2 directory `dir` a program that denies the
 /// GPU device nodes of [`NVIDIA_MAJOR`](crate::cgroup::NVIDIA_MAJOR) but
-/// `allowed`'s minors.
+/// `allowed`'s minors, and the MIG capabilities but `caps`'s allowed ones.
 ///
 /// # Errors
 /// When the program cannot be loaded or attached (no `CONFIG_CGROUP_BPF`,
 /// the agent lacks `CAP_BPF`/`CAP_SYS_ADMIN`), or `dir` cannot be opened.
-pub fn deny_gpus(dir: &Path, allowed: &[u32]) -> Result<(), String> {
-    let prog_fd = load(allowed)?;
+pub fn deny_gpus(dir: &Path, allowed: &[u32], caps: Option<&CapsRule>) -> Result<(), String> {
+    let prog_fd = load(allowed, caps)?;
     let group = std::fs::File::open(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut attr = [0u64; 16];
     // target_fd, attach_bpf_fd | attach_type, attach_flags
@@ -126,11 +143,11 @@ pub fn deny_gpus(dir: &Path, allowed: &[u32]) -> Result<(), String> {
 /// # Errors
 /// Why not, in words.
 pub fn probe() -> Result<(), String> {
-    load(&[]).map(drop)
+    load(&[], None).map(drop)
 }
 
-fn load(allowed: &[u32]) -> Result<OwnedFd, String> {
-    let prog = program(crate::cgroup::NVIDIA_MAJOR, allowed);
+fn load(allowed: &[u32], caps: Option<&CapsRule>) -> Result<OwnedFd, String> {
+    let prog = program(crate::cgroup::NVIDIA_MAJOR, allowed, caps);
     let license = c"Apache-2.0";
     let mut attr = [0u64; 16];
     // prog_type, insn_cnt | insns | license | log_level, log_size | log_buf …
@@ -149,7 +166,7 @@ mod tests {
 
     #[test]
     fn jumps_land_on_allow() {
-        let p = program(195, &[1, 3]);
+        let p = program(195, &[1, 3], None);
         // 4 loads, 3 screens, 2 allowed minors, deny (2), allow (2).
         assert_eq!(p.len(), 13);
         let allow = 11;
@@ -161,10 +178,70 @@ mod tests {
         assert_eq!((p[allow].code, p[allow].imm), (ALU64_MOV_K, 1));
     }
 
+    /// Runs the program on a device, as the kernel would (the few
+    /// instructions it uses).
+    fn verdict(p: &[Insn], ty: u32, major: u32, minor: u32) -> i64 {
+        let ctx = [ty | (3 << 16), major, minor]; // access: read | write
+        let mut r = [0i64; 5];
+        let mut pc = 0usize;
+        loop {
+            let i = p[pc];
+            let (dst, src) = ((i.regs & 0xf) as usize, (i.regs >> 4) as usize);
+            pc += 1;
+            let jump = |c: bool| if c { i.off as usize } else { 0 };
+            match i.code {
+                LDX_MEM_W => {
+                    assert_eq!(src, 1);
+                    r[dst] = i64::from(ctx[i.off as usize / 4]);
+                }
+                ALU64_AND_K => r[dst] &= i64::from(i.imm),
+                ALU64_MOV_K => r[dst] = i64::from(i.imm),
+                JMP_JEQ_K => pc += jump(r[dst] == i64::from(i.imm)),
+                JMP_JNE_K => pc += jump(r[dst] != i64::from(i.imm)),
+                JMP_JGT_K => pc += jump(r[dst] > i64::from(i.imm)),
+                JMP_EXIT => return r[0],
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_opens_its_gpus_and_its_mig_capabilities_only() {
+        let caps = CapsRule {
+            major: 508,
+            allowed: vec![5, 6],
+            listed: vec![1, 2, 3, 4, 5, 6],
+        };
+        let p = program(195, &[1], Some(&caps));
+        let char = DEV_CHAR as u32;
+        for (ty, major, minor, allowed) in [
+            (char, 195, 1, 1),   // its GPU
+            (char, 195, 0, 0),   // another GPU
+            (char, 195, 255, 1), // nvidiactl
+            (char, 508, 5, 1),   // its GPU instance
+            (char, 508, 6, 1),   // its compute instance
+            (char, 508, 3, 0),   // another instance
+            (char, 508, 1, 0),   // MIG config
+            (char, 508, 99, 0),  // anything else of the major
+            (1, 508, 3, 1),      // a block device of that number
+            (char, 1, 3, 1),     // /dev/null
+        ] {
+            assert_eq!(verdict(&p, ty, major, minor), allowed, "{major}:{minor}");
+        }
+        // Without capabilities, the major is not touched.
+        let p = program(195, &[1], None);
+        assert_eq!(verdict(&p, char, 508, 3), 1);
+        assert_eq!(verdict(&p, char, 195, 0), 0);
+    }
+
+    /// A major no driver of this machine has (in the dynamic range).
+    const CAPS_MAJOR: u32 = 508;
+
     /// On this machine's cgroup v2 hierarchy (any, with or without
     /// controllers: device programs need none), as root: a process in a
-    /// group with the program opens its own GPU's node (ENXIO: no driver
-    /// behind the fake node) and is refused another's (EPERM).
+    /// group with the program opens its own GPU's node and its own MIG
+    /// capability (ENXIO: no driver behind the fake nodes) and is refused
+    /// another GPU's and another instance's (EPERM).
     #[test]
     fn a_process_in_the_group_opens_only_its_gpus_node() {
         // SAFETY: geteuid has no preconditions.
@@ -182,19 +259,34 @@ mod tests {
         };
         let dir = v2.join(format!("gpuflow-devbpf-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        if let Err(e) = deny_gpus(&dir, &[0]) {
+        let caps = CapsRule {
+            major: CAPS_MAJOR,
+            allowed: vec![5],
+            listed: vec![3, 5],
+        };
+        if let Err(e) = deny_gpus(&dir, &[0], Some(&caps)) {
             let _ = std::fs::remove_dir(&dir);
             eprintln!("skipped: {e}");
             return;
         }
         eprintln!("cgroup v2 device program attached on {}", v2.display());
         let nodes = tempfile::tempdir().unwrap();
-        for minor in 0..2 {
-            let p = std::ffi::CString::new(format!("{}/nvidia{minor}", nodes.path().display()))
-                .unwrap();
+        // Its GPU, another, its MIG capability, another instance's.
+        let made = [
+            ("nvidia0", 195, 0),
+            ("nvidia1", 195, 1),
+            ("cap5", CAPS_MAJOR, 5),
+            ("cap3", CAPS_MAJOR, 3),
+        ];
+        for (name, major, minor) in made {
+            let p = std::ffi::CString::new(format!("{}/{name}", nodes.path().display())).unwrap();
             // SAFETY: a C string; mknod has no memory-safety preconditions.
             let r = unsafe {
-                libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, minor))
+                libc::mknod(
+                    p.as_ptr(),
+                    libc::S_IFCHR | 0o666,
+                    libc::makedev(major, minor),
+                )
             };
             assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
         }
@@ -202,9 +294,10 @@ mod tests {
             .write(true)
             .open(dir.join("cgroup.procs"))
             .unwrap();
-        let paths: Vec<std::ffi::CString> = (0..2)
-            .map(|m| {
-                std::ffi::CString::new(format!("{}/nvidia{m}", nodes.path().display())).unwrap()
+        let paths: Vec<std::ffi::CString> = made
+            .iter()
+            .map(|(name, _, _)| {
+                std::ffi::CString::new(format!("{}/{name}", nodes.path().display())).unwrap()
             })
             .collect();
         // SAFETY: the child makes only system calls and exits.
@@ -225,10 +318,14 @@ mod tests {
                 };
                 let own = errno_of(&paths[0]);
                 let other = errno_of(&paths[1]);
-                libc::_exit(if own == libc::ENXIO && other == libc::EPERM {
-                    0
-                } else {
+                let own_cap = errno_of(&paths[2]);
+                let other_cap = errno_of(&paths[3]);
+                libc::_exit(if own != libc::ENXIO || other != libc::EPERM {
                     20
+                } else if own_cap != libc::ENXIO || other_cap != libc::EPERM {
+                    30
+                } else {
+                    0
                 });
             }
         }
@@ -237,6 +334,10 @@ mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         let _ = std::fs::remove_dir(&dir);
         assert!(libc::WIFEXITED(status));
-        assert_eq!(libc::WEXITSTATUS(status), 0, "own node ENXIO, other EPERM");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "own nodes ENXIO, others EPERM (20: GPUs, 30: MIG capabilities)"
+        );
     }
 }

@@ -389,6 +389,55 @@ impl Gpus {
             .collect()
     }
 
+    /// Each MIG instance's place, by its UUID: NVML's GPU and compute
+    /// instance ids. An emulated GPU's instance `k` is GPU instance `k + 1`,
+    /// compute instance 0, on the minor of its GPU's index.
+    pub fn mig_ids(&self) -> BTreeMap<String, crate::migcaps::MigId> {
+        let mut out = BTreeMap::new();
+        let Some(nvml) = &self.nvml else {
+            for g in self
+                .emulated
+                .as_ref()
+                .map(Emulated::gpus)
+                .unwrap_or_default()
+            {
+                for (k, m) in g.mig.iter().enumerate() {
+                    let id = crate::migcaps::MigId {
+                        gpu_minor: g.index,
+                        gi: k as u32 + 1,
+                        ci: 0,
+                    };
+                    out.insert(m.uuid.clone(), id);
+                }
+            }
+            return out;
+        };
+        let minors = self.minors();
+        for i in 0..nvml.device_count().unwrap_or(0) {
+            let Ok(d) = nvml.device_by_index(i) else {
+                continue;
+            };
+            if d.mig_mode().map_or(true, |m| m.current == 0) {
+                continue;
+            }
+            let gpu_minor = minors.get(i as usize).copied().unwrap_or(i);
+            for k in 0..d.mig_device_count().unwrap_or(0) {
+                let Ok(m) = d.mig_device_by_index(k) else {
+                    continue;
+                };
+                let (Ok(uuid), Some(gi), Some(ci)) = (
+                    m.uuid(),
+                    instance_id(nvml, &m, true),
+                    instance_id(nvml, &m, false),
+                ) else {
+                    continue;
+                };
+                out.insert(uuid, crate::migcaps::MigId { gpu_minor, gi, ci });
+            }
+        }
+        out
+    }
+
     pub fn is_emulated(&self) -> bool {
         self.nvml.is_none()
     }
@@ -455,6 +504,23 @@ impl Gpus {
         *last = list.clone();
         list
     }
+}
+
+/// A MIG device's GPU instance id (`gpu`) or compute instance id, through
+/// NVML's C functions (the wrapper has no call for them); none where the
+/// library lacks them or answers an error.
+fn instance_id(nvml: &Nvml, d: &nvml_wrapper::Device<'_>, gpu: bool) -> Option<u32> {
+    let lib = nvml.lib();
+    let f = if gpu {
+        lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?
+    } else {
+        lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?
+    };
+    let mut id: std::os::raw::c_uint = 0;
+    // SAFETY: a handle NVML gave for a device that lives as long as `nvml`,
+    // and a pointer to a local the call writes.
+    let r = unsafe { f(d.handle(), &mut id) };
+    (r == 0).then_some(id)
 }
 
 /// Uncorrected ECC errors since the driver loaded.

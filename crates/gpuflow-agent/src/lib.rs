@@ -23,6 +23,7 @@ pub mod fake_nvml;
 pub mod gpu;
 pub mod isolate;
 pub mod keeper;
+pub mod migcaps;
 pub mod task;
 pub mod telemetry;
 pub mod user;
@@ -71,6 +72,10 @@ pub struct Config {
     pub task_uid_base: u32,
     /// A cgroup v2 hierarchy to use instead of the one the node mounts.
     pub cgroup_root: Option<PathBuf>,
+    /// Where the kernel's `/proc` is (the NVIDIA driver's `devices` and
+    /// `driver/nvidia-caps/mig-minors`): `/proc`, or the host's mounted in
+    /// the agent's container.
+    pub proc_root: PathBuf,
     /// The most processes (threads included) one task may have.
     pub task_pids_max: u64,
     /// Tasks may create user namespaces (their seccomp filter denies it
@@ -78,6 +83,18 @@ pub struct Config {
     pub task_user_namespaces: bool,
     /// GPUs and tasks' GPU use are sampled this often.
     pub sample_interval: Duration,
+}
+
+/// The client of readiness checks: plain HTTP to the node's own tasks, a
+/// second at most. No redirects: a task's readiness answer must not send
+/// the agent (root, on the node's network) to another address.
+pub fn probe_client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(1)))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
 }
 
 fn unix_now() -> u64 {
@@ -320,9 +337,15 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         cfg.task_user_namespaces,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
+    let mig_caps = match migcaps::Caps::read(&cfg.proc_root) {
+        Ok(c) => c.map(std::sync::Arc::new),
+        Err(e) => bail!("cannot read the driver's MIG capability devices: {e}"),
+    };
     let mut launch = task::Launch {
         isolation,
         gpu_minors: gpus.minors(),
+        mig_ids: gpus.mig_ids(),
+        mig_caps,
         cgroups: cgroups.ok(),
         run_as: cfg.run_as.clone(),
         task_uid_base: cfg.task_uid_base,
@@ -374,15 +397,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         },
     };
     let mut tasks: BTreeMap<Key, Task> = adopt_all(&cfg.work_dir, launch.cgroups.as_ref());
-    // Readiness checks: plain HTTP to the node's own tasks, a second at most.
-    // No redirects: a task's readiness answer must not send the agent
-    // (root, on the node's network) to another address.
-    let probe_http: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(std::time::Duration::from_secs(1)))
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into();
+    let probe_http = probe_client();
     let mut saved: Vec<task::Record> = tasks.values().filter_map(Task::record).collect();
     let mut node_token: Option<String> = None;
     let mut samples: Vec<gpuflow_api::GpuSample> = Vec::new();
@@ -507,6 +522,11 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     }
                     interval = Duration::from_secs(d.heartbeat_s.clamp(1, 60));
                     gpus.clear_health(d.health_cleared_at);
+                    // MIG instances come and go: their places, read again
+                    // when a task holds one.
+                    if launch.mig_caps.is_some() && d.tasks.iter().any(|t| !t.mig.is_empty()) {
+                        launch.mig_ids = gpus.mig_ids();
+                    }
                     soon = reconcile(&mut tasks, &d, &cfg.work_dir, &launch);
                 }
                 Err((401 | 404, _)) => {
@@ -612,4 +632,43 @@ fn reconcile(
         }
     });
     changed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A task's readiness endpoint that redirects elsewhere (another host's
+    /// service, a cloud metadata address) is answered as it is: the probe
+    /// never follows it, so the agent's identity reaches nothing but the
+    /// task.
+    #[test]
+    fn a_readiness_probe_does_not_follow_a_redirect() {
+        let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = elsewhere.local_addr().unwrap();
+        elsewhere.set_nonblocking(true).unwrap();
+        let task = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/ready", task.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = task.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = c.read(&mut buf);
+            let reply = format!(
+                "HTTP/1.1 302 Found\r\nLocation: http://{target}/secret\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            c.write_all(reply.as_bytes()).unwrap();
+        });
+        let status = super::probe_client()
+            .get(&url)
+            .call()
+            .map(|r| r.status().as_u16());
+        server.join().unwrap();
+        assert_eq!(status.ok(), Some(302), "the redirect is the answer");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            elsewhere.accept().is_err(),
+            "the probe went to the redirect's address"
+        );
+    }
 }

@@ -10,6 +10,7 @@
 //! exists is never started again, only reported as it ended (from its
 //! keeper's exit record), whatever happened to the agent meanwhile.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -43,6 +44,11 @@ pub struct Launch {
     /// Each GPU's device-node minor by index: a task may open only its
     /// GPUs' device nodes.
     pub gpu_minors: Vec<u32>,
+    /// The driver's MIG capability devices, where it has them: a task may
+    /// open its MIG instances' only (see `migcaps.rs`).
+    pub mig_caps: Option<std::sync::Arc<crate::migcaps::Caps>>,
+    /// Each MIG instance's place by UUID, as last read from NVML.
+    pub mig_ids: BTreeMap<String, crate::migcaps::MigId>,
     /// Namespaces and the seccomp filter (see `isolate.rs`).
     pub isolation: crate::isolate::Policy,
 }
@@ -55,6 +61,8 @@ impl Default for Launch {
             lease_fd: -1,
             cgroups: None,
             gpu_minors: Vec::new(),
+            mig_caps: None,
+            mig_ids: BTreeMap::new(),
             isolation: crate::isolate::Policy::default(),
         }
     }
@@ -378,8 +386,23 @@ impl Task {
                     .iter()
                     .filter_map(|&i| launch.gpu_minors.get(i as usize).copied())
                     .collect();
+                // Its MIG instances' capabilities, and no other's.
+                let caps = launch.mig_caps.as_ref().map(|caps| {
+                    let ids: Vec<crate::migcaps::MigId> = t
+                        .mig
+                        .iter()
+                        .filter_map(|u| {
+                            let id = launch.mig_ids.get(u).copied();
+                            if id.is_none() {
+                                tracing::warn!(instance = %u, "NVML does not know this MIG instance: the task cannot open it");
+                            }
+                            id
+                        })
+                        .collect();
+                    caps.rule(&ids)
+                });
                 task.group = Some(
-                    c.create(key(t), limits, &minors)
+                    c.create(key(t), limits, &minors, caps.as_ref())
                         .map_err(|e| format!("cannot set its limits: {e}"))?,
                 );
                 task.memory_mib = t.limits.memory_mib;

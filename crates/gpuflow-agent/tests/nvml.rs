@@ -56,6 +56,19 @@ fn nvml_discovery_through_the_fake_library() {
     );
     assert_eq!(mig[2].memory_mib, 40 * 1024);
     assert_eq!(mig[1].uuid, "MIG-fa4e0000-0000-0000-0001-000000000001");
+    // Each instance's place, for its capability devices: GPU 1's minor
+    // (its index: the fake library has no minor numbers), the instance ids
+    // NVML gives (the fake's: instance k is GPU instance k + 1).
+    let ids = gpus.mig_ids();
+    assert_eq!(ids.len(), 3 * list.len(), "{ids:?}");
+    assert_eq!(
+        ids[&mig[1].uuid],
+        gpuflow_agent::migcaps::MigId {
+            gpu_minor: 1,
+            gi: 2,
+            ci: 0
+        }
+    );
     drop(gpus);
     unsafe { std::env::remove_var("FAKE_NVML_MIG") };
 

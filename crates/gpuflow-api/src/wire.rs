@@ -1316,6 +1316,10 @@ pub struct DesiredTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
     pub gpus: Vec<u32>,
+    /// The MIG instances (their `MIG-…` UUIDs) the task holds on `gpus`:
+    /// it may open their capability devices and no other instance's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopOrder>,
     /// The system user the task runs as (its team's `run_as`); default:

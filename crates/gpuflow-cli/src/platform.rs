@@ -145,6 +145,11 @@ pub struct NodeArgs {
     /// instead of the one the node mounts (e.g. one mounted for the agent).
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
+    /// Where the kernel's /proc is, for the NVIDIA driver's MIG capability
+    /// devices (`devices`, `driver/nvidia-caps/mig-minors`): the host's
+    /// when the agent runs in a container, e.g. /host/proc.
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// The most processes and threads one task may have (cgroup pids limit).
     /// Capped at a quarter of the kernel's pid_max; all tasks together get
     /// at most three quarters of it.
@@ -286,6 +291,7 @@ fn agent_config(
         run_as: n.run_as.clone(),
         task_uid_base: n.task_uid_base,
         cgroup_root: n.cgroup_root.clone(),
+        proc_root: n.proc_root.clone(),
         task_pids_max: n.task_pids_max.max(1),
         task_user_namespaces: n.task_user_namespaces,
         sample_interval: Duration::from_secs(n.sample_s.clamp(1, 3600)),

@@ -93,13 +93,7 @@ fn a_task_opens_only_its_own_gpus_device_nodes() {
         return;
     }
     let (dir, _srv, _agent, api, admin) = node();
-    let limits = poll("the agent registers", LONG, || {
-        let nodes = api.get("/v1/nodes", &admin);
-        nodes
-            .as_array()?
-            .first()
-            .map(|n| n["inventory"]["limits"].clone())
-    });
+    let limits = api.node_limits(&admin);
     let controllers = limits["controllers"].to_string();
     if !controllers.contains("devices") {
         // A node that cannot confine its tasks says so.
@@ -133,6 +127,105 @@ fn a_task_opens_only_its_own_gpus_device_nodes() {
     let (_, out) = run(&api, &admin, "default", 0, &script);
     for g in 0..2 {
         assert!(!line_of(&out, g).contains("No such device"), "{out}");
+    }
+}
+
+/// A MIG instance opens through its GPU's node and its two capability
+/// nodes (`migcaps.rs`): a task on one instance opens its own and is
+/// refused another instance's and the driver's `config` and `monitor`.
+/// The driver's tables are given through `--proc-root` (major 508, no
+/// driver of this machine), the emulated GPU's instance k being GPU
+/// instance k + 1.
+#[test]
+fn a_task_opens_only_its_own_mig_instances_capabilities() {
+    if !as_root() {
+        eprintln!("skipped: the agent is not root, so it sets no device control");
+        return;
+    }
+    let dir = work_dir();
+    let proc = dir.path().join("proc");
+    std::fs::create_dir_all(proc.join("driver/nvidia-caps")).unwrap();
+    std::fs::write(
+        proc.join("devices"),
+        "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-caps\n\nBlock devices:\n  7 loop\n",
+    )
+    .unwrap();
+    std::fs::write(
+        proc.join("driver/nvidia-caps/mig-minors"),
+        "config 1\nmonitor 2\ngpu0/gi1/access 3\ngpu0/gi1/ci0/access 4\ngpu0/gi2/access 5\ngpu0/gi2/ci0/access 6\n",
+    )
+    .unwrap();
+    let dev = dir.path().join("dev");
+    fake_gpu_nodes(&dev);
+    for minor in 1..=6 {
+        let p = std::ffi::CString::new(format!("{}/nvidia-cap{minor}", dev.display())).unwrap();
+        // SAFETY: a C string; mknod(2) has no memory-safety preconditions.
+        let r =
+            unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(508, minor)) };
+        assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    }
+    let srv = server(dir.path(), free_port(), &[]);
+    let _agent = agent_with(
+        dir.path(),
+        &srv.url,
+        "n1",
+        "1",
+        &[],
+        &[
+            "--emulate-mig",
+            "1g.10gb,1g.10gb",
+            "--proc-root",
+            proc.to_str().unwrap(),
+        ],
+    );
+    let api = Api::new(&srv.url);
+    let admin = admin_token(dir.path());
+    let limits = api.node_limits(&admin);
+    if !limits["controllers"].to_string().contains("devices") {
+        eprintln!("skipped: no device control here: {limits}");
+        return;
+    }
+    let script = format!(
+        "for m in 1 2 3 4 5 6; do if true 2> err < {d}/nvidia-cap$m; then echo \"cap$m opened\"; else echo \"cap$m $(cat err)\"; fi; done; echo visible=$CUDA_VISIBLE_DEVICES",
+        d = dev.display()
+    );
+    let yaml = format!(
+        "name: mig\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sh, -c, {script:?}]\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{mode: mig, profile: 1g.10gb}}}}\n"
+    );
+    let (s, v) = api.submit_yaml(&admin, &yaml);
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let out = poll("the job finishes", LONG, || {
+        let j = api.job(id, &admin);
+        matches!(j["state"].as_str(), Some("succeeded" | "failed"))
+            .then(|| log_of(&api, id, &admin))
+    });
+    println!("{out}");
+    // MIG-EMU-0-k: GPU instance k + 1, whose capabilities are 2k+3, 2k+4.
+    let k: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("visible=MIG-EMU-0-"))
+        .unwrap_or_else(|| panic!("a MIG instance: {out}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let own = [2 * k + 3, 2 * k + 4];
+    for m in 1..=6u32 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("cap{m} ")))
+            .unwrap_or_else(|| panic!("{out}"));
+        if own.contains(&m) {
+            assert!(
+                line.contains("No such device or address"),
+                "its own capability opens: {out}"
+            );
+        } else {
+            assert!(
+                line.contains("Operation not permitted"),
+                "cap{m} is denied: {out}"
+            );
+        }
     }
 }
 

@@ -37,13 +37,7 @@ fn memory_cpu_and_process_tree_limits_hold() {
     let _agent = agent(dir.path(), &srv.url, "lim", "1");
     let api = Api::new(&srv.url);
     let admin = admin_token(dir.path());
-    let limits = poll("the agent registers", LONG, || {
-        let nodes = api.get("/v1/nodes", &admin);
-        nodes
-            .as_array()?
-            .first()
-            .map(|n| n["inventory"]["limits"].clone())
-    });
+    let limits = api.node_limits(&admin);
     let cgroup = limits["cgroup"].as_str().unwrap_or_default().to_string();
     if cgroup.is_empty() {
         assert!(

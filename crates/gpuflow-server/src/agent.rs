@@ -490,8 +490,14 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             // Real GPUs by UUID (stable whatever CUDA's enumeration order),
             // emulated ones by position.
             // A MIG instance by its own UUID, the only name CUDA knows it by.
-            let list = if matches!(pick, crate::state::Pick::Mig { .. }) {
-                crate::state::Alloc::uuids_of(&pick, inv).join(",")
+            let is_mig = matches!(pick, crate::state::Pick::Mig { .. });
+            let mig = if is_mig {
+                crate::state::Alloc::uuids_of(&pick, inv)
+            } else {
+                Vec::new()
+            };
+            let list = if is_mig {
+                mig.join(",")
             } else if inv.emulated || a.gpu_uuids.is_empty() {
                 gpus.iter()
                     .map(u32::to_string)
@@ -553,6 +559,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 env,
                 working_dir: g.working_dir.clone(),
                 gpus,
+                mig,
                 stop: (j.state == JobState::Stopping).then(|| StopOrder {
                     signal: j.spec.checkpoint.signal.clone(),
                     grace_s: j.kill_at.unwrap_or(at).saturating_sub(at),

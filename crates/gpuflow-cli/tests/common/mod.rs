@@ -343,6 +343,18 @@ impl Api {
         )
     }
 
+    /// The first node's limits, once its agent has registered (a minute at
+    /// most).
+    pub fn node_limits(&self, token: &str) -> Value {
+        poll("the agent registers", Duration::from_secs(60), || {
+            let nodes = self.get("/v1/nodes", token);
+            nodes
+                .as_array()?
+                .first()
+                .map(|n| n["inventory"]["limits"].clone())
+        })
+    }
+
     pub fn job(&self, id: u64, token: &str) -> Value {
         self.get(&format!("/v1/jobs/{id}"), token)
     }
