@@ -82,9 +82,25 @@ pub struct RunArgs {
     /// Cluster file (TOML: node groups and team queues); default: the synthetic study's.
     #[arg(long)]
     cluster: Option<PathBuf>,
-    /// Job trace (CSV); default: a generated workload (--workload).
+    /// Job trace; default: a generated workload (--workload). Its format is
+    /// --trace-format.
     #[arg(long, conflicts_with = "workload")]
     trace: Option<PathBuf>,
+    /// The --trace's format: `csv` (gpuflow's own), `sacct` (Slurm's
+    /// `sacct --parsable2 --allocations` with JobID, Submit, Start, End,
+    /// AllocTRES or ReqTRES, and Account, User, Timelimit, State, NNodes
+    /// where present; teams are accounts), `helios` (SenseTime Helios'
+    /// cluster_log.csv; teams are virtual clusters) or `openb` (an Alibaba
+    /// openb pod list replayed as arriving jobs; teams are QoS classes).
+    /// Without --cluster, a log runs on --gpus GPUs with a queue per team,
+    /// guaranteed in proportion to its GPU-hours, borrowing up to half.
+    #[arg(long, default_value = "csv", requires = "trace")]
+    trace_format: String,
+    /// Kinds of an imported log's jobs: `size` (one GPU or less under an
+    /// hour: notebook; one GPU longer: batch; more: training) or one kind
+    /// for all (inference, notebook, training, batch).
+    #[arg(long, default_value = "size", requires = "trace")]
+    kinds: String,
     /// The generated workload: `synthetic` (four teams, our own study) or
     /// `realistic` (after published studies of production GPU clusters:
     /// one-GPU jobs, heavy-tailed durations, sweeps, daily and weekly
@@ -103,7 +119,8 @@ pub struct RunArgs {
     /// times stretched or compressed).
     #[arg(long)]
     load: Option<f64>,
-    /// GPUs of the realistic workload's cluster (8-GPU nodes).
+    /// GPUs of the realistic workload's cluster, or of an imported log's
+    /// (8-GPU nodes).
     #[arg(long, default_value_t = 512)]
     gpus: u64,
     /// Teams of the realistic workload.
@@ -461,14 +478,48 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
         }
         synthetic.demand = v;
     }
-    let spec = match &a.cluster {
-        Some(p) => ClusterSpec::load(p)?,
-        None if realistic_run => realistic.cluster(),
-        None => synthetic.cluster(),
-    };
-    let jobs = match &a.trace {
+    let format = gpuflow_sim::import::Format::parse(&a.trace_format).ok_or_else(|| {
+        Usage(format!(
+            "--trace-format {:?}: expected one of {}",
+            a.trace_format,
+            gpuflow_sim::import::Format::NAMES.join(", ")
+        ))
+    })?;
+    let kinds = gpuflow_sim::import::KindRule::parse(&a.kinds).ok_or_else(|| {
+        Usage(format!(
+            "--kinds {:?}: expected size or one of {}",
+            a.kinds,
+            workload::KINDS.join(", ")
+        ))
+    })?;
+    let imported = match &a.trace {
         Some(p) => {
-            let mut jobs = workload::load_trace(p)?;
+            let got = gpuflow_sim::import::import(p, format, kinds)?;
+            if format != gpuflow_sim::import::Format::Csv {
+                eprintln!(
+                    "{}: {} jobs read; left out: {}",
+                    p.display(),
+                    got.jobs.len(),
+                    got.skipped_text()
+                );
+            }
+            if got.jobs.is_empty() {
+                bail!("{}: no job to replay", p.display());
+            }
+            Some(got.jobs)
+        }
+        None => None,
+    };
+    let spec = match (&a.cluster, &imported) {
+        (Some(p), _) => ClusterSpec::load(p)?,
+        (None, Some(jobs)) if format != gpuflow_sim::import::Format::Csv => {
+            gpuflow_sim::import::cluster(jobs, a.gpus)
+        }
+        (None, _) if realistic_run => realistic.cluster(),
+        (None, _) => synthetic.cluster(),
+    };
+    let jobs = match imported {
+        Some(mut jobs) => {
             if let Some(l) = a.load {
                 let gpus: u64 = spec
                     .nodes

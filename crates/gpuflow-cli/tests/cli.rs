@@ -62,6 +62,55 @@ fn sim_openb_writes_a_table_a_csv_and_an_svg() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// A Slurm accounting log replayed under Slurm's rules and gpuflow's: the
+/// jobs it read, what it left out, per kind and team.
+#[test]
+fn sim_run_replays_a_slurm_accounting_log() {
+    let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../gpuflow-sim/tests/fixtures/sacct.txt");
+    let out = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = gpuflow(&[
+        "sim",
+        "run",
+        "--trace",
+        log.to_str().unwrap(),
+        "--trace-format",
+        "sacct",
+        "--gpus",
+        "16",
+        "--policy",
+        "slurm-like,gpuflow",
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("4 jobs read; left out: 1 job steps, 1 never started"),
+        "{stderr}"
+    );
+    for team in ["nlp", "vision", "erin"] {
+        assert!(stdout.contains(&format!("gpuflow     {team}")), "{stdout}");
+    }
+    let jobs = std::fs::read_to_string(out.path().join("sim_jobs.csv")).unwrap();
+    assert_eq!(jobs.lines().count(), 1 + 2 * 4, "{jobs}");
+    let as_format = |f: &str| {
+        gpuflow(&[
+            "sim",
+            "run",
+            "--trace",
+            log.to_str().unwrap(),
+            "--trace-format",
+            f,
+        ])
+    };
+    let (code, _, err) = as_format("slurm");
+    assert_eq!(code, 2);
+    assert!(err.contains("csv, sacct, helios, openb"), "{err}");
+    let (code, _, err) = as_format("helios");
+    assert_ne!(code, 0);
+    assert!(err.contains("line 1: no column \"job_id\""), "{err}");
+}
+
 #[test]
 fn bad_arguments_exit_2_with_a_message_that_says_what_to_fix() {
     let (code, _, err) = gpuflow(&["sim", "openb", "--policy", "fastest"]);

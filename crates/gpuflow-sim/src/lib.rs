@@ -9,6 +9,7 @@ pub mod dynamic;
 pub mod dynreport;
 mod error;
 pub mod fragmentation;
+pub mod import;
 pub mod openb;
 pub mod realistic;
 pub mod report;
