@@ -164,6 +164,7 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                     submitted: now,
                     max_runtime: Some(j.6 as u64 * 100),
                     grace: 0,
+                    expected_runtime: None,
                 });
             }
         }

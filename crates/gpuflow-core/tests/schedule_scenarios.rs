@@ -233,7 +233,7 @@ fn backfill_lets_short_jobs_run_before_a_reservation_but_never_delays_it() {
           reserve n2 for job 3 from t=8000
           pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
           pending job 3 (#2 in queue, eta t=8000): capacity is reserved for job 1 from t=5000s and this job would not end before
-          pending job 4 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#3 in queue, eta t=8000): capacity is reserved for job 1 from t=5000s and this job would not end before
     "#]]
     .assert_eq(&out);
 }
@@ -268,7 +268,7 @@ fn several_gangs_hold_reservations_in_order_and_backfill_respects_them_all() {
           reserve n2 for job 2 from t=8000
           pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
           pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 3 nodes have too few free GPUs in the requested sharing mode
-          pending job 4 (#3 in queue, eta t=12000): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#3 in queue, eta t=8600): capacity is reserved for job 1 from t=5000s and this job would not end before
     "#]]
     .assert_eq(&out);
 }
@@ -303,8 +303,8 @@ fn backfill_may_use_a_later_reservations_node_that_it_ends_before() {
           reserve n2 for job 2 from t=8000
           pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
           pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
-          pending job 3 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
-          pending job 4 (#4 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 3 (#3 in queue, eta t=8600): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#4 in queue, eta t=8600): capacity is reserved for job 1 from t=5000s and this job would not end before
     "#]]
     .assert_eq(&fixture("off"));
     expect![[r#"
@@ -314,7 +314,7 @@ fn backfill_may_use_a_later_reservations_node_that_it_ends_before() {
           reserve n2 for job 2 from t=8000
           pending job 1 (#1 in queue, eta t=5000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
           pending job 2 (#2 in queue, eta t=8000): on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
-          pending job 4 (#3 in queue, eta unknown): capacity is reserved for job 1 from t=5000s and this job would not end before
+          pending job 4 (#3 in queue, eta t=8600): capacity is reserved for job 1 from t=5000s and this job would not end before
     "#]]
     .assert_eq(&fixture("on"));
 }
@@ -334,7 +334,7 @@ fn fifo_blocks_at_the_head_and_fair_share_serves_the_lighter_team_first() {
     expect![[r#"
         cycle t=10
           pending job 1 (#1 in queue, eta unknown): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
-          pending job 2 (#1 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 2 (#1 in queue, eta t=10): not reached this cycle: 1 job(s) ahead were tried first
     "#]]
     .assert_eq(&fifo);
     let fair = run("
@@ -937,8 +937,8 @@ fn a_job_the_cycle_did_not_reach_is_diagnosed_on_demand() {
     expect![[r#"
         cycle t=1000
           pending job 1 (#1 in queue, eta unknown): user bob holds 0 GPUs of a 3 GPU limit in this queue; needs 4 A100 GPUs of quota; org has 2 left to lend; on A100: main: needs 4 whole GPUs (A100) on one node, 1 CPU: 1 node has no GPU of an accepted model, 1 node has too few free GPUs in the requested sharing mode; queue team would use 6 H100 GPUs, above its cap of 2; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has no GPU of an accepted model, 1 node has too few free GPUs in the requested sharing mode
-          pending job 2 (#2 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
-          pending job 3 (#3 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 2 (#2 in queue, eta t=1000): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 3 (#3 in queue, eta t=1000): not reached this cycle: 1 job(s) ahead were tried first
           pending job 4 (#4 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
         why job 2 at t=1000: user ann holds 2 GPUs of a 3 GPU limit in this queue
         why job 3 at t=1000: it would start
@@ -1018,7 +1018,7 @@ fn a_class_held_by_its_quota_does_not_hold_the_queues_other_classes() {
         cycle t=100
           start job 3 on H100: n1[2]
           pending job 1 (#1 in queue, eta unknown): notebook jobs must fit the guaranteed H100 quota: jobs that may not borrow would hold 3 of 2 GPUs
-          pending job 2 (#2 in queue, eta unknown): not reached this cycle: 1 job(s) ahead were tried first
+          pending job 2 (#2 in queue, eta t=100): not reached this cycle: 1 job(s) ahead were tried first
     "#]]
     .assert_eq(&out);
 }
@@ -1123,7 +1123,7 @@ fn a_queue_alone_tries_deeper_into_its_backlog_within_the_cycles_tries() {
           pending job 2 (#2 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
           pending job 3 (#3 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
           pending job 4 (#4 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
-          pending job 5 (#5 in queue, eta unknown): not reached this cycle: 2 job(s) ahead were tried first
+          pending job 5 (#5 in queue, eta t=100): not reached this cycle: 2 job(s) ahead were tried first
     "#]]
     .assert_eq(&fixture(0));
     expect![[r#"
@@ -1587,7 +1587,7 @@ fn a_reclaim_hold_keeps_new_borrowing_off_the_node_a_lender_takes_back() {
           start job 3 on H100: n1[3]
           hold n1 for job 1 from t=1200
           pending job 1 (#1 in queue, eta t=1200): within queue team-a's guarantee of 3 H100 GPUs (it would hold 3), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 3 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
-          pending job 2 (#1 in queue, eta unknown): the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
+          pending job 2 (#1 in queue, eta t=1120): the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
         cycle t=1200
           preempt job 11 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
           preempt job 12 for job 1 (Reclaim): signal now, kill at t=1230, loses 0.08 GPU-h
@@ -1595,7 +1595,7 @@ fn a_reclaim_hold_keeps_new_borrowing_off_the_node_a_lender_takes_back() {
           hold n1 for job 1 from t=1200
           nominate n1 for job 1 from t=1230
           pending job 1 (#1 in queue, eta t=1230): waiting for 3 preempted job(s) to stop
-          pending job 2 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
+          pending job 2 (#1 in queue, eta t=1200): needs 1 H100 GPUs of quota; org has 0 left to lend; the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1200s; this job would borrow and not end before
         cycle t=1210
           start job 1 on H100: n1[0,1,2]
           pending job 2 (#4 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
@@ -1626,4 +1626,45 @@ fn a_reclaim_hold_keeps_new_borrowing_off_the_node_a_lender_takes_back() {
           pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
           pending job 12 (#3 in queue, eta unknown): needs 1 H100 GPUs of quota; org has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]].assert_eq(&fixture("off"));
+}
+
+#[test]
+fn start_estimates_expect_jobs_to_run_as_long_as_their_users_recent_ones() {
+    // Running jobs declare 24 h but their users' jobs of late ran about an
+    // hour (`expected`, given by the edge): the jobs waiting behind them
+    // are told when those are expected to end, not the latest they may.
+    // A job past its expected runtime is expected to run as long again as
+    // it has (job 11, 1,000 s in, expected 600 s); none past its declared
+    // maximum (job 12). The three waiting jobs take the three ends in
+    // turn. Without expectations, the declared ends.
+    let fixture = |expected: [&str; 3]| {
+        run(&format!(
+            "
+        node n1 gpus=2*H100
+        node n2 gpus=1*H100
+        queue team H100=3
+        run 10 queue=team gpu=whole:1 cpu=1 started=0 runtime=86400 {}
+        run 11 queue=team gpu=whole:1 cpu=1 started=0 runtime=86400 {}
+        run 12 queue=team gpu=whole:1 cpu=1 started=0 runtime=1500 {}
+        job 1 queue=team gpu=whole:1 cpu=1 runtime=86400
+        job 2 queue=team gpu=whole:1 cpu=1 runtime=86400
+        job 3 queue=team gpu=whole:1 cpu=1 runtime=86400
+        cycle 1000
+    ",
+            expected[0], expected[1], expected[2]
+        ))
+    };
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta t=1500): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=2000): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta t=3600): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&fixture(["expected=3600", "expected=600", "expected=7200"]));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta t=1500): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=86400): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 3 (#3 in queue, eta t=86400): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&fixture(["", "", ""]));
 }

@@ -1811,6 +1811,7 @@ impl<'a> Builder<'a> {
                 .unwrap_or(0),
             max_runtime: spec.active_deadline_seconds.map(|s| s.max(0) as u64),
             grace,
+            expected_runtime: None,
         };
         let pods = groups
             .iter()

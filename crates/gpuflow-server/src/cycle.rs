@@ -1101,7 +1101,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mut blocked = Vec::new();
     let mut evicted = Vec::new();
     for j in world.jobs.values() {
-        let work = workload(j, &queues, &classes);
+        let work = workload(j, &queues, &classes).map(|mut w| {
+            w.expected_runtime = world.runtimes.expect(&j.user, j.spec.kind);
+            w
+        });
         if j.state.allocated() {
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
@@ -1469,6 +1472,7 @@ fn workload(j: &JobRec, queues: &Queues, classes: &[schedule::PriorityClass]) ->
         submitted: j.submitted_at,
         max_runtime: j.spec.max_runtime_s,
         grace: j.spec.checkpoint.grace_s,
+        expected_runtime: None,
     })
 }
 

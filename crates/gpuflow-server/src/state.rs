@@ -604,6 +604,33 @@ pub struct World {
     pub external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
     pub external_keys: BTreeMap<(String, String), u64>,
+    /// What each user's jobs of each kind ran lately, for start estimates.
+    pub runtimes: Runtimes,
+}
+
+/// Each user's last two run times per kind of job, from the jobs that
+/// succeeded: a running job of theirs is expected to take the mean of the
+/// two (Tsafrir, Etsion and Feitelson, "Backfilling Using
+/// System-Generated Predictions Rather than User Runtime Estimates", IEEE
+/// TPDS 2007). Start estimates use it; reservations and backfill keep to
+/// the declared maximum. It starts empty at each start of the server.
+#[derive(Clone, Debug, Default)]
+pub struct Runtimes(BTreeMap<(String, api::Kind), [Option<u64>; 2]>);
+
+impl Runtimes {
+    pub fn record(&mut self, user: &str, kind: api::Kind, seconds: u64) {
+        let last = self.0.entry((user.to_string(), kind)).or_default();
+        *last = [Some(seconds), last[0]];
+    }
+
+    /// Seconds a job of `user` and `kind` is expected to run, when known.
+    pub fn expect(&self, user: &str, kind: api::Kind) -> Option<u64> {
+        match self.0.get(&(user.to_string(), kind))? {
+            [Some(a), Some(b)] => Some((a + b) / 2),
+            [Some(a), None] => Some(*a),
+            _ => None,
+        }
+    }
 }
 
 /// Bounds of the duration histograms, in seconds.
@@ -893,6 +920,16 @@ impl World {
     /// Puts a job, keeping the index by node in step.
     pub fn put_job(&mut self, j: JobRec) {
         self.count_closed(&j, self.jobs.get(&j.id).map_or(0.0, closed_gpu_s));
+        // A job that just succeeded: how long its last run took.
+        let was_done = self.jobs.get(&j.id).is_some_and(|o| o.state.finished());
+        if j.state == api::JobState::Succeeded
+            && !was_done
+            && let Some(h) = j.held.last()
+            && let Some(end) = h.to.or(j.finished_at)
+        {
+            self.runtimes
+                .record(&j.user, j.spec.kind, end.saturating_sub(h.from));
+        }
         if let Some(old) = self.jobs.get(&j.id) {
             for a in &old.allocs {
                 if let Some(ids) = self.on_node.get_mut(&a.node) {

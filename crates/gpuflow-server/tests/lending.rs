@@ -267,3 +267,40 @@ async fn gpus_idle_while_work_that_fits_them_waits_are_on_metrics() {
         );
     }
 }
+
+/// A job waiting behind one that declares 24 hours is told when that job
+/// is expected to end from its user's recent jobs of the same kind (which
+/// ran about a second), not in 24 hours: before, the estimate was the
+/// declared maximum (#35: "6 of 9 start estimates checked were wrong").
+#[tokio::test]
+async fn a_start_estimate_expects_the_users_recent_runtimes() {
+    let h = harness_with(|_| {}).await;
+    let token = two_teams(&h).await;
+    let spec = "name: long\nqueue: lend-q\nkind: batch\nmax_runtime_s: 86400\ntasks:\n  - name: main\n    command: [sleep, '1000']\n    resources: {cpu: 1, memory_mib: 1024, gpu: {count: 3}}\n";
+    let job = async |h: &H| h.submit_spec(spec.to_string()).await;
+    // Two of the user's batch jobs run and succeed at once.
+    for _ in 0..2 {
+        let id = job(&h).await;
+        cycle(&h).await;
+        beat(&h, &token, &[id], "running").await;
+        beat(&h, &token, &[id], "done").await;
+        cycle(&h).await;
+        assert_eq!(state(&h, id).await, "succeeded");
+    }
+    // A third runs; a fourth waits behind it for the queue's guarantee.
+    let running = job(&h).await;
+    cycle(&h).await;
+    beat(&h, &token, &[running], "running").await;
+    assert_eq!(state(&h, running).await, "running");
+    let waiting = job(&h).await;
+    cycle(&h).await;
+    let w = why(&h, waiting).await;
+    let eta = w["eta"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("an estimate: {w}"));
+    let now = gpuflow_server::now();
+    assert!(
+        eta < now + 3600,
+        "expected within the hour (its user's jobs run about a second), not when the running job's 24 h run out: {w}"
+    );
+}

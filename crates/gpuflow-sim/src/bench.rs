@@ -421,6 +421,7 @@ impl CycleWorld {
             submitted: self.now - self.rng.below(10_000),
             max_runtime: Some(3600 + self.rng.below(36_000)),
             grace: 30,
+            expected_runtime: None,
         }
     }
 

@@ -29,6 +29,10 @@ pub struct SimPolicy {
     pub config: Config,
     /// Where the policy places tasks.
     pub placement: Policy,
+    /// Its start estimates expect jobs to run as long as their user's
+    /// recent ones ([`Runtimes`]), as gpuflow's server does; Slurm's
+    /// (`squeue --start`) count on the declared time limits.
+    pub predicts_runtimes: bool,
 }
 
 /// Slurm's node selection (select/cons_tres) as these baselines model it:
@@ -62,6 +66,7 @@ impl SimPolicy {
             name: "fifo".into(),
             config,
             placement: slurm_node_selection(),
+            predicts_runtimes: false,
         }
     }
 
@@ -90,6 +95,7 @@ impl SimPolicy {
             name: "slurm-like".into(),
             config,
             placement: slurm_node_selection(),
+            predicts_runtimes: false,
         }
     }
 
@@ -105,6 +111,7 @@ impl SimPolicy {
                 ..SimPolicy::slurm().config
             },
             placement: slurm_node_selection(),
+            predicts_runtimes: false,
         }
     }
 
@@ -113,6 +120,7 @@ impl SimPolicy {
             name: "gpuflow".into(),
             config: Config::default(),
             placement: Policy::gpuflow(),
+            predicts_runtimes: true,
         }
     }
 
@@ -158,6 +166,7 @@ impl SimPolicy {
         "max_preemptions_per_cycle",
         "lease_horizon",
         "reclaim_holds",
+        "predict_runtimes",
     ];
 
     /// Changes one setting of the core's configuration, for experiments:
@@ -191,6 +200,10 @@ impl SimPolicy {
                 "slurm" => slurm_node_selection(),
                 v => Policy::parse(v).map_err(|e| format!("{key}={value}: {e} (or slurm)"))?,
             };
+            return Ok(());
+        }
+        if key == "predict_runtimes" {
+            self.predicts_runtimes = value.parse().map_err(|_| bad())?;
             return Ok(());
         }
         let c = &mut self.config;
@@ -342,6 +355,10 @@ pub struct Outcome {
     /// GPU-hours (inside the arrival horizon) that stood free beside it
     /// while it waited and they could hold it, quota aside ([`schedule::could_hold`]).
     pub idle_waiting_gpu_hours: f64,
+    /// What the cycle estimated for its first start, before it started:
+    /// (when, the estimated start or `None` for unknown), at its first
+    /// cycle and then at the first cycle of every hour it waited.
+    pub estimates: Vec<(u64, Option<u64>)>,
 }
 
 /// A policy's run.
@@ -427,6 +444,7 @@ pub fn simulate(
             lost_gpu_hours: 0.0,
             requeued_wait: 0,
             idle_waiting_gpu_hours: 0.0,
+            estimates: Vec::new(),
         })
         .collect();
     let by_id: BTreeMap<JobId, usize> = jobs
@@ -456,6 +474,7 @@ pub fn simulate(
         submitted: j.submit,
         max_runtime: j.max_runtime,
         grace: sim.grace,
+        expected_runtime: None,
     };
     let mut run_gpu_hours = 0.0;
     let mut account = |team: &str, milli: u64, from: u64, to: u64| {
@@ -467,6 +486,8 @@ pub fn simulate(
         }
     };
     let mut budgets = Budgets::new(spec, &team_queue);
+    // What each user's jobs of a class ran lately, for start estimates.
+    let mut runtimes = Runtimes::default();
     loop {
         // 1. Jobs that finished or whose kill time came leave.
         let mut keep = Vec::new();
@@ -488,6 +509,11 @@ pub fn simulate(
             let l = live.remove(&r.work.job.id).expect("live");
             if done_at >= l.end {
                 outcomes[i].finish = Some(l.end);
+                runtimes.record(
+                    &r.work.user,
+                    r.work.class,
+                    jobs[i].duration.min(r.work.max_runtime.unwrap_or(u64::MAX)),
+                );
             } else {
                 // Preempted: work since the last checkpoint is lost.
                 let kept = r.last_checkpoint.map_or(0, |c| c.saturating_sub(r.started));
@@ -505,7 +531,11 @@ pub fn simulate(
         running = keep;
         // 2. Arrivals.
         while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
-            pending.push(workload(&jobs[next_arrival]));
+            let mut w = workload(&jobs[next_arrival]);
+            if policy.predicts_runtimes {
+                w.expected_runtime = runtimes.expect(&w.user, w.class);
+            }
+            pending.push(w);
             next_arrival += 1;
         }
         // 3. Checkpoints, history, and the cycle.
@@ -534,12 +564,23 @@ pub fn simulate(
                 },
                 &mut history,
             );
+            // Start estimates, as `squeue --start` or `job why` would tell
+            // them: at a job's first cycle, then hourly while it waits.
+            for p in &plan.pending {
+                let o = &mut outcomes[by_id[&p.job]];
+                if o.first_start.is_none() && now >= o.submit + 3600 * o.estimates.len() as u64 {
+                    o.estimates.push((now, p.eta));
+                }
+            }
             for (id, flavor, allocations) in plan.admitted {
                 let k = pending
                     .iter()
                     .position(|w| w.job.id == id)
                     .expect("admitted from pending");
-                let work = pending.swap_remove(k);
+                let mut work = pending.swap_remove(k);
+                if policy.predicts_runtimes {
+                    work.expected_runtime = runtimes.expect(&work.user, work.class);
+                }
                 let i = by_id[&id];
                 outcomes[i].first_start.get_or_insert(now);
                 if let Some(t) = requeued_at[i].take() {
@@ -646,6 +687,28 @@ pub fn simulate(
         unfinished,
         idle_waiting_gpu_hours,
     })
+}
+
+/// Each user's last two runtimes per class: a job is expected to run as
+/// long as their mean (Tsafrir, Etsion and Feitelson, "Backfilling Using
+/// System-Generated Predictions Rather than User Runtime Estimates", IEEE
+/// TPDS 2007), as the server expects it.
+#[derive(Default)]
+struct Runtimes(BTreeMap<(String, usize), [Option<u64>; 2]>);
+
+impl Runtimes {
+    fn record(&mut self, user: &str, class: usize, seconds: u64) {
+        let last = self.0.entry((user.to_string(), class)).or_default();
+        *last = [Some(seconds), last[0]];
+    }
+
+    fn expect(&self, user: &str, class: usize) -> Option<u64> {
+        match self.0.get(&(user.to_string(), class))? {
+            [Some(a), Some(b)] => Some((a + b) / 2),
+            [Some(a), None] => Some(*a),
+            _ => None,
+        }
+    }
 }
 
 /// GPU-hours each queue with a budget has used in its current period, kept
@@ -780,6 +843,83 @@ pub fn waits<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Waits {
         p95,
         max: w[w.len() - 1],
         queued_p95: mean_p95(&mut queued).1,
+    }
+}
+
+/// How well start estimates held, over a group of jobs' estimates made
+/// before their first start (see [`Outcome::estimates`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Accuracy {
+    /// Estimates of jobs that started.
+    pub estimates: usize,
+    /// Of those, the share that said "unknown".
+    pub unknown: f64,
+    /// Median and p90 of |estimated − real start|, hours, over the known.
+    pub median_h: f64,
+    pub p90_h: f64,
+    /// Median of estimated − real start, hours: above 0, estimates late.
+    pub bias_h: f64,
+    /// Share of known estimates within 25 % of the wait still ahead or
+    /// within 10 minutes, whichever is wider.
+    pub within: f64,
+    /// Jobs that waited more than 10 minutes: the median of their first
+    /// estimate's error over their real wait.
+    pub long_waits: usize,
+    pub long_median_rel: f64,
+}
+
+/// Estimate accuracy of `outcomes` (jobs that never started are left out:
+/// their estimates cannot be scored).
+pub fn accuracy<'a>(outcomes: impl Iterator<Item = &'a Outcome>) -> Accuracy {
+    let (mut errors, mut unknown, mut within) = (Vec::new(), 0usize, 0usize);
+    let mut signed = Vec::new();
+    let mut rel = Vec::new();
+    for o in outcomes {
+        let Some(start) = o.first_start else {
+            continue;
+        };
+        for (k, &(at, eta)) in o.estimates.iter().enumerate() {
+            let Some(eta) = eta else {
+                unknown += 1;
+                continue;
+            };
+            let err = eta.abs_diff(start);
+            let ahead = start.saturating_sub(at);
+            if err as f64 <= (ahead as f64 * 0.25).max(600.0) {
+                within += 1;
+            }
+            errors.push(err as f64 / 3600.0);
+            signed.push((eta as f64 - start as f64) / 3600.0);
+            let wait = start - o.submit;
+            if k == 0 && wait > 600 {
+                rel.push(err as f64 / wait as f64);
+            }
+        }
+    }
+    let n = errors.len() + unknown;
+    if n == 0 {
+        return Accuracy::default();
+    }
+    let pick = |v: &mut Vec<f64>, q: f64| {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1]
+    };
+    Accuracy {
+        estimates: n,
+        unknown: unknown as f64 / n as f64,
+        median_h: pick(&mut errors, 0.5),
+        p90_h: pick(&mut errors, 0.9),
+        bias_h: pick(&mut signed, 0.5),
+        within: if errors.is_empty() {
+            0.0
+        } else {
+            within as f64 / errors.len() as f64
+        },
+        long_waits: rel.len(),
+        long_median_rel: pick(&mut rel, 0.5),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::dynamic::{
-    Outcome, SimResult, group_stats, jain, kind_name, makespan, team_shares, waits,
+    Outcome, SimResult, accuracy, group_stats, jain, kind_name, makespan, team_shares, waits,
 };
 use crate::workload::KINDS;
 
@@ -104,6 +104,83 @@ pub fn table(results: &[SimResult]) -> String {
             r.unfinished,
             r.cycles
         );
+    }
+    let _ = writeln!(
+        out,
+        "\nstart estimates (at each job's first cycle, then hourly while it waited) against its real start"
+    );
+    let _ = writeln!(
+        out,
+        "{:<11} {:<10} {:>9} {:>8} {:>11} {:>10} {:>7} {:>9} {:>12}",
+        "policy",
+        "kind",
+        "estimates",
+        "unknown",
+        "median err h",
+        "p90 err h",
+        "bias h",
+        "within",
+        "first / wait"
+    );
+    for r in results {
+        for (name, k, a) in accuracies(r) {
+            if a.estimates == 0 && k.is_some() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "{:<11} {name:<10} {:>9} {:>7.1}% {:>12.2} {:>10.2} {:>+7.2} {:>8.1}% {:>12.2}",
+                r.policy,
+                a.estimates,
+                a.unknown * 100.0,
+                a.median_h,
+                a.p90_h,
+                a.bias_h,
+                a.within * 100.0,
+                a.long_median_rel
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "(bias: the median of estimated less real start, late above 0; within: of the known estimates, those within 25 % of the wait still ahead or 10 minutes; first / wait: jobs that waited over 10 minutes, the median of their first estimate's error over their wait)"
+    );
+    out
+}
+
+/// A run's estimate accuracy per kind (its index), then for all jobs.
+fn accuracies(r: &SimResult) -> Vec<(&'static str, Option<usize>, crate::dynamic::Accuracy)> {
+    (0..KINDS.len())
+        .map(|k| (kind_name(k), Some(k)))
+        .chain([("all", None)])
+        .map(|(name, k)| {
+            let of = |o: &&Outcome| k.is_none_or(|k| o.kind == k);
+            (name, k, accuracy(r.outcomes.iter().filter(of)))
+        })
+        .collect()
+}
+
+/// The estimates' accuracy per policy and kind, CSV.
+pub fn estimates_csv(results: &[SimResult]) -> String {
+    let mut out = String::from(
+        "policy,kind,estimates,unknown_pct,median_error_h,p90_error_h,bias_h,within_pct,long_waits,long_median_relative_error\n",
+    );
+    for r in results {
+        for (name, _, a) in accuracies(r) {
+            let _ = writeln!(
+                out,
+                "{},{name},{},{:.2},{:.4},{:.4},{:.4},{:.2},{},{:.4}",
+                r.policy,
+                a.estimates,
+                a.unknown * 100.0,
+                a.median_h,
+                a.p90_h,
+                a.bias_h,
+                a.within * 100.0,
+                a.long_waits,
+                a.long_median_rel
+            );
+        }
     }
     out
 }

@@ -545,3 +545,53 @@ fn gpus_idle_while_work_that_fits_them_waits_are_measured() {
     let pct = gpuflow_sim::dynreport::idle_waiting_pct(&ours);
     assert!((pct - 3.0 / (8.0 * 4.0) * 100.0).abs() < 0.5, "{pct}");
 }
+
+/// Start estimates are recorded at a job's first cycle and hourly while it
+/// waits, and scored against its real start. On one GPU, team-a's jobs
+/// declare 10 hours and run 100 s: after the first has run, gpuflow
+/// expects the next ones to run as long and tells the third when it will
+/// start to within a cycle; Slurm's rule (the declared limit) is hours off.
+#[test]
+fn start_estimates_are_recorded_and_gpuflow_expects_recent_runtimes() {
+    let spec = cluster(
+        "[[nodes]]\ncount = 1\ngpus = 1\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n[[queues]]\nname = \"team-a\"\nguaranteed = { H100 = 1 }\n",
+    );
+    let jobs: Vec<workload::TraceJob> = [0, 150, 160]
+        .into_iter()
+        .enumerate()
+        .map(|(i, submit)| workload::TraceJob {
+            id: i as u64 + 1,
+            submit,
+            duration: 100,
+            tasks: 1,
+            gpu: gpuflow_core::GpuRequest::Whole { count: 1 },
+            team: "team-a".into(),
+            kind: 3,
+            priority: 0,
+            max_runtime: Some(36_000),
+            model: None,
+        })
+        .collect();
+    let run = |p: SimPolicy| dynamic::simulate(&spec, &jobs, &p, &SimConfig::default(), 1).unwrap();
+    let (slurm, ours) = (run(SimPolicy::slurm()), run(SimPolicy::gpuflow()));
+    for r in [&slurm, &ours] {
+        let third = &r.outcomes[2];
+        let start = third.first_start.expect("it starts");
+        assert_eq!(third.estimates.len(), 1, "{:?}", third.estimates);
+        let (at, eta) = third.estimates[0];
+        assert!(at >= third.submit && at < start);
+        let err = eta.expect("an estimate").abs_diff(start);
+        let a = dynamic::accuracy(r.outcomes.iter());
+        eprintln!("{}: estimate off by {err} s; {a:?}", r.policy);
+        if r.policy == "gpuflow" {
+            assert!(err <= 60, "gpuflow: {err} s off");
+        } else {
+            assert!(
+                err > 30_000,
+                "slurm-like counts on the declared limit: {err} s off"
+            );
+        }
+    }
+    // Jobs that started at once have no estimate.
+    assert!(ours.outcomes[0].estimates.is_empty());
+}

@@ -141,15 +141,33 @@ impl<'a> Cycle<'a> {
         for &i in &self.out.admitted_idx {
             flags[i] |= ADMITTED;
         }
-        // ETA: running jobs' declared ends against the demand ahead in order.
+        // ETA: running jobs' expected ends against the demand ahead in order.
         let mut ends: Vec<(u64, u64)> = self
             .snap
             .running
             .iter()
             .zip(&self.victims.run)
-            .filter_map(|(r, info)| Some((Self::end_of(r)?.max(self.snap.now), info.milli)))
+            .filter_map(|(r, info)| {
+                Some((
+                    Self::expected_end(r, self.snap.now)?.max(self.snap.now),
+                    info.milli,
+                ))
+            })
+            // Those admitted this cycle end too.
+            .chain(self.out.admitted_idx.iter().filter_map(|&i| {
+                let run = Self::expected_run(&self.snap.pending[i])?;
+                Some((self.snap.now + run, self.pend.pend_milli[i]))
+            }))
             .collect();
         ends.sort_unstable();
+        // Some running (or just admitted) job has an expected runtime.
+        let expecting = self
+            .snap
+            .running
+            .iter()
+            .map(|r| &r.work)
+            .chain(self.out.admitted_idx.iter().map(|&i| &self.snap.pending[i]))
+            .any(|w| w.expected_runtime.is_some());
         let running_milli: u64 = self.victims.run.iter().map(|r| r.milli).sum();
         let free_now: u64 = self
             .snap
@@ -158,18 +176,22 @@ impl<'a> Cycle<'a> {
             .map(|f| self.snap.queues.capacity(f))
             .sum::<u64>()
             .saturating_sub(running_milli + self.admitted_milli());
-        let mut ahead: u64 = 0;
         // The order of phase 1 (the same key for every ordering but FIFO).
         let order = std::mem::take(&mut self.order.global);
         let order_milli = std::mem::take(&mut self.order.global_milli);
-        // Demand ahead only grows along the order, so one pass over the ends suffices.
+        // The jobs start in order as GPUs come free, and each gives its
+        // GPUs back when it is expected to end: a list schedule over the
+        // frees to come, soonest first.
         const NO_ETA: u64 = u64::MAX;
+        let mut all = Frees::new(ends, free_now, self.snap.now);
         let mut eta: Vec<u64> = vec![NO_ETA; self.snap.pending.len()];
         // Known ends of running and just-admitted jobs of a queue, by end:
         // (end, milli-GPU, user); built for the queues that need it.
         let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
             Default::default();
-        let (mut freed, mut next) = (free_now, 0usize);
+        // A list schedule of each queue held back by its quota (user:
+        // `Some` for a user's limit), over that queue's (or user's) frees.
+        let mut own: rustc_hash::FxHashMap<(QueueId, Option<&str>), Frees> = Default::default();
         let mut node_slots: Option<NodeSlots> = None;
         for (&i, &milli) in order.iter().zip(&order_milli) {
             let flag = flags[i];
@@ -177,35 +199,33 @@ impl<'a> Cycle<'a> {
             if flag & (ADMITTED | NOWHERE) != 0 {
                 continue;
             }
-            ahead += milli;
-            while freed < ahead && next < ends.len() {
-                freed += ends[next].1;
-                next += 1;
-            }
-            let mut t = match (freed >= ahead, next) {
-                (false, _) => None,
-                (true, 0) => Some(self.snap.now),
-                (true, n) => Some(ends[n - 1].0),
-            };
+            // Held back by its queue's quota (or a user's limit), it takes
+            // capacity only as its own queue frees it: not from those behind.
+            let takes = flag & (BY_QUOTA | BY_USER) == 0;
+            let mut t = all.when(milli, takes);
             // Blocked by quota or a user limit: also wait for the queue (or the
-            // user) to free as much as the job needs, from jobs with a known end.
+            // user) to free as much as the job needs, from jobs with a known
+            // end, after those of its queue (or user) held back before it.
             let by_user = flag & BY_USER != 0;
+            let mut held = None;
             if flag & (BY_USER | BY_QUOTA) != 0 {
                 let w = &self.snap.pending[i];
-                let mine = by_queue
-                    .entry(w.queue)
-                    .or_insert_with(|| self.known_ends(w.queue));
-                let mut got = 0;
-                let mut when = None;
-                for &(end, m, user) in mine.iter() {
-                    if by_user && user != w.user.as_str() {
-                        continue;
-                    }
-                    got += m.max(1);
-                    if got >= self.pend.pend_milli[i].max(1) {
-                        when = Some(end);
-                        break;
-                    }
+                let key = (w.queue, by_user.then_some(w.user.as_str()));
+                let o = own.entry(key).or_insert_with(|| {
+                    let ends = by_queue
+                        .entry(w.queue)
+                        .or_insert_with(|| self.known_ends(w.queue));
+                    let mine = ends
+                        .iter()
+                        .filter(|(_, _, user)| !by_user || *user == w.user.as_str())
+                        .map(|&(end, m, _)| (end, m.max(1)))
+                        .collect();
+                    Frees::new(mine, 0, self.snap.now)
+                });
+                let need = self.pend.pend_milli[i].max(1);
+                let when = o.when(need, true);
+                if when.is_some() {
+                    held = Some((key, need));
                 }
                 t = match (t, when) {
                     (Some(a), Some(b)) => Some(a.max(b)),
@@ -223,10 +243,32 @@ impl<'a> Cycle<'a> {
             if flag & HELD != 0 {
                 t = None;
             }
-            if let Some(&start_at) = self.reserve.reserved.get(&self.pend.pend_id[i]) {
-                t = Some(start_at);
+            // A job waiting for its victims starts when they are killed. A
+            // reservation or hold starts at the latest when running jobs
+            // reach their declared maxima; where they are expected to end
+            // sooner, so is it.
+            let id = self.pend.pend_id[i];
+            if let Some(&start_at) = self.reserve.reserved.get(&id) {
+                let nominated = self.reserve.nominated.iter().any(|r| r.job == id);
+                t = match t {
+                    Some(e) if expecting && !nominated => Some(e.min(start_at)),
+                    _ => Some(start_at),
+                };
             }
             eta[i] = t.unwrap_or(NO_ETA);
+            // What it took comes back when it is expected to end.
+            if let Some(start) = t
+                && let Some(run) = Self::expected_run(&self.snap.pending[i])
+            {
+                if takes {
+                    all.later(start + run, milli);
+                }
+                if let Some((key, need)) = held
+                    && let Some(o) = own.get_mut(&key)
+                {
+                    o.later(start + run, need);
+                }
+            }
         }
         // Positions in each queue, then the explanations in job order (the
         // backlog usually comes nearly in that order, which the stable sort
@@ -332,13 +374,13 @@ impl<'a> Cycle<'a> {
             }
         };
         for r in self.snap.running {
-            if let Some(end) = Self::end_of(r) {
+            if let Some(end) = Self::expected_end(r, self.snap.now) {
                 give_back(end, &r.allocations);
             }
         }
         for ((_, _, p), &i) in self.out.admitted.iter().zip(&self.out.admitted_idx) {
-            if let Some(m) = self.snap.pending[i].max_runtime {
-                give_back(self.snap.now + m, p);
+            if let Some(run) = Self::expected_run(&self.snap.pending[i]) {
+                give_back(self.snap.now + run, p);
             }
         }
         frees.sort_unstable();
@@ -356,6 +398,36 @@ impl<'a> Cycle<'a> {
         r.stopping_at.or(r.work.max_runtime.map(|m| r.started + m))
     }
 
+    /// How long a job just admitted is expected to run: its expected
+    /// runtime within its declared maximum, or the maximum.
+    fn expected_run(w: &Workload) -> Option<u64> {
+        match (w.expected_runtime, w.max_runtime) {
+            (Some(e), Some(m)) => Some(e.min(m)),
+            (e, m) => e.or(m),
+        }
+    }
+
+    /// When a running job is expected to end, for start estimates: its
+    /// kill time once told to stop; else the end of its expected runtime
+    /// while that is ahead, and once it has run past it as long again as
+    /// it has run; never after its declared maximum ([`Cycle::end_of`],
+    /// which reservations keep to). Without an expected runtime, the
+    /// declared maximum.
+    pub(super) fn expected_end(r: &Running, now: u64) -> Option<u64> {
+        if r.stopping_at.is_some() {
+            return r.stopping_at;
+        }
+        let declared = Self::end_of(r);
+        let Some(expected) = r.work.expected_runtime else {
+            return declared;
+        };
+        let mut end = r.started + expected;
+        if end <= now {
+            end = now + now.saturating_sub(r.started).max(60);
+        }
+        Some(declared.map_or(end, |d| d.min(end)))
+    }
+
     /// Known ends of a queue's running and just-admitted jobs, soonest first:
     /// (end, milli-GPU, user).
     pub(super) fn known_ends(&self, q: QueueId) -> Vec<(u64, u64, &'a str)> {
@@ -370,7 +442,7 @@ impl<'a> Cycle<'a> {
             .filter_map(|&k| {
                 let r = &running[k];
                 Some((
-                    Self::end_of(r)?.max(self.snap.now),
+                    Self::expected_end(r, self.snap.now)?.max(self.snap.now),
                     self.victims.run[k].milli,
                     r.work.user.as_str(),
                 ))
@@ -383,7 +455,7 @@ impl<'a> Cycle<'a> {
                     .filter_map(|&i| {
                         let w = &pending[i];
                         Some((
-                            (self.snap.now + w.max_runtime?).max(self.snap.now),
+                            self.snap.now + Self::expected_run(w)?,
                             self.pend.pend_milli[i],
                             w.user.as_str(),
                         ))
@@ -400,5 +472,62 @@ impl<'a> Cycle<'a> {
             .iter()
             .map(|(_, _, p)| p.iter().map(|a| a.gpu.quota_milli()).sum::<u64>())
             .sum()
+    }
+}
+
+/// A list schedule over frees to come, soonest first: GPUs free now,
+/// the known ends (sorted once) and the ends of jobs the schedule starts
+/// (a heap, merged with them as they come).
+struct Frees {
+    sorted: Vec<(u64, u64)>,
+    next: usize,
+    started: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
+    avail: u64,
+    clock: u64,
+}
+
+impl Frees {
+    fn new(sorted: Vec<(u64, u64)>, avail: u64, now: u64) -> Frees {
+        Frees {
+            sorted,
+            next: 0,
+            started: std::collections::BinaryHeap::new(),
+            avail,
+            clock: now,
+        }
+    }
+
+    /// When `need` milli-GPU are free (`None`: never, as far as the known
+    /// ends go), taking them when `take`.
+    fn when(&mut self, need: u64, take: bool) -> Option<u64> {
+        while self.avail < need {
+            let from_started = self.started.peek().map(|r| r.0);
+            let (end, m) = match (self.sorted.get(self.next), from_started) {
+                (Some(&a), Some(b)) if b < a => {
+                    self.started.pop();
+                    b
+                }
+                (Some(&a), _) => {
+                    self.next += 1;
+                    a
+                }
+                (None, Some(b)) => {
+                    self.started.pop();
+                    b
+                }
+                (None, None) => return None,
+            };
+            self.avail += m;
+            self.clock = self.clock.max(end);
+        }
+        if take {
+            self.avail -= need;
+        }
+        Some(self.clock)
+    }
+
+    /// `milli` comes free again at `end`.
+    fn later(&mut self, end: u64, milli: u64) {
+        self.started.push(std::cmp::Reverse((end, milli)));
     }
 }

@@ -52,6 +52,11 @@ pub struct Workload {
     pub max_runtime: Option<u64>,
     /// Seconds a victim is given between the signal and the kill.
     pub grace: u64,
+    /// How long the edge expects it to run, seconds (from its user's
+    /// recent jobs of its kind): for start estimates only. Reservations,
+    /// backfill and preemption keep to `max_runtime`, which is what a
+    /// job may hold.
+    pub expected_runtime: Option<u64>,
 }
 
 impl Workload {

@@ -118,7 +118,7 @@ fn parse_work(toks: &[&str], queues: &Queues, cfg: &Config) -> (Workload, BTreeM
     let mut extra = BTreeMap::new();
     let (mut queue, mut user, mut class) = (None, "user".to_string(), 2usize);
     let mut w_prio = 0;
-    let (mut runtime, mut grace) = (None, 30);
+    let (mut runtime, mut grace, mut expected) = (None, 30, None);
     for t in &toks[1..] {
         let (k, v) = kv(t);
         match k {
@@ -134,6 +134,7 @@ fn parse_work(toks: &[&str], queues: &Queues, cfg: &Config) -> (Workload, BTreeM
             "prio" => w_prio = v.parse().unwrap(),
             "runtime" => runtime = Some(v.parse().unwrap()),
             "grace" => grace = v.parse().unwrap(),
+            "expected" => expected = Some(v.parse().unwrap()),
             "submit" | "started" | "checkpoint" => {
                 extra.insert(k.to_string(), v.parse().unwrap());
             }
@@ -150,6 +151,7 @@ fn parse_work(toks: &[&str], queues: &Queues, cfg: &Config) -> (Workload, BTreeM
         submitted: extra.get("submit").copied().unwrap_or(0),
         max_runtime: runtime,
         grace,
+        expected_runtime: expected,
     };
     (w, extra)
 }
