@@ -354,6 +354,13 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         assert_eq!(b.count_at_least(".gpu .seg.shared", 1).await, 1);
         let who = b.text_when("#who", |t| t.contains("admin")).await;
         assert!(who.contains("admin"), "{who}");
+        // GPUs idle while work that fits them waits, as the last cycle saw.
+        let idle = b
+            .text_when("#idle-waiting", |t| {
+                t.to_lowercase().contains("idle while work waits")
+            })
+            .await;
+        assert!(idle.contains("GPU"), "{idle}");
         b.shot("cluster-admin").await;
 
         // The pending job's page gives its reasons and its place.

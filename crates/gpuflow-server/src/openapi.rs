@@ -260,6 +260,14 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "get",
+        "/v1/idle-waiting",
+        "any token",
+        "GPUs free after the last cycle that waiting work could hold, quota aside, and their GPU-hours since the server started",
+        None,
+        None,
+    ),
+    r(
+        "get",
         "/v1/queues",
         "any token (own team)",
         "Queues with quotas and usage",

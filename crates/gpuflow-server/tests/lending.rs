@@ -241,7 +241,8 @@ async fn metric(h: &H, name: &str) -> f64 {
         .unwrap()
 }
 
-/// GPUs idle while work that fits them waits, on `/metrics`: with leases
+/// GPUs idle while work that fits them waits, on `/metrics` and
+/// `/v1/idle-waiting` (the dashboard's): with leases
 /// off, a notebook beyond its team's guarantee waits beside three free
 /// GPUs and the gauge says one GPU; with leases (the default) it starts
 /// and the gauge says none.
@@ -265,6 +266,13 @@ async fn gpus_idle_while_work_that_fits_them_waits_are_on_metrics() {
             0.0,
             "nothing has stood idle for any time yet"
         );
+        // The same for the dashboard, to any token: the cluster's figure.
+        let (s, v) = h.get("/v1/idle-waiting", &h.admin).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["gpus"], idle, "{v}");
+        assert!(v["at"].as_u64().unwrap() > 0, "{v}");
+        let (s, _) = h.call("GET", "/v1/idle-waiting", None, "", vec![]).await;
+        assert_eq!(s, 401);
     }
 }
 

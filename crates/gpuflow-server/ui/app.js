@@ -170,7 +170,7 @@ async function route() {
 // The cluster map: nodes × GPUs, coloured by the holding team, hatched
 // when shared, split by MIG instance, outlined red when unhealthy.
 async function cluster() {
-  const nodes = await api('/v1/nodes');
+  const [nodes, idle] = await Promise.all([api('/v1/nodes'), api('/v1/idle-waiting')]);
   let gpus = 0, busy = 0, bad = 0;
   const teams = new Set();
   const cards = nodes.map((n) => {
@@ -215,7 +215,13 @@ async function cluster() {
     el('h1', {}, 'Cluster'),
     el('div', { class: 'cards' },
       stat('Nodes', nodes.length), stat('GPUs', gpus), stat('GPUs in use', busy),
-      stat('Free GPUs', gpus - busy - bad), stat('Unhealthy', bad)),
+      stat('Free GPUs', gpus - busy - bad), stat('Unhealthy', bad),
+      el('div', {
+        class: 'card', id: 'idle-waiting',
+        title: 'GPUs free after the last scheduling cycle that waiting jobs could hold, quotas aside: ' +
+          idle.gpu_hours.toFixed(1) + ' GPU-hours since the server started',
+      }, el('div', { class: 'k' }, 'Idle while work waits'),
+      el('div', { class: 'v' }, +idle.gpus.toFixed(2) + (idle.gpus === 1 ? ' GPU' : ' GPUs')))),
     el('div', { class: 'legend' },
       el('span', {}, el('i', { style: 'background:var(--free)' }), 'free'),
       el('span', {}, el('i', { style: 'background:repeating-linear-gradient(45deg,#999 0 3px,#ddd 3px 6px)' }), 'shared (fraction, time slice)'),

@@ -1,4 +1,5 @@
-//! Nodes (list, drain, cordon, uncordon, replace) and pools.
+//! Nodes (list, drain, cordon, uncordon, replace), pools, and the GPUs
+//! idle while work that fits them waits.
 
 use super::*;
 
@@ -7,6 +8,28 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}/{action}", post(node_action))
         .route("/v1/pools", get(pools))
+        .route("/v1/idle-waiting", get(idle_waiting))
+}
+
+/// GPUs free after the last cycle that waiting work could hold, quota
+/// aside (the cluster's figure: no team's jobs are named).
+#[derive(Serialize)]
+struct IdleWaiting {
+    gpus: f64,
+    /// As the last cycle found them, at this Unix time (0: no cycle yet).
+    at: u64,
+    /// Those GPUs over time since the server started.
+    gpu_hours: f64,
+}
+
+async fn idle_waiting(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<IdleWaiting> {
+    let world = shared.world.lock().await;
+    let st = &world.stats;
+    Ok(Json(IdleWaiting {
+        gpus: st.idle_waiting_gpus,
+        at: st.idle_waiting_at,
+        gpu_hours: st.idle_waiting_gpu_hours,
+    }))
 }
 
 fn node_view(
