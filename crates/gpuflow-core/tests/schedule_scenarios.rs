@@ -1668,3 +1668,27 @@ fn start_estimates_expect_jobs_to_run_as_long_as_their_users_recent_ones() {
           pending job 3 (#3 in queue, eta t=86400): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
     "#]].assert_eq(&fixture(["", "", ""]));
 }
+
+#[test]
+fn a_held_queues_job_takes_no_capacity_from_the_estimates_behind_it() {
+    // Quotas off (as in the Slurm baselines): job 5, first in order but in
+    // a held queue, starts nothing, so job 6 of another queue is estimated
+    // at the first GPU to come free (t=500), not after job 5 took it.
+    let out = run("
+        node n1 gpus=2*H100
+        queue org H100=2
+        queue held parent=org H100=1 state=held
+        queue open parent=org H100=1
+        config quotas=off backfill=off
+        run 10 queue=open gpu=whole:1 cpu=1 started=0 runtime=500
+        run 11 queue=open gpu=whole:1 cpu=1 started=0 runtime=900
+        job 5 queue=held gpu=whole:1 cpu=1 prio=9 runtime=100 submit=0
+        job 6 queue=open gpu=whole:1 cpu=1 runtime=100 submit=5
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 5 (#1 in queue, eta unknown): queue held is held: it accepts work but starts none; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 6 (#1 in queue, eta t=500): on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]].assert_eq(&out);
+}

@@ -200,8 +200,9 @@ impl<'a> Cycle<'a> {
                 continue;
             }
             // Held back by its queue's quota (or a user's limit), it takes
-            // capacity only as its own queue frees it: not from those behind.
-            let takes = flag & (BY_QUOTA | BY_USER) == 0;
+            // capacity only as its own queue frees it: not from those behind;
+            // in a held queue, none.
+            let takes = flag & (BY_QUOTA | BY_USER | HELD) == 0;
             let mut t = all.when(milli, takes);
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known
