@@ -295,6 +295,13 @@ fn unswap<T: Copy>(v: &mut Vec<T>, at: usize, x: T, mut moved: impl FnMut(T, u32
     }
 }
 
+/// The most GPUs a node may have (a node's GPUs are a 64-bit mask).
+pub const MAX_GPUS_PER_NODE: usize = 64;
+
+/// The most MIG instances a GPU may have (a GPU's instances are a 32-bit
+/// mask; NVIDIA's GPUs have at most 7).
+pub const MAX_MIG_INSTANCES: usize = 32;
+
 impl Cluster {
     /// Builds a cluster from its nodes, all idle.
     ///
@@ -314,13 +321,13 @@ impl Cluster {
             if !names.insert(n.name.as_str()) {
                 return Err(CoreError::DuplicateNode(n.name.clone()));
             }
-            if n.gpus.len() > 64 {
+            if n.gpus.len() > MAX_GPUS_PER_NODE {
                 return Err(CoreError::TooManyGpus {
                     name: n.name.clone(),
                     count: n.gpus.len(),
                 });
             }
-            if let Some(g) = n.gpus.iter().find(|g| g.mig.len() > 32) {
+            if let Some(g) = n.gpus.iter().find(|g| g.mig.len() > MAX_MIG_INSTANCES) {
                 return Err(CoreError::TooManyMigInstances {
                     name: n.name.clone(),
                     count: g.mig.len(),

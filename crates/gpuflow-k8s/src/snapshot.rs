@@ -290,7 +290,7 @@ fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
 }
 
 /// The most GPUs the core takes on one node.
-const MAX_GPUS: usize = 64;
+const MAX_GPUS: usize = gpuflow_core::cluster::MAX_GPUS_PER_NODE;
 
 /// A time-sliced node's GPUs: its `nvidia.com/gpu.shared` replicas over the
 /// replicas per GPU its label gives, each GPU holding that many slices.

@@ -18,6 +18,7 @@ use gpuflow_api::{
     self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register,
     Registered, StopOrder, TaskReport,
 };
+use gpuflow_core::cluster::{MAX_GPUS_PER_NODE, MAX_MIG_INSTANCES};
 
 use crate::auth::{hash, new_token};
 use crate::http::{Error, parse_json};
@@ -38,10 +39,10 @@ fn token(headers: &HeaderMap) -> Result<String, Error> {
 }
 
 fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
-    if inv.gpus.len() > 64 {
+    if inv.gpus.len() > MAX_GPUS_PER_NODE {
         return Err(ApiError::bad_request(
             "invalid_inventory",
-            "inventory.gpus: at most 64 GPUs per node",
+            format!("inventory.gpus: at most {MAX_GPUS_PER_NODE} GPUs per node"),
         ));
     }
     if inv.cpu_milli == 0 || inv.memory_mib == 0 {
@@ -80,9 +81,12 @@ fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
                 g.index
             ));
         }
-        if g.memory_mib > MAX_GPU_MEMORY_MIB || g.mig.len() > 64 || g.nvlink.len() > 64 {
+        if g.memory_mib > MAX_GPU_MEMORY_MIB
+            || g.mig.len() > MAX_MIG_INSTANCES
+            || g.nvlink.len() > MAX_GPUS_PER_NODE
+        {
             return bad(format!(
-                "inventory.gpus[{}]: at most {MAX_GPU_MEMORY_MIB} MiB, 64 MIG instances and 64 NVLink peers",
+                "inventory.gpus[{}]: at most {MAX_GPU_MEMORY_MIB} MiB, {MAX_MIG_INSTANCES} MIG instances and {MAX_GPUS_PER_NODE} NVLink peers",
                 g.index
             ));
         }

@@ -1250,11 +1250,19 @@ async fn a_node_cannot_claim_an_absurd_inventory() {
     long_model["gpus"][0]["model"] = json!("H".repeat(1 << 20));
     let mut big_gpu = inventory(2);
     big_gpu["gpus"][1]["memory_mib"] = json!(u64::MAX);
+    // More MIG instances than the scheduling core takes (32): accepted
+    // before, every cycle then panicked building the cluster (#40).
+    let mut many_slices = inventory(2);
+    many_slices["gpus"][0]["mig"] = (0..33)
+        .map(|k| json!({"uuid": format!("MIG-{k}"), "profile": "1g.10gb", "memory_mib": 10240}))
+        .collect::<Vec<_>>()
+        .into();
     for (what, inv) in [
         ("memory", huge_memory),
         ("labels", many_labels),
         ("model", long_model),
         ("GPU memory", big_gpu),
+        ("MIG instances", many_slices),
     ] {
         let (s, v) = h
             .json(
@@ -1270,6 +1278,7 @@ async fn a_node_cannot_claim_an_absurd_inventory() {
     let (s, nodes) = h.get("/v1/nodes", &h.admin).await;
     assert_eq!((s, nodes.as_array().map(Vec::len)), (200, Some(0)));
     assert_eq!(register(&h, "honest", None).await.0, 200);
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
 }
 
 /// JSON with something after the document was accepted (the rest
