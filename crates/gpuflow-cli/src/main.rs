@@ -138,6 +138,20 @@ fn main() {
     // errors. Elsewhere an error is a request that failed, unless it says
     // it is about the command line.
     let local = matches!(cli.command, Command::Sim { .. } | Command::Bench { .. });
+    // A client's output piped into `head` ends it quietly, as `cat` or `ls`
+    // do, instead of a panic on the broken pipe (exit 101). Long-running
+    // processes (server, agent, simulators with in-process servers) keep
+    // Rust's default, ignoring SIGPIPE.
+    if !local
+        && !matches!(
+            cli.command,
+            Command::Up(_) | Command::Server(_) | Command::Agent(_) | Command::K8s { .. }
+        )
+    {
+        // SAFETY: setting a signal's disposition to its default at start,
+        // before any thread is spawned.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Sim { command } => sim::run(command),
         Command::Bench { command } => sim::bench(command),

@@ -265,3 +265,32 @@ fn the_server_refuses_a_malformed_disruption_budget_and_says_what_to_give() {
         );
     }
 }
+
+/// Output piped into a reader that stops early (`| head`) ends the command
+/// quietly, by SIGPIPE as `cat` does: it panicked with exit code 101
+/// before (#38).
+#[test]
+fn a_closed_pipe_ends_a_client_command_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuflow"))
+        .args(["completion", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its output (over 200 KB) is more than the pipe holds: read a little,
+    // then hang up.
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {err}");
+}
