@@ -1102,7 +1102,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mut evicted = Vec::new();
     for j in world.jobs.values() {
         let work = workload(j, &queues, &classes).map(|mut w| {
-            w.expected_runtime = world.runtimes.expect(&j.user, j.spec.kind);
+            w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
             w
         });
         if j.state.allocated() {

@@ -604,33 +604,11 @@ pub struct World {
     pub external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
     pub external_keys: BTreeMap<(String, String), u64>,
-    /// What each user's jobs of each kind ran lately, for start estimates.
-    pub runtimes: Runtimes,
-}
-
-/// Each user's last two run times per kind of job, from the jobs that
-/// succeeded: a running job of theirs is expected to take the mean of the
-/// two (Tsafrir, Etsion and Feitelson, "Backfilling Using
-/// System-Generated Predictions Rather than User Runtime Estimates", IEEE
-/// TPDS 2007). Start estimates use it; reservations and backfill keep to
-/// the declared maximum. It starts empty at each start of the server.
-#[derive(Clone, Debug, Default)]
-pub struct Runtimes(BTreeMap<(String, api::Kind), [Option<u64>; 2]>);
-
-impl Runtimes {
-    pub fn record(&mut self, user: &str, kind: api::Kind, seconds: u64) {
-        let last = self.0.entry((user.to_string(), kind)).or_default();
-        *last = [Some(seconds), last[0]];
-    }
-
-    /// Seconds a job of `user` and `kind` is expected to run, when known.
-    pub fn expect(&self, user: &str, kind: api::Kind) -> Option<u64> {
-        match self.0.get(&(user.to_string(), kind))? {
-            [Some(a), Some(b)] => Some((a + b) / 2),
-            [Some(a), None] => Some(*a),
-            _ => None,
-        }
-    }
+    /// What each user's jobs of each kind ran lately, from the jobs that
+    /// succeeded since the server started: running jobs' expected runtimes
+    /// for start estimates (reservations and backfill keep to the declared
+    /// maximum).
+    pub runtimes: gpuflow_core::schedule::RecentRuntimes<api::Kind>,
 }
 
 /// Bounds of the duration histograms, in seconds.

@@ -30,7 +30,7 @@ pub struct SimPolicy {
     /// Where the policy places tasks.
     pub placement: Policy,
     /// Its start estimates expect jobs to run as long as their user's
-    /// recent ones ([`Runtimes`]), as gpuflow's server does; Slurm's
+    /// recent ones ([`schedule::RecentRuntimes`]), as gpuflow's server does; Slurm's
     /// (`squeue --start`) count on the declared time limits.
     pub predicts_runtimes: bool,
 }
@@ -487,7 +487,7 @@ pub fn simulate(
     };
     let mut budgets = Budgets::new(spec, &team_queue);
     // What each user's jobs of a class ran lately, for start estimates.
-    let mut runtimes = Runtimes::default();
+    let mut runtimes = schedule::RecentRuntimes::<usize>::default();
     loop {
         // 1. Jobs that finished or whose kill time came leave.
         let mut keep = Vec::new();
@@ -533,7 +533,7 @@ pub fn simulate(
         while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
             let mut w = workload(&jobs[next_arrival]);
             if policy.predicts_runtimes {
-                w.expected_runtime = runtimes.expect(&w.user, w.class);
+                w.expected_runtime = runtimes.expect(&w.user, &w.class);
             }
             pending.push(w);
             next_arrival += 1;
@@ -579,7 +579,7 @@ pub fn simulate(
                     .expect("admitted from pending");
                 let mut work = pending.swap_remove(k);
                 if policy.predicts_runtimes {
-                    work.expected_runtime = runtimes.expect(&work.user, work.class);
+                    work.expected_runtime = runtimes.expect(&work.user, &work.class);
                 }
                 let i = by_id[&id];
                 outcomes[i].first_start.get_or_insert(now);
@@ -687,28 +687,6 @@ pub fn simulate(
         unfinished,
         idle_waiting_gpu_hours,
     })
-}
-
-/// Each user's last two runtimes per class: a job is expected to run as
-/// long as their mean (Tsafrir, Etsion and Feitelson, "Backfilling Using
-/// System-Generated Predictions Rather than User Runtime Estimates", IEEE
-/// TPDS 2007), as the server expects it.
-#[derive(Default)]
-struct Runtimes(BTreeMap<(String, usize), [Option<u64>; 2]>);
-
-impl Runtimes {
-    fn record(&mut self, user: &str, class: usize, seconds: u64) {
-        let last = self.0.entry((user.to_string(), class)).or_default();
-        *last = [Some(seconds), last[0]];
-    }
-
-    fn expect(&self, user: &str, class: usize) -> Option<u64> {
-        match self.0.get(&(user.to_string(), class))? {
-            [Some(a), Some(b)] => Some((a + b) / 2),
-            [Some(a), None] => Some(*a),
-            _ => None,
-        }
-    }
 }
 
 /// GPU-hours each queue with a budget has used in its current period, kept

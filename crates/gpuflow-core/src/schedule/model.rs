@@ -59,6 +59,47 @@ pub struct Workload {
     pub expected_runtime: Option<u64>,
 }
 
+/// Each user's last two runtimes per kind of job (`K`: the edge's kind,
+/// or class): a job is expected to run as long as their mean (Tsafrir,
+/// Etsion and Feitelson, "Backfilling Using System-Generated Predictions
+/// Rather than User Runtime Estimates", IEEE TPDS 2007). What the edges
+/// give as [`Workload::expected_runtime`]; looked up without allocating.
+#[derive(Clone, Debug)]
+pub struct RecentRuntimes<K: Ord>(
+    std::collections::BTreeMap<String, std::collections::BTreeMap<K, [Option<u64>; 2]>>,
+);
+
+impl<K: Ord> Default for RecentRuntimes<K> {
+    fn default() -> Self {
+        RecentRuntimes(std::collections::BTreeMap::new())
+    }
+}
+
+impl<K: Ord> RecentRuntimes<K> {
+    /// A job of `user` and `kind` ran `seconds`.
+    pub fn record(&mut self, user: &str, kind: K, seconds: u64) {
+        let last = match self.0.get_mut(user) {
+            Some(m) => m.entry(kind).or_default(),
+            None => self
+                .0
+                .entry(user.to_string())
+                .or_default()
+                .entry(kind)
+                .or_default(),
+        };
+        *last = [Some(seconds), last[0]];
+    }
+
+    /// Seconds a job of `user` and `kind` is expected to run, when known.
+    pub fn expect(&self, user: &str, kind: &K) -> Option<u64> {
+        match self.0.get(user)?.get(kind)? {
+            [Some(a), Some(b)] => Some((a + b) / 2),
+            [Some(a), None] => Some(*a),
+            _ => None,
+        }
+    }
+}
+
 impl Workload {
     /// GPU demand in milli-GPU, as quota and fair share count it (MIG
     /// instances and time slices by their equivalents, see
