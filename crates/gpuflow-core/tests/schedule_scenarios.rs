@@ -1340,6 +1340,45 @@ fn consolidation_moves_a_job_that_fits_elsewhere_so_a_whole_node_job_starts() {
     }
 }
 
+/// Consolidation does not move a job that reclaimed GPUs from the job it
+/// would make room for (reclaims ignore rank, so the two could take turns):
+/// team-b's job 2 reclaims n1 from team-a's borrowing job 10; when job 10
+/// could start by moving a two-GPU job, it moves team-b's job 11, though
+/// job 2, which started last, would lose less.
+#[test]
+fn consolidation_does_not_move_a_job_that_reclaimed_from_it() {
+    let out = run("
+        config consolidate=1800 min_runtime=0
+        node n1 gpus=4*H100
+        node n2 gpus=4*H100
+        queue org H100=8
+        queue team-a parent=org H100=0
+        queue team-b parent=org H100=4
+        run 12 queue=team-a class=batch gpu=whole:2 cpu=1 started=0 runtime=36000
+        run 11 queue=team-b class=batch gpu=whole:2 cpu=1 started=500 runtime=36000
+        run 10 queue=team-a class=batch gpu=whole:4 cpu=1 started=900 runtime=36000
+        job 2 queue=team-b class=batch gpu=whole:2 cpu=1 runtime=36000
+        cycle 1000
+        cycle 1010
+        finish 12
+        cycle 1020
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.11 GPU-h
+          nominate n2 for job 2 from t=1030
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+        cycle t=1010
+          start job 2 on H100: n2[0,1]
+          pending job 10 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+        finish job 12
+        cycle t=1020
+          preempt job 11 for job 10 (Consolidation): signal now, kill at t=1050, loses 0.29 GPU-h
+          nominate n1 for job 10 from t=1050
+          pending job 10 (#1 in queue, eta t=1050): waiting for 1 preempted job(s) to stop
+    "#]].assert_eq(&out);
+}
+
 /// Consolidations are paced: one a cycle, none within
 /// `consolidation_interval` (60 s) of the last, however often cycles run.
 /// Four nodes each run a two-GPU job and two four-GPU jobs wait: the first

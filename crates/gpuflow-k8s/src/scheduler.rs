@@ -122,6 +122,10 @@ pub struct Usage {
     /// the flavor: they hold them again first in the next cycle.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub holding: BTreeMap<u64, String>,
+    /// Gangs reclaimed from, and the running gangs that reclaimed from
+    /// them: consolidation does not move those for them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reclaimed_by: BTreeMap<u64, Vec<u64>>,
 }
 
 /// What one cycle did.
@@ -1142,6 +1146,7 @@ fn compute(
         waiting_for: std::mem::take(&mut usage.waiting_for),
         consolidated_at: usage.consolidated_at,
         holding: std::mem::take(&mut usage.holding),
+        reclaimed_by: std::mem::take(&mut usage.reclaimed_by),
     };
     let mut history = History::from_named(&kept, &snap.queues);
     history.account(now, cfg.usage_half_life, &snap.running, &snap.queues);
@@ -1163,6 +1168,7 @@ fn compute(
     usage.waiting_for = kept.waiting_for;
     usage.consolidated_at = kept.consolidated_at;
     usage.holding = kept.holding;
+    usage.reclaimed_by = kept.reclaimed_by;
     let report = settings
         .report_workloads
         .then(|| report::workloads(&snap, &plan, &queues, now));

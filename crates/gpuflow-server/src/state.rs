@@ -671,6 +671,10 @@ pub struct SavedHistory {
     /// the flavor (absent in records written before holds).
     #[serde(default)]
     pub holding: BTreeMap<u64, String>,
+    /// Jobs reclaimed from, and the running jobs that reclaimed from them
+    /// (absent in records written before).
+    #[serde(default)]
+    pub reclaimed_by: BTreeMap<u64, Vec<u64>>,
 }
 
 impl SavedHistory {
@@ -682,6 +686,7 @@ impl SavedHistory {
             waiting_for: self.waiting_for.clone(),
             consolidated_at: self.consolidated_at,
             holding: self.holding.clone(),
+            reclaimed_by: self.reclaimed_by.clone(),
         };
         gpuflow_core::schedule::History::from_named(&named, queues)
     }
@@ -698,6 +703,7 @@ impl SavedHistory {
             waiting_for: named.waiting_for,
             consolidated_at: named.consolidated_at,
             holding: named.holding,
+            reclaimed_by: named.reclaimed_by,
         }
     }
 

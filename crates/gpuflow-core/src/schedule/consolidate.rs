@@ -45,9 +45,11 @@ impl<'a> Cycle<'a> {
             return None;
         }
         // Only smaller jobs that do not outrank it move, so that no moved
-        // job moves or preempts it back.
+        // job moves or preempts it back; nor a job that reclaimed GPUs from
+        // it (reclaims ignore rank).
         let w = &self.snap.pending[i];
         let (size, rank) = (self.pend.pend_milli[i], (self.rank(w), w.priority));
+        let reclaimers = self.history.reclaimed_by.get(&w.job.id);
         let nodes: Vec<(f64, u64, u32)> = movable
             .nodes
             .iter()
@@ -55,7 +57,10 @@ impl<'a> Cycle<'a> {
                 cluster.free_milli_total(cluster.nodes()[n as usize].id) > 0
                     && movers[&n].iter().all(|&k| {
                         let r = &self.victims.run[k];
-                        !r.victim && r.milli < size && (r.rank, r.priority) <= rank
+                        !r.victim
+                            && r.milli < size
+                            && (r.rank, r.priority) <= rank
+                            && !reclaimers.is_some_and(|v| v.contains(&r.id))
                     })
             })
             .take(32)

@@ -19,6 +19,9 @@ pub struct History {
     /// Jobs within their guarantee that held nodes from new borrowing last
     /// cycle, and the flavor: they hold them again first.
     pub holding: BTreeMap<JobId, String>,
+    /// Jobs reclaimed from, and the jobs that reclaimed from them while
+    /// those run: consolidation does not move them for it.
+    pub reclaimed_by: BTreeMap<JobId, Vec<JobId>>,
 }
 
 impl History {
@@ -68,6 +71,11 @@ impl History {
                 .collect(),
             consolidated_at: self.consolidated_at,
             holding: self.holding.iter().map(|(j, f)| (j.0, f.clone())).collect(),
+            reclaimed_by: self
+                .reclaimed_by
+                .iter()
+                .map(|(v, by)| (v.0, by.iter().map(|j| j.0).collect()))
+                .collect(),
         }
     }
 
@@ -97,6 +105,11 @@ impl History {
                 .iter()
                 .map(|(j, f)| (JobId(*j), f.clone()))
                 .collect(),
+            reclaimed_by: named
+                .reclaimed_by
+                .iter()
+                .map(|(v, by)| (JobId(*v), by.iter().map(|&j| JobId(j)).collect()))
+                .collect(),
         }
     }
 
@@ -119,4 +132,5 @@ pub struct NamedHistory {
     pub waiting_for: BTreeMap<u64, Vec<u64>>,
     pub consolidated_at: Option<u64>,
     pub holding: BTreeMap<u64, String>,
+    pub reclaimed_by: BTreeMap<u64, Vec<u64>>,
 }

@@ -610,6 +610,21 @@ impl<'a> Cycle<'a> {
             .map(|(k, _)| *k)
             .collect();
         history.waiting_for.retain(|k, _| !ready.contains(k));
+        // Reclaimers are remembered while they wait for their victims or run.
+        if !history.reclaimed_by.is_empty() {
+            let wanted: rustc_hash::FxHashSet<JobId> =
+                history.reclaimed_by.values().flatten().copied().collect();
+            let live: rustc_hash::FxHashSet<JobId> = run
+                .iter()
+                .map(|r| r.id)
+                .chain(pending.iter().map(|w| w.job.id))
+                .filter(|id| wanted.contains(id))
+                .collect();
+            history.reclaimed_by.retain(|_, by| {
+                by.retain(|j| live.contains(j));
+                !by.is_empty()
+            });
+        }
         let may_consolidate = history
             .consolidated_at
             .is_none_or(|t| now >= t.saturating_add(cfg.consolidation_interval));

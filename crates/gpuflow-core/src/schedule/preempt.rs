@@ -533,6 +533,10 @@ impl<'a> Cycle<'a> {
                     .entry(r.work.queue)
                     .or_default()
                     .push((self.snap.now, lost));
+                let by_it = self.history.reclaimed_by.entry(r.work.job.id).or_default();
+                if !by_it.contains(&by) {
+                    by_it.push(by);
+                }
             }
             out.push(Preemption {
                 victim: r.work.job.id,
