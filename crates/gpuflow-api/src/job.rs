@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::depend::{Dependency, OnUnmet};
 use crate::error::{ApiError, FieldError};
 
 /// What kind of work a job is; it picks the default priority class.
@@ -67,6 +68,16 @@ pub struct JobSpec {
     /// index; each task sees its index in `GPUFLOW_ARRAY_INDEX`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<String>,
+    /// What it waits for, as Slurm writes it (`sbatch --dependency`):
+    /// `afterok:12:13,afterany:14`, `after`, `afternotok`, `aftercorr`
+    /// (element by element of two arrays), `singleton` (no earlier job of
+    /// the same name and user unfinished). Jobs of the same team only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
+    /// What becomes of it when its dependency can no longer be met:
+    /// `cancel` (the default) or `hold`.
+    #[serde(default, skip_serializing_if = "OnUnmet::is_cancel")]
+    pub on_unmet_dependency: OnUnmet,
 }
 
 /// How the agent checks that a task serves, every `period_s`: an HTTP GET
@@ -509,6 +520,24 @@ impl JobSpec {
             && let Err(e) = ArraySpec::parse(a)
         {
             bad("array".into(), e);
+        }
+        if let Some(d) = &self.dependency {
+            match Dependency::parse(d) {
+                Err(e) => bad("dependency".into(), e),
+                Ok(d) => {
+                    let corr = d
+                        .terms
+                        .iter()
+                        .any(|t| t.kind == crate::depend::DepKind::AfterCorr);
+                    if corr && self.array.is_none() {
+                        bad(
+                            "dependency".into(),
+                            "aftercorr pairs the elements of two arrays: this job is not an array"
+                                .into(),
+                        );
+                    }
+                }
+            }
         }
         if self.queue.trim().is_empty() {
             bad("queue".into(), "must name a queue".into());

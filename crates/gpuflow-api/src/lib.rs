@@ -3,10 +3,12 @@
 //! knows nothing of the scheduling core or the store; it only says what may be
 //! sent and what comes back.
 
+pub mod depend;
 pub mod error;
 pub mod job;
 pub mod wire;
 
+pub use depend::{DepKind, DepTarget, DepTerm, Dependency, OnUnmet};
 pub use error::{ApiError, FieldError};
 pub use job::{
     ArraySpec, GpuMode, GpuSpec, IdleAction, IdleSpec, JobSpec, Kind, MAX_ARRAY, Resources,

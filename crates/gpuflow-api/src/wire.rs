@@ -1615,6 +1615,8 @@ impl ServiceSpec {
             checkpoint: crate::job::CheckpointSpec::default(),
             idle: None,
             array: None,
+            dependency: None,
+            on_unmet_dependency: Default::default(),
         }
     }
 }

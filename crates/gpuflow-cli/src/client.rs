@@ -95,6 +95,11 @@ pub enum JobCmd {
         /// 0-999, 1,3,8-15, with %N to run at most N at once (0-999%50).
         #[arg(long)]
         array: Option<String>,
+        /// Start only after other jobs of the team (like sbatch
+        /// --dependency): afterok:12:13, afterany:14, after, afternotok,
+        /// aftercorr:ARRAY, singleton; terms joined by ',' all hold.
+        #[arg(long, short = 'd')]
+        dependency: Option<String>,
     },
     /// List jobs: the active ones (pending to stopping), newest first;
     /// `--all` adds the finished ones.
@@ -815,6 +820,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             memory_mib,
             test_only,
             array,
+            dependency,
         } => {
             let (mut body, mut ct, file) = match (file, wrap) {
                 (Some(file), _) => {
@@ -842,11 +848,16 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 }
                 (None, None) => return Err(Usage("give -f FILE or --wrap COMMAND".into()).into()),
             };
-            if let Some(a) = array {
-                // The file's spec with its `array` set, sent as JSON.
+            if array.is_some() || dependency.is_some() {
+                // The file's spec with its `array` and `dependency` set, sent as JSON.
                 let mut spec: Value = serde_norway::from_slice(&body)
                     .map_err(|e| Usage(format!("{} is not YAML or JSON: {e}", file.display())))?;
-                spec["array"] = Value::String(a);
+                if let Some(a) = array {
+                    spec["array"] = Value::String(a);
+                }
+                if let Some(d) = dependency {
+                    spec["dependency"] = Value::String(d);
+                }
                 body = serde_json::to_vec(&spec)?;
                 ct = "application/json";
             }

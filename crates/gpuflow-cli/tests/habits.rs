@@ -446,3 +446,49 @@ fn a_thousand_element_array_runs_within_its_limit_and_is_cancelled_as_a_whole() 
             .then_some(())
     });
 }
+
+/// `job submit -d` as `sbatch --dependency` is used, on a real agent: a
+/// stage waits for the one before it to succeed, and a failed stage
+/// cancels the stage that needed it, with the reason.
+#[test]
+fn a_dependency_holds_a_stage_until_the_one_before_it_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin, "-o", "json"]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"]
+            .as_u64()
+            .unwrap()
+    };
+    let first = cli(&["job", "submit", "--wrap", "sleep 3"]);
+    let dep = format!("afterok:{first}");
+    let second = cli(&["job", "submit", "--wrap", "exit 3", "-d", &dep]);
+    let dep = format!("afterok:{second}");
+    let third = cli(&["job", "submit", "--wrap", "true", "--dependency", &dep]);
+    let j = api.job(second, &admin);
+    assert_eq!(j["state"], "pending", "{j}");
+    assert_eq!(j["spec"]["dependency"], format!("afterok:{first}"), "{j}");
+    api.wait_state(first, &admin, "succeeded", LONG);
+    api.wait_state(second, &admin, "failed", LONG);
+    let j = api.wait_state(third, &admin, "cancelled", LONG);
+    let reason = j["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("afterok:{second}: job {second} failed")),
+        "{reason}"
+    );
+    // The second never started before the first ended.
+    let (a, b) = (api.job(first, &admin), api.job(second, &admin));
+    assert!(
+        b["started_at"].as_u64().unwrap() >= a["finished_at"].as_u64().unwrap(),
+        "{a}\n{b}"
+    );
+    // A dependency that can no longer be met is refused, exit code 1.
+    let (code, _, err) = gpuflow(&[
+        "job", "submit", "--wrap", "true", "-d", &dep, "--server", &api.url, "--token", &admin,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("can never be met"), "{err}");
+}

@@ -893,6 +893,16 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     for (id, j) in services.jobs {
         change.jobs.entry(id).or_insert(j);
     }
+    // Dependencies met, or never to be met.
+    for (j, event) in crate::depend::settle(world, t) {
+        if change.jobs.contains_key(&j.id) {
+            continue;
+        }
+        if let Some((kind, message)) = event {
+            change.event(t, Some(j.id), &j.team, kind, message);
+        }
+        change.job(j);
+    }
     for (j, event) in idle {
         if let Some((kind, message)) = event {
             if kind == "idle-stop" {
@@ -1088,6 +1098,7 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
     let mut queues = queues;
     let classes = classes();
     let spent = spent_projects(world, t);
+    let singles = crate::depend::Singles::of(world);
     // Arrays with a limit: how many elements hold resources now; pending
     // elements go to the core, in id order, only up to the limit.
     let mut array_slots: BTreeMap<u64, u32> = BTreeMap::new();
@@ -1208,6 +1219,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                         format!("retrying after a failure; not before {}", crate::when(nb)),
                     ),
                 ));
+                continue;
+            }
+            if let Some(reason) = crate::depend::reason(world, j, &singles) {
+                blocked.push((j.id, why(j, reason)));
                 continue;
             }
             if let Some(reason) = budget_gate(j, &mut work, &spent) {

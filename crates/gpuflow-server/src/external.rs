@@ -91,6 +91,8 @@ fn record(id: u64, cluster: &str, w: &api::ExternalWorkload, now: u64) -> JobRec
         checkpoint: Default::default(),
         idle: None,
         array: None,
+        dependency: None,
+        on_unmet_dependency: Default::default(),
     };
     let mut j =
         crate::lifecycle::submitted(id, spec, &w.team, &w.user, None, w.submitted_at.min(now));

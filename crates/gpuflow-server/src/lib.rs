@@ -13,6 +13,7 @@ pub mod accounting;
 pub mod agent;
 pub mod auth;
 pub mod cycle;
+pub mod depend;
 pub mod external;
 pub mod feasible;
 pub mod http;

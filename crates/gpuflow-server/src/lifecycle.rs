@@ -67,6 +67,28 @@ pub fn submitted(
         array: None,
         service: None,
         external: None,
+        waits_on: vec![],
+    }
+}
+
+/// A pending job whose dependency can never be met (`what`: which and
+/// why): cancelled, or held with the unmeetable dependencies dropped, so
+/// that an admin's release runs it without them.
+pub fn dependency_never_met(j: &mut JobRec, what: &str, at: u64) -> Kind {
+    match j.spec.on_unmet_dependency {
+        api::OnUnmet::Cancel => {
+            j.state = JobState::Cancelled;
+            j.finished_at = Some(at);
+            j.reason = format!("cancelled: its dependency can never be met ({what})");
+            "dependency-never-met"
+        }
+        api::OnUnmet::Hold => {
+            j.state = JobState::Held;
+            j.reason = format!(
+                "held: its dependency can never be met ({what}); an admin's release runs it without it"
+            );
+            "held"
+        }
     }
 }
 

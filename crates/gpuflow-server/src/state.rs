@@ -263,6 +263,10 @@ pub struct JobRec {
     /// in [`World::jobs`], never scheduled here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<api::ExternalRef>,
+    /// Its dependencies not met yet (`spec.dependency` resolved to jobs at
+    /// submission); each leaves as it is met ([`crate::depend`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_on: Vec<crate::depend::Wait>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points

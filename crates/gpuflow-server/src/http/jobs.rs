@@ -65,6 +65,71 @@ async fn job_of(
     ))
 }
 
+/// The indices of each array a dependency names by element, read from the
+/// store (an array's spec never changes), before the state lock is taken.
+async fn dependency_arrays(
+    shared: &Shared,
+    specs: &[&JobSpec],
+) -> Result<BTreeMap<u64, Vec<u32>>, Error> {
+    let mut ids: Vec<u64> = specs
+        .iter()
+        .filter_map(|s| api::Dependency::parse(s.dependency.as_deref()?).ok())
+        .flat_map(|d| crate::depend::arrays_by_element(&d))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    Ok(stored_jobs(shared, &ids)
+        .await?
+        .iter()
+        .filter_map(|j| Some((j.id, crate::depend::indices_of(j)?)))
+        .collect())
+}
+
+/// The waits of a job of `team` (an array element with `index`s, each
+/// element's own list) on what its spec's dependency names.
+fn dependency_waits(
+    world: &World,
+    team: &str,
+    spec: &JobSpec,
+    index: &[Option<u32>],
+    arrays: &BTreeMap<u64, Vec<u32>>,
+) -> Result<Vec<Vec<crate::depend::Wait>>, Error> {
+    let Some(d) = spec.dependency.as_deref() else {
+        return Ok(vec![Vec::new(); index.len()]);
+    };
+    let bad = |e: String| -> Error {
+        ApiError::bad_request("invalid_dependency", format!("dependency: {e}")).into()
+    };
+    let d = api::Dependency::parse(d).map_err(bad)?;
+    // Terms the same for every element once, aftercorr element by element.
+    let (corr, same): (Vec<_>, Vec<_>) = d
+        .terms
+        .into_iter()
+        .partition(|t| t.kind == api::DepKind::AfterCorr);
+    let same = api::Dependency {
+        terms: same,
+        singleton: false,
+    };
+    let base = crate::depend::resolve(world, team, &same, None, arrays).map_err(bad)?;
+    let corr = api::Dependency {
+        terms: corr,
+        singleton: false,
+    };
+    index
+        .iter()
+        .map(|&i| {
+            let mut waits = base.clone();
+            if !corr.terms.is_empty() {
+                waits.extend(crate::depend::resolve(world, team, &corr, i, arrays).map_err(bad)?);
+            }
+            Ok(waits)
+        })
+        .collect()
+}
+
 /// Jobs read from the store, in id order.
 async fn stored_jobs(shared: &Shared, ids: &[u64]) -> Result<Vec<JobRec>, Error> {
     let keys: Vec<String> = ids.iter().map(|&id| crate::state::job_key(id)).collect();
@@ -262,6 +327,7 @@ async fn submit(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("json"));
     let mut spec = JobSpec::parse(&body, json)?;
+    let arrays = dependency_arrays(&shared, &[&spec]).await?;
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
@@ -307,8 +373,29 @@ async fn submit(
         ),
         None => None,
     };
-    let j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, key.clone(), at);
+    let indices: Vec<Option<u32>> = match &array {
+        Some(a) => a.indices.iter().map(|&i| Some(i)).collect(),
+        None => vec![None],
+    };
+    let mut waits = dependency_waits(&world, &team, &spec, &indices, &arrays)?;
+    let mut j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, key.clone(), at);
+    j.waits_on = waits[0].clone();
     if test_only {
+        // A job that waits for others would not start now, whatever the
+        // cluster holds.
+        let singles = crate::depend::Singles::all(&world);
+        if let Some(reason) = crate::depend::reason(&world, &j, &singles) {
+            return Ok((
+                StatusCode::OK,
+                Json(api::TestOnly {
+                    would_start: false,
+                    nodes: vec![],
+                    reasons: vec![reason],
+                    eta: None,
+                }),
+            )
+                .into_response());
+        }
         // The cycle the server would run now, with this job in it, on a
         // snapshot; nothing is stored and no id is used up.
         let trial = crate::cycle::Trial::take(&world, at, &shared.cfg);
@@ -339,6 +426,7 @@ async fn submit(
                 let mut e = j.clone();
                 e.id = id + k as u64;
                 e.array = Some(api::ArrayRef { id, index });
+                e.waits_on = std::mem::take(&mut waits[k]);
                 if k > 0 {
                     e.idempotency_key = None;
                 }
@@ -825,6 +913,7 @@ async fn submit_batch(
         }
         specs.push(spec);
     }
+    let arrays = dependency_arrays(&shared, &specs.iter().collect::<Vec<_>>()).await?;
     let mut world = shared.world.lock().await;
     let mut jobs = Vec::with_capacity(specs.len());
     let t = now();
@@ -837,14 +926,17 @@ async fn submit_batch(
             ))
         })?;
         let id = world.next_job + 1 + i as u64;
-        jobs.push(crate::lifecycle::submitted(
-            id,
-            spec,
-            &team,
-            &caller.user.name,
-            None,
-            t,
-        ));
+        let waits =
+            dependency_waits(&world, &team, &spec, &[None], &arrays).map_err(|Error(e)| {
+                Error(ApiError::new(
+                    e.status,
+                    &e.code,
+                    format!("jobs[{i}].{}", e.message),
+                ))
+            })?;
+        let mut j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, None, t);
+        j.waits_on = waits.into_iter().next().unwrap_or_default();
+        jobs.push(j);
     }
     let mut change = Change::default();
     for j in &jobs {
