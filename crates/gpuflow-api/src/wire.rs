@@ -90,11 +90,17 @@ pub struct TaskView {
     pub group: String,
     pub index: u32,
     pub node: String,
-    /// GPU indices on the node.
+    /// GPU indices on the node (a MIG instance's: its GPU's).
     pub gpus: Vec<u32>,
     /// GPU share in milli-GPU when the GPU is shared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub milli: Option<u32>,
+    /// The MIG instance it holds, by its index on the GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<u32>,
+    /// The UUIDs of what it holds (a MIG instance's own `MIG-…`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uuids: Vec<String>,
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,

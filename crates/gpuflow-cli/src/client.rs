@@ -105,7 +105,7 @@ pub enum JobCmd {
     /// `--all` adds the finished ones.
     Ls {
         /// Only these states, comma separated (running,pending).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = job_state)]
         state: Vec<String>,
         /// Finished jobs too (with no --state).
         #[arg(long, conflicts_with = "state")]
@@ -137,8 +137,9 @@ pub enum JobCmd {
     /// Why a job waits (or what it is doing): a job id, or a Kubernetes
     /// pod gpuflow schedules as NAMESPACE/POD (read through the kubeconfig).
     Why { id: String },
-    /// The end of each task's output (the server keeps the last 16 KiB of
-    /// each task of the last five attempts).
+    /// Each task's output: the server keeps the whole output of each task
+    /// of the last five attempts, up to the job's log limit (16 MiB by
+    /// default), then the last 16 KiB of each stream.
     Logs {
         id: u64,
         /// Only the last N lines of each task.
@@ -165,7 +166,7 @@ pub enum JobCmd {
         #[arg(long)]
         user: Option<String>,
         /// Jobs in these states, comma separated (e.g. pending).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = job_state)]
         state: Vec<String>,
         /// Every unfinished element of this array, in one change.
         #[arg(long, conflicts_with_all = ["ids", "name", "user", "state"])]
@@ -478,6 +479,21 @@ impl std::fmt::Display for Usage {
 impl std::error::Error for Usage {}
 
 /// Checks a server address: a URL with its scheme.
+/// A `--state` value: a job state's name (a usage error otherwise).
+fn job_state(s: &str) -> Result<String, String> {
+    match gpuflow_api::JobState::parse(s) {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!(
+            "unknown state {s:?}; states: {}",
+            gpuflow_api::ALL_STATES
+                .iter()
+                .map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 fn server_url(server: &str) -> anyhow::Result<String> {
     let base = server.trim_end_matches('/');
     if base.starts_with("http://") || base.starts_with("https://") {
@@ -702,20 +718,48 @@ fn s(v: &Value) -> String {
 
 /// GPUs a job asks for in all (whole GPUs, shares; a MIG instance or time
 /// slice counts one).
-fn gpus_of(spec: &Value) -> String {
+/// The GPUs a job holds (or held last) as its quota counts them, a MIG
+/// instance or time slice at its share; for a job that has not run, what
+/// its spec asks for (a MIG profile or a time slice by name, as their
+/// share depends on the node).
+fn gpus_of(j: &Value) -> String {
+    let held = j["ledger"]
+        .as_array()
+        .and_then(|l| l.last())
+        .and_then(|h| h["gpus"].as_f64());
     let mut n = 0.0;
-    for t in spec["tasks"].as_array().into_iter().flatten() {
+    let mut shared = Vec::new();
+    for t in j["spec"]["tasks"].as_array().into_iter().flatten() {
         let g = &t["resources"]["gpu"];
         if g.is_null() {
             continue;
         }
-        let each = match g["mode"].as_str().unwrap_or("whole") {
-            "whole" => g["count"].as_f64().unwrap_or(1.0),
-            "fraction" => g["fraction"].as_f64().unwrap_or(0.0),
-            _ => 1.0,
+        let replicas = t["replicas"].as_f64().unwrap_or(1.0);
+        let times = if replicas == 1.0 {
+            String::new()
+        } else {
+            format!("{replicas}x")
         };
-        n += each * t["replicas"].as_f64().unwrap_or(1.0);
+        match g["mode"].as_str().unwrap_or("whole") {
+            "whole" => n += g["count"].as_f64().unwrap_or(1.0) * replicas,
+            "fraction" => n += g["fraction"].as_f64().unwrap_or(0.0) * replicas,
+            "mig" => shared.push(format!("{times}{}", s(&g["profile"]))),
+            _ => shared.push(format!("{times}slice")),
+        }
     }
+    if let Some(h) = held {
+        n = h;
+    } else if !shared.is_empty() {
+        if n > 0.0 {
+            shared.insert(0, gpu_number(n));
+        }
+        return shared.join("+");
+    }
+    gpu_number(n)
+}
+
+/// A GPU count: whole, or to two places.
+fn gpu_number(n: f64) -> String {
     if n == n.trunc() {
         format!("{n}")
     } else {
@@ -757,7 +801,7 @@ fn job_rows(v: &Value, wide: bool) -> String {
                 s(&j["team"]),
                 s(&j["queue"]),
                 s(&j["spec"]["kind"]),
-                gpus_of(&j["spec"]),
+                gpus_of(j),
                 s(&j["state"]),
                 ago(&j["submitted_at"]),
                 elapsed(j),
@@ -1159,11 +1203,14 @@ fn job_text(j: &Value) -> String {
             vec![
                 format!("{}/{}", s(&t["group"]), s(&t["index"])),
                 s(&t["node"]),
-                t["gpus"]
-                    .as_array()
-                    .map(|g| g.iter().map(s).collect::<Vec<_>>().join(","))
-                    .filter(|g| !g.is_empty())
-                    .unwrap_or_else(|| "-".into()),
+                match t["mig_instance"].as_u64() {
+                    Some(m) => format!("{} MIG {m}", s(&t["gpus"][0])),
+                    None => t["gpus"]
+                        .as_array()
+                        .map(|g| g.iter().map(s).collect::<Vec<_>>().join(","))
+                        .filter(|g| !g.is_empty())
+                        .unwrap_or_else(|| "-".into()),
+                },
                 s(&t["state"]),
                 s(&t.get("exit_code").cloned().unwrap_or(Value::Null)),
             ]

@@ -104,6 +104,28 @@ fn every_command_and_flag_has_help_and_completions_are_generated() {
     assert!(err.contains("cannot reach the server"), "{err}");
     let (code, _, _) = gpuflow(&["job", "frobnicate"]);
     assert_eq!(code, Some(2));
+    // A misspelt state is a usage error too (it was 1, from the server),
+    // and the message lists the states.
+    for cmd in ["ls", "cancel"] {
+        let (code, _, err) = gpuflow(&[
+            "job",
+            cmd,
+            "--state",
+            "runing",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "x",
+        ]);
+        assert_eq!(code, Some(2), "{cmd}: {err}");
+        assert!(err.contains("states: pending, held"), "{cmd}: {err}");
+    }
+    // `job logs --help` tells what the server keeps, as the README does.
+    let (_, out, _) = gpuflow(&["job", "logs", "--help"]);
+    assert!(
+        out.contains("whole output") && out.contains("16 MiB"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -242,6 +242,49 @@ fn up_runs_every_sharing_mode_and_topology_on_nvml_and_charges_each_to_quota() {
             .map(str::to_string)
     });
     assert!(logs.starts_with("visible=MIG-"), "{logs}");
+    // `job ls` shows each job's GPUs as its quota counts them (MIG and
+    // time slices showed 1), and `job get` the MIG instance, not only its
+    // GPU; a MIG job not yet placed shows its profile.
+    // Two instances as a gang: one of the two is taken, so it waits.
+    let (s, v) = api.submit_yaml(
+        &token,
+        &job("later", "", 2, "{mode: mig, profile: 3g.40gb}"),
+    );
+    assert_eq!(s, 201, "{v}");
+    let later = v["id"].as_u64().unwrap();
+    let ls = Command::new(BIN)
+        .args(["job", "ls", "--server", &url, "--token", &token])
+        .output()
+        .unwrap();
+    let ls = String::from_utf8_lossy(&ls.stdout).into_owned();
+    let gpus_col = |id: u64| -> String {
+        let line = ls
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+            .unwrap_or_else(|| panic!("{id} in {ls}"));
+        line.split_whitespace().nth(6).unwrap().to_string()
+    };
+    assert_eq!(gpus_col(ids[0]), "0.43", "{ls}");
+    assert_eq!(gpus_col(ids[2]), "0.50", "{ls}");
+    assert_eq!(gpus_col(ids[3]), "0.25", "{ls}");
+    assert_eq!(gpus_col(later), "2x3g.40gb", "{ls}");
+    let t = &api.job(ids[0], &token)["tasks"][0];
+    assert!(t["mig_instance"].is_u64(), "{t}");
+    assert!(t["uuids"][0].as_str().unwrap().starts_with("MIG-"), "{t}");
+    let get = Command::new(BIN)
+        .args([
+            "job",
+            "get",
+            &ids[0].to_string(),
+            "--server",
+            &url,
+            "--token",
+            &token,
+        ])
+        .output()
+        .unwrap();
+    let get = String::from_utf8_lossy(&get.stdout).into_owned();
+    assert!(get.contains(" MIG "), "{get}");
 }
 
 #[test]

@@ -367,6 +367,11 @@ impl JobRec {
                         ),
                         _ => None,
                     },
+                    mig_instance: match a.pick {
+                        Pick::Mig { instance, .. } => Some(u32::from(instance)),
+                        _ => None,
+                    },
+                    uuids: a.gpu_uuids.clone(),
                     state: t.map_or("assigned", |t| phase_name(t.phase)).into(),
                     exit_code: t.and_then(|t| t.exit_code),
                     usage: t.and_then(|t| t.usage.clone()),
