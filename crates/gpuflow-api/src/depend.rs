@@ -17,7 +17,7 @@ pub enum DepKind {
     AfterAny,
     /// The job has succeeded.
     AfterOk,
-    /// The job has failed or was cancelled.
+    /// The job has failed, timed out or was cancelled.
     AfterNotOk,
     /// Each element of this array waits for the element with the same
     /// index of the array named to succeed.

@@ -32,6 +32,8 @@ pub enum JobState {
     Stopping,
     Succeeded,
     Failed,
+    /// Stopped for running past its max runtime (Slurm's `TIMEOUT`).
+    Timeout,
     Cancelled,
 }
 
@@ -47,6 +49,7 @@ impl JobState {
             JobState::Stopping => "stopping",
             JobState::Succeeded => "succeeded",
             JobState::Failed => "failed",
+            JobState::Timeout => "timeout",
             JobState::Cancelled => "cancelled",
         }
     }
@@ -66,7 +69,7 @@ impl JobState {
     pub fn finished(self) -> bool {
         matches!(
             self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+            JobState::Succeeded | JobState::Failed | JobState::Timeout | JobState::Cancelled
         )
     }
 }
@@ -81,6 +84,7 @@ pub const ALL_STATES: &[JobState] = &[
     JobState::Stopping,
     JobState::Succeeded,
     JobState::Failed,
+    JobState::Timeout,
     JobState::Cancelled,
 ];
 

@@ -1169,7 +1169,8 @@ fn logs(
         let job = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
         if job["state"]
             .as_str()
-            .is_some_and(|s| ["succeeded", "failed", "cancelled"].contains(&s))
+            .and_then(api::JobState::parse)
+            .is_some_and(api::JobState::finished)
         {
             return Ok(());
         }

@@ -255,7 +255,7 @@ fn a_task_that_fails_is_retried_with_backoff_then_fails() {
 }
 
 #[test]
-fn a_job_over_its_max_runtime_is_stopped_and_fails() {
+fn a_job_over_its_max_runtime_is_stopped_and_ends_timed_out() {
     let dir = tempfile::tempdir().unwrap();
     let srv = server(dir.path(), free_port(), &[]);
     let _agent = agent(dir.path(), &srv.url, "n1", "1");
@@ -263,8 +263,12 @@ fn a_job_over_its_max_runtime_is_stopped_and_fails() {
     let admin = admin_token(dir.path());
     let spec = "name: slow\nqueue: default\nmax_runtime_s: 2\ncheckpoint: {grace_s: 1}\ntasks:\n  - name: main\n    command: [sleep, '300']\n";
     let (_, v) = api.submit_yaml(&admin, spec);
-    let j = api.wait_state(v["id"].as_u64().unwrap(), &admin, "failed", LONG);
+    // `timeout`, as Slurm's TIMEOUT, not `failed` (it was), so that users
+    // can tell a job that ran out of time from one whose task failed.
+    let j = api.wait_state(v["id"].as_u64().unwrap(), &admin, "timeout", LONG);
     assert!(j["reason"].as_str().unwrap().contains("max runtime"), "{j}");
+    let ls = api.get("/v1/jobs?state=timeout", &admin);
+    assert_eq!(ls.as_array().map(Vec::len), Some(1), "{ls}");
 }
 
 #[test]

@@ -300,7 +300,8 @@ impl JobRows {
         }
         match j.state {
             api::JobState::Succeeded => r.succeeded += 1,
-            api::JobState::Failed => r.failed += 1,
+            // A job past its max runtime did not finish its work.
+            api::JobState::Failed | api::JobState::Timeout => r.failed += 1,
             api::JobState::Cancelled => r.cancelled += 1,
             _ => {}
         }

@@ -36,7 +36,7 @@ pub enum Status {
 /// What `kind` makes of job `job` in `state`, `started` once it has run.
 #[must_use]
 pub fn status(kind: DepKind, job: u64, state: JobState, started: bool) -> Status {
-    use JobState::{Cancelled, Failed, Succeeded};
+    use JobState::{Cancelled, Failed, Succeeded, Timeout};
     use Status::{Met, Never, Waiting};
     let now = state.as_str();
     match kind {
@@ -47,11 +47,12 @@ pub fn status(kind: DepKind, job: u64, state: JobState, started: bool) -> Status
         DepKind::AfterOk | DepKind::AfterCorr => match state {
             Succeeded => Met,
             Failed => Never(format!("job {job} failed")),
+            Timeout => Never(format!("job {job} ran past its max runtime")),
             Cancelled => Never(format!("job {job} was cancelled")),
             _ => Waiting(format!("job {job} to succeed (it is {now})")),
         },
         DepKind::AfterNotOk => match state {
-            Failed | Cancelled => Met,
+            Failed | Timeout | Cancelled => Met,
             Succeeded => Never(format!("job {job} succeeded")),
             _ => Waiting(format!("job {job} to fail or be cancelled (it is {now})")),
         },

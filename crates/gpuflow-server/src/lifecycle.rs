@@ -177,7 +177,7 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
     stop(
         j,
         at,
-        AfterStop::Fail,
+        AfterStop::Timeout,
         format!("exceeded its max runtime of {max} s"),
     );
     Some("stopping")
@@ -418,6 +418,7 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
             return Some(match (j.state, after) {
                 (JobState::Cancelled, _) => "cancelled",
                 (JobState::Failed, _) => "failed",
+                (JobState::Timeout, _) => "timeout",
                 (JobState::Suspended, _) => "suspended",
                 (_, Some(AfterStop::Retry)) => "retry",
                 _ => "requeued",
@@ -624,6 +625,7 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
         AfterStop::Suspend => (JobState::Suspended, format!("{}; GPUs released", j.reason)),
         AfterStop::Cancel => (JobState::Cancelled, j.reason.clone()),
         AfterStop::Fail => (JobState::Failed, j.reason.clone()),
+        AfterStop::Timeout => (JobState::Timeout, j.reason.clone()),
         AfterStop::Retry => {
             let backoff = j
                 .spec

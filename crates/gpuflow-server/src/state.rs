@@ -165,8 +165,10 @@ pub enum AfterStop {
     Requeue,
     Suspend,
     Cancel,
-    /// Failed: over its max runtime, or a task failed with no retry left.
+    /// Failed: a task failed with no retry left.
     Fail,
+    /// Over its max runtime.
+    Timeout,
     /// A task failed and a retry is left: pending again after a backoff.
     Retry,
 }

@@ -278,7 +278,7 @@ const GROUPS = {
   active: ['pending', 'held', 'suspended', 'admitted', 'starting', 'running', 'stopping'],
   pending: ['pending', 'held', 'suspended'],
   running: ['admitted', 'starting', 'running', 'stopping'],
-  finished: ['succeeded', 'failed', 'cancelled'],
+  finished: ['succeeded', 'failed', 'timeout', 'cancelled'],
   all: null,
 };
 
