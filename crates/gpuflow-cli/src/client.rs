@@ -197,6 +197,21 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Runs `look` once, or again every interval while watching, without
+    /// a banner: for commands that print only what is new.
+    fn follow(self, mut look: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let mut n = 0;
+        loop {
+            look()?;
+            n += 1;
+            if !self.watch || self.count.is_some_and(|c| n >= c) {
+                return Ok(());
+            }
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(std::time::Duration::from_secs(self.interval.max(1)));
+        }
+    }
+
     /// Runs `show` once, or again every interval while watching.
     fn run(self, mut show: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
         let mut n = 0;
@@ -463,7 +478,63 @@ pub enum EventCmd {
         /// Events after this sequence number (the last one seen).
         #[arg(long)]
         after: Option<i64>,
+        /// Only events at or after this time: a time (2026-12-05 14:00,
+        /// 2026-12-05, RFC 3339) or how long ago (30m, 2h, 1d).
+        #[arg(long, value_parser = time_arg)]
+        since: Option<i64>,
+        /// Only events before this time (the forms of --since).
+        #[arg(long, value_parser = time_arg)]
+        until: Option<i64>,
+        /// Only the newest N events (1 to 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Keep printing new events as they come, every --interval seconds,
+        /// until interrupted (--count: stop after that many looks).
+        #[command(flatten)]
+        watch: Watch,
     },
+}
+
+/// A time on the command line, as Unix seconds: a local date and time
+/// (`2026-12-05 14:00`, `2026-12-05T14:00:30`, `2026-12-05`), RFC 3339
+/// with its offset, Unix seconds, or how long ago (`30m`, `2h`, `1d`).
+fn time_arg(s: &str) -> Result<i64, String> {
+    use chrono::TimeZone;
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp());
+    }
+    for f in [
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, f) {
+            return chrono::Local
+                .from_local_datetime(&t)
+                .earliest()
+                .map(|t| t.timestamp())
+                .ok_or_else(|| format!("{s:?} does not exist in the local time zone"));
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        let t = d.and_hms_opt(0, 0, 0).expect("midnight");
+        return chrono::Local
+            .from_local_datetime(&t)
+            .earliest()
+            .map(|t| t.timestamp())
+            .ok_or_else(|| format!("{s:?} does not exist in the local time zone"));
+    }
+    if let Ok(t) = s.parse::<i64>() {
+        return Ok(t);
+    }
+    if let Ok(d) = humantime::parse_duration(s) {
+        return Ok(unix_now() - d.as_secs() as i64);
+    }
+    Err(format!(
+        "{s:?} is not a time: write a local time (2026-12-05 14:00, 2026-12-05), RFC 3339 (2026-12-05T14:00:00Z), Unix seconds, or how long ago (30m, 2h, 1d)"
+    ))
 }
 
 /// An error in the command line (exit status 2), not in the request.
@@ -1265,11 +1336,15 @@ fn cancel(
             return Ok(());
         }
     }
-    // Each is tried; the failures are reported together at the end.
+    // One job: its error as it is. Several: each is tried, each failure
+    // said once (the server's message names the job), then how many.
+    if let [id] = targets[..] {
+        return job_action(c, output, "cancel", id);
+    }
     let mut failed = Vec::new();
     for id in targets {
         if let Err(e) = job_action(c, output, "cancel", id) {
-            eprintln!("error: job {id}: {e:#}");
+            eprintln!("error: {e:#}");
             failed.push(id);
         }
     }
@@ -1773,20 +1848,55 @@ pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
 
 pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let EventCmd::Ls { job, after } = cmd;
+    let EventCmd::Ls {
+        job,
+        after,
+        since,
+        until,
+        limit,
+        watch,
+    } = cmd;
+    if let (Some(a), Some(b)) = (since, until)
+        && a >= b
+    {
+        return Err(Usage("--since must be before --until".into()).into());
+    }
+    if limit.is_some_and(|l| !(1..=1000).contains(&l)) {
+        return Err(Usage("--limit: 1 to 1000 events".into()).into());
+    }
     let mut q = vec![];
     if let Some(j) = job {
         q.push(format!("job={j}"));
     }
-    if let Some(a) = after {
-        q.push(format!("after={a}"));
+    for (k, v) in [("since", since), ("until", until)] {
+        if let Some(t) = v {
+            q.push(format!("{k}={}", t.max(0)));
+        }
     }
-    let v = c.call("GET", &format!("/v1/events?{}", q.join("&")), None)?;
-    print(conn.output, &v, |v| {
-        let rows = v
-            .as_array()
-            .into_iter()
-            .flatten()
+    // --limit: the newest N on the first look; later looks take all that came.
+    let newest = limit.map(|l| format!("limit={l}&newest=true"));
+    // The first look prints the table; each later one the events that
+    // came since, without the heading (as `kubectl get events -w`).
+    let mut last = after;
+    let mut first = true;
+    watch.follow(|| {
+        let mut q = q.clone();
+        if let Some(a) = last {
+            q.push(format!("after={a}"));
+        }
+        if first && let Some(n) = &newest {
+            q.push(n.clone());
+        }
+        let v = c.call("GET", &format!("/v1/events?{}", q.join("&")), None)?;
+        let list = v.as_array().cloned().unwrap_or_default();
+        if let Some(seq) = list.last().and_then(|e| e["seq"].as_i64()) {
+            last = Some(seq);
+        }
+        if !first && list.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Vec<String>> = list
+            .iter()
             .map(|e| {
                 vec![
                     s(&e["seq"]),
@@ -1797,9 +1907,21 @@ pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
                 ]
             })
             .collect();
-        columns(&["seq", "at", "job", "kind", "message"], rows)
-    });
-    Ok(())
+        let head = ["seq", "at", "job", "kind", "message"];
+        match (first, conn.output) {
+            (true, _) | (false, Format::Json | Format::Yaml) => {
+                print(conn.output, &Value::Array(list), |_| columns(&head, rows))
+            }
+            (false, _) => {
+                // Later rows, without the heading again.
+                let was = NO_HEADERS.swap(true, std::sync::atomic::Ordering::Relaxed);
+                print!("{}", columns(&head, rows));
+                NO_HEADERS.store(was, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        first = false;
+        Ok(())
+    })
 }
 
 /// A report's table: its columns and how one row of the answer reads.

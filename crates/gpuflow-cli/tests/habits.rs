@@ -205,6 +205,56 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
         at.len() == 10 && at.chars().nth(4) == Some('-'),
         "a date, not Unix seconds: {out}"
     );
+    // `event ls` dumped every event: --limit keeps the newest N (oldest
+    // first), --since/--until a window (times or how long ago), -w follows.
+    let seqs = |out: &str| -> Vec<u64> {
+        out.lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let (_, all, _) = cli(&["event", "ls"]);
+    let all = seqs(&all);
+    assert!(all.len() > 4, "{all:?}");
+    let (code, out, err) = cli(&["event", "ls", "--limit", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(seqs(&out), all[all.len() - 3..], "{out}");
+    let (_, out, _) = cli(&["event", "ls", "--since", "1h"]);
+    assert_eq!(seqs(&out), all, "{out}");
+    for window in [["--until", "2h"], ["--since", "2099-01-01"]] {
+        let (code, out, err) = cli(&["event", "ls", window[0], window[1]]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(seqs(&out).is_empty(), "{window:?}: {out}");
+    }
+    let (code, _, err) = cli(&["event", "ls", "--since", "yesterday-ish"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("how long ago"), "{err}");
+    let follow = std::process::Command::new(BIN)
+        .args([
+            "event",
+            "ls",
+            "--limit",
+            "1",
+            "-w",
+            "--interval",
+            "1",
+            "--count",
+            "4",
+        ])
+        .args(["--server", &api.url, "--token", &admin])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (s, v) = api.submit_yaml(&admin, &job_yaml("later", "default", "batch", 1, "true", 1));
+    assert_eq!(s, 201, "{v}");
+    let out = follow.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.matches("SEQ").count(), 1, "one heading: {out}");
+    assert!(
+        out.contains("submitted by admin"),
+        "new events follow: {out}"
+    );
 
     // Several ids at once; a filter matching nothing is not an error.
     let (code, out, err) = cli(&["job", "cancel", &long.to_string(), &wide.to_string()]);
@@ -513,4 +563,28 @@ fn a_dependency_holds_a_stage_until_the_one_before_it_succeeds() {
     ]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("can never be met"), "{err}");
+}
+
+/// A member cancelling another team's job is told once, and which jobs
+/// they may see (it said "job 3: job 3 not found", then the count); it
+/// learns nothing of the other team's job.
+#[test]
+fn cancelling_another_teams_job_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let (mallory, victor) = api.alpha_and_beta(&admin);
+    let (s, v) = api.submit_yaml(
+        &victor,
+        "name: v\nqueue: beta-q\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '300']\n",
+    );
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap().to_string();
+    let (code, _, err) = gpuflow(&[
+        "job", "cancel", &id, "--server", &api.url, "--token", &mallory,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.matches("not found").count(), 1, "{err}");
+    assert!(err.contains("among team \"alpha\"'s jobs"), "{err}");
+    assert!(!err.contains("beta"), "{err}");
+    assert_ne!(api.job(id.parse().unwrap(), &admin)["state"], "cancelled");
 }

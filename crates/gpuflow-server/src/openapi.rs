@@ -102,7 +102,7 @@ pub const ROUTES: &[Route] = &[
         "get",
         "/v1/events",
         "any token (own team; admins all)",
-        "Job and node events; filters: job, after, limit",
+        "Job and node events; filters: job, after, limit, since, until, newest",
         None,
         Some("Event[]"),
     ),
@@ -568,6 +568,21 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "events after this seq (the next page)",
             ),
             limit(),
+            q(
+                "since",
+                json!({"type": "integer", "minimum": 0}),
+                "only events at or after this Unix time",
+            ),
+            q(
+                "until",
+                json!({"type": "integer", "minimum": 0}),
+                "only events before this Unix time",
+            ),
+            q(
+                "newest",
+                json!({"type": "boolean"}),
+                "the newest `limit` events (still oldest first)",
+            ),
         ],
         ("get", "/v1/audit") => vec![
             q(

@@ -147,6 +147,13 @@ pub struct EventQuery {
     /// Only events with a larger sequence number.
     pub after: i64,
     pub limit: i64,
+    /// Only events at or after this time (Unix seconds).
+    pub since: Option<u64>,
+    /// Only events before this time (Unix seconds).
+    pub until: Option<u64>,
+    /// The newest `limit` events (still returned oldest first), not the
+    /// oldest.
+    pub newest: bool,
 }
 
 /// Durable state. Implementations commit a [`Batch`] atomically.
@@ -438,7 +445,16 @@ impl Store for SqlStore {
             n += 1;
             sql.push_str(&format!(" AND team = ${n}"));
         }
-        sql.push_str(&format!(" ORDER BY seq LIMIT ${}", n + 1));
+        if q.since.is_some() {
+            n += 1;
+            sql.push_str(&format!(" AND at >= ${n}"));
+        }
+        if q.until.is_some() {
+            n += 1;
+            sql.push_str(&format!(" AND at < ${n}"));
+        }
+        let order = if q.newest { "DESC" } else { "ASC" };
+        sql.push_str(&format!(" ORDER BY seq {order} LIMIT ${}", n + 1));
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(q.after);
         if let Some(j) = q.job {
             query = query.bind(j as i64);
@@ -446,10 +462,16 @@ impl Store for SqlStore {
         if let Some(t) = &q.team {
             query = query.bind(t.clone());
         }
-        let rows = query
+        for t in [q.since, q.until].into_iter().flatten() {
+            query = query.bind(t.min(i64::MAX as u64) as i64);
+        }
+        let mut rows = query
             .bind(q.limit.clamp(1, 10_000))
             .fetch_all(&self.pool)
             .await?;
+        if q.newest {
+            rows.reverse();
+        }
         rows.iter()
             .map(|r| {
                 Ok(StoredEvent {

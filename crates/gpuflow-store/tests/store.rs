@@ -127,6 +127,37 @@ async fn suite(store: &dyn Store) {
         .unwrap();
     assert_eq!(later.len(), 1);
     assert_eq!(later[0].seq, all[1].seq);
+    // A time window (at or after `since`, before `until`), and the newest
+    // events, still oldest first.
+    let window = async |since: u64, until: u64| {
+        store
+            .events(&EventQuery {
+                since: Some(since),
+                until: Some(until),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+    };
+    let seqs = |v: Vec<gpuflow_store::StoredEvent>| v.iter().map(|e| e.seq).collect::<Vec<_>>();
+    // Job 1's events are at 101, job 2's at 102.
+    assert_eq!(seqs(window(102, 103).await.unwrap()), [all[1].seq]);
+    assert_eq!(
+        seqs(window(101, 102).await.unwrap()),
+        [all[0].seq, all[2].seq]
+    );
+    let newest = store
+        .events(&EventQuery {
+            limit: 2,
+            newest: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        newest.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [all[1].seq, all[2].seq]
+    );
     assert_eq!(store.audit(0, 10).await.unwrap().len(), 1);
 
     // A failing batch leaves nothing behind: an empty key breaks a CHECK

@@ -27,14 +27,39 @@ async fn events(
             .transpose()
     };
     for k in q.keys() {
-        if !["job", "after", "limit"].contains(&k.as_str()) {
+        if !["job", "after", "limit", "since", "until", "newest"].contains(&k.as_str()) {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("unknown filter {k:?}; allowed: job, after, limit"),
+                format!(
+                    "unknown filter {k:?}; allowed: job, after, limit, since, until (Unix seconds), newest"
+                ),
             )
             .into());
         }
     }
+    let time = |k: &str| -> Result<Option<u64>, Error> {
+        num(k)?
+            .map(|t| {
+                u64::try_from(t).map_err(|_| {
+                    Error(ApiError::bad_request(
+                        "bad_query",
+                        format!("{k}: Unix seconds, not negative"),
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let newest = match q.get("newest").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("newest: true or false, not {v:?}"),
+            )
+            .into());
+        }
+    };
     let job = num("job")?.map(|j| j as u64);
     if let Some(j) = job {
         let world = shared.world.lock().await;
@@ -45,6 +70,9 @@ async fn events(
         team: (!caller.admin()).then(|| caller.user.team.clone()),
         after: num("after")?.unwrap_or(0),
         limit: page_limit(q.get("limit"))? as i64,
+        since: time("since")?,
+        until: time("until")?,
+        newest,
     };
     let rows = shared
         .store

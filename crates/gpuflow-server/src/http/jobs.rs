@@ -38,7 +38,14 @@ fn view_of(j: &JobRec, why: Option<&api::Why>) -> api::Job {
 pub(super) fn visible(world: &World, caller: &Caller, id: u64) -> Result<(), Error> {
     match world.summaries.get(&id) {
         Some(s) if caller.sees(&s.team) => Ok(()),
-        _ => Err(ApiError::not_found(format!("job {id} not found")).into()),
+        // Another team's job is not told apart from one that does not
+        // exist; the message says which jobs the caller may see.
+        _ if caller.admin() => Err(ApiError::not_found(format!("job {id} not found")).into()),
+        _ => Err(ApiError::not_found(format!(
+            "job {id} not found among team {:?}'s jobs, the ones you may see",
+            caller.user.team
+        ))
+        .into()),
     }
 }
 
