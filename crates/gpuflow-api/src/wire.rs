@@ -129,6 +129,10 @@ pub struct Job {
     pub started_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<u64>,
+    /// A pending job's estimated start, as the last cycle saw it (`why`
+    /// says more); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<u64>,
     /// Runs started so far (retries and requeues after preemption included).
     pub attempts: u32,
     pub preemptions: u32,

@@ -119,9 +119,23 @@ pub enum JobCmd {
         /// Only this user's.
         #[arg(long)]
         user: Option<String>,
-        /// Only this array's elements (its id: the first element's).
+        /// Only this array's elements (its id: the first element's), each
+        /// on its own row.
         #[arg(long)]
         array: Option<u64>,
+        /// Each pending array element on its own row (they are one row,
+        /// `10_[30-199]`, as squeue shows them).
+        #[arg(long)]
+        expand: bool,
+        /// Only jobs not finished before this time: a local time
+        /// (2026-12-05 14:00, 2026-12-05), RFC 3339, or how long ago (2h,
+        /// 1d); as sacct -S. Finished jobs are included.
+        #[arg(long, value_parser = time_arg)]
+        since: Option<i64>,
+        /// Only jobs submitted before this time (the forms of --since); as
+        /// sacct -E.
+        #[arg(long, value_parser = time_arg)]
+        until: Option<i64>,
         /// At most this many (1 to 1000).
         #[arg(long)]
         limit: Option<usize>,
@@ -847,12 +861,35 @@ fn elapsed(j: &Value) -> String {
     age_of(end - start)
 }
 
-fn job_rows(v: &Value, wide: bool) -> String {
-    let rows = v
-        .as_array()
+/// `job ls`'s table. Pending elements of one array are one row, as
+/// Slurm's squeue shows them (`10_[30-199]`), unless `expand`.
+fn job_rows(v: &Value, wide: bool, expand: bool) -> String {
+    let jobs: Vec<&Value> = v.as_array().into_iter().flatten().collect();
+    // Rows in the answer's order: a job, or an array's pending elements.
+    let mut groups: Vec<Vec<&Value>> = Vec::new();
+    let mut at: std::collections::BTreeMap<u64, usize> = Default::default();
+    for j in jobs {
+        let array = j["array"]["id"]
+            .as_u64()
+            .filter(|_| !expand && j["state"] == "pending");
+        match array.and_then(|a| at.get(&a)) {
+            Some(&g) => groups[g].push(j),
+            None => {
+                if let Some(a) = array {
+                    at.insert(a, groups.len());
+                }
+                groups.push(vec![j]);
+            }
+        }
+    }
+    let rows = groups
         .into_iter()
-        .flatten()
-        .map(|j| {
+        .map(|g| {
+            // The group's first element (lowest index) speaks for it.
+            let j = *g
+                .iter()
+                .min_by_key(|j| j["id"].as_u64().unwrap_or(0))
+                .expect("a group has a job");
             let nodes: Vec<String> = j["tasks"]
                 .as_array()
                 .into_iter()
@@ -861,12 +898,23 @@ fn job_rows(v: &Value, wide: bool) -> String {
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            let name = match j["array"]["index"].as_u64() {
-                Some(i) => format!("{}[{i}]", s(&j["name"])),
-                None => s(&j["name"]),
+            let (id, name) = match (g.len(), j["array"]["index"].as_u64()) {
+                (1, Some(i)) => (s(&j["id"]), format!("{}[{i}]", s(&j["name"]))),
+                (1, None) => (s(&j["id"]), s(&j["name"])),
+                (_, _) => {
+                    let indices: Vec<u64> = g
+                        .iter()
+                        .filter_map(|e| e["array"]["index"].as_u64())
+                        .collect();
+                    let list = index_ranges(indices);
+                    (
+                        format!("{}_[{list}]", s(&j["array"]["id"])),
+                        format!("{}[{list}]", s(&j["name"])),
+                    )
+                }
             };
             let mut row = vec![
-                s(&j["id"]),
+                id,
                 name,
                 s(&j["user"]),
                 s(&j["team"]),
@@ -876,6 +924,7 @@ fn job_rows(v: &Value, wide: bool) -> String {
                 s(&j["state"]),
                 ago(&j["submitted_at"]),
                 elapsed(j),
+                start_of(j),
             ];
             if wide {
                 row.push(if nodes.is_empty() {
@@ -890,13 +939,56 @@ fn job_rows(v: &Value, wide: bool) -> String {
         })
         .collect();
     let mut head = vec![
-        "id", "name", "user", "team", "queue", "kind", "gpus", "state", "age", "time",
+        "id", "name", "user", "team", "queue", "kind", "gpus", "state", "age", "time", "start",
     ];
     if wide {
         head.extend(["nodes", "submitted"]);
     }
     head.push("reason");
     columns(&head, rows)
+}
+
+/// Array indices as Slurm writes them: `0-3,7,9-12`.
+fn index_ranges(mut v: Vec<u64>) -> String {
+    v.sort_unstable();
+    v.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut k = 0;
+    while k < v.len() {
+        let mut e = k;
+        while e + 1 < v.len() && v[e + 1] == v[e] + 1 {
+            e += 1;
+        }
+        out.push(if e == k {
+            v[k].to_string()
+        } else {
+            format!("{}-{}", v[k], v[e])
+        });
+        k = e + 1;
+    }
+    out.join(",")
+}
+
+/// When a job started (local time, the date only when not today), or for
+/// a pending job when it is expected to ("in 12m"; "-" when unknown).
+fn start_of(j: &Value) -> String {
+    use chrono::TimeZone;
+    if let Some(t) = j["started_at"].as_i64() {
+        let Some(t) = chrono::Local.timestamp_opt(t, 0).single() else {
+            return "-".into();
+        };
+        let fmt = if t.date_naive() == chrono::Local::now().date_naive() {
+            "%H:%M"
+        } else {
+            "%m-%d %H:%M"
+        };
+        return t.format(fmt).to_string();
+    }
+    match j["eta"].as_i64() {
+        Some(e) if e <= unix_now() => "now".into(),
+        Some(e) => format!("in {}", age_of(e - unix_now())),
+        None => "-".into(),
+    }
 }
 
 /// An estimated start in words: "unknown" without one (running work
@@ -1032,14 +1124,28 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             team,
             user,
             array,
+            expand,
+            since,
+            until,
             limit,
             watch,
         } => {
+            if let (Some(a), Some(b)) = (since, until)
+                && a >= b
+            {
+                return Err(Usage("--since must be before --until".into()).into());
+            }
             let mut q = form_urlencoded::Serializer::new(String::new());
+            // A time window asks for history: finished jobs too.
             if !state.is_empty() {
                 q.append_pair("state", &state.join(","));
-            } else if !all {
+            } else if !all && since.is_none() && until.is_none() {
                 q.append_pair("state", ACTIVE);
+            }
+            for (k, t) in [("since", since), ("until", until)] {
+                if let Some(t) = t {
+                    q.append_pair(k, &t.max(0).to_string());
+                }
             }
             for (k, v) in [("queue", queue), ("team", team), ("user", user)] {
                 if let Some(v) = v {
@@ -1056,7 +1162,9 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             let wide = conn.output == Format::Wide;
             watch.run(|| {
                 let v = c.call("GET", &path, None)?;
-                print(conn.output, &v, |v| job_rows(v, wide));
+                print(conn.output, &v, |v| {
+                    job_rows(v, wide, expand || array.is_some())
+                });
                 Ok(())
             })?;
         }

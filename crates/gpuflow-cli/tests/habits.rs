@@ -588,3 +588,73 @@ fn cancelling_another_teams_job_says_so_once() {
     assert!(!err.contains("beta"), "{err}");
     assert_ne!(api.job(id.parse().unwrap(), &admin)["state"], "cancelled");
 }
+
+/// `job ls` as squeue shows an array: its pending elements one row
+/// (`ID_[2-9]`), `--expand` each; a START column with when a job started or
+/// is expected to; `--since/--until` as sacct's window.
+#[test]
+fn job_ls_collapses_an_arrays_pending_elements_and_shows_when_jobs_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    let spec = format!(
+        "{}max_runtime_s: 600\narray: 0-9\n",
+        job_yaml("sweep", "default", "batch", 1, "sleep 300", 1)
+    );
+    let (s, v) = api.submit_yaml(&admin, &spec);
+    assert_eq!(s, 201, "{v}");
+    let first = v["id"].as_u64().unwrap();
+    api.wait_state(first + 1, &admin, "running", LONG);
+    // The pending ones have an estimate once a cycle has seen them.
+    let pending = poll("an estimate for a pending element", LONG, || {
+        let j = api.job(first + 9, &admin);
+        j["eta"].as_u64().map(|_| j)
+    });
+    assert_eq!(pending["state"], "pending", "{pending}");
+    let out = cli(&["job", "ls"]);
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(
+        rows.len(),
+        3,
+        "two running elements and one row for eight: {out}"
+    );
+    let collapsed = rows
+        .iter()
+        .find(|r| r.starts_with(&format!("{first}_[2-9]")))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(collapsed.contains("sweep[2-9]"), "{out}");
+    let start = out
+        .lines()
+        .next()
+        .unwrap()
+        .find("START")
+        .expect("a START column");
+    assert!(collapsed[start..].starts_with("in "), "an estimate: {out}");
+    let running = rows
+        .iter()
+        .find(|r| r.starts_with(&format!("{first} ")))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(running[start..].chars().nth(2), Some(':'), "HH:MM: {out}");
+    assert_eq!(cli(&["job", "ls", "--expand"]).lines().count(), 11);
+    assert_eq!(
+        cli(&["job", "ls", "--array", &first.to_string()])
+            .lines()
+            .count(),
+        11
+    );
+    // A window: submitted before an hour ago, none; active in the last
+    // five minutes, all (finished ones too).
+    assert_eq!(cli(&["job", "ls", "--until", "1h"]).lines().count(), 1);
+    assert_eq!(
+        cli(&["job", "ls", "--since", "5m", "--expand"])
+            .lines()
+            .count(),
+        11
+    );
+}

@@ -543,6 +543,16 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 json!({"type": "integer", "minimum": 1}),
                 "jobs with smaller ids (the next page: the last id seen)",
             ),
+            q(
+                "since",
+                json!({"type": "integer", "minimum": 0}),
+                "jobs not finished before this Unix time",
+            ),
+            q(
+                "until",
+                json!({"type": "integer", "minimum": 0}),
+                "jobs submitted before this Unix time",
+            ),
         ],
         ("get", "/v1/jobs/{id}/logs") => vec![
             q(

@@ -395,6 +395,7 @@ impl JobRec {
             submitted_at: self.submitted_at,
             started_at: self.started_at,
             finished_at: self.finished_at,
+            eta: None,
             attempts: self.attempts,
             preemptions: self.preemptions,
             last_checkpoint: self.last_checkpoint,
@@ -542,6 +543,9 @@ pub struct JobSummary {
     pub project: Option<String>,
     pub state: JobState,
     pub array: Option<u64>,
+    pub submitted_at: u64,
+    /// Unset while it has not finished.
+    pub finished_at: Option<u64>,
 }
 
 impl JobSummary {
@@ -553,6 +557,8 @@ impl JobSummary {
             project: j.spec.project.clone(),
             state: j.state,
             array: j.array.as_ref().map(|a| a.id),
+            submitted_at: j.submitted_at,
+            finished_at: j.finished_at.filter(|_| j.state.finished()),
         }
     }
 }

@@ -30,6 +30,7 @@ fn view_of(j: &JobRec, why: Option<&api::Why>) -> api::Job {
         && let Some(w) = why
     {
         v.reason = w.summary.clone();
+        v.eta = w.eta;
     }
     v
 }
@@ -491,17 +492,33 @@ async fn list_jobs(
 ) -> Reply<Vec<api::Job>> {
     for k in q.keys() {
         if ![
-            "team", "queue", "state", "user", "project", "array", "limit", "before",
+            "team", "queue", "state", "user", "project", "array", "limit", "before", "since",
+            "until",
         ]
         .contains(&k.as_str())
         {
             return Err(ApiError::bad_request(
                 "bad_query",
-                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, array, limit, before"),
+                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, array, limit, before, since, until"),
             )
             .into());
         }
     }
+    // Jobs that were in the system during [since, until): submitted before
+    // `until`, not finished before `since` (as `sacct -S/-E` selects).
+    let time = |k: &str| -> Result<Option<u64>, Error> {
+        q.get(k)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    Error(ApiError::bad_request(
+                        "bad_query",
+                        format!("{k}: Unix seconds, not {v:?}"),
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let (since, until) = (time("since")?, time("until")?);
     let array = match q.get("array") {
         Some(a) => Some(job_id(a)?),
         None => None,
@@ -552,6 +569,8 @@ async fn list_jobs(
             })
             .filter(|(_, j)| states.as_ref().is_none_or(|s| s.contains(&j.state)))
             .filter(|(_, j)| array.is_none_or(|a| j.array == Some(a)))
+            .filter(|(_, j)| until.is_none_or(|u| j.submitted_at < u))
+            .filter(|(_, j)| since.is_none_or(|s| j.finished_at.is_none_or(|f| f >= s)))
             .take(limit)
             .map(|(id, _)| *id)
             .collect();
