@@ -988,6 +988,17 @@ pub struct NodeView {
     /// GPU or on the MIG instances of one GPU).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<GpuHolder>,
+    /// CPU and memory its allocated jobs' tasks hold.
+    #[serde(default)]
+    pub cpu_allocated_milli: u64,
+    #[serde(default)]
+    pub memory_allocated_mib: u64,
+    /// The allocated jobs with a task on it that the caller may see.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<u64>,
+    /// How many jobs have a task on it, seen or not.
+    #[serde(default)]
+    pub job_count: u32,
 }
 
 /// A task's hold on one GPU of a node (the dashboard's cluster map).

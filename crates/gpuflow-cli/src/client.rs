@@ -306,8 +306,16 @@ pub enum QueueCmd {
 
 #[derive(Subcommand)]
 pub enum NodeCmd {
-    /// Nodes with their state, GPUs, limits and last heartbeat.
+    /// Nodes with their state, GPUs, CPU and memory allocated, and
+    /// limits (`-o wide`: pool, labels and jobs too).
     Ls {
+        #[command(flatten)]
+        watch: Watch,
+    },
+    /// One node: each GPU (model, memory, MIG instances, health, who holds
+    /// it, utilisation), CPU and memory allocated, labels, pool, its jobs.
+    Get {
+        name: String,
         #[command(flatten)]
         watch: Watch,
     },
@@ -859,6 +867,160 @@ fn elapsed(j: &Value) -> String {
     };
     let end = j["finished_at"].as_i64().unwrap_or_else(unix_now);
     age_of(end - start)
+}
+
+/// A path segment with what a URL does not take as it is escaped.
+fn urlencoding_path(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// A node's CPU (cores) and memory (GiB) allocated of what it has.
+fn node_alloc(n: &Value) -> (String, String) {
+    let inv = &n["inventory"];
+    let cores = |m: u64| {
+        let c = m as f64 / 1000.0;
+        if c == c.trunc() {
+            format!("{c}")
+        } else {
+            format!("{c:.1}")
+        }
+    };
+    let gib = |m: u64| format!("{:.1}", m as f64 / 1024.0);
+    (
+        format!(
+            "{}/{}",
+            cores(n["cpu_allocated_milli"].as_u64().unwrap_or(0)),
+            cores(inv["cpu_milli"].as_u64().unwrap_or(0))
+        ),
+        format!(
+            "{}/{}Gi",
+            gib(n["memory_allocated_mib"].as_u64().unwrap_or(0)),
+            gib(inv["memory_mib"].as_u64().unwrap_or(0))
+        ),
+    )
+}
+
+fn pool_of(n: &Value) -> &str {
+    n["inventory"]["pool"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("default")
+}
+
+fn labels_of(n: &Value) -> String {
+    let l: Vec<String> = n["inventory"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", s(v)))
+        .collect();
+    if l.is_empty() {
+        "-".into()
+    } else {
+        l.join(",")
+    }
+}
+
+/// The jobs on a node the caller may see, and how many others there are.
+fn node_jobs(n: &Value) -> String {
+    let seen: Vec<String> = n["jobs"].as_array().into_iter().flatten().map(s).collect();
+    let others = n["job_count"]
+        .as_u64()
+        .unwrap_or(0)
+        .saturating_sub(seen.len() as u64);
+    match (seen.is_empty(), others) {
+        (true, 0) => "-".into(),
+        (_, 0) => seen.join(","),
+        (true, k) => format!("{k} of other teams"),
+        (false, k) => format!("{} (+{k} of other teams)", seen.join(",")),
+    }
+}
+
+/// `node get`: a node and each of its GPUs.
+fn node_text(n: &Value) -> String {
+    let inv = &n["inventory"];
+    let (cpu, mem) = node_alloc(n);
+    let pool = pool_of(n);
+    let mut out = format!(
+        "node {}: {}\n  cpu {cpu} cores allocated, memory {mem}\n  pool {pool}, labels {}\n  jobs {}\n  last heartbeat {} ({} ago){}\n",
+        s(&n["name"]),
+        s(&n["state"]),
+        labels_of(n),
+        node_jobs(n),
+        local(&n["last_heartbeat"]),
+        ago(&n["last_heartbeat"]),
+        if inv["emulated"] == true {
+            "\n  GPUs emulated (no NVML)"
+        } else {
+            ""
+        },
+    );
+    let holders: Vec<&Value> = n["holders"].as_array().into_iter().flatten().collect();
+    let util: std::collections::BTreeMap<u64, String> = n["gpus_now"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| Some((g["index"].as_u64()?, format!("{}%", s(&g["util_pct"])))))
+        .collect();
+    let rows = inv["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            let i = g["index"].as_u64().unwrap_or(0);
+            let mig: Vec<String> = g["mig"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| s(&m["profile"]))
+                .collect();
+            let held: Vec<String> = holders
+                .iter()
+                .filter(|h| h["gpu"].as_u64() == Some(i))
+                .map(|h| {
+                    let who = match h["job"].as_u64() {
+                        Some(j) => format!("job {j}"),
+                        None => "other team".into(),
+                    };
+                    match h["mode"].as_str() {
+                        Some("whole") => who,
+                        Some("mig") => format!("{who} ({})", s(&h["profile"])),
+                        _ => format!(
+                            "{who} ({} {:.2})",
+                            s(&h["mode"]),
+                            h["milli"].as_f64().unwrap_or(0.0) / 1000.0
+                        ),
+                    }
+                })
+                .collect();
+            vec![
+                i.to_string(),
+                s(&g["model"]),
+                format!("{}Gi", g["memory_mib"].as_u64().unwrap_or(0) / 1024),
+                if mig.is_empty() {
+                    "-".into()
+                } else {
+                    mig.join(",")
+                },
+                g["unhealthy"]
+                    .as_str()
+                    .map_or("ok".into(), |u| format!("UNHEALTHY: {u}")),
+                if held.is_empty() {
+                    "free".into()
+                } else {
+                    held.join(", ")
+                },
+                util.get(&i).cloned().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    out += &columns(
+        &["gpu", "model", "memory", "mig", "health", "held by", "util"],
+        rows,
+    );
+    out
 }
 
 /// `job ls`'s table. Pending elements of one array are one row, as
@@ -1640,7 +1802,17 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
 pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let (action, name) = match cmd {
+        NodeCmd::Get { name, watch } => {
+            let path = format!("/v1/nodes/{}", urlencoding_path(&name));
+            watch.run(|| {
+                let v = c.call("GET", &path, None)?;
+                print(conn.output, &v, node_text);
+                Ok(())
+            })?;
+            return Ok(());
+        }
         NodeCmd::Ls { watch } => {
+            let wide = conn.output == Format::Wide;
             watch.run(|| {
                 let v = c.call("GET", "/v1/nodes", None)?;
                 print(conn.output, &v, |v| {
@@ -1681,6 +1853,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                                 },
                             );
                             let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
+                            let (cpu, mem) = node_alloc(n);
                             let l = &n["inventory"]["limits"];
                             let limits = match l["cgroup"].as_str() {
                                 Some(v) if !v.is_empty() => format!(
@@ -1695,20 +1868,29 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                                 ),
                                 _ => format!("NONE ({})", s(&l["note"])),
                             };
-                            vec![
+                            let mut row = vec![
                                 s(&n["name"]),
                                 s(&n["state"]),
                                 format!("{gpus} × {model}{emu}{sick}"),
                                 format!("{used}/{gpus}"),
+                                cpu,
+                                mem,
                                 busy,
                                 limits,
-                            ]
+                            ];
+                            if wide {
+                                row.extend([pool_of(n).to_string(), labels_of(n), node_jobs(n)]);
+                            }
+                            row
                         })
                         .collect();
-                    columns(
-                        &["name", "state", "gpus", "in use", "gpu util", "limits"],
-                        rows,
-                    )
+                    let mut head = vec![
+                        "name", "state", "gpus", "in use", "cpu", "memory", "gpu util", "limits",
+                    ];
+                    if wide {
+                        head.extend(["pool", "labels", "jobs"]);
+                    }
+                    columns(&head, rows)
                 });
                 Ok(())
             })?;

@@ -658,3 +658,56 @@ fn job_ls_collapses_an_arrays_pending_elements_and_shows_when_jobs_start() {
         11
     );
 }
+
+/// `node get` and `node ls` show what blocks work on a node: CPU and
+/// memory allocated (the quick start's hidden blocker), each GPU and who
+/// holds it, MIG layout, pool, labels and jobs (`-o wide`); another
+/// team's member sees that a job is there, not which.
+#[test]
+fn node_get_and_wide_ls_show_allocation_gpus_and_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let (mallory, _) = api.alpha_and_beta(&admin);
+    let (s, v) = api.submit_yaml(
+        &admin,
+        "name: held\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '300']\n    resources: {cpu: 0.5, memory_mib: 2048, gpu: {count: 1}}\n",
+    );
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    api.wait_state(id, &admin, "running", LONG);
+    let node = api.get("/v1/nodes", &admin)[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let run = |token: &str, args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", token]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    let ls = run(&admin, &["node", "ls"]);
+    let row = ls.lines().nth(1).unwrap();
+    assert!(row.contains(" 0.5/"), "cpu allocated: {ls}");
+    assert!(row.contains(" 2.0/"), "memory allocated: {ls}");
+    let wide = run(&admin, &["node", "ls", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().contains("JOBS"), "{wide}");
+    assert!(
+        wide.lines().nth(1).unwrap().ends_with(&id.to_string()),
+        "{wide}"
+    );
+    let get = run(&admin, &["node", "get", &node]);
+    assert!(get.contains(&format!("jobs {id}")), "{get}");
+    assert!(
+        get.contains(&format!("job {id}")) && get.contains("free"),
+        "{get}"
+    );
+    let theirs = run(&mallory, &["node", "get", &node]);
+    assert!(theirs.contains("1 of other teams"), "{theirs}");
+    assert!(!theirs.contains(&format!("job {id}")), "{theirs}");
+    let (code, _, err) = gpuflow(&[
+        "node", "get", "nosuch", "--server", &api.url, "--token", &admin,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("nodes: {node}")), "{err}");
+}

@@ -123,6 +123,14 @@ pub const ROUTES: &[Route] = &[
         Some("NodeView[]"),
     ),
     r(
+        "get",
+        "/v1/nodes/{name}",
+        "any token",
+        "One node: its GPUs (MIG layout, health, holders), CPU and memory allocated, its jobs",
+        None,
+        Some("NodeView"),
+    ),
+    r(
         "post",
         "/v1/nodes/{name}/{action}",
         "admin",

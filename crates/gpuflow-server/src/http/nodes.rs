@@ -6,6 +6,7 @@ use super::*;
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}", get(get_node))
         .route("/v1/nodes/{name}/{action}", post(node_action))
         .route("/v1/pools", get(pools))
         .route("/v1/idle-waiting", get(idle_waiting))
@@ -33,10 +34,23 @@ async fn idle_waiting(State(shared): State<Arc<Shared>>, _caller: Caller) -> Rep
 }
 
 fn node_view(
+    world: &World,
+    caller: &Caller,
     n: &crate::state::NodeRec,
     used: &BTreeMap<String, Vec<u32>>,
     holders: &BTreeMap<String, Vec<api::GpuHolder>>,
 ) -> api::NodeView {
+    let (mut cpu, mut mem, mut jobs, mut count) = (0, 0, Vec::new(), 0);
+    for j in world.jobs_on(&n.name) {
+        for a in j.allocs.iter().filter(|a| a.node == n.name) {
+            cpu += a.cpu_milli;
+            mem += a.mem_mib;
+        }
+        count += 1;
+        if caller.sees(&j.team) {
+            jobs.push(j.id);
+        }
+    }
     api::NodeView {
         name: n.name.clone(),
         state: n.state,
@@ -45,7 +59,30 @@ fn node_view(
         last_heartbeat: n.last_heartbeat,
         gpus_now: n.gpus_now.clone(),
         holders: holders.get(&n.name).cloned().unwrap_or_default(),
+        cpu_allocated_milli: cpu,
+        memory_allocated_mib: mem,
+        jobs,
+        job_count: count,
     }
+}
+
+async fn get_node(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Reply<api::NodeView> {
+    let world = shared.world.lock().await;
+    let Some(n) = world.nodes.get(&name) else {
+        let names: Vec<&str> = world.nodes.keys().map(String::as_str).take(20).collect();
+        return Err(ApiError::not_found(format!(
+            "node {name:?} not found; nodes: {}",
+            names.join(", ")
+        ))
+        .into());
+    };
+    let used = world.gpus_in_use();
+    let holders = world.holders(|t| caller.sees(t));
+    Ok(Json(node_view(&world, &caller, n, &used, &holders)))
 }
 async fn list_nodes(
     State(shared): State<Arc<Shared>>,
@@ -59,7 +96,7 @@ async fn list_nodes(
     Ok(Json(
         page.of(&world.nodes)
             .take(page.limit)
-            .map(|(_, n)| node_view(n, &used, &holders))
+            .map(|(_, n)| node_view(&world, &caller, n, &used, &holders))
             .collect(),
     ))
 }
@@ -141,7 +178,13 @@ async fn node_action(
     commit(shared.store.as_ref(), &mut world, change).await?;
     let used = world.gpus_in_use();
     let holders = world.holders(|_| true);
-    Ok(Json(node_view(&world.nodes[&name], &used, &holders)))
+    Ok(Json(node_view(
+        &world,
+        &caller,
+        &world.nodes[&name],
+        &used,
+        &holders,
+    )))
 }
 #[derive(Serialize)]
 struct Pool {
