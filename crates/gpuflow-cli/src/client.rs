@@ -273,6 +273,8 @@ pub enum ServiceCmd {
     Delete { name: String },
 }
 
+// Parsed once per run: the size of the `set` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum QueueCmd {
     /// Queues with their guarantees, borrow limits, use and budgets.
@@ -299,6 +301,45 @@ pub enum QueueCmd {
         /// flavors) stay as they are.
         #[arg(long)]
         quota: Option<String>,
+        /// How many GPUs beyond its guarantee it may borrow, as
+        /// FLAVOR=GPUS[,...]; `none` for no limit (admin).
+        #[arg(long)]
+        borrow_limit: Option<String>,
+        /// How many of its guaranteed GPUs others may borrow, as
+        /// FLAVOR=GPUS[,...]; `none` for no limit (admin).
+        #[arg(long)]
+        lend_limit: Option<String>,
+        /// The most GPUs it may use, as FLAVOR=GPUS[,...]; `none` for no
+        /// cap (admin).
+        #[arg(long)]
+        cap: Option<String>,
+        /// The most GPUs one user's jobs may hold at once (`none`: no limit).
+        #[arg(long)]
+        user_max_gpus: Option<String>,
+        /// The most jobs one user may run at once (`none`: no limit).
+        #[arg(long)]
+        user_max_running: Option<String>,
+        /// The longest a notebook may run here, e.g. 8h (admin).
+        #[arg(long, value_parser = duration_s)]
+        notebook_max_lifetime: Option<u64>,
+        /// Notebooks whose GPUs idle this long (e.g. 30m) get the idle
+        /// action (admin; with --notebook-idle-action).
+        #[arg(long, value_parser = duration_s, requires = "notebook_idle_action")]
+        notebook_idle_after: Option<u64>,
+        /// What happens to an idle notebook.
+        #[arg(long, value_parser = ["notify", "suspend", "requeue", "cancel"], requires = "notebook_idle_after")]
+        notebook_idle_action: Option<String>,
+        /// A budget of GPU-hours per --budget-period (admin).
+        #[arg(long, conflicts_with = "budget_cost")]
+        budget_gpu_hours: Option<f64>,
+        /// A budget of cost per --budget-period, at the prices (admin).
+        #[arg(long)]
+        budget_cost: Option<f64>,
+        #[arg(long, value_parser = ["day", "week", "month"], default_value = "month")]
+        budget_period: String,
+        /// When the budget is spent.
+        #[arg(long, value_parser = ["stop-borrowing", "stop-admitting"], default_value = "stop-borrowing")]
+        when_exhausted: String,
     },
     /// Delete a queue with no unfinished jobs.
     Delete { name: String },
@@ -515,6 +556,17 @@ pub enum EventCmd {
         #[command(flatten)]
         watch: Watch,
     },
+}
+
+/// A duration on the command line (`8h`, `30m`, `90s`, or seconds), in
+/// seconds.
+fn duration_s(s: &str) -> Result<u64, String> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(n);
+    }
+    humantime::parse_duration(s)
+        .map(|d| d.as_secs())
+        .map_err(|_| format!("{s:?} is not a duration: write 8h, 30m, 90s or seconds"))
 }
 
 /// A time on the command line, as Unix seconds: a local date and time
@@ -1745,8 +1797,107 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
             weight,
             state,
             quota,
+            borrow_limit,
+            lend_limit,
+            cap,
+            user_max_gpus,
+            user_max_running,
+            notebook_max_lifetime,
+            notebook_idle_after,
+            notebook_idle_action,
+            budget_gpu_hours,
+            budget_cost,
+            budget_period,
+            when_exhausted,
         } => {
             let mut patch = serde_json::Map::new();
+            // The queue as it is: the API replaces quotas and user limits
+            // as wholes, so what is not named stays.
+            let current = || -> anyhow::Result<Value> {
+                let queues = c.call("GET", "/v1/queues", None)?;
+                queues
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|x| x["name"] == name.as_str())
+                    .cloned()
+                    .ok_or_else(|| anyhow!("queue {name:?} not found"))
+            };
+            let limit = |flag: &str, v: &str| -> anyhow::Result<Value> {
+                if v == "none" {
+                    return Ok(Value::Null);
+                }
+                let n: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|n: &f64| *n >= 0.0)
+                    .ok_or_else(|| Usage(format!("{flag}: {v:?} is not a number or none")))?;
+                Ok(n.into())
+            };
+            let limits = [
+                ("--borrow-limit", "borrow_limit", borrow_limit),
+                ("--lend-limit", "lend_limit", lend_limit),
+                ("--cap", "cap", cap),
+            ];
+            if limits.iter().any(|(_, _, v)| v.is_some()) && quota.is_none() {
+                let mut m = current()?["quotas"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                for (flag, field, v) in &limits {
+                    let Some(v) = v else { continue };
+                    for part in v.split(',') {
+                        let (f, g) = part.split_once('=').ok_or_else(|| {
+                            Usage(format!(
+                                "{flag}: {part:?} is not FLAVOR=GPUS (or FLAVOR=none)"
+                            ))
+                        })?;
+                        let e = m
+                            .entry(f.to_string())
+                            .or_insert_with(|| serde_json::json!({}));
+                        e[*field] = limit(flag, g)?;
+                    }
+                }
+                patch.insert("quotas".into(), Value::Object(m));
+            }
+            if user_max_gpus.is_some() || user_max_running.is_some() {
+                let mut l = current()?["user_limits"].clone();
+                if !l.is_object() {
+                    l = serde_json::json!({});
+                }
+                if let Some(v) = user_max_gpus {
+                    l["max_gpus"] = limit("--user-max-gpus", &v)?;
+                }
+                if let Some(v) = user_max_running {
+                    l["max_running"] = match limit("--user-max-running", &v)? {
+                        Value::Null => Value::Null,
+                        n => (n.as_f64().unwrap_or(0.0) as u64).into(),
+                    };
+                }
+                patch.insert("user_limits".into(), l);
+            }
+            if let Some(s) = notebook_max_lifetime {
+                patch.insert("notebook_max_lifetime_s".into(), s.into());
+            }
+            if let (Some(after), Some(action)) = (notebook_idle_after, notebook_idle_action) {
+                patch.insert(
+                    "notebook_idle".into(),
+                    serde_json::json!({"after_s": after, "action": action}),
+                );
+            }
+            if budget_gpu_hours.is_some() || budget_cost.is_some() {
+                let mut b = serde_json::json!({
+                    "period": budget_period,
+                    "when_exhausted": when_exhausted,
+                });
+                if let Some(h) = budget_gpu_hours {
+                    b["gpu_hours"] = h.into();
+                }
+                if let Some(c) = budget_cost {
+                    b["cost"] = c.into();
+                }
+                patch.insert("budget".into(), b);
+            }
             if let Some(w) = weight {
                 patch.insert("weight".into(), w.into());
             }
@@ -1778,7 +1929,27 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                         .or_insert_with(|| serde_json::json!({}));
                     e["guaranteed"] = g.into();
                 }
+                for (flag, field, v) in &limits {
+                    let Some(v) = v else { continue };
+                    for part in v.split(',') {
+                        let (f, g) = part.split_once('=').ok_or_else(|| {
+                            Usage(format!(
+                                "{flag}: {part:?} is not FLAVOR=GPUS (or FLAVOR=none)"
+                            ))
+                        })?;
+                        let e = m
+                            .entry(f.to_string())
+                            .or_insert_with(|| serde_json::json!({}));
+                        e[*field] = limit(flag, g)?;
+                    }
+                }
                 patch.insert("quotas".into(), Value::Object(m));
+            }
+            if patch.is_empty() {
+                return Err(Usage(format!(
+                    "nothing to change on queue {name}: give --weight, --state, --quota, --borrow-limit, --lend-limit, --cap, --user-max-gpus, --user-max-running, --notebook-max-lifetime, --notebook-idle-after/--notebook-idle-action or --budget-gpu-hours/--budget-cost"
+                ))
+                .into());
             }
             let v = c.call(
                 "PATCH",

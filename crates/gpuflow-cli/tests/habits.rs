@@ -711,3 +711,75 @@ fn node_get_and_wide_ls_show_allocation_gpus_and_jobs() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains(&format!("nodes: {node}")), "{err}");
 }
+
+/// `queue set` changes every field the API takes, not only weight, state
+/// and guarantees (budgets, notebook lifetime and idle policy, user limits
+/// were raw `curl -X PATCH`), keeping what it does not name.
+#[test]
+fn queue_set_changes_every_field_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let set = |args: &[&str]| {
+        let mut all = vec!["queue", "set", "default"];
+        all.extend(args);
+        all.extend(["--server", &api.url, "--token", &admin]);
+        gpuflow(&all)
+    };
+    let queue = || api.get("/v1/queues", &admin)[0].clone();
+    let before = queue();
+    let guaranteed = before["quotas"]["*"]["guaranteed"].clone();
+    for args in [
+        vec![
+            "--borrow-limit",
+            "*=2",
+            "--cap",
+            "*=3",
+            "--lend-limit",
+            "*=1",
+        ],
+        vec!["--user-max-gpus", "1", "--user-max-running", "2"],
+        vec!["--notebook-max-lifetime", "8h"],
+        vec![
+            "--notebook-idle-after",
+            "30m",
+            "--notebook-idle-action",
+            "suspend",
+        ],
+        vec!["--budget-gpu-hours", "100", "--budget-period", "week"],
+    ] {
+        let (code, _, err) = set(&args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+    let q = queue();
+    let quota = &q["quotas"]["*"];
+    assert_eq!(quota["guaranteed"], guaranteed, "{q}");
+    assert_eq!(quota["borrow_limit"], 2.0, "{q}");
+    assert_eq!(quota["cap"], 3.0, "{q}");
+    assert_eq!(quota["lend_limit"], 1.0, "{q}");
+    assert_eq!(q["user_limits"]["max_gpus"], 1.0, "{q}");
+    assert_eq!(q["user_limits"]["max_running"], 2, "{q}");
+    assert_eq!(q["notebook_max_lifetime_s"], 28800, "{q}");
+    assert_eq!(q["notebook_idle"]["after_s"], 1800, "{q}");
+    assert_eq!(q["notebook_idle"]["action"], "suspend", "{q}");
+    assert_eq!(q["budget"]["gpu_hours"], 100.0, "{q}");
+    assert_eq!(q["budget"]["period"], "week", "{q}");
+    // `none` lifts a limit; the others stay.
+    let (code, _, err) = set(&["--borrow-limit", "*=none", "--user-max-gpus", "none"]);
+    assert_eq!(code, Some(0), "{err}");
+    let q = queue();
+    assert!(q["quotas"]["*"]["borrow_limit"].is_null(), "{q}");
+    assert_eq!(q["quotas"]["*"]["cap"], 3.0, "{q}");
+    assert!(q["user_limits"]["max_gpus"].is_null(), "{q}");
+    assert_eq!(q["user_limits"]["max_running"], 2, "{q}");
+    // Usage errors say what to write.
+    for (args, says) in [
+        (vec![], "nothing to change"),
+        (vec!["--cap", "*=x"], "not a number or none"),
+        (vec!["--cap", "three"], "FLAVOR=GPUS"),
+        (vec!["--notebook-max-lifetime", "soon"], "not a duration"),
+    ] {
+        let (code, _, err) = set(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
