@@ -954,6 +954,17 @@ fn node_alloc(n: &Value) -> (String, String) {
     )
 }
 
+/// A node's state; a draining node with no job left is "drained", as
+/// Slurm says (a drain that is not done says how many jobs are left).
+fn node_state(n: &Value) -> String {
+    let jobs = n["job_count"].as_u64().unwrap_or(0);
+    match n["state"].as_str() {
+        Some("draining") if jobs == 0 => "drained".into(),
+        Some("draining") => format!("draining ({jobs} jobs left)"),
+        _ => s(&n["state"]),
+    }
+}
+
 fn pool_of(n: &Value) -> &str {
     n["inventory"]["pool"]
         .as_str()
@@ -998,7 +1009,7 @@ fn node_text(n: &Value) -> String {
     let mut out = format!(
         "node {}: {}\n  cpu {cpu} cores allocated, memory {mem}\n  pool {pool}, labels {}\n  jobs {}\n  last heartbeat {} ({} ago){}\n",
         s(&n["name"]),
-        s(&n["state"]),
+        node_state(n),
         labels_of(n),
         node_jobs(n),
         local(&n["last_heartbeat"]),
@@ -2041,7 +2052,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                             };
                             let mut row = vec![
                                 s(&n["name"]),
-                                s(&n["state"]),
+                                node_state(n),
                                 format!("{gpus} × {model}{emu}{sick}"),
                                 format!("{used}/{gpus}"),
                                 cpu,
@@ -2075,7 +2086,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
     };
     let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
     print(conn.output, &v, |n| {
-        format!("node {} is {}\n", s(&n["name"]), s(&n["state"]))
+        format!("node {} is {}\n", s(&n["name"]), node_state(n))
     });
     Ok(())
 }

@@ -285,3 +285,75 @@ fn a_readiness_command_runs_as_its_replica_and_a_hanging_one_times_out() {
     );
     assert_eq!(h["endpoints"].as_array().unwrap().len(), 0, "{h}");
 }
+
+/// Draining a node moves a service's replica to another node (a new one
+/// first, the old one stopped once the new one is ready), so the drain
+/// finishes: it said "drained" at once and never finished while a replica
+/// ran there. `node ls` says "draining (N jobs left)", then "drained".
+#[test]
+fn draining_a_node_moves_its_service_replica_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(dir.path(), free_port(), &[]);
+    let api = Api::new(&srv.url);
+    let admin = admin_token(dir.path());
+    let _n1 = agent(dir.path(), &srv.url, "n1", "1");
+    poll("n1 registers", LONG, || {
+        (api.get("/v1/nodes", &admin).as_array()?.len() == 1).then_some(())
+    });
+    let spec = json!({"name": "web", "queue": "default", "replicas": 1,
+        "task": {"name": "main", "command": ["sleep", "600"],
+            "resources": {"cpu": 0.1, "memory_mib": 64, "gpu": {"count": 1}}},
+        "readiness": {"command": ["true"], "period_s": 1},
+        "rollout": {"max_surge": 1, "max_unavailable": 0}});
+    let (s, v) = api.post_json("/v1/services", &admin, &spec);
+    assert_eq!(s, 201, "{v}");
+    let ready_on = |node: &str| {
+        let v = api.get("/v1/services/web", &admin);
+        v["members"].as_array()?.iter().find_map(|m| {
+            let id = m["job"].as_u64()?;
+            let j = api.job(id, &admin);
+            (m["ready"] == true && j["tasks"][0]["node"] == node).then_some(id)
+        })
+    };
+    let first = poll("a ready replica on n1", LONG, || ready_on("n1"));
+    let _n2 = agent(dir.path(), &srv.url, "n2", "1");
+    poll("n2 registers", LONG, || {
+        (api.get("/v1/nodes", &admin).as_array()?.len() == 2).then_some(())
+    });
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--server", &srv.url, "--token", &admin])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = cli(&["node", "drain", "n1"]);
+    assert!(out.contains("draining (1 jobs left)"), "{out}");
+    let second = poll("a ready replica on n2", LONG, || ready_on("n2"));
+    assert_ne!(first, second);
+    let j = api.wait_state(first, &admin, "cancelled", LONG);
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("moved off a draining node")
+            || api
+                .get(&format!("/v1/events?job={first}"), &admin)
+                .to_string()
+                .contains("moved off a draining node"),
+        "{j}"
+    );
+    let ls = poll("n1 drained", LONG, || {
+        let ls = cli(&["node", "ls"]);
+        ls.lines()
+            .any(|l| l.starts_with("n1 ") && l.contains("drained"))
+            .then_some(ls)
+    });
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("n2 ") && l.contains("ready")),
+        "{ls}"
+    );
+}

@@ -78,9 +78,19 @@ pub fn reconcile(world: &World, t: u64) -> Change {
             continue;
         }
         let want = svc.spec.replicas as usize;
-        let (current, old): (Vec<&JobRec>, Vec<&JobRec>) = live
-            .iter()
-            .partition(|j| j.service.as_ref().is_some_and(|s| s.version == svc.version));
+        // A replica on a draining node is replaced as an old version is,
+        // so that the drain finishes (a replica never ends by itself).
+        let draining = |j: &JobRec| {
+            j.allocs.iter().any(|a| {
+                world
+                    .nodes
+                    .get(&a.node)
+                    .is_some_and(|n| n.state == api::NodeState::Draining)
+            })
+        };
+        let (current, old): (Vec<&JobRec>, Vec<&JobRec>) = live.iter().partition(|j| {
+            j.service.as_ref().is_some_and(|s| s.version == svc.version) && !draining(j)
+        });
         let ready_now = live.iter().filter(|j| ready(j)).count();
         // 1. Too many of the current version (scaled down): stop the least
         //    useful first (pending, then not ready, then the newest).
@@ -135,7 +145,12 @@ pub fn reconcile(world: &World, t: u64) -> Change {
                 }
                 ready_left -= 1;
             }
-            stop(&mut change, j, "replaced by a new version");
+            let why = if draining(j) {
+                "moved off a draining node"
+            } else {
+                "replaced by a new version"
+            };
+            stop(&mut change, j, why);
         }
     }
     change

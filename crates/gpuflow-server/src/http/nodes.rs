@@ -159,13 +159,14 @@ async fn node_action(
         if n.state != NodeState::Lost {
             n.state = state;
         }
-        change.event(
-            at,
-            None,
-            "",
-            &format!("node-{action}"),
-            format!("node {name} {action}ed by {}", caller.user.name),
-        );
+        let what = match action.as_str() {
+            "drain" => format!(
+                "node {name} draining (by {}): running jobs finish, service replicas move to other nodes, nothing new starts",
+                caller.user.name
+            ),
+            _ => format!("node {name} {action}ed by {}", caller.user.name),
+        };
+        change.event(at, None, "", &format!("node-{action}"), what);
     }
     change.audit(
         at,
