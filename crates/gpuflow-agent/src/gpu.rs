@@ -44,6 +44,9 @@ pub struct Emulated {
     pub mig: Vec<String>,
     /// All GPUs of the node reach each other over NVLink.
     pub nvlink: bool,
+    /// The node's name, in its GPUs' UUIDs (`EMU-n1-0`), so that no two
+    /// nodes report the same UUID; empty: `EMU-0`.
+    pub node: String,
 }
 
 impl Emulated {
@@ -78,6 +81,7 @@ impl Emulated {
             memory_mib: mem,
             mig: vec![],
             nvlink: false,
+            node: String::new(),
         })
     }
 
@@ -116,11 +120,19 @@ impl Emulated {
             .map_or(0, |gb| gb * 1024)
     }
 
+    fn uuid_node(&self) -> String {
+        if self.node.is_empty() {
+            String::new()
+        } else {
+            format!("{}-", self.node)
+        }
+    }
+
     pub fn gpus(&self) -> Vec<GpuInfo> {
         (0..self.count)
             .map(|i| GpuInfo {
                 index: i,
-                uuid: format!("EMU-{i}"),
+                uuid: format!("EMU-{}{i}", self.uuid_node()),
                 model: self.model.clone(),
                 memory_mib: self.memory_mib,
                 unhealthy: None,
@@ -129,7 +141,7 @@ impl Emulated {
                     .iter()
                     .enumerate()
                     .map(|(k, p)| gpuflow_api::MigInfo {
-                        uuid: format!("MIG-EMU-{i}-{k}"),
+                        uuid: format!("MIG-EMU-{}{i}-{k}", self.uuid_node()),
                         profile: p.clone(),
                         memory_mib: Emulated::mig_memory_mib(p),
                     })
@@ -577,6 +589,14 @@ mod tests {
         let gpus = e.gpus();
         assert_eq!(gpus[1].mig.len(), 4);
         assert_eq!(gpus[1].mig[3].uuid, "MIG-EMU-1-3");
+        // Each node's emulated GPUs have UUIDs of their own.
+        let on = |node: &str| {
+            let mut e = Emulated::parse("2").unwrap();
+            e.node = node.into();
+            e.gpus().into_iter().map(|g| g.uuid).collect::<Vec<_>>()
+        };
+        assert_eq!(on("n1"), ["EMU-n1-0", "EMU-n1-1"]);
+        assert_ne!(on("n1"), on("n2"));
         assert_eq!(gpus[0].mig[0].memory_mib, 20 * 1024);
         let err = Emulated::parse("1")
             .unwrap()

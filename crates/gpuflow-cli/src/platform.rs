@@ -267,12 +267,13 @@ fn agent_config(
     Ok(gpuflow_agent::Config {
         server,
         join_token,
-        node,
+        node: node.clone(),
         work_dir: n.work_dir.clone().unwrap_or_else(|| data_dir.join("agent")),
         emulate: match n.emulate.as_deref().map(Emulated::parse).transpose() {
             Err(e) => return Err(anyhow!("--emulate: {e}")),
             Ok(Some(mut e)) => {
                 e.nvlink = n.emulate_nvlink;
+                e.node.clone_from(&node);
                 Some(match &n.emulate_mig {
                     Some(layout) => e
                         .with_mig(layout)

@@ -201,10 +201,10 @@ fn a_task_opens_only_its_own_mig_instances_capabilities() {
             .then(|| log_of(&api, id, &admin))
     });
     println!("{out}");
-    // MIG-EMU-0-k: GPU instance k + 1, whose capabilities are 2k+3, 2k+4.
+    // MIG-EMU-n1-0-k: GPU instance k + 1, whose capabilities are 2k+3, 2k+4.
     let k: u32 = out
         .lines()
-        .find_map(|l| l.strip_prefix("visible=MIG-EMU-0-"))
+        .find_map(|l| l.strip_prefix("visible=MIG-EMU-n1-0-"))
         .unwrap_or_else(|| panic!("a MIG instance: {out}"))
         .trim()
         .parse()

@@ -132,8 +132,36 @@ pub async fn run_once_with(
     let applying = Instant::now();
     let mut world = shared.world.lock().await;
     let out = computed.apply(&world, t);
+    // Admissions and preemptions by queue, and waits to a first start, as
+    // counters (read before the change is committed).
+    let mut counted = Vec::new();
+    for e in &out.change.batch.events {
+        let Some(j) = e.job.and_then(|id| out.change.jobs.get(&id)) else {
+            continue;
+        };
+        match e.kind.as_str() {
+            "admitted" => counted.push((
+                true,
+                j.spec.queue.clone(),
+                (j.attempts == 1).then(|| (j.spec.kind.as_str(), t.saturating_sub(j.submitted_at))),
+            )),
+            "preempted" => counted.push((false, j.spec.queue.clone(), None)),
+            _ => {}
+        }
+    }
     commit(shared.store.as_ref(), &mut world, out.change).await?;
     let stats = &mut world.stats;
+    for (admitted, queue, wait) in counted {
+        let by = if admitted {
+            &mut stats.admissions_by_queue
+        } else {
+            &mut stats.preemptions_by_queue
+        };
+        *by.entry(queue).or_default() += 1;
+        if let Some((kind, secs)) = wait {
+            stats.waits.entry(kind).or_default().observe(secs);
+        }
+    }
     stats.cycle_take.observe(took.as_secs_f64());
     stats.cycle_compute.observe(computing.as_secs_f64());
     stats.cycle_apply.observe(applying.elapsed().as_secs_f64());

@@ -654,6 +654,31 @@ impl Histogram {
     }
 }
 
+/// Bounds of the wait histogram, seconds.
+pub const WAIT_BUCKETS: [u64; 9] = [1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 86_400];
+
+/// Waits from submission to a job's first start since the server started
+/// (cumulative, as Prometheus counts them).
+#[derive(Clone, Debug, Default)]
+pub struct Waits {
+    /// Observations at or below each bound of [`WAIT_BUCKETS`].
+    pub counts: [u64; 9],
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Waits {
+    pub fn observe(&mut self, secs: u64) {
+        for (i, b) in WAIT_BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += secs as f64;
+        self.count += 1;
+    }
+}
+
 /// Counters and timings since the server started.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -663,6 +688,11 @@ pub struct Stats {
     pub commit: Histogram,
     pub admissions: u64,
     pub preemptions: u64,
+    /// Admissions and preemptions (of its jobs) per queue.
+    pub admissions_by_queue: BTreeMap<String, u64>,
+    pub preemptions_by_queue: BTreeMap<String, u64>,
+    /// Waits to a first start, by job kind.
+    pub waits: BTreeMap<&'static str, Waits>,
     pub lost_gpu_hours: f64,
     /// GPUs free after the last cycle that waiting work could hold, quota
     /// aside, and when that cycle ran.

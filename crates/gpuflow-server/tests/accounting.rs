@@ -456,6 +456,8 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
                     "bytes",
                     "ratio",
                     "gpu_hours",
+                    // Prometheus's suffix of a metric that carries labels.
+                    "info",
                 ]
                 .iter()
                 .any(|u| n.ends_with(u) || n.contains(&format!("_{u}_")))
@@ -482,6 +484,37 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     assert_eq!(
         value("gpuflow_queue_used_gpus", ("queue", "default")),
         Some(2.5)
+    );
+    // Used and guaranteed per flavor, with the same labels; a guarantee of
+    // "all" is the GPUs there are, not a sentinel (it was 1000000).
+    assert_eq!(
+        value("gpuflow_queue_used_gpus", ("flavor", "H100")),
+        Some(2.5)
+    );
+    assert_eq!(
+        value("gpuflow_queue_guaranteed_gpus", ("flavor", "H100")),
+        Some(4.0),
+        "{text}"
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .filter(|smp| smp.metric == "gpuflow_queue_guaranteed_gpus")
+            .all(|smp| matches!(smp.value, prometheus_parse::Value::Gauge(v) if v < 1e6)),
+        "{text}"
+    );
+    assert_eq!(
+        value("gpuflow_queue_admissions_total", ("queue", "default")),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("gpuflow_node_state_info", ("state", "ready")),
+        Some(1.0)
+    );
+    assert!(
+        text.contains("gpuflow_server_build_info{version="),
+        "{text}"
     );
     assert_eq!(
         value("gpuflow_cluster_total_gpus", ("model", "H100")),
@@ -586,6 +619,20 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     s.cycle().await;
     let held = s.shared.world.lock().await.jobs[&id].held.clone();
     assert!(held[0].to.is_some(), "{held:?}");
+    // The wait histogram counts since the server started: finished jobs
+    // that leave memory stay counted (it counted the jobs in memory, so
+    // its buckets went down and rate() broke).
+    let waits = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("gpuflow_job_wait_seconds_count"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (_, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    assert_eq!(waits(&text), 2.0, "{text}");
+    s.shared.world.lock().await.prune_finished(u64::MAX, 0);
+    let (_, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    assert_eq!(waits(&text), 2.0, "{text}");
     let (_, _, text) = s.call("GET", "/metrics", &admin, None).await;
     let after: f64 = text
         .lines()

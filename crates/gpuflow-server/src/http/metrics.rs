@@ -14,7 +14,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 }
 
 /// Bounds of the wait-time histogram, in seconds.
-const WAIT_BUCKETS: [u64; 9] = [1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 86_400];
+use crate::state::WAIT_BUCKETS;
 
 /// One reading of a GPU's sample, if it has it.
 type Reading = fn(&api::GpuSample) -> Option<f64>;
@@ -101,13 +101,32 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
 
     // Queues: jobs by state, GPUs used against guaranteed.
     let mut jobs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    // GPUs held per queue and flavor (the GPU model its quota is charged).
+    let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for j in world.jobs.values().filter(|j| !j.state.finished()) {
         *jobs
             .entry((j.spec.queue.as_str(), j.state.as_str()))
             .or_default() += 1;
-        if j.state.allocated() {
-            *used.entry(j.spec.queue.as_str()).or_default() += crate::cycle::quota_milli(&j.spec);
+        if j.state.allocated() && !j.flavor.is_empty() {
+            *used
+                .entry((j.spec.queue.as_str(), j.flavor.as_str()))
+                .or_default() += j
+                .held
+                .last()
+                .filter(|h| h.to.is_none())
+                .map_or_else(|| crate::cycle::quota_milli(&j.spec), |h| h.gpu_milli);
+        }
+    }
+    // The cluster's GPUs per model (nodes not lost): what a guarantee of
+    // "all" (or more than there is) amounts to.
+    let mut models: BTreeMap<&str, f64> = BTreeMap::new();
+    for n in world
+        .nodes
+        .values()
+        .filter(|n| n.state != api::NodeState::Lost)
+    {
+        for g in &n.inventory.gpus {
+            *models.entry(g.model.as_str()).or_default() += 1.0;
         }
     }
     o.head(
@@ -125,28 +144,32 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     o.head(
         "gpuflow_queue_used_gpus",
         "gauge",
-        "GPUs held by a queue's jobs (shares, MIG and time slices at their equivalents).",
+        "GPUs held by a queue's jobs per flavor (GPU model; shares, MIG and time slices at their equivalents).",
     );
     for q in world.queues.keys() {
-        let u = used.get(q.as_str()).copied().unwrap_or(0);
-        o.line(
-            "gpuflow_queue_used_gpus",
-            &[("queue", q)],
-            u as f64 / 1000.0,
-        );
+        for &m in models.keys() {
+            let u = used.get(&(q.as_str(), m)).copied().unwrap_or(0);
+            o.line(
+                "gpuflow_queue_used_gpus",
+                &[("queue", q), ("flavor", m)],
+                u as f64 / 1000.0,
+            );
+        }
     }
     o.head(
         "gpuflow_queue_guaranteed_gpus",
         "gauge",
-        "A queue's guarantee per flavor (GPU model; * for the others).",
+        "A queue's guarantee per flavor (GPU model), at most the GPUs the cluster has of it (a guarantee of \"all\" is all of them).",
     );
     for (name, q) in &world.queues {
-        for (flavor, quota) in &q.quotas {
-            o.line(
-                "gpuflow_queue_guaranteed_gpus",
-                &[("queue", name), ("flavor", flavor)],
-                quota.guaranteed,
-            );
+        for (&m, &have) in &models {
+            if let Some(quota) = q.quotas.get(m).or_else(|| q.quotas.get("*")) {
+                o.line(
+                    "gpuflow_queue_guaranteed_gpus",
+                    &[("queue", name), ("flavor", m)],
+                    quota.guaranteed.min(have),
+                );
+            }
         }
     }
 
@@ -347,30 +370,14 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
         }
     }
 
-    // Waits: submission to start, of the jobs in memory that started.
+    // Waits: submission to first start, counted as jobs start.
     o.head(
         "gpuflow_job_wait_seconds",
         "histogram",
-        "From submission to start, by job kind (jobs of the last hour and unfinished ones).",
+        "From submission to first start, by job kind, since the server started.",
     );
-    let mut waits: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for j in world.jobs.values() {
-        if let Some(s) = j.started_at {
-            let kind = match j.spec.kind {
-                api::Kind::Inference => "inference",
-                api::Kind::Notebook => "notebook",
-                api::Kind::Training => "training",
-                api::Kind::Batch => "batch",
-            };
-            waits
-                .entry(kind)
-                .or_default()
-                .push(s.saturating_sub(j.submitted_at));
-        }
-    }
-    for (kind, w) in &waits {
-        for b in WAIT_BUCKETS {
-            let n = w.iter().filter(|&&x| x <= b).count();
+    for (kind, w) in &world.stats.waits {
+        for (b, n) in WAIT_BUCKETS.iter().zip(w.counts) {
             o.line(
                 "gpuflow_job_wait_seconds_bucket",
                 &[("kind", kind), ("le", &b.to_string())],
@@ -380,17 +387,13 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
         o.line(
             "gpuflow_job_wait_seconds_bucket",
             &[("kind", kind), ("le", "+Inf")],
-            w.len() as f64,
+            w.count as f64,
         );
-        o.line(
-            "gpuflow_job_wait_seconds_sum",
-            &[("kind", kind)],
-            w.iter().sum::<u64>() as f64,
-        );
+        o.line("gpuflow_job_wait_seconds_sum", &[("kind", kind)], w.sum);
         o.line(
             "gpuflow_job_wait_seconds_count",
             &[("kind", kind)],
-            w.len() as f64,
+            w.count as f64,
         );
     }
 
@@ -457,6 +460,52 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
         "gpuflow_scheduler_idle_waiting_gpus",
         &[],
         st.idle_waiting_gpus,
+    );
+    for (name, help, by) in [
+        (
+            "gpuflow_queue_admissions_total",
+            "Jobs of a queue admitted since the server started.",
+            &st.admissions_by_queue,
+        ),
+        (
+            "gpuflow_queue_preemptions_total",
+            "Jobs of a queue preempted (the victims' queue) since the server started.",
+            &st.preemptions_by_queue,
+        ),
+    ] {
+        o.head(name, "counter", help);
+        for (q, n) in by {
+            o.line(name, &[("queue", q)], *n as f64);
+        }
+    }
+    o.head(
+        "gpuflow_node_state_info",
+        "gauge",
+        "1 for each node's state (ready, cordoned, draining, lost).",
+    );
+    for n in world.nodes.values() {
+        for s in [
+            api::NodeState::Ready,
+            api::NodeState::Cordoned,
+            api::NodeState::Draining,
+            api::NodeState::Lost,
+        ] {
+            o.line(
+                "gpuflow_node_state_info",
+                &[("node", &n.name), ("state", s.as_str())],
+                f64::from(u8::from(n.state == s)),
+            );
+        }
+    }
+    o.head(
+        "gpuflow_server_build_info",
+        "gauge",
+        "The server's version (always 1).",
+    );
+    o.line(
+        "gpuflow_server_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
     );
     o.head(
         "gpuflow_node_heartbeat_age_seconds",
