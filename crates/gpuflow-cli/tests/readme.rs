@@ -75,7 +75,8 @@ fn the_readme_quick_start_works_pasted_line_by_line() {
     );
     // What a new user reads on the way.
     assert!(stdout.contains("job 1 submitted"), "{stdout}");
-    assert!(stdout.contains("array 2 submitted: 100 jobs"), "{stdout}");
+    // A light array: the next examples do not wait behind it.
+    assert!(stdout.contains("array 2 submitted: 4 jobs"), "{stdout}");
     // The hello job, the --wrap one and ana's.
     let singles = stdout
         .lines()
@@ -83,4 +84,49 @@ fn the_readme_quick_start_works_pasted_line_by_line() {
         .count();
     assert_eq!(singles, 3, "{stdout}");
     assert!(log.contains("gpuflow is up at"), "{log}");
+}
+
+/// Every file the README's examples use is shown, and parses as what it is
+/// given to: `service update web -f task.yaml` used a file the README never
+/// showed.
+#[test]
+fn the_readme_shows_every_spec_file_it_uses_and_each_parses() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    let file = |name: &str| -> String {
+        let start = readme
+            .find(&format!("cat > {name} <<"))
+            .unwrap_or_else(|| panic!("the README never shows {name}"));
+        let body = &readme[start..];
+        let body = &body[body.find('\n').unwrap() + 1..];
+        let end = body.find("\nYAML\n").expect("the heredoc's end");
+        body[..end].to_string()
+    };
+    let task: gpuflow_api::TaskGroupSpec =
+        serde_norway::from_str(&file("task.yaml")).expect("task.yaml is a task group spec");
+    assert_eq!(task.name, "main");
+    let web: gpuflow_api::ServiceSpec =
+        serde_norway::from_str(&file("web.yaml")).expect("web.yaml is a service spec");
+    assert_eq!(web.name, "web");
+    gpuflow_api::JobSpec::parse(file("job.yaml").as_bytes(), false).expect("job.yaml");
+    // The files the shell blocks give to `-f`.
+    let blocks: Vec<&str> = readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    for used in blocks.iter().flat_map(|b| {
+        b.split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "-f" && w[1].ends_with(".yaml"))
+            .map(|w| w[1].to_string())
+            .collect::<Vec<_>>()
+    }) {
+        let shown =
+            readme.contains(&format!("cat > {used} <<")) || readme.contains(&format!("> {used}"));
+        assert!(shown, "the README uses {used} and never shows it");
+    }
 }

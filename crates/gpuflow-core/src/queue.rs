@@ -128,6 +128,35 @@ impl Budget {
 /// The key of a spec's quota entry for every flavor without its own.
 pub const EVERY_FLAVOR: &str = "*";
 
+/// The quota entry that applies to `flavor` (a GPU model): its own; else
+/// the longest entry that names the model's family, the model up to a `-`
+/// (`H100` for `H100-80GB-HBM3`, `A100-80GB` for `A100-80GB-PCIe`), which
+/// applies to each model of the family on its own; else [`EVERY_FLAVOR`]'s.
+pub fn quota_entry<'a, T>(entries: &'a BTreeMap<String, T>, flavor: &str) -> Option<&'a T> {
+    quota_key(entries, flavor).map(|(_, e)| e)
+}
+
+/// [`quota_entry`] with the key that matched.
+pub fn quota_key<'a, T>(
+    entries: &'a BTreeMap<String, T>,
+    flavor: &str,
+) -> Option<(&'a str, &'a T)> {
+    if let Some((k, e)) = entries.get_key_value(flavor) {
+        return Some((k, e));
+    }
+    entries
+        .iter()
+        .filter(|(k, _)| {
+            k.as_str() != EVERY_FLAVOR
+                && flavor.len() > k.len()
+                && flavor.starts_with(k.as_str())
+                && flavor.as_bytes()[k.len()] == b'-'
+        })
+        .max_by_key(|(k, _)| k.len())
+        .or_else(|| entries.get_key_value(EVERY_FLAVOR))
+        .map(|(k, e)| (k.as_str(), e))
+}
+
 /// A queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queue {
@@ -172,7 +201,7 @@ impl Queue {
         quota: impl Fn(&T) -> FlavorQuota,
     ) {
         for flavor in flavors {
-            if let Some(e) = entries.get(flavor).or_else(|| entries.get(EVERY_FLAVOR)) {
+            if let Some(e) = quota_entry(entries, flavor) {
                 self.quotas.insert(flavor.clone(), quota(e));
             }
         }
@@ -550,6 +579,23 @@ impl Queues {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_quota_named_by_model_family_applies_to_each_model_of_it() {
+        let entries: BTreeMap<String, u32> = [("H100", 8), ("A100-80GB", 2), ("*", 1)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let q = |f: &str| quota_entry(&entries, f).copied();
+        assert_eq!(q("H100-80GB-HBM3"), Some(8));
+        assert_eq!(q("H100"), Some(8));
+        assert_eq!(q("A100-80GB-PCIe"), Some(2));
+        // A family is a whole part of the name, not any prefix of it.
+        assert_eq!(q("H1000"), Some(1));
+        assert_eq!(q("A100-40GB"), Some(1));
+        let none: BTreeMap<String, u32> = [("H100".to_string(), 8)].into_iter().collect();
+        assert_eq!(quota_entry(&none, "A10"), None);
+    }
+
     use super::*;
 
     fn tree() -> Queues {

@@ -688,7 +688,7 @@ pub fn recorded(
             });
         t.weight += q.weight;
         for m in &models {
-            let Some(quota) = q.quotas.get(m).or_else(|| q.quotas.get("*")) else {
+            let Some(quota) = gpuflow_core::queue::quota_entry(&q.quotas, m) else {
                 continue;
             };
             *t.guaranteed.entry(m.clone()).or_default() += quota.guaranteed;

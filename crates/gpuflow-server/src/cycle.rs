@@ -235,7 +235,7 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
         let guaranteed = world
             .queues
             .get(q)
-            .and_then(|s| s.quotas.get(flavor).or_else(|| s.quotas.get("*")))
+            .and_then(|s| gpuflow_core::queue::quota_entry(&s.quotas, flavor))
             .map_or(0, |qs| milli(qs.guaranteed));
         if in_use > guaranteed {
             over.push(format!(

@@ -163,7 +163,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     );
     for (name, q) in &world.queues {
         for (&m, &have) in &models {
-            if let Some(quota) = q.quotas.get(m).or_else(|| q.quotas.get("*")) {
+            if let Some(quota) = gpuflow_core::queue::quota_entry(&q.quotas, m) {
                 o.line(
                     "gpuflow_queue_guaranteed_gpus",
                     &[("queue", name), ("flavor", m)],

@@ -59,10 +59,7 @@ async fn list_queues(
     }
     let guaranteed = |queue: &str, flavor: &str| -> f64 {
         world.queues.get(queue).map_or(0.0, |q| {
-            q.quotas
-                .get(flavor)
-                .or_else(|| q.quotas.get("*"))
-                .map_or(0.0, |x| x.guaranteed)
+            gpuflow_core::queue::quota_entry(&q.quotas, flavor).map_or(0.0, |x| x.guaranteed)
         })
     };
     let borrowing: Vec<api::Borrower> = used
@@ -112,28 +109,45 @@ fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
     }
     let mut out = vec![];
     for flavor in q.quotas.keys().filter(|f| *f != "*") {
-        match have.get(flavor.as_str()) {
-            None => out.push(format!(
-                "quotas.{flavor}: no node has GPU model {flavor} yet; the cluster has {}",
+        // The models the entry applies to: its own, or its family's.
+        let models: Vec<&str> = have
+            .keys()
+            .copied()
+            .filter(|m| {
+                gpuflow_core::queue::quota_key(&q.quotas, m).is_some_and(|(k, _)| k == flavor)
+            })
+            .collect();
+        if models.is_empty() {
+            out.push(format!(
+                "quotas.{flavor}: no node has GPU model {flavor} (or a model of that family, {flavor}-…) yet; the cluster has {}",
                 if have.is_empty() {
                     "no GPUs".to_string()
                 } else {
                     have.keys().copied().collect::<Vec<_>>().join(", ")
                 }
-            )),
-            Some(&gpus) => {
-                let guaranteed: f64 = world
-                    .queues
-                    .values()
-                    .filter(|t| t.parent.is_none() && t.name != "default")
-                    .filter_map(|t| t.quotas.get(flavor))
-                    .map(|t| t.guaranteed)
-                    .sum();
-                if guaranteed > gpus + 1e-9 {
-                    out.push(format!(
-                        "quotas.{flavor}: top-level queues are guaranteed {guaranteed} {flavor} GPUs and the cluster has {gpus}; guarantees beyond it cannot all be met"
-                    ));
-                }
+            ));
+            continue;
+        }
+        if models != [flavor.as_str()] {
+            out.push(format!(
+                "quotas.{flavor}: applies to each model of the family on its own: {}",
+                models.join(", ")
+            ));
+        }
+        for m in models {
+            let gpus = have[m];
+            let guaranteed: f64 = world
+                .queues
+                .values()
+                .filter(|t| t.parent.is_none() && t.name != "default")
+                .filter_map(|t| gpuflow_core::queue::quota_key(&t.quotas, m))
+                .filter(|(k, _)| *k != "*")
+                .map(|(_, t)| t.guaranteed)
+                .sum();
+            if guaranteed > gpus + 1e-9 {
+                out.push(format!(
+                    "quotas.{flavor}: top-level queues are guaranteed {guaranteed} {m} GPUs and the cluster has {gpus}; guarantees beyond it cannot all be met"
+                ));
             }
         }
     }
@@ -161,11 +175,8 @@ fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
         );
     };
     for (flavor, quota) in &q.quotas {
-        let limit = parent
-            .quotas
-            .get(flavor)
-            .or_else(|| parent.quotas.get("*"))
-            .map_or(0.0, |p| p.guaranteed);
+        let limit =
+            gpuflow_core::queue::quota_entry(&parent.quotas, flavor).map_or(0.0, |p| p.guaranteed);
         let siblings: f64 = world
             .queues
             .values()
