@@ -109,6 +109,9 @@ static void read_state(void) {
     if (!f) return;
     char line[256];
     while (fgets(line, sizeof line, f)) {
+        /* A line being written (no newline yet) is not read: "xid 2 7" of
+         * "xid 2 79" would be delivered as another error, and once. */
+        if (!strchr(line, '\n')) break;
         unsigned int i, a, b, c, d, e;
         unsigned long long n;
         if (sscanf(line, "gpu %u util %u memutil %u used_mib %llu power_mw %u temp %u", &i, &a, &b, &n, &c, &d) == 6 && i < 64) {
@@ -310,6 +313,10 @@ static int nsets;
 nvmlReturn_t nvmlEventSetCreate(void **set) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!set || nsets >= 64) return NVML_ERROR_INVALID_ARGUMENT;
+    /* FAKE_NVML_EVENTSET_DELAY_MS: a slow start of the watcher, as on a
+     * loaded machine (events before the set exists are never delivered). */
+    const char *delay = getenv("FAKE_NVML_EVENTSET_DELAY_MS");
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
     read_state();
     sets[nsets] = nxids;
     *set = &sets[nsets++];

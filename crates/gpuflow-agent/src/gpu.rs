@@ -192,11 +192,14 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Waits on NVML's event set for critical XID errors and marks their GPUs.
+/// Waits on NVML's event set for critical XID errors and marks their GPUs;
+/// says on `registered` once it watches (or has given up), as NVML
+/// delivers only the events that come after.
 fn watch_events(
     nvml: Arc<Nvml>,
     marks: Arc<Mutex<BTreeMap<String, (u64, String)>>>,
     stop: Arc<AtomicBool>,
+    registered: std::sync::mpsc::Sender<()>,
 ) {
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::enums::event::XidError;
@@ -227,6 +230,7 @@ fn watch_events(
         };
     }
     let set = set.expect("kept between devices");
+    let _ = registered.send(());
     while !stop.load(Ordering::Relaxed) {
         match set.wait(250) {
             Ok(ev) => {
@@ -288,10 +292,17 @@ impl Gpus {
                     }
                 }
                 let (marks, stop) = (g.marks.clone(), g.stop.clone());
+                // The GPUs are watched once `open` returns: an XID error
+                // that comes after is never missed because the thread had
+                // not registered yet (the sender dropped: it gave up).
+                let (registered, watching) = std::sync::mpsc::channel();
                 g.events = std::thread::Builder::new()
                     .name("nvml-events".into())
-                    .spawn(move || watch_events(nvml, marks, stop))
+                    .spawn(move || watch_events(nvml, marks, stop, registered))
                     .ok();
+                if g.events.is_some() {
+                    let _ = watching.recv_timeout(std::time::Duration::from_secs(10));
+                }
                 g
             }
             Err(e) => blank(None, None, Some(e.to_string())),

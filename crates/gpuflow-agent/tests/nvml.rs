@@ -97,11 +97,22 @@ fn nvml_discovery_through_the_fake_library() {
     // not change with them (it would be stored on every heartbeat).
     let state = dir.path().join("state");
     unsafe { std::env::set_var("FAKE_NVML_STATE", &state) };
-    let write = |text: &str| std::fs::write(&state, text).unwrap();
+    // Written whole (a new file renamed over the old), as the library's
+    // threads read it at any moment.
+    let write = |text: &str| {
+        let tmp = state.with_extension("new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &state).unwrap();
+    };
     write(
         "gpu 0 util 80 memutil 40 used_mib 30000 power_mw 350000 temp 71\nproc 0 4242 20480 65\n",
     );
+    // A watcher slow to register (a loaded machine): `open` returns only
+    // once it watches, so the XID errors written below are all seen (they
+    // were missed now and then: NVML delivers only later events).
+    unsafe { std::env::set_var("FAKE_NVML_EVENTSET_DELAY_MS", "500") };
     let gpus = Gpus::open(Some(&lib), None);
+    unsafe { std::env::remove_var("FAKE_NVML_EVENTSET_DELAY_MS") };
     let before = gpus.list();
     let (samples, procs) = gpus.sample();
     assert_eq!(samples.len(), 3);
