@@ -1689,3 +1689,66 @@ pub struct ReplicaView {
     pub port: Option<u16>,
     pub ready: bool,
 }
+
+// ---- webhooks ----
+
+/// The job events a webhook may ask for: `begin` (its tasks run), `end`
+/// (it finished, however), `fail`, `timeout` (past its max runtime),
+/// `preempted`, `requeued`, or `all`.
+pub const WEBHOOK_EVENTS: &[&str] = &[
+    "begin",
+    "end",
+    "fail",
+    "timeout",
+    "preempted",
+    "requeued",
+    "all",
+];
+
+/// A new webhook: the jobs of the caller (or, for a team lead or an
+/// admin, of a whole team) POST their state changes to `url`, signed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// Of [`WEBHOOK_EVENTS`].
+    pub events: Vec<String>,
+    /// Every job of this team (team leads, for theirs; admins); without
+    /// it, the caller's own jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+}
+
+/// A webhook as the API shows it (its secret only once, when made).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WebhookView {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    pub team: String,
+    /// Whose jobs; absent: every job of the team.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    pub created_by: String,
+    pub created_at: u64,
+    /// The HMAC-SHA256 key of `X-Gpuflow-Signature`, shown once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+/// One attempt to deliver a notification.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Delivery {
+    /// The notification's number (`X-Gpuflow-Delivery`); its attempts share it.
+    pub delivery: u64,
+    pub at: u64,
+    pub event: String,
+    pub job: u64,
+    pub attempt: u32,
+    /// The receiver's HTTP status, when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// `delivered`, `retrying` or `failed`, with what went wrong.
+    pub outcome: String,
+}

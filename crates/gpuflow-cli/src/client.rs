@@ -611,6 +611,126 @@ fn time_arg(s: &str) -> Result<i64, String> {
     ))
 }
 
+#[derive(Subcommand)]
+pub enum WebhookCmd {
+    /// Have your jobs (or, for a team lead or an admin, a team's) POST
+    /// their state changes to URL as JSON, signed with HMAC-SHA256 in
+    /// X-Gpuflow-Signature; the secret is printed once.
+    Create {
+        url: String,
+        /// Of begin, end, fail, timeout, preempted, requeued, all; comma
+        /// separated.
+        #[arg(long, value_delimiter = ',', default_value = "end")]
+        events: Vec<String>,
+        /// Every job of this team (team leads, admins).
+        #[arg(long)]
+        team: Option<String>,
+    },
+    /// The webhooks you made or manage.
+    Ls,
+    /// Delete a webhook.
+    Rm { id: String },
+    /// A webhook's last delivery attempts: event, job, HTTP status, outcome.
+    Deliveries { id: String },
+}
+
+pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        WebhookCmd::Create { url, events, team } => {
+            let mut body = serde_json::json!({"url": url, "events": events});
+            if let Some(t) = team {
+                body["team"] = t.into();
+            }
+            let v = c.call(
+                "POST",
+                "/v1/webhooks",
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |h| {
+                format!(
+                    "webhook {} created for {}'s jobs: {}\nsecret (shown once; verify X-Gpuflow-Signature, sha256= HMAC of the body): {}\n",
+                    s(&h["id"]),
+                    h["user"]
+                        .as_str()
+                        .map_or_else(|| format!("team {}", s(&h["team"])), str::to_string),
+                    s(&h["url"]),
+                    s(&h["secret"])
+                )
+            });
+        }
+        WebhookCmd::Ls => {
+            let v = c.call("GET", "/v1/webhooks", None)?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|h| {
+                        vec![
+                            s(&h["id"]),
+                            h["user"]
+                                .as_str()
+                                .map_or_else(|| format!("team {}", s(&h["team"])), str::to_string),
+                            h["events"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(s)
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            s(&h["url"]),
+                        ]
+                    })
+                    .collect();
+                columns(&["id", "jobs of", "events", "url"], rows)
+            });
+        }
+        WebhookCmd::Rm { id } => {
+            c.call(
+                "DELETE",
+                &format!("/v1/webhooks/{}", urlencoding_path(&id)),
+                None,
+            )?;
+            if matches!(conn.output, Format::Table | Format::Wide) {
+                println!("webhook {id} deleted");
+            }
+        }
+        WebhookCmd::Deliveries { id } => {
+            let v = c.call(
+                "GET",
+                &format!("/v1/webhooks/{}/deliveries", urlencoding_path(&id)),
+                None,
+            )?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        vec![
+                            s(&d["delivery"]),
+                            local(&d["at"]),
+                            s(&d["event"]),
+                            s(&d["job"]),
+                            s(&d["attempt"]),
+                            s(&d.get("status").cloned().unwrap_or(Value::Null)),
+                            s(&d["outcome"]),
+                        ]
+                    })
+                    .collect();
+                columns(
+                    &[
+                        "delivery", "at", "event", "job", "attempt", "status", "outcome",
+                    ],
+                    rows,
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
 /// An error in the command line (exit status 2), not in the request.
 #[derive(Debug)]
 pub struct Usage(pub String);

@@ -130,6 +130,14 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Webhooks: your jobs' (or a team's) state changes POSTed to a URL,
+    /// signed: create, ls, rm, deliveries.
+    Webhook {
+        #[command(subcommand)]
+        command: client::WebhookCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
 }
 
 fn main() {
@@ -168,6 +176,7 @@ fn main() {
         Command::User { command, conn } => client::user(&conn, command),
         Command::Token { command, conn } => client::token(&conn, command),
         Command::Event { command, conn } => client::event(&conn, command),
+        Command::Webhook { command, conn } => client::webhook(&conn, command),
         Command::Report { command, conn } => client::report(&conn, command),
         Command::Price { command, conn } => client::price(&conn, command),
         Command::Completion { shell } => {

@@ -63,6 +63,10 @@ pub struct ServerArgs {
     /// attempts; beyond it only each task's last 16 KiB is kept.
     #[arg(long, default_value_t = 16)]
     pub job_log_mib: u64,
+    /// Let webhooks call this machine and private networks (loopback,
+    /// 10/8, 192.168/16, link-local, …); `up` always does.
+    #[arg(long)]
+    pub webhook_private: bool,
     /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
     #[arg(long, default_value_t = 1000)]
     pub cycle_ms: u64,
@@ -248,6 +252,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.tls = a.tls_cert.clone().zip(a.tls_key.clone());
     c.rate_per_token = a.rate_limit;
     c.rate_anonymous = a.rate_limit_anonymous;
+    c.webhook_private = a.webhook_private;
     Ok(c)
 }
 
@@ -382,7 +387,10 @@ pub struct UpArgs {
 pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
     init_logging();
     let rt = runtime()?;
-    let running = rt.block_on(gpuflow_server::start(server_config(&a.server)?))?;
+    // One machine, its own receivers: webhooks may call it.
+    let mut cfg = server_config(&a.server)?;
+    cfg.webhook_private = true;
+    let running = rt.block_on(gpuflow_server::start(cfg))?;
     let join = running
         .join_token
         .clone()

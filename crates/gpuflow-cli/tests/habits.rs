@@ -783,3 +783,84 @@ fn queue_set_changes_every_field_and_keeps_the_rest() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// `gpuflow webhook create` on a running platform: a job run by the real
+/// agent POSTs `begin` and `end` to a receiver on loopback (`up` lets
+/// webhooks call this machine), and `webhook deliveries` shows both.
+#[test]
+fn a_webhook_tells_a_receiver_when_a_job_begins_and_ends() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = vec![0u8; 65536];
+            let mut got = Vec::new();
+            // Headers, then the body its content-length says.
+            while let Ok(n) = conn.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        break;
+                    }
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+        }
+    });
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let out = cli(&["webhook", "create", &url, "--events", "begin,end"]);
+    assert!(out.contains("secret"), "{out}");
+    let id = out.split_whitespace().nth(1).unwrap().to_string();
+    let out = cli(&["job", "submit", "--wrap", "sleep 1", "-o", "json"]);
+    let job: u64 = serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    api.wait_state(job, &admin, "succeeded", LONG);
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let req = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("two POSTs, got {events:?}"));
+        assert!(
+            req.to_ascii_lowercase()
+                .contains("x-gpuflow-signature: sha256="),
+            "{req}"
+        );
+        let body = req.split_once("\r\n\r\n").unwrap().1;
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["job"]["id"], job, "{v}");
+        events.push(v["event"].as_str().unwrap().to_string());
+    }
+    assert_eq!(events, ["begin", "end"]);
+    let log = cli(&["webhook", "deliveries", &id]);
+    assert_eq!(log.matches("delivered").count(), 2, "{log}");
+    assert!(cli(&["webhook", "ls"]).contains(&url));
+    cli(&["webhook", "rm", &id]);
+    assert!(!cli(&["webhook", "ls"]).contains(&url));
+}

@@ -24,6 +24,7 @@ pub mod output;
 pub mod ratelimit;
 pub mod services;
 pub mod state;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -97,6 +98,10 @@ pub struct Config {
     pub job_log_bytes: u64,
     /// Serve HTTPS with this PEM certificate chain and private key.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Webhooks may call this machine and private networks (`up`, tests).
+    pub webhook_private: bool,
+    /// A failed webhook delivery is tried again after this, then doubling.
+    pub webhook_backoff: std::time::Duration,
     /// Requests a second one token may send (0: no limit).
     pub rate_per_token: u32,
     /// Requests a second one address may send without a valid token (0:
@@ -146,6 +151,8 @@ impl Config {
             keep_finished_s: 3600,
             job_log_bytes: 16 << 20,
             tls: None,
+            webhook_private: false,
+            webhook_backoff: std::time::Duration::from_secs(1),
             rate_per_token: ratelimit::PER_TOKEN,
             rate_anonymous: ratelimit::ANONYMOUS,
             fault: None,
@@ -342,6 +349,7 @@ pub async fn commit(
     for n in nodes.into_values() {
         world.put_node(n);
     }
+    world.notify(&batch.events);
     Ok(())
 }
 
@@ -525,6 +533,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     };
     tokio::spawn(cycle::run_loop(shared.clone()));
     tokio::spawn(accounting::budget_loop(shared.clone()));
+    tokio::spawn(webhooks::run_loop(shared.clone()));
     {
         // Callers that went quiet leave the rate limiters.
         let shared = shared.clone();

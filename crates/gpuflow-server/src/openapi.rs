@@ -123,6 +123,38 @@ pub const ROUTES: &[Route] = &[
         Some("NodeView[]"),
     ),
     r(
+        "post",
+        "/v1/webhooks",
+        "any token (team leads and admins for a whole team)",
+        "A webhook: the caller's jobs (or a team's) POST their state changes to a URL, signed with HMAC-SHA256 (X-Gpuflow-Signature); the secret is shown once",
+        Some("WebhookSpec"),
+        Some("WebhookView"),
+    ),
+    r(
+        "get",
+        "/v1/webhooks",
+        "any token",
+        "The webhooks the caller made or may manage",
+        None,
+        Some("WebhookView[]"),
+    ),
+    r(
+        "delete",
+        "/v1/webhooks/{id}",
+        "its maker, the team lead, admins",
+        "Delete a webhook; what it had queued is not sent",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/webhooks/{id}/deliveries",
+        "its maker, the team lead, admins",
+        "Its last 100 delivery attempts: event, job, attempt, HTTP status, outcome",
+        None,
+        Some("Delivery[]"),
+    ),
+    r(
         "get",
         "/v1/nodes/{name}",
         "any token",
@@ -477,6 +509,9 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         api::ServiceSpec,
         api::ServicePatch,
         api::ServiceView,
+        api::WebhookSpec,
+        api::WebhookView,
+        api::Delivery,
         api::Prices,
         api::ApiError
     );

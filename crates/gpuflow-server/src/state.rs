@@ -617,6 +617,8 @@ pub struct World {
     pub team_closed_gpu_s: BTreeMap<String, f64>,
     /// Inference services by name.
     pub services: BTreeMap<String, ServiceRec>,
+    /// Webhooks, their queued notifications and delivery logs.
+    pub hooks: crate::webhooks::Hooks,
     /// Unfinished workloads other schedulers run (`external.rs`), by id.
     pub external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
@@ -914,6 +916,10 @@ impl World {
             if r.key.starts_with("service/") {
                 let s: ServiceRec = parse(&r)?;
                 w.services.insert(s.spec.name.clone(), s);
+            }
+            if r.key.starts_with("webhook/") {
+                let h: crate::webhooks::WebhookRec = parse(&r)?;
+                w.hooks.by_id.insert(h.id.clone(), h);
             }
         }
         Ok(w)

@@ -19,6 +19,7 @@ mod teams;
 mod tokens;
 mod ui;
 mod users;
+mod webhooks;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -111,6 +112,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(reports::router())
         .merge(clusters::router())
         .merge(services::router())
+        .merge(webhooks::router())
         .merge(metrics::router())
         .merge(ui::router())
         // A heartbeat carries every task of a node: it may be larger.

@@ -1,0 +1,173 @@
+//! Webhooks: made, listed, deleted, and their delivery logs. A member's
+//! webhook reports their own jobs; a team lead's or an admin's may report
+//! a whole team's.
+
+use super::*;
+use crate::webhooks::WebhookRec;
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/webhooks", post(create).get(list))
+        .route("/v1/webhooks/{id}", axum::routing::delete(remove))
+        .route("/v1/webhooks/{id}/deliveries", get(deliveries))
+}
+
+/// Webhooks per installation, so that their notifications stay bounded.
+const MAX_WEBHOOKS: usize = 1000;
+
+/// Whether the caller may see and delete webhook `h`: its maker, the
+/// team's lead, an admin.
+fn manages(caller: &Caller, h: &WebhookRec) -> bool {
+    caller.admin() || h.created_by == caller.user.name || caller.leads(&h.team)
+}
+
+fn not_found(id: &str) -> Error {
+    ApiError::not_found(format!("webhook {id:?} not found among those you may see")).into()
+}
+
+async fn create(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<api::WebhookView>), Error> {
+    let spec: api::WebhookSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    let bad = |m: String| -> Error { ApiError::bad_request("invalid_webhook", m).into() };
+    if spec.events.is_empty() {
+        return Err(bad(format!(
+            "events: name at least one of {}",
+            api::WEBHOOK_EVENTS.join(", ")
+        )));
+    }
+    if let Some(e) = spec
+        .events
+        .iter()
+        .find(|e| !api::WEBHOOK_EVENTS.contains(&e.as_str()))
+    {
+        return Err(bad(format!(
+            "events: unknown event {e:?}; events: {}",
+            api::WEBHOOK_EVENTS.join(", ")
+        )));
+    }
+    crate::webhooks::check_url(&spec.url, shared.cfg.webhook_private)
+        .await
+        .map_err(|e| bad(format!("url: {e}")))?;
+    // Whose jobs: a team's (its lead, an admin), or the caller's own.
+    let (team, user) = match &spec.team {
+        Some(t) => {
+            if !caller.admin() && !caller.leads(t) {
+                return Err(ApiError::forbidden(format!(
+                    "a webhook for every job of team {t:?} is its team lead's or an admin's; leave `team` out for your own jobs"
+                ))
+                .into());
+            }
+            (t.clone(), None)
+        }
+        // The caller's own jobs, in whatever team they run (an admin of no
+        // team submits to any).
+        None => (caller.user.team.clone(), Some(caller.user.name.clone())),
+    };
+    let mut world = shared.world.lock().await;
+    if !team.is_empty() && !world.teams.contains_key(&team) {
+        return Err(bad(format!("team: {team:?} does not exist")));
+    }
+    if world.hooks.by_id.len() >= MAX_WEBHOOKS {
+        return Err(ApiError::conflict(format!(
+            "there are {MAX_WEBHOOKS} webhooks already; delete some first"
+        ))
+        .into());
+    }
+    let at = now();
+    let secret = crate::auth::new_token("whsec");
+    let id = crate::auth::new_token("wh")[3..19].to_string();
+    let mut events = spec.events.clone();
+    events.sort();
+    events.dedup();
+    let h = WebhookRec {
+        id: id.clone(),
+        url: spec.url.clone(),
+        events,
+        team: team.clone(),
+        user,
+        secret,
+        created_by: caller.user.name.clone(),
+        created_at: at,
+    };
+    let mut change = Change::default();
+    change.batch.put.push(h.record());
+    change.audit(
+        at,
+        &caller.user.name,
+        "webhook.create",
+        &format!("webhook/{id}"),
+        format!("{} for team {team}", spec.url),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    let view = h.view(true);
+    world.hooks.by_id.insert(id, h);
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn list(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::WebhookView>> {
+    let world = shared.world.lock().await;
+    Ok(Json(
+        world
+            .hooks
+            .by_id
+            .values()
+            .filter(|h| manages(&caller, h))
+            .map(|h| h.view(false))
+            .collect(),
+    ))
+}
+
+async fn remove(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Error> {
+    let mut world = shared.world.lock().await;
+    let Some(h) = world.hooks.by_id.get(&id).filter(|h| manages(&caller, h)) else {
+        return Err(not_found(&id));
+    };
+    let mut change = Change::default();
+    change
+        .batch
+        .delete
+        .push((gpuflow_store::Table::Meta, format!("webhook/{id}")));
+    change.audit(
+        now(),
+        &caller.user.name,
+        "webhook.delete",
+        &format!("webhook/{id}"),
+        h.url.clone(),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.hooks.by_id.remove(&id);
+    world.hooks.log.remove(&id);
+    world.hooks.outbox.retain(|o| o.hook != id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn deliveries(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Reply<Vec<api::Delivery>> {
+    let world = shared.world.lock().await;
+    if !world
+        .hooks
+        .by_id
+        .get(&id)
+        .is_some_and(|h| manages(&caller, h))
+    {
+        return Err(not_found(&id));
+    }
+    Ok(Json(
+        world
+            .hooks
+            .log
+            .get(&id)
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,387 @@
+//! Webhooks: a user's (or a team's) subscription to its jobs' state
+//! changes, each delivered as a JSON POST signed with HMAC-SHA256, retried
+//! with doubling backoff, and logged.
+//!
+//! Committed events are matched to webhooks as they are committed
+//! ([`World::notify`]) and queued in memory; [`deliver_due`] sends what is
+//! due, off the state lock. A notification queued when the server stops is
+//! not sent (the log says what was).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuflow_api as api;
+use gpuflow_store::NewEvent;
+use hmac::{KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+
+use crate::Shared;
+use crate::state::World;
+
+/// Attempts per notification.
+pub const ATTEMPTS: u32 = 5;
+/// Attempts kept in each webhook's log.
+const LOG: usize = 100;
+
+/// A stored webhook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WebhookRec {
+    pub id: String,
+    pub url: String,
+    pub events: Vec<String>,
+    /// The team whose jobs it reports; with `user`, that user's jobs in it
+    /// (in any team when empty: an admin of no team).
+    pub team: String,
+    /// Whose jobs; `None`: the team's.
+    pub user: Option<String>,
+    pub secret: String,
+    pub created_by: String,
+    pub created_at: u64,
+}
+
+impl WebhookRec {
+    pub fn view(&self, with_secret: bool) -> api::WebhookView {
+        api::WebhookView {
+            id: self.id.clone(),
+            url: self.url.clone(),
+            events: self.events.clone(),
+            team: self.team.clone(),
+            user: self.user.clone(),
+            created_by: self.created_by.clone(),
+            created_at: self.created_at,
+            secret: with_secret.then(|| self.secret.clone()),
+        }
+    }
+
+    pub fn record(&self) -> gpuflow_store::Record {
+        crate::state::put(
+            gpuflow_store::Table::Meta,
+            &format!("webhook/{}", self.id),
+            &self.team,
+            "",
+            self,
+        )
+    }
+
+    /// The name it is notified of a job event `kind` by, if any: the most
+    /// specific it asked for (a failed job is `fail`, else `end`).
+    fn wants(&self, kind: &str) -> Option<&'static str> {
+        let names: &[&'static str] = match kind {
+            "running" => &["begin"],
+            "succeeded" | "cancelled" | "dependency-never-met" => &["end"],
+            "failed" => &["fail", "end"],
+            "timeout" => &["timeout", "end"],
+            "preempted" => &["preempted"],
+            "requeued" => &["requeued"],
+            _ => &[],
+        };
+        let all = self.events.iter().any(|e| e == "all");
+        names
+            .iter()
+            .copied()
+            .find(|n| all || self.events.iter().any(|e| e == n))
+    }
+}
+
+/// A notification waiting to be sent.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    pub hook: String,
+    pub delivery: u64,
+    pub event: String,
+    pub job: u64,
+    pub body: String,
+    pub attempt: u32,
+    pub due: Instant,
+}
+
+/// Webhooks and what they have to send.
+#[derive(Default)]
+pub struct Hooks {
+    pub by_id: BTreeMap<String, WebhookRec>,
+    pub outbox: VecDeque<Outgoing>,
+    pub log: BTreeMap<String, VecDeque<api::Delivery>>,
+    pub seq: u64,
+}
+
+impl World {
+    /// Queues a notification for each webhook that asked for one of these
+    /// committed events of a job (the job as committed).
+    pub fn notify(&mut self, events: &[NewEvent]) {
+        if self.hooks.by_id.is_empty() {
+            return;
+        }
+        for e in events {
+            let Some(j) = e.job.and_then(|id| self.jobs.get(&id)) else {
+                continue;
+            };
+            for h in self.hooks.by_id.values() {
+                let theirs = match &h.user {
+                    Some(u) => *u == j.user && (h.team.is_empty() || h.team == j.team),
+                    None => h.team == j.team,
+                };
+                if !theirs {
+                    continue;
+                }
+                let Some(event) = h.wants(&e.kind) else {
+                    continue;
+                };
+                self.hooks.seq += 1;
+                let body = serde_json::json!({
+                    "delivery": self.hooks.seq,
+                    "event": event,
+                    "kind": e.kind,
+                    "at": e.at,
+                    "message": e.message,
+                    "job": {
+                        "id": j.id, "name": j.spec.name, "team": j.team, "user": j.user,
+                        "queue": j.spec.queue, "state": j.state.as_str(), "reason": j.reason,
+                    },
+                })
+                .to_string();
+                self.hooks.outbox.push_back(Outgoing {
+                    hook: h.id.clone(),
+                    delivery: self.hooks.seq,
+                    event: event.to_string(),
+                    job: j.id,
+                    body,
+                    attempt: 1,
+                    due: Instant::now(),
+                });
+            }
+        }
+    }
+}
+
+/// `sha256=` and the hex HMAC-SHA256 of `body` under `secret`.
+#[must_use]
+pub fn signature(secret: &str, body: &str) -> String {
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(body.as_bytes());
+    let bytes = mac.finalize().into_bytes();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+/// Whether `url`'s host is this machine or a private network, where
+/// webhooks go only when the server allows it (`--webhook-private`): a
+/// member's webhook must not make the server call its neighbours.
+///
+/// # Errors
+/// What is wrong with the URL.
+pub async fn check_url(url: &str, private_ok: bool) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .map(|r| (r, 80))
+        .or_else(|| url.strip_prefix("https://").map(|r| (r, 443)));
+    let Some((rest, port)) = rest else {
+        return Err(format!("{url:?}: give an http:// or https:// URL"));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() || authority.contains('@') || url.len() > 2048 {
+        return Err(format!(
+            "{url:?}: give a host (no user or password in it), at most 2048 characters"
+        ));
+    }
+    if private_ok {
+        return Ok(());
+    }
+    let target = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']')
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:{port}")
+    };
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(target)
+        .await
+        .map_err(|e| format!("{url:?}: its host does not resolve: {e}"))?
+        .collect();
+    if let Some(a) = addrs.iter().find(|a| private(a.ip())) {
+        return Err(format!(
+            "{url:?}: its host is {} on this machine or a private network; webhooks go to public addresses unless the server runs with --webhook-private",
+            a.ip()
+        ));
+    }
+    Ok(())
+}
+
+fn private(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v) => {
+            v.is_loopback()
+                || v.is_private()
+                || v.is_link_local()
+                || v.is_unspecified()
+                || v.is_broadcast()
+                || v.octets()[0] == 100 && (64..128).contains(&v.octets()[1])
+        }
+        std::net::IpAddr::V6(v) => {
+            v.is_loopback()
+                || v.is_unspecified()
+                || (v.segments()[0] & 0xfe00) == 0xfc00
+                || (v.segments()[0] & 0xffc0) == 0xfe80
+                || v.to_ipv4_mapped().is_some_and(|m| private(m.into()))
+        }
+    }
+}
+
+/// Sends the notifications that are due, one attempt each: a 2xx answer
+/// delivers it; anything else is tried again after 1, 2, 4, 8 times
+/// `backoff`, up to [`ATTEMPTS`]. Every attempt is logged.
+pub async fn deliver_due(shared: &Arc<Shared>) {
+    let now = Instant::now();
+    let due: Vec<(Outgoing, Option<WebhookRec>)> = {
+        let mut world = shared.world.lock().await;
+        let (due, later): (Vec<Outgoing>, Vec<Outgoing>) =
+            world.hooks.outbox.drain(..).partition(|o| o.due <= now);
+        world.hooks.outbox.extend(later);
+        due.into_iter()
+            .map(|o| {
+                let h = world.hooks.by_id.get(&o.hook).cloned();
+                (o, h)
+            })
+            .collect()
+    };
+    if due.is_empty() {
+        return;
+    }
+    let private_ok = shared.cfg.webhook_private;
+    let backoff = shared.cfg.webhook_backoff;
+    let mut results = Vec::new();
+    for (o, hook) in due {
+        // A webhook deleted since: nothing to send.
+        let Some(h) = hook else { continue };
+        let checked = check_url(&h.url, private_ok).await;
+        let sent = match checked {
+            Err(e) => Err((None, format!("not sent: {e}"))),
+            Ok(()) => {
+                let (url, body, sig) =
+                    (h.url.clone(), o.body.clone(), signature(&h.secret, &o.body));
+                let (event, delivery) = (o.event.clone(), o.delivery);
+                tokio::task::spawn_blocking(move || post(&url, &body, &sig, &event, delivery))
+                    .await
+                    .unwrap_or_else(|e| Err((None, e.to_string())))
+            }
+        };
+        results.push((o, sent));
+    }
+    let mut world = shared.world.lock().await;
+    let t = crate::now();
+    for (mut o, sent) in results {
+        let (status, outcome, retry) = match sent {
+            Ok(s) => (Some(s), "delivered".to_string(), false),
+            Err((status, what)) if o.attempt < ATTEMPTS => {
+                let wait = backoff * 2u32.pow(o.attempt - 1);
+                (
+                    status,
+                    format!("retrying in {} ms: {what}", wait.as_millis()),
+                    true,
+                )
+            }
+            Err((status, what)) => (
+                status,
+                format!("failed after {ATTEMPTS} attempts: {what}"),
+                false,
+            ),
+        };
+        let log = world.hooks.log.entry(o.hook.clone()).or_default();
+        log.push_back(api::Delivery {
+            delivery: o.delivery,
+            at: t,
+            event: o.event.clone(),
+            job: o.job,
+            attempt: o.attempt,
+            status,
+            outcome,
+        });
+        while log.len() > LOG {
+            log.pop_front();
+        }
+        if retry {
+            o.due = Instant::now() + backoff * 2u32.pow(o.attempt - 1);
+            o.attempt += 1;
+            world.hooks.outbox.push_back(o);
+        }
+    }
+}
+
+/// One POST; the status of a 2xx answer, or what went wrong.
+fn post(
+    url: &str,
+    body: &str,
+    signature: &str,
+    event: &str,
+    delivery: u64,
+) -> Result<u16, (Option<u16>, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    match agent
+        .post(url)
+        .header("content-type", "application/json")
+        .header("x-gpuflow-event", event)
+        .header("x-gpuflow-delivery", &delivery.to_string())
+        .header("x-gpuflow-signature", signature)
+        .send(body)
+    {
+        Ok(r) if r.status().is_success() => Ok(r.status().as_u16()),
+        Ok(r) => Err((
+            Some(r.status().as_u16()),
+            format!("the receiver answered {}", r.status()),
+        )),
+        Err(e) => Err((None, e.to_string())),
+    }
+}
+
+/// Delivers what is due every quarter second, for as long as the server runs.
+pub async fn run_loop(shared: Arc<Shared>) {
+    loop {
+        deliver_due(&shared).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_hmac_sha256_in_hex() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            signature("Jefe", "what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[tokio::test]
+    async fn private_and_local_hosts_are_refused_unless_allowed() {
+        for url in [
+            "http://127.0.0.1:9/x",
+            "http://10.1.2.3/",
+            "http://[::1]:8080/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://localhost/",
+        ] {
+            let e = check_url(url, false).await.unwrap_err();
+            assert!(e.contains("--webhook-private"), "{url}: {e}");
+            assert!(check_url(url, true).await.is_ok(), "{url}");
+        }
+        for (url, says) in [
+            ("ftp://x/", "http:// or https://"),
+            ("http://user:pw@example.com/", "no user or password"),
+            ("http:///path", "give a host"),
+        ] {
+            let e = check_url(url, true).await.unwrap_err();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+}
