@@ -127,12 +127,28 @@ impl Browser {
         }
     }
 
+    /// An attribute of each element matching `css`. The pages are live
+    /// (read again every 10 s), so an element may be replaced while it
+    /// is read: then all are read again.
     async fn attrs(&self, css: &str, attr: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in self.client.find_all(Locator::Css(css)).await.unwrap() {
-            out.push(e.attr(attr).await.unwrap().unwrap_or_default());
+        for _ in 0..5 {
+            let mut out = Vec::new();
+            let mut stale = false;
+            for e in self.client.find_all(Locator::Css(css)).await.unwrap() {
+                match e.attr(attr).await {
+                    Ok(v) => out.push(v.unwrap_or_default()),
+                    Err(_) => {
+                        stale = true;
+                        break;
+                    }
+                }
+            }
+            if !stale {
+                return out;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        out
+        panic!("{css}: its elements kept changing");
     }
 
     async fn sign_in(&self, token: &str) {
@@ -278,7 +294,7 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         "trainer",
         "vision-q",
         "{count: 1}",
-        "echo pid $$; echo '<b id=injected>bold</b>'; exec sleep 300",
+        "echo pid $$; echo '<b id=injected>bold</b>'; seq 1 400; exec sleep 300",
     );
     let j = api.wait_state(whole, &alice, "running", LONG);
     let whole_gpu = j["tasks"][0]["gpus"][0].as_u64().unwrap();
@@ -361,7 +377,48 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
             })
             .await;
         assert!(idle.contains("GPU"), "{idle}");
+        // Each team in a colour of its own (two were nearly the same green).
+        let v = b.attrs(".gpu[data-team='vision'] .seg", "style").await;
+        let n = b.attrs(".gpu[data-team='nlp'] .seg", "style").await;
+        let bg = |s: &str| s.split("background-color:").nth(1).unwrap_or_default().trim().to_string();
+        assert_ne!(bg(&v[0]), bg(&n[0]), "{v:?} {n:?}");
         b.shot("cluster-admin").await;
+
+        // Live: a job submitted meanwhile appears without a reload, and a
+        // MIG slice counts as the share of the GPU it is (it showed 1.0).
+        b.open("#/jobs?show=all").await;
+        b.count_at_least("#jobs tbody tr", 4).await;
+        let late = submit(&api, &bob, "late", "nlp-q", "{count: 1}", "exec sleep 300");
+        b.count_at_least(&format!("#jobs tr[data-job='{late}']"), 1).await;
+        let mig = b
+            .text_when(&format!("#jobs tr[data-job='{slice}'] td[data-col='gpus']"), |t| !t.is_empty())
+            .await;
+        assert_eq!(mig, "0.14", "1g.10gb of a 7-slice GPU");
+
+        // Actions: an admin holds the pending job and releases it.
+        b.open(&format!("#/jobs/{wide}")).await;
+        b.count_at_least("#actions button[data-action='hold']", 1).await;
+        b.client
+            .find(Locator::Css("#actions button[data-action='hold']"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        poll("the job is held", LONG, || {
+            (api.job(wide, &admin)["state"] == "held").then_some(())
+        });
+        b.count_at_least("#actions button[data-action='release']", 1).await;
+        b.client
+            .find(Locator::Css("#actions button[data-action='release']"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        poll("the job is released", LONG, || {
+            (api.job(wide, &admin)["state"] == "pending").then_some(())
+        });
 
         // The pending job's page gives its reasons and its place.
         b.open(&format!("#/jobs/{wide}")).await;
@@ -412,6 +469,16 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         b.count_at_least("#util svg circle", 2).await;
         let log = b.text_when("pre.log", |t| t.contains("bold")).await;
         assert!(log.contains("<b id=injected>bold</b>"), "{log:?}");
+        // The log opens at its end (it opened at the top).
+        let at_end = b
+            .client
+            .execute(
+                "const p = document.querySelector('pre.log'); return p.scrollTop > 0 && p.scrollTop + p.clientHeight >= p.scrollHeight - 2;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(at_end, serde_json::Value::Bool(true));
         assert!(
             b.client.find(Locator::Css("#injected")).await.is_err(),
             "a job's output became markup in the page"
@@ -426,11 +493,23 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         let totals = b.text_when("#usage-totals", |t| t.contains("EUR")).await;
         assert!(totals.contains("EUR"), "{totals}");
         b.shot("usage-admin").await;
+        // Over 30 days a day's bar is a thirtieth of the axis, not 80 % of it.
+        b.open("#/usage?by=team&period=day&from=30d").await;
+        b.count_at_least("#usage-chart rect", 2).await;
+        for w in b.attrs("#usage-chart rect", "width").await {
+            let w: f64 = w.parse().unwrap();
+            assert!(w < 30.0, "a day's bar {w} px wide of 744");
+        }
 
         // Queues show what is guaranteed and used.
         b.open("#/queues").await;
         let q = b.text_when("#queues", |t| t.contains("vision-q")).await;
         assert!(q.contains("nlp-q"), "{q}");
+        // Per GPU model, not a sum of different models.
+        let g = b
+            .text_when("tr[data-queue='vision-q'] td[data-col='guaranteed']", |t| !t.is_empty())
+            .await;
+        assert_eq!(g, "any model 2", "{q}");
         let budget = b
             .text_when("tr[data-queue='vision-q'] .budget", |t| t.contains("left"))
             .await;
@@ -452,6 +531,10 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         let mut mine = vec![whole, slice, wide];
         mine.sort_unstable();
         assert_eq!(ids, mine, "alice sees exactly vision's jobs");
+        // A member may cancel her job, not hold it (an admin's).
+        b.open(&format!("#/jobs/{wide}")).await;
+        b.count_at_least("#actions button[data-action='cancel']", 1).await;
+        assert!(b.attrs("#actions button[data-action='hold']", "data-action").await.is_empty());
         b.open(&format!("#/jobs/{half}")).await;
         let err = b.text_when("#error", |t| !t.is_empty()).await;
         assert!(err.contains("not found"), "{err}");

@@ -51,6 +51,15 @@ async function api(path) {
   return body;
 }
 
+async function apiPost(path) {
+  const r = await fetch(path, { method: 'POST', headers: { Authorization: 'Bearer ' + S.token } });
+  if (r.status === 401) throw new Unauthorized('the token was not accepted');
+  let body = null;
+  try { body = await r.json(); } catch (_) { /* not JSON */ }
+  if (!r.ok) throw new Error(body && body.message ? body.message : r.status + ' ' + r.statusText);
+  return body;
+}
+
 // ---- formatting ----
 
 const now = () => Math.floor(Date.now() / 1000);
@@ -88,12 +97,22 @@ const pct = (x) => (x === undefined || x === null ? '—' : Math.round(x) + '%')
 const money = (x, c) => (x === undefined || x === null ? '—' : (c ? c + ' ' : '') + Number(x).toFixed(2));
 const badge = (s) => el('span', { class: 'badge ' + s }, s);
 
-// A team's colour: the same for a name on every page and every visit.
+// GPUs to two places at most: 0.25 stays 0.25, 2 stays 2.
+const gpus = (x) => (x === undefined || x === null ? '—' : String(Number(Number(x).toFixed(2))));
+
+// Colours far apart from each other, for the teams the token may see
+// (in name order, so the same on every page and visit while the teams
+// stay the same); names beyond them, and users or queues, by a hash.
+const PALETTE = ['#4c78a8', '#f58518', '#54a24b', '#e45756', '#72b7b2', '#b279a2', '#eeca3b',
+  '#9d755d', '#ff9da6', '#bab0ac', '#1f77b4', '#2ca02c', '#d62728', '#9467bd', '#8c564b',
+  '#e377c2', '#17becf', '#bcbd22', '#393b79', '#637939'];
 function colour(team) {
   if (!team) return '#adb5bd';
-  let h = 0;
-  for (const ch of team) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
-  return 'hsl(' + (h % 360) + ', 62%, 62%)';
+  const k = (S.teams || []).indexOf(team);
+  if (k >= 0 && k < PALETTE.length) return PALETTE[k];
+  let h = 2166136261;
+  for (const ch of team) h = Math.imul(h ^ ch.charCodeAt(0), 16777619) >>> 0;
+  return PALETTE[h % PALETTE.length];
 }
 
 // ---- pages ----
@@ -113,6 +132,8 @@ function shell(on) {
       el('div', { class: 'brand' }, 'gpu', el('span', {}, 'flow')),
       el('nav', {}, PAGES.map(([k, t]) => el('a', { href: '#/' + k, class: k === on ? 'on' : null, 'data-page': k }, t))),
       el('span', { class: 'who', id: 'who' }, who),
+      el('span', { class: 'muted', id: 'updated', title: 'The page is read again every 10 s' },
+        'live · ' + new Date().toLocaleTimeString()),
       el('button', { class: 'plain', id: 'logout', onclick: logout }, 'Sign out')),
     el('main', { id: 'main' }, el('p', { class: 'muted' }, 'Loading…')),
   ];
@@ -132,7 +153,7 @@ function login(message) {
         S.me = null;
         await route();
       } },
-        el('input', { id: 'token', type: 'password', autocomplete: 'off', placeholder: 'gf_…', required: true }),
+        el('input', { id: 'token', type: 'password', autocomplete: 'off', placeholder: 'gft_…', required: true }),
         el('button', { type: 'submit', id: 'signin' }, 'Sign in'))));
 }
 
@@ -148,7 +169,10 @@ async function route() {
   if (!S.token) return login();
   const [page, arg] = (location.hash.replace(/^#\//, '').split('?')[0] || 'cluster').split('/');
   try {
-    if (!S.me) S.me = await api('/v1/whoami');
+    if (!S.me) {
+      S.me = await api('/v1/whoami');
+      S.teams = (await api('/v1/teams')).map((t) => t.name).sort();
+    }
     document.getElementById('app').replaceChildren(...shell(page));
     if (page === 'cluster') await cluster();
     else if (page === 'queues') await queues();
@@ -234,24 +258,30 @@ function stat(k, v) {
   return el('div', { class: 'card' }, el('div', { class: 'k' }, k), el('div', { class: 'v' }, v));
 }
 
-function quotaSum(spec, f) {
-  return Object.values(spec.quotas || {}).reduce((a, q) => a + (f(q) || 0), 0);
+// A queue's figure per GPU model (`H100 8 · A10 2`): guarantees of
+// different models are not one number.
+function perModel(m, f) {
+  const e = Object.entries(m || {}).filter(([, v]) => v !== undefined && v !== null);
+  if (!e.length) return '0';
+  return e.map(([k, v]) => (k === '*' ? 'any model' : k) + ' ' + f(v)).join(' · ');
 }
 
 async function queues() {
   const qs = await api('/v1/queues');
   const rows = qs.map((q) => {
-    const used = Object.values(q.used || {}).reduce((a, b) => a + b, 0);
-    const guaranteed = quotaSum(q, (x) => x.guaranteed);
-    const borrowed = Object.entries(q.used || {}).reduce(
-      (a, [f, u]) => a + Math.max(0, u - (((q.quotas || {})[f] || (q.quotas || {})['*'] || {}).guaranteed || 0)), 0);
+    const guaranteedOf = (f) => (((q.quotas || {})[f] || (q.quotas || {})['*'] || {}).guaranteed || 0);
+    const borrowedBy = Object.fromEntries(Object.entries(q.used || {})
+      .map(([f, u]) => [f, Math.max(0, u - guaranteedOf(f))]).filter(([, b]) => b > 0));
+    const guaranteed = perModel(Object.fromEntries(Object.entries(q.quotas || {}).map(([f, x]) => [f, x.guaranteed])),
+      (g) => (g >= 1e6 ? 'all' : gpus(g)));
     const b = q.budget_use;
     const budget = budgetCell(q.budget, b);
     return el('tr', { 'data-queue': q.name },
       el('td', {}, el('b', {}, q.name)), el('td', {}, q.team), el('td', {}, badge(q.state || 'open')),
       el('td', { class: 'num' }, num(q.weight, 1)),
-      el('td', { class: 'num' }, guaranteed >= 1e6 ? 'all' : num(guaranteed)), el('td', { class: 'num' }, num(used)),
-      el('td', { class: 'num' }, num(borrowed)),
+      el('td', { class: 'num', 'data-col': 'guaranteed' }, guaranteed),
+      el('td', { class: 'num', 'data-col': 'used' }, perModel(q.used, gpus)),
+      el('td', { class: 'num' }, perModel(borrowedBy, gpus)),
       el('td', { class: 'num' }, q.pending), el('td', { class: 'num' }, q.running),
       el('td', {}, budget));
   });
@@ -282,15 +312,23 @@ const GROUPS = {
   all: null,
 };
 
-function gpusOf(spec) {
+// A job's GPUs as its quota counts them: what it holds (or held last) from
+// its ledger; for one not yet placed, whole GPUs and fractions, a MIG
+// profile or a time slice by name (their share depends on the node).
+function gpusOf(j) {
+  const held = (j.ledger || [])[(j.ledger || []).length - 1];
+  if (held) return gpus(held.gpus);
   let n = 0;
-  for (const t of spec.tasks || []) {
+  const shared = [];
+  for (const t of j.spec.tasks || []) {
     const g = (t.resources || {}).gpu;
     if (!g) continue;
-    const each = g.mode === 'whole' ? (g.count || 1) : g.mode === 'fraction' ? (g.fraction || (g.milli || 0) / 1000) : 1;
-    n += each * (t.replicas || 1);
+    const r = t.replicas || 1;
+    if (!g.mode || g.mode === 'whole') n += (g.count || 1) * r;
+    else if (g.mode === 'fraction') n += (g.fraction || 0) * r;
+    else shared.push((r > 1 ? r + '×' : '') + (g.mode === 'mig' ? g.profile : 'slice'));
   }
-  return n;
+  return shared.length ? (n ? [gpus(n)] : []).concat(shared).join('+') : gpus(n);
 }
 
 async function jobs() {
@@ -318,7 +356,7 @@ async function jobs() {
       el('tbody', {}, list.map((j) => el('tr', { class: 'link', 'data-job': j.id, onclick: () => { location.hash = '#/jobs/' + j.id; } },
         el('td', { class: 'num' }, el('a', { href: '#/jobs/' + j.id }, j.id)), el('td', {}, j.name), el('td', {}, j.team),
         el('td', {}, j.queue), el('td', {}, j.user), el('td', {}, j.spec.kind || 'training'),
-        el('td', { class: 'num' }, num(gpusOf(j.spec), 1)), el('td', {}, badge(j.state)),
+        el('td', { class: 'num', 'data-col': 'gpus' }, gpusOf(j)), el('td', {}, badge(j.state)),
         el('td', {}, age(j.submitted_at)), el('td', { class: 'muted' }, j.reason)))))
       : el('p', { class: 'muted' }, 'No ' + group + ' jobs.')));
 }
@@ -334,6 +372,7 @@ async function job(id) {
   const gh = (j.ledger || []).reduce((a, h) => a + h.gpu_hours, 0);
   const parts = [
     el('h1', {}, 'Job ' + j.id + ' · ' + j.name + ' ', badge(j.state)),
+    actions(j),
     el('div', { class: 'panel facts' },
       fact('Team', j.team), fact('Queue', j.queue), fact('User', j.user), fact('Kind', j.spec.kind || 'training'),
       fact('Submitted', when(j.submitted_at)), fact('Started', when(j.started_at)), fact('Finished', when(j.finished_at)),
@@ -373,6 +412,40 @@ async function job(id) {
           Object.entries(logs.stderr || {}).filter(([, v]) => v).map(([k, v]) => [el('div', { class: 'muted' }, k + ' · stderr'), el('pre', { class: 'log err' }, v)])]
         : el('p', { class: 'muted' }, 'No output yet.'))));
   mount(...parts);
+  // Logs open at their end, where the latest output is.
+  document.querySelectorAll('pre.log').forEach((p) => { p.scrollTop = p.scrollHeight; });
+}
+
+// What the signed-in user may do to a job, as buttons: cancel, suspend and
+// resume for its team's members and lead (and admins), hold and release
+// for admins; the server checks again.
+function actions(j) {
+  const me = S.me || {};
+  const admin = me.role === 'admin';
+  const owner = admin || (me.team === j.team && ['member', 'team-lead'].includes(me.role));
+  if (!owner || GROUPS.finished.includes(j.state) || j.external) return null;
+  const can = [
+    ['cancel', true],
+    ['suspend', ['pending', 'running', 'starting', 'admitted'].includes(j.state)],
+    ['resume', j.state === 'suspended'],
+    ['hold', admin && j.state === 'pending'],
+    ['release', admin && j.state === 'held'],
+  ].filter(([, ok]) => ok);
+  const out = el('div', { class: 'error', id: 'action-error', style: 'display:none' });
+  return el('div', { class: 'actions', id: 'actions' },
+    can.map(([a]) => el('button', {
+      'data-action': a,
+      onclick: async () => {
+        if (a === 'cancel' && !window.confirm('Cancel job ' + j.id + '?')) return;
+        try {
+          await apiPost('/v1/jobs/' + j.id + '/' + a);
+          await route();
+        } catch (e) {
+          out.style.display = '';
+          out.textContent = a + ': ' + e.message;
+        }
+      },
+    }, a)), out);
 }
 
 function fact(k, v) {
@@ -395,24 +468,31 @@ function lineChart(points, unit, top) {
     points.map((p) => sv('circle', { cx: x(p[0]), cy: y(p[1]), r: 2.5, fill: '#3b5bdb' })));
 }
 
-// Stacked bars: one bar per period, one segment per key.
-function barChart(rows, field) {
+const PERIOD_S = { hour: 3600, day: 86400, month: 30 * 86400 };
+
+// Stacked bars on a time axis over the whole range asked for (`from` ago
+// to now): one bar per period, as wide as the period, one segment per key.
+function barChart(rows, field, period, rangeS) {
   const W = 800, H = 240, L = 48, B = 24;
   const periods = [...new Set(rows.map((r) => r.period_start))].sort((a, b) => a - b);
   const keys = [...new Set(rows.map((r) => r.key))].sort();
   const total = (p) => rows.filter((r) => r.period_start === p).reduce((a, r) => a + r[field], 0);
   const ymax = Math.max(1e-9, ...periods.map(total));
-  const bw = Math.max(4, (W - L - 8) / Math.max(1, periods.length) * 0.8);
+  const len = PERIOD_S[period] || 86400;
+  const t1 = now();
+  const t0 = Math.min(t1 - rangeS, periods.length ? periods[0] : t1 - rangeS);
+  const x = (t) => L + (W - L - 8) * (t - t0) / Math.max(1, t1 + len - t0);
+  const bw = Math.max(2, (x(t0 + len) - x(t0)) * 0.85);
+  const label = (t) => (period === 'hour' ? when(t).slice(0, 16) : when(t).slice(0, 10));
   const bars = [];
-  periods.forEach((p, i) => {
+  periods.forEach((p) => {
     let base = 0;
-    const x = L + (W - L - 8) * i / Math.max(1, periods.length) + 2;
     for (const k of keys) {
       const r = rows.find((r) => r.period_start === p && r.key === k);
       if (!r || !r[field]) continue;
       const h = (H - B - 8) * r[field] / ymax;
-      bars.push(sv('rect', { x, y: H - B - base - h, width: bw, height: h, fill: colour(k), 'data-key': k },
-        sv('title', {}, k + ' · ' + when(p).slice(0, 10) + ' · ' + qty(r[field]))));
+      bars.push(sv('rect', { x: x(p), y: H - B - base - h, width: bw, height: h, fill: colour(k), 'data-key': k, 'data-period': p },
+        sv('title', {}, k + ' · ' + label(p) + ' · ' + qty(r[field]))));
       base += h;
     }
   });
@@ -420,8 +500,9 @@ function barChart(rows, field) {
     sv('svg', { class: 'chart', id: 'usage-chart', viewBox: '0 0 ' + W + ' ' + H, role: 'img' },
       [0, 0.5, 1].map((f) => [sv('line', { x1: L, x2: W, y1: H - B - (H - B - 8) * f, y2: H - B - (H - B - 8) * f, stroke: '#e2e5eb' }),
         sv('text', { x: 4, y: H - B - (H - B - 8) * f + 4 }, qty(ymax * f))]),
-      periods.length ? [sv('text', { x: L, y: H - 6 }, when(periods[0]).slice(0, 10)),
-        sv('text', { x: W - 80, y: H - 6 }, when(periods[periods.length - 1]).slice(0, 10))] : [],
+      [t0, (t0 + t1) / 2, t1].map((t, i) => sv('text', {
+        x: i === 0 ? L : i === 1 ? (L + W) / 2 - 40 : W - (period === 'hour' ? 130 : 80), y: H - 6, class: 'axis',
+      }, label(Math.floor(t)))),
       bars),
     el('div', { class: 'legend' }, keys.map((k) => el('span', {}, el('i', { style: 'background:' + colour(k) }), k))));
 }
@@ -451,7 +532,8 @@ async function usage() {
       pick('from', 'from', from, [['1d', 'last day'], ['7d', 'last 7 days'], ['30d', 'last 30 days'], ['90d', 'last 90 days'], ['365d', 'last year']]),
       pick('show', 'show', field, [['gpu_hours', 'GPU-hours held'], ['used_gpu_hours', 'GPU-hours used'], ['cost', 'cost']])),
     el('div', { class: 'panel' }, el('h2', {}, (field === 'cost' ? 'Cost' : 'GPU-hours') + ' by ' + by),
-      rep.rows.length ? barChart(rep.rows, field) : el('p', { class: 'muted' }, 'No GPU time was held in this range.')),
+      rep.rows.length ? barChart(rep.rows, field, period, parseInt(from, 10) * 86400)
+        : el('p', { class: 'muted' }, 'No GPU time was held in this range.')),
     el('div', { class: 'grid2' },
       el('div', { class: 'panel' }, el('h2', {}, 'Totals'), el('table', { id: 'usage-totals' },
         el('thead', {}, el('tr', {}, [by, 'GPU-h', 'Used GPU-h', 'Efficiency', 'Cost', 'Jobs'].map((h, i) => el('th', { class: i ? 'num' : null }, h)))),
@@ -480,10 +562,13 @@ async function efficiency() {
   const p = new URLSearchParams(location.hash.split('?')[1] || '');
   const below = p.get('below') || '10';
   const held = p.get('for') || '1h';
-  const [low, advice] = await Promise.all([
+  const [low, advice, nodes] = await Promise.all([
     api('/v1/reports/low-utilization?' + new URLSearchParams({ below_pct: below, for: held })),
     api('/v1/reports/advice'),
+    api('/v1/nodes'),
   ]);
+  // Only sampled GPUs can be judged; say so when none is.
+  const sampled = nodes.some((n) => (n.gpus_now || []).length);
   const set = (k, v) => {
     p.set(k, v);
     location.hash = '#/efficiency?' + p.toString();
@@ -500,9 +585,11 @@ async function efficiency() {
         el('thead', {}, el('tr', {}, ['Job', 'Name', 'Team', 'User', 'Kind', 'GPUs', 'Since', 'Util', 'GPU-h held'].map((h) => el('th', {}, h)))),
         el('tbody', {}, low.map((r) => el('tr', { class: 'link', onclick: () => { location.hash = '#/jobs/' + r.id; } },
           el('td', {}, el('a', { href: '#/jobs/' + r.id }, r.id)), el('td', {}, r.name), el('td', {}, r.team), el('td', {}, r.user),
-          el('td', {}, r.kind), el('td', {}, num(r.gpus)), el('td', {}, age(r.since) + ' ago'), el('td', {}, pct(r.util_pct)),
+          el('td', {}, r.kind), el('td', {}, gpus(r.gpus)), el('td', {}, age(r.since) + ' ago'), el('td', {}, pct(r.util_pct)),
           el('td', {}, qty(r.gpu_hours))))))
-        : el('p', { class: 'muted' }, 'None: every job holding GPUs for that long uses them.')),
+        : el('p', { class: 'muted', id: 'low-use-none' }, sampled
+          ? 'None: every sampled job holding GPUs for that long uses them.'
+          : 'No utilisation samples: no node reports its GPUs\' use (emulated GPUs, or no NVML), so no job can be judged.')),
     el('div', { class: 'panel' },
       el('h2', {}, 'Cheaper GPUs that would do (last 30 days)'),
       advice.length ? el('table', { id: 'advice' },
@@ -513,6 +600,16 @@ async function efficiency() {
           el('td', {}, money(r.saving_per_month, r.currency))))))
         : el('p', { class: 'muted' }, 'No advice: no sampled job would fit a cheaper model or a MIG slice.')));
 }
+
+// Live: the page is read again every 10 s while it is shown, unless the
+// user is typing or picking in it.
+const LIVE_MS = 10000;
+setInterval(() => {
+  if (!S.token || document.visibilityState !== 'visible') return;
+  const a = document.activeElement;
+  if (a && ['INPUT', 'SELECT', 'TEXTAREA'].includes(a.tagName)) return;
+  route();
+}, LIVE_MS);
 
 window.addEventListener('hashchange', route);
 window.addEventListener('DOMContentLoaded', route);
