@@ -78,6 +78,10 @@ pub struct JobSpec {
     /// `cancel` (the default) or `hold`.
     #[serde(default, skip_serializing_if = "OnUnmet::is_cancel")]
     pub on_unmet_dependency: OnUnmet,
+    /// Runs in this reservation (`gpuflow reservation ls`): only on its
+    /// nodes, only while it is open, only for the teams and users it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// How the agent checks that a task serves, every `period_s`: an HTTP GET

@@ -999,6 +999,9 @@ pub struct NodeView {
     /// How many jobs have a task on it, seen or not.
     #[serde(default)]
     pub job_count: u32,
+    /// The reservations not over that hold it: `NAME (START–END)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<String>,
 }
 
 /// A task's hold on one GPU of a node (the dashboard's cluster map).
@@ -1642,6 +1645,7 @@ impl ServiceSpec {
             array: None,
             dependency: None,
             on_unmet_dependency: Default::default(),
+            reservation: None,
         }
     }
 }
@@ -1751,4 +1755,65 @@ pub struct Delivery {
     pub status: Option<u16>,
     /// `delivered`, `retrying` or `failed`, with what went wrong.
     pub outcome: String,
+}
+
+// ---- reservations ----
+
+/// A window of time on some nodes: kept for the teams and users it names
+/// (their jobs ask for it by name), or for maintenance (no job runs). Jobs
+/// of others run there before it only if they end before it starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationSpec {
+    pub name: String,
+    /// Unix seconds.
+    pub start: u64,
+    pub end: u64,
+    /// These nodes; or `count` nodes of GPU `model`, chosen at creation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// No job runs on its nodes while it is open.
+    #[serde(default)]
+    pub maintenance: bool,
+}
+
+/// A reservation as made: its nodes named.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Reservation {
+    pub name: String,
+    pub start: u64,
+    pub end: u64,
+    pub nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    #[serde(default)]
+    pub maintenance: bool,
+    pub created_by: String,
+}
+
+impl Reservation {
+    /// Open at `t`.
+    pub fn open(&self, t: u64) -> bool {
+        (self.start..self.end).contains(&t)
+    }
+
+    /// Who it is for, in words.
+    pub fn purpose(&self) -> String {
+        if self.maintenance {
+            return format!("maintenance {:?}", self.name);
+        }
+        let mut who: Vec<String> = self.teams.iter().map(|t| format!("team {t}")).collect();
+        who.extend(self.users.iter().map(|u| format!("user {u}")));
+        format!("reservation {:?} of {}", self.name, who.join(", "))
+    }
 }

@@ -100,6 +100,9 @@ pub enum JobCmd {
         /// aftercorr:ARRAY, singleton; terms joined by ',' all hold.
         #[arg(long, short = 'd')]
         dependency: Option<String>,
+        /// Run in this reservation (`gpuflow reservation ls`).
+        #[arg(long)]
+        reservation: Option<String>,
     },
     /// List jobs: the active ones (pending to stopping), newest first;
     /// `--all` adds the finished ones.
@@ -612,6 +615,163 @@ fn time_arg(s: &str) -> Result<i64, String> {
 }
 
 #[derive(Subcommand)]
+pub enum ReservationCmd {
+    /// Reserve nodes for a window (admins): for teams or users, whose jobs
+    /// ask for it with `job submit --reservation NAME`, or for maintenance
+    /// (no job runs). Others' jobs run there before it only if they end
+    /// before it starts.
+    Create {
+        name: String,
+        /// When it opens (the forms of `event ls --since`; `now`).
+        #[arg(long, default_value = "now")]
+        start: String,
+        /// When it closes (a time), or give --duration.
+        #[arg(
+            long,
+            conflicts_with = "duration",
+            required_unless_present = "duration"
+        )]
+        end: Option<String>,
+        /// How long it lasts: 2h, 1d.
+        #[arg(long, value_parser = duration_s)]
+        duration: Option<u64>,
+        /// These nodes, comma separated; or --count with --model.
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        #[arg(long, requires = "model", conflicts_with = "nodes")]
+        count: Option<u32>,
+        /// The GPU model of --count's nodes.
+        #[arg(long, requires = "count")]
+        model: Option<String>,
+        /// For these teams' jobs.
+        #[arg(long, value_delimiter = ',')]
+        teams: Vec<String>,
+        /// For these users' jobs.
+        #[arg(long, value_delimiter = ',')]
+        users: Vec<String>,
+        /// A maintenance window: no job runs on its nodes.
+        #[arg(long, conflicts_with_all = ["teams", "users"])]
+        maintenance: bool,
+    },
+    /// Reservations, with their nodes and windows.
+    Ls,
+    /// Delete a reservation (admins).
+    Rm { name: String },
+}
+
+pub fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    match cmd {
+        ReservationCmd::Create {
+            name,
+            start,
+            end,
+            duration,
+            nodes,
+            count,
+            model,
+            teams,
+            users,
+            maintenance,
+        } => {
+            let start = if start == "now" {
+                unix_now()
+            } else {
+                time_arg(&start).map_err(Usage)?
+            };
+            let end = match (end, duration) {
+                (Some(e), _) => time_arg(&e).map_err(Usage)?,
+                (None, Some(d)) => start + d as i64,
+                (None, None) => return Err(Usage("give --end or --duration".into()).into()),
+            };
+            let mut body = serde_json::json!({"name": name, "start": start.max(0), "end": end.max(0),
+                "teams": teams, "users": users, "maintenance": maintenance});
+            if !nodes.is_empty() {
+                body["nodes"] = nodes.into();
+            }
+            if let (Some(n), Some(m)) = (count, model) {
+                body["count"] = n.into();
+                body["model"] = m.into();
+            }
+            let v = c.call(
+                "POST",
+                "/v1/reservations",
+                Some(("application/json", serde_json::to_vec(&body)?)),
+            )?;
+            print(conn.output, &v, |r| {
+                format!(
+                    "reservation {} on {}, {} to {}\n",
+                    s(&r["name"]),
+                    r["nodes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(s)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    local(&r["start"]),
+                    local(&r["end"])
+                )
+            });
+        }
+        ReservationCmd::Ls => {
+            let v = c.call("GET", "/v1/reservations", None)?;
+            print(conn.output, &v, |v| {
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| {
+                        let list = |k: &str| -> String {
+                            r[k].as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(s)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        };
+                        let state = match (r["start"].as_i64(), r["end"].as_i64()) {
+                            (_, Some(e)) if e <= unix_now() => "ended",
+                            (Some(st), _) if st > unix_now() => "upcoming",
+                            _ => "open",
+                        };
+                        let who = if r["maintenance"] == true {
+                            "maintenance".to_string()
+                        } else {
+                            [list("teams"), list("users")]
+                                .into_iter()
+                                .filter(|x| !x.is_empty())
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        };
+                        vec![
+                            s(&r["name"]),
+                            state.into(),
+                            local(&r["start"]),
+                            local(&r["end"]),
+                            list("nodes"),
+                            who,
+                        ]
+                    })
+                    .collect();
+                columns(&["name", "state", "start", "end", "nodes", "for"], rows)
+            });
+        }
+        ReservationCmd::Rm { name } => {
+            c.call(
+                "DELETE",
+                &format!("/v1/reservations/{}", urlencoding_path(&name)),
+                None,
+            )?;
+            if matches!(conn.output, Format::Table | Format::Wide) {
+                println!("reservation {name} deleted");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
 pub enum WebhookCmd {
     /// Have your jobs (or, for a team lead or an admin, a team's) POST
     /// their state changes to URL as JSON, signed with HMAC-SHA256 in
@@ -1075,13 +1235,20 @@ fn node_alloc(n: &Value) -> (String, String) {
 }
 
 /// A node's state; a draining node with no job left is "drained", as
-/// Slurm says (a drain that is not done says how many jobs are left).
+/// Slurm says (a drain that is not done says how many jobs are left); a
+/// node in a reservation says so.
 fn node_state(n: &Value) -> String {
     let jobs = n["job_count"].as_u64().unwrap_or(0);
-    match n["state"].as_str() {
+    let state = match n["state"].as_str() {
         Some("draining") if jobs == 0 => "drained".into(),
         Some("draining") => format!("draining ({jobs} jobs left)"),
         _ => s(&n["state"]),
+    };
+    let reserved = n["reservations"].as_array().map_or(0, Vec::len);
+    if reserved > 0 {
+        format!("{state}+reserved")
+    } else {
+        state
     }
 }
 
@@ -1140,6 +1307,9 @@ fn node_text(n: &Value) -> String {
             ""
         },
     );
+    for r in n["reservations"].as_array().into_iter().flatten() {
+        out += &format!("  reservation {}\n", s(r));
+    }
     let holders: Vec<&Value> = n["holders"].as_array().into_iter().flatten().collect();
     let util: std::collections::BTreeMap<u64, String> = n["gpus_now"]
         .as_array()
@@ -1373,6 +1543,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             test_only,
             array,
             dependency,
+            reservation,
         } => {
             let (mut body, mut ct, file) = match (file, wrap) {
                 (Some(file), _) => {
@@ -1400,7 +1571,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 }
                 (None, None) => return Err(Usage("give -f FILE or --wrap COMMAND".into()).into()),
             };
-            if array.is_some() || dependency.is_some() {
+            if array.is_some() || dependency.is_some() || reservation.is_some() {
                 // The file's spec with its `array` and `dependency` set, sent as JSON.
                 let mut spec: Value = serde_norway::from_slice(&body)
                     .map_err(|e| Usage(format!("{} is not YAML or JSON: {e}", file.display())))?;
@@ -1409,6 +1580,9 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 }
                 if let Some(d) = dependency {
                     spec["dependency"] = Value::String(d);
+                }
+                if let Some(r) = reservation {
+                    spec["reservation"] = Value::String(r);
                 }
                 body = serde_json::to_vec(&spec)?;
                 ct = "application/json";

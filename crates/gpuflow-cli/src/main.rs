@@ -130,6 +130,14 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Reservations: windows on nodes for teams, users or maintenance
+    /// (like scontrol create reservation): create, ls, rm.
+    Reservation {
+        #[command(subcommand)]
+        command: client::ReservationCmd,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
     /// Webhooks: your jobs' (or a team's) state changes POSTed to a URL,
     /// signed: create, ls, rm, deliveries.
     Webhook {
@@ -177,6 +185,7 @@ fn main() {
         Command::Token { command, conn } => client::token(&conn, command),
         Command::Event { command, conn } => client::event(&conn, command),
         Command::Webhook { command, conn } => client::webhook(&conn, command),
+        Command::Reservation { command, conn } => client::reservation(&conn, command),
         Command::Report { command, conn } => client::report(&conn, command),
         Command::Price { command, conn } => client::price(&conn, command),
         Command::Completion { shell } => {

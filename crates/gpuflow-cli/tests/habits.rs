@@ -864,3 +864,52 @@ fn a_webhook_tells_a_receiver_when_a_job_begins_and_ends() {
     cli(&["webhook", "rm", &id]);
     assert!(!cli(&["webhook", "ls"]).contains(&url));
 }
+
+/// `gpuflow reservation` as `scontrol create reservation` is used for a
+/// maintenance window: jobs stay off the node, `job why` says until when,
+/// `node ls` shows it, and deleting it lets the job start.
+#[test]
+fn a_maintenance_reservation_holds_a_node_until_it_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let node = api.get("/v1/nodes", &admin)[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    let out = cli(&[
+        "reservation",
+        "create",
+        "fix",
+        "--maintenance",
+        "--duration",
+        "2h",
+        "--nodes",
+        &node,
+    ]);
+    assert!(out.contains(&format!("reservation fix on {node}")), "{out}");
+    assert!(cli(&["reservation", "ls"]).contains("maintenance"));
+    let out = cli(&[
+        "job", "submit", "--wrap", "true", "--gpus", "1", "-o", "json",
+    ]);
+    let id: u64 = serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let why = poll("why names the window", LONG, || {
+        let out = cli(&["job", "why", &id.to_string()]);
+        out.contains("maintenance \"fix\"").then_some(out)
+    });
+    assert!(
+        why.contains("estimated start") || why.contains("in "),
+        "{why}"
+    );
+    assert!(cli(&["node", "ls"]).contains("+reserved"));
+    cli(&["reservation", "rm", "fix"]);
+    api.wait_state(id, &admin, "succeeded", LONG);
+}

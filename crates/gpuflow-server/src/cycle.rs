@@ -643,6 +643,31 @@ impl Computed {
                         }
                     }
                 }
+                // Nodes kept by reservations it is not in: which, until when.
+                // The core's estimate counts their GPUs as free (a taint is
+                // the job's, not the cluster's): an estimate of "now" is
+                // not, and the first window to end is when it may start.
+                let mut eta = p.eta;
+                if reasons.iter().any(|r| r.contains("taints")) {
+                    let mut ends = None;
+                    for r in world.reservations.values().filter(|r| r.end > t) {
+                        reasons.push(format!(
+                            "{} holds {} from {} until {}",
+                            r.purpose(),
+                            r.nodes.join(", "),
+                            crate::when(r.start),
+                            crate::when(r.end)
+                        ));
+                        if r.open(t) {
+                            ends = Some(ends.map_or(r.end, |e: u64| e.min(r.end)));
+                        }
+                    }
+                    if let Some(end) = ends
+                        && eta.is_none_or(|e| e <= t)
+                    {
+                        eta = Some(end);
+                    }
+                }
                 let summary = reasons
                     .first()
                     .cloned()
@@ -655,7 +680,7 @@ impl Computed {
                         summary,
                         reasons,
                         position: Some(p.position),
-                        eta: p.eta,
+                        eta,
                     },
                 )
             })
@@ -1088,6 +1113,18 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
             inv.pool.clone()
         };
         node.labels = inv.labels.clone();
+        // A reservation not over keeps its nodes: only its jobs (while it
+        // is open) and jobs that end before it starts tolerate it.
+        for r in world.reservations.values().filter(|r| r.end > t) {
+            if r.nodes.contains(&n.name) {
+                let key = reservation_key(&r.name);
+                node.taints.push(model::Taint {
+                    key: key.clone(),
+                    value: String::new(),
+                });
+                node.labels.insert(key, "1".into());
+            }
+        }
         // Topology from the agent's labels (`--label rack=r1 --label block=b1`).
         node.rack = inv.labels.get("rack").cloned();
         node.block = inv.labels.get("block").cloned();
@@ -1253,6 +1290,10 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                 blocked.push((j.id, why(j, reason)));
                 continue;
             }
+            if let Err(w) = reservations(world, j, &mut work, t) {
+                blocked.push((j.id, w));
+                continue;
+            }
             if let Some(reason) = budget_gate(j, &mut work, &spent) {
                 blocked.push((j.id, why(j, reason)));
                 continue;
@@ -1291,6 +1332,58 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
         fault: None,
         spent,
     }
+}
+
+/// The taint and label key of reservation `name` on its nodes.
+fn reservation_key(name: &str) -> String {
+    format!("gpuflow.io/reservation-{name}")
+}
+
+/// What reservations let pending job `j` do: its own, once open, keeps it
+/// on that reservation's nodes; others' nodes take it only if it ends
+/// before they start. A job waiting for its reservation to open, or whose
+/// reservation is gone, is held back with the reason.
+fn reservations(world: &World, j: &JobRec, work: &mut Workload, t: u64) -> Result<(), api::Why> {
+    let c = &mut work.job.constraints;
+    for r in world.reservations.values().filter(|r| r.end > t) {
+        let mine = j.spec.reservation.as_deref() == Some(r.name.as_str());
+        let ends_before = j
+            .spec
+            .max_runtime_s
+            .is_some_and(|m| !r.open(t) && t.saturating_add(m) <= r.start);
+        if (mine && r.open(t)) || (!mine && ends_before) {
+            c.tolerations.push(reservation_key(&r.name));
+        }
+        if mine && r.open(t) {
+            c.node_selector.insert(reservation_key(&r.name), "1".into());
+        }
+    }
+    let Some(name) = &j.spec.reservation else {
+        return Ok(());
+    };
+    let reason = match world.reservations.get(name) {
+        None => format!(
+            "its reservation {name:?} no longer exists: cancel it, or submit it again without one"
+        ),
+        Some(r) if r.end <= t => format!(
+            "its reservation {name:?} ended at {}: cancel it, or submit it again without one",
+            crate::when(r.end)
+        ),
+        Some(r) if r.start > t => {
+            let mut w = why(
+                j,
+                format!(
+                    "waits for its reservation {name:?} to open at {} (on {})",
+                    crate::when(r.start),
+                    r.nodes.join(", ")
+                ),
+            );
+            w.eta = Some(r.start);
+            return Err(w);
+        }
+        Some(_) => return Ok(()),
+    };
+    Err(why(j, reason))
 }
 
 fn why(j: &JobRec, reason: String) -> api::Why {

@@ -93,6 +93,7 @@ fn record(id: u64, cluster: &str, w: &api::ExternalWorkload, now: u64) -> JobRec
         array: None,
         dependency: None,
         on_unmet_dependency: Default::default(),
+        reservation: None,
     };
     let mut j =
         crate::lifecycle::submitted(id, spec, &w.team, &w.user, None, w.submitted_at.min(now));

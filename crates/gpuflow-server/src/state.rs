@@ -619,6 +619,8 @@ pub struct World {
     pub services: BTreeMap<String, ServiceRec>,
     /// Webhooks, their queued notifications and delivery logs.
     pub hooks: crate::webhooks::Hooks,
+    /// Reservations by name (ended ones too, until deleted).
+    pub reservations: BTreeMap<String, api::Reservation>,
     /// Unfinished workloads other schedulers run (`external.rs`), by id.
     pub external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
@@ -916,6 +918,10 @@ impl World {
             if r.key.starts_with("service/") {
                 let s: ServiceRec = parse(&r)?;
                 w.services.insert(s.spec.name.clone(), s);
+            }
+            if r.key.starts_with("reservation/") {
+                let v: api::Reservation = parse(&r)?;
+                w.reservations.insert(v.name.clone(), v);
             }
             if r.key.starts_with("webhook/") {
                 let h: crate::webhooks::WebhookRec = parse(&r)?;

@@ -228,7 +228,8 @@ async function cluster() {
     const model = [...new Set(n.inventory.gpus.map((g) => g.model))].join(', ');
     return el('div', { class: 'node', 'data-node': n.name },
       el('div', { class: 'head' },
-        el('b', {}, n.name), badge(n.state)),
+        el('b', {}, n.name), badge(n.state),
+        (n.reservations || []).map((r) => el('span', { class: 'badge reserved', title: r, 'data-reservation': r.split(' ')[0] }, 'reserved: ' + r.split(' ')[0]))),
       el('div', { class: 'muted', style: 'margin-bottom:8px' },
         (n.inventory.pool || 'default') + ' · ' + (model || 'no GPUs') + (n.inventory.emulated ? ' (emulated)' : '') +
         ' · heartbeat ' + age(n.last_heartbeat) + ' ago'),

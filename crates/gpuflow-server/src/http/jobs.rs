@@ -179,6 +179,50 @@ fn nearest<T>(
 /// Checks a spec against the state: its queue exists, is a leaf and the
 /// caller may use it, its idle policy, its project and that some node could
 /// hold it; fills in the queue's notebook defaults. Returns its team.
+/// A job may ask for a reservation that exists, is not over, is not for
+/// maintenance, and is for its team or its user.
+fn check_reservation(
+    world: &World,
+    caller: &Caller,
+    team: &str,
+    spec: &JobSpec,
+) -> Result<(), Error> {
+    let Some(name) = &spec.reservation else {
+        return Ok(());
+    };
+    let bad = |m: String| -> Error {
+        ApiError::bad_request("invalid_spec", format!("reservation: {m}")).into()
+    };
+    let Some(r) = world.reservations.get(name) else {
+        let names: Vec<&str> = world.reservations.keys().map(String::as_str).collect();
+        return Err(bad(format!(
+            "{name:?} does not exist; reservations: {}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        )));
+    };
+    if r.maintenance {
+        return Err(bad(format!(
+            "{name:?} is a maintenance window: no job runs in it"
+        )));
+    }
+    if r.end <= now() {
+        return Err(bad(format!("{name:?} ended at {}", crate::when(r.end))));
+    }
+    if !r.teams.iter().any(|t| t == team) && !r.users.contains(&caller.user.name) {
+        return Err(ApiError::forbidden(format!(
+            "reservation {name:?} is the {}'s; a job of team {team} by {} may not use it",
+            r.purpose(),
+            caller.user.name
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<String, Error> {
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
@@ -306,6 +350,7 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
             }
         }
     }
+    check_reservation(world, caller, &team, spec)?;
     Ok(team)
 }
 async fn submit(

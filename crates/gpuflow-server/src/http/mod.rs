@@ -14,6 +14,7 @@ mod nodes;
 mod projects;
 mod queues;
 mod reports;
+mod reservations;
 mod services;
 mod teams;
 mod tokens;
@@ -113,6 +114,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(clusters::router())
         .merge(services::router())
         .merge(webhooks::router())
+        .merge(reservations::router())
         .merge(metrics::router())
         .merge(ui::router())
         // A heartbeat carries every task of a node: it may be larger.

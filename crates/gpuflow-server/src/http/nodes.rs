@@ -63,6 +63,24 @@ fn node_view(
         memory_allocated_mib: mem,
         jobs,
         job_count: count,
+        reservations: world
+            .reservations
+            .values()
+            .filter(|r| r.end > crate::now() && r.nodes.contains(&n.name))
+            .map(|r| {
+                format!(
+                    "{} ({}, {} to {})",
+                    r.name,
+                    if r.maintenance {
+                        "maintenance"
+                    } else {
+                        "reserved"
+                    },
+                    crate::when(r.start),
+                    crate::when(r.end)
+                )
+            })
+            .collect(),
     }
 }
 

@@ -119,7 +119,7 @@ fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
             .collect();
         if models.is_empty() {
             out.push(format!(
-                "quotas.{flavor}: no node has GPU model {flavor} (or a model of that family, {flavor}-…) yet; the cluster has {}",
+                "quotas.{flavor}: no node has GPU model {flavor} yet; the cluster has {} (an entry also covers its family's models, {flavor}-*)",
                 if have.is_empty() {
                     "no GPUs".to_string()
                 } else {
