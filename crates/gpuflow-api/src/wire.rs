@@ -1696,9 +1696,10 @@ pub struct ReplicaView {
 
 // ---- webhooks ----
 
-/// The job events a webhook may ask for: `begin` (its tasks run), `end`
-/// (it finished, however), `fail`, `timeout` (past its max runtime),
-/// `preempted`, `requeued`, or `all`.
+/// The events a webhook may ask for: of a job, `begin` (its tasks run),
+/// `end` (it finished, however), `fail`, `timeout` (past its max runtime),
+/// `preempted`, `requeued`; of its team, `budget-low` (a queue or project
+/// past its budget's taper point, once a period); or `all`.
 pub const WEBHOOK_EVENTS: &[&str] = &[
     "begin",
     "end",
@@ -1706,6 +1707,7 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
     "timeout",
     "preempted",
     "requeued",
+    "budget-low",
     "all",
 ];
 
@@ -1714,8 +1716,12 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSpec {
-    /// `http://` or `https://`.
-    pub url: String,
+    /// `http://` or `https://`; or give `mail`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A mail address, sent through the server's SMTP server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail: Option<String>,
     /// Of [`WEBHOOK_EVENTS`].
     pub events: Vec<String>,
     /// Every job of this team (team leads, for theirs; admins); without
@@ -1728,7 +1734,10 @@ pub struct WebhookSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WebhookView {
     pub id: String,
-    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail: Option<String>,
     pub events: Vec<String>,
     pub team: String,
     /// Whose jobs; absent: every job of the team.

@@ -777,7 +777,12 @@ pub enum WebhookCmd {
     /// their state changes to URL as JSON, signed with HMAC-SHA256 in
     /// X-Gpuflow-Signature; the secret is printed once.
     Create {
-        url: String,
+        /// The http:// or https:// URL; or give --mail.
+        #[arg(required_unless_present = "mail", conflicts_with = "mail")]
+        url: Option<String>,
+        /// Mail this address instead, through the server's SMTP server.
+        #[arg(long)]
+        mail: Option<String>,
         /// Of begin, end, fail, timeout, preempted, requeued, all; comma
         /// separated.
         #[arg(long, value_delimiter = ',', default_value = "end")]
@@ -797,8 +802,19 @@ pub enum WebhookCmd {
 pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
-        WebhookCmd::Create { url, events, team } => {
-            let mut body = serde_json::json!({"url": url, "events": events});
+        WebhookCmd::Create {
+            url,
+            mail,
+            events,
+            team,
+        } => {
+            let mut body = serde_json::json!({"events": events});
+            if let Some(u) = url {
+                body["url"] = u.into();
+            }
+            if let Some(m) = mail {
+                body["mail"] = m.into();
+            }
             if let Some(t) = team {
                 body["team"] = t.into();
             }
@@ -814,7 +830,7 @@ pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                     h["user"]
                         .as_str()
                         .map_or_else(|| format!("team {}", s(&h["team"])), str::to_string),
-                    s(&h["url"]),
+                    h["url"].as_str().or(h["mail"].as_str()).unwrap_or_default(),
                     s(&h["secret"])
                 )
             });
@@ -839,11 +855,15 @@ pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                                 .map(s)
                                 .collect::<Vec<_>>()
                                 .join(","),
-                            s(&h["url"]),
+                            h["url"]
+                                .as_str()
+                                .map(str::to_string)
+                                .or_else(|| h["mail"].as_str().map(|m| format!("mail {m}")))
+                                .unwrap_or_default(),
                         ]
                     })
                     .collect();
-                columns(&["id", "jobs of", "events", "url"], rows)
+                columns(&["id", "jobs of", "events", "to"], rows)
             });
         }
         WebhookCmd::Rm { id } => {

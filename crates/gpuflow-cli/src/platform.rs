@@ -67,6 +67,13 @@ pub struct ServerArgs {
     /// 10/8, 192.168/16, link-local, …); `up` always does.
     #[arg(long)]
     pub webhook_private: bool,
+    /// The SMTP relay notifications by mail go through, HOST:PORT (plain
+    /// SMTP; without it, mail notifications are refused).
+    #[arg(long)]
+    pub smtp_server: Option<String>,
+    /// The sender of notification mail.
+    #[arg(long, default_value = "gpuflow@localhost")]
+    pub smtp_from: String,
     /// Longest gap between scheduling cycles, in milliseconds (changes also start one).
     #[arg(long, default_value_t = 1000)]
     pub cycle_ms: u64,
@@ -253,6 +260,22 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.rate_per_token = a.rate_limit;
     c.rate_anonymous = a.rate_limit_anonymous;
     c.webhook_private = a.webhook_private;
+    c.smtp = match &a.smtp_server {
+        None => None,
+        Some(s) => {
+            let (host, port) = s
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+                .ok_or_else(|| {
+                    anyhow!("--smtp-server {s:?}: write HOST:PORT (e.g. mail.example.com:25)")
+                })?;
+            Some(gpuflow_server::Smtp {
+                host,
+                port,
+                from: a.smtp_from.clone(),
+            })
+        }
+    };
     Ok(c)
 }
 

@@ -565,6 +565,51 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
     let queues = queue_spent;
     let projects = project_spent;
     let mut w = shared.world.lock().await;
+    // A budget past its taper point is "low": said once a period, as an
+    // event its team's webhooks may ask for (`budget-low`).
+    let mut change = crate::Change::default();
+    for (kind, spent, budgets) in [
+        ("queue", &queues, &budgets_of_queues),
+        ("project", &projects, &budgets_of_projects),
+    ] {
+        for (name, &(start, used)) in spent {
+            let Some(b) = budgets.get(name.as_str()) else {
+                continue;
+            };
+            let limit = b.limit();
+            if limit <= 0.0 || used < b.taper_from * limit {
+                continue;
+            }
+            let key = format!("{kind}/{name}");
+            if w.budget_warned.get(&key) == Some(&start) {
+                continue;
+            }
+            let team = match kind {
+                "queue" => w.queues.get(name).map(|q| q.team.clone()),
+                _ => w.projects.get(name).map(|p| p.team.clone()),
+            };
+            let Some(team) = team else { continue };
+            let unit = if b.unit() == "cost" { "" } else { " GPU-hours" };
+            change.event(
+                now,
+                None,
+                &team,
+                "budget-low",
+                format!(
+                    "{kind} {name} has used {:.0} % of its budget of {limit}{unit} this {}: {:.1}{unit} left",
+                    100.0 * used / limit,
+                    match b.period {
+                        api::BudgetPeriod::Day => "day",
+                        api::BudgetPeriod::Week => "week",
+                        api::BudgetPeriod::Month => "month",
+                    },
+                    (limit - used).max(0.0)
+                ),
+            );
+            w.budget_warned.insert(key, start);
+        }
+    }
+    crate::commit(shared.store.as_ref(), &mut w, change).await?;
     w.budget_used = queues;
     w.project_budget_used = projects;
     drop(w);

@@ -102,6 +102,8 @@ pub struct Config {
     pub webhook_private: bool,
     /// A failed webhook delivery is tried again after this, then doubling.
     pub webhook_backoff: std::time::Duration,
+    /// Where notifications by mail go out; none: mail is refused.
+    pub smtp: Option<Smtp>,
     /// Requests a second one token may send (0: no limit).
     pub rate_per_token: u32,
     /// Requests a second one address may send without a valid token (0:
@@ -153,11 +155,21 @@ impl Config {
             tls: None,
             webhook_private: false,
             webhook_backoff: std::time::Duration::from_secs(1),
+            smtp: None,
             rate_per_token: ratelimit::PER_TOKEN,
             rate_anonymous: ratelimit::ANONYMOUS,
             fault: None,
         }
     }
+}
+
+/// The SMTP server notifications by mail go through.
+#[derive(Clone, Debug)]
+pub struct Smtp {
+    pub host: String,
+    pub port: u16,
+    /// The sender address.
+    pub from: String,
 }
 
 /// What every request handler and the scheduling loop share.

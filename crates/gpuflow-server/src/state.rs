@@ -619,6 +619,9 @@ pub struct World {
     pub services: BTreeMap<String, ServiceRec>,
     /// Webhooks, their queued notifications and delivery logs.
     pub hooks: crate::webhooks::Hooks,
+    /// Budgets said to be low, by `queue/NAME` or `project/NAME`, with the
+    /// period they were said in.
+    pub budget_warned: BTreeMap<String, u64>,
     /// Reservations by name (ended ones too, until deleted).
     pub reservations: BTreeMap<String, api::Reservation>,
     /// Unfinished workloads other schedulers run (`external.rs`), by id.

@@ -28,7 +28,11 @@ const LOG: usize = 100;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WebhookRec {
     pub id: String,
+    /// Where it POSTs (empty for mail).
     pub url: String,
+    /// Where it mails instead (absent in records written before mail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail: Option<String>,
     pub events: Vec<String>,
     /// The team whose jobs it reports; with `user`, that user's jobs in it
     /// (in any team when empty: an admin of no team).
@@ -44,7 +48,8 @@ impl WebhookRec {
     pub fn view(&self, with_secret: bool) -> api::WebhookView {
         api::WebhookView {
             id: self.id.clone(),
-            url: self.url.clone(),
+            url: (!self.url.is_empty()).then(|| self.url.clone()),
+            mail: self.mail.clone(),
             events: self.events.clone(),
             team: self.team.clone(),
             user: self.user.clone(),
@@ -113,6 +118,10 @@ impl World {
             return;
         }
         for e in events {
+            if e.kind == "budget-low" {
+                self.notify_team(e);
+                continue;
+            }
             let Some(j) = e.job.and_then(|id| self.jobs.get(&id)) else {
                 continue;
             };
@@ -150,6 +159,37 @@ impl World {
                     due: Instant::now(),
                 });
             }
+        }
+    }
+}
+
+impl World {
+    /// A team's event (a budget low): its webhooks that asked for it.
+    fn notify_team(&mut self, e: &NewEvent) {
+        for h in self.hooks.by_id.values() {
+            let asked = h.events.iter().any(|x| x == "all" || *x == e.kind);
+            if h.team != e.team || !asked {
+                continue;
+            }
+            self.hooks.seq += 1;
+            let body = serde_json::json!({
+                "delivery": self.hooks.seq,
+                "event": e.kind,
+                "kind": e.kind,
+                "at": e.at,
+                "message": e.message,
+                "team": e.team,
+            })
+            .to_string();
+            self.hooks.outbox.push_back(Outgoing {
+                hook: h.id.clone(),
+                delivery: self.hooks.seq,
+                event: e.kind.clone(),
+                job: 0,
+                body,
+                attempt: 1,
+                due: Instant::now(),
+            });
         }
     }
 }
@@ -256,6 +296,15 @@ pub async fn deliver_due(shared: &Arc<Shared>) {
     for (o, hook) in due {
         // A webhook deleted since: nothing to send.
         let Some(h) = hook else { continue };
+        if let Some(to) = h.mail.clone() {
+            let smtp = shared.cfg.smtp.clone();
+            let body = o.body.clone();
+            let sent = tokio::task::spawn_blocking(move || mail(smtp.as_ref(), &to, &body))
+                .await
+                .unwrap_or_else(|e| Err((None, e.to_string())));
+            results.push((o, sent));
+            continue;
+        }
         let checked = check_url(&h.url, private_ok).await;
         let sent = match checked {
             Err(e) => Err((None, format!("not sent: {e}"))),
@@ -307,6 +356,90 @@ pub async fn deliver_due(shared: &Arc<Shared>) {
             o.attempt += 1;
             world.hooks.outbox.push_back(o);
         }
+    }
+}
+
+/// One mail of notification `body` (its JSON) to `to`; an SMTP reply code
+/// stands for the status.
+fn mail(smtp: Option<&crate::Smtp>, to: &str, body: &str) -> Result<u16, (Option<u16>, String)> {
+    let Some(smtp) = smtp else {
+        return Err((None, "the server has no SMTP server (--smtp-server)".into()));
+    };
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let j = &v["job"];
+    let (subject, text) = if j.is_null() {
+        (
+            format!(
+                "[gpuflow] {}: {}",
+                v["event"].as_str().unwrap_or_default(),
+                v["message"].as_str().unwrap_or_default()
+            ),
+            format!(
+                "{}\n\n{}\n",
+                v["message"].as_str().unwrap_or_default(),
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            ),
+        )
+    } else {
+        job_mail(&v)
+    };
+    let parse = |a: &str| {
+        a.parse::<lettre::message::Mailbox>()
+            .map_err(|e| (None, format!("{a:?} is not a mail address: {e}")))
+    };
+    mail_send(smtp, &parse(&smtp.from)?, &parse(to)?, subject, text)
+}
+
+/// The subject and text of a job's notification.
+fn job_mail(v: &serde_json::Value) -> (String, String) {
+    let j = &v["job"];
+    let subject = format!(
+        "[gpuflow] job {} ({}) {}: {}",
+        j["id"],
+        j["name"].as_str().unwrap_or_default(),
+        v["event"].as_str().unwrap_or_default(),
+        j["state"].as_str().unwrap_or_default()
+    );
+    let text = format!(
+        "Job {} ({}) of team {}, user {}, queue {}: {}\n\n{}\n\n{}\n",
+        j["id"],
+        j["name"].as_str().unwrap_or_default(),
+        j["team"].as_str().unwrap_or_default(),
+        j["user"].as_str().unwrap_or_default(),
+        j["queue"].as_str().unwrap_or_default(),
+        j["state"].as_str().unwrap_or_default(),
+        v["message"].as_str().unwrap_or_default(),
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    );
+    (subject, text)
+}
+
+fn mail_send(
+    smtp: &crate::Smtp,
+    from: &lettre::message::Mailbox,
+    to: &lettre::message::Mailbox,
+    subject: String,
+    text: String,
+) -> Result<u16, (Option<u16>, String)> {
+    use lettre::Transport;
+    let msg = lettre::Message::builder()
+        .from(from.clone())
+        .to(to.clone())
+        .subject(subject)
+        .header(lettre::message::header::ContentType::TEXT_PLAIN)
+        .body(text)
+        .map_err(|e| (None, e.to_string()))?;
+    // Plain SMTP to the site's relay (TLS to it is not supported yet).
+    let transport = lettre::SmtpTransport::builder_dangerous(&smtp.host)
+        .port(smtp.port)
+        .timeout(Some(Duration::from_secs(10)))
+        .build();
+    match transport.send(&msg) {
+        Ok(r) => Ok(r.code().to_string().parse().unwrap_or(250)),
+        Err(e) => Err((
+            e.status().and_then(|c| c.to_string().parse().ok()),
+            e.to_string(),
+        )),
     }
 }
 

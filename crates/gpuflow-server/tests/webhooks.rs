@@ -302,3 +302,168 @@ async fn a_webhook_reaches_no_work_its_maker_may_not_see() {
         "{v}"
     );
 }
+
+/// Notifications by mail go through a real SMTP server on loopback
+/// (aiosmtpd, Debian's python3-aiosmtpd), one message per change asked
+/// for; a server with no SMTP server refuses mail, and an address that is
+/// not one is refused.
+#[tokio::test]
+async fn a_mail_notification_reaches_an_smtp_server() {
+    if std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import aiosmtpd"])
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        eprintln!("skipped: python3-aiosmtpd is not installed (apt-get install python3-aiosmtpd)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let maildir = dir.path().join("mail");
+    let mut smtpd = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}")])
+        .args(["-c", "aiosmtpd.handlers.Mailbox"])
+        .arg(&maildir)
+        .spawn()
+        .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the SMTP server never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = harness_with(move |c| {
+        c.smtp = Some(gpuflow_server::Smtp {
+            host: "127.0.0.1".into(),
+            port,
+            from: "gpuflow@cluster.example".into(),
+        });
+    })
+    .await;
+    let (tok, node) = setup(&h).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/webhooks",
+            &tok["ana"],
+            json!({"mail": "not an address", "events": ["end"]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/webhooks",
+            &tok["ana"],
+            json!({"mail": "ana@example.com", "events": ["end"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["mail"], "ana@example.com");
+    let id = submit(&h, &tok["ana"], "ml-q").await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    report(&h, &node, id, None).await;
+    report(&h, &node, id, Some(0)).await;
+    deliver(&h).await;
+    let mail = loop {
+        let new = maildir.join("new");
+        let found = std::fs::read_dir(&new)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(Result::ok)
+            .map(|e| std::fs::read_to_string(e.path()).unwrap());
+        if let Some(m) = found {
+            break m;
+        }
+        assert!(std::time::Instant::now() < end, "no mail arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    smtpd.kill().unwrap();
+    let _ = smtpd.wait();
+    assert!(mail.contains("To: ana@example.com"), "{mail}");
+    assert!(mail.contains("From: gpuflow@cluster.example"), "{mail}");
+    assert!(
+        mail.contains(&format!("Subject: [gpuflow] job {id} (j) end: succeeded")),
+        "{mail}"
+    );
+    assert_eq!(
+        std::fs::read_dir(maildir.join("new")).unwrap().count(),
+        1,
+        "one mail: `begin` was not asked for"
+    );
+    // A server without an SMTP server refuses mail notifications.
+    let plain = harness_with(|_| {}).await;
+    let (s, v) = plain
+        .json(
+            "POST",
+            "/v1/webhooks",
+            &plain.admin,
+            json!({"mail": "a@example.com", "events": ["end"]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("--smtp-server"),
+        "{v}"
+    );
+}
+
+/// `budget-low`: a queue past its budget's taper point is said once a
+/// period to its team's webhooks that ask for it.
+#[tokio::test]
+async fn a_budget_past_its_taper_point_is_notified_once_a_period() {
+    let h = harness_with(|c| c.webhook_private = true).await;
+    let (tok, node) = setup(&h).await;
+    let (url, got) = receiver(0).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/webhooks",
+            &tok["lee"],
+            json!({"url": url, "events": ["budget-low"], "team": "ml"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h
+        .json(
+            "PATCH",
+            "/v1/queues/ml-q",
+            &h.admin,
+            json!({"budget": {"gpu_hours": 1, "period": "day"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let id = submit(&h, &tok["ana"], "ml-q").await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    report(&h, &node, id, None).await;
+    // It has held its GPU for most of an hour: 0.9 of the budget.
+    h.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from -= 3240;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    gpuflow_server::accounting::refresh_budgets(&h.shared, now)
+        .await
+        .unwrap();
+    gpuflow_server::accounting::refresh_budgets(&h.shared, now + 1)
+        .await
+        .unwrap();
+    deliver(&h).await;
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "once a period: {got:?}");
+    let v: Value = serde_json::from_str(&got[0].1).unwrap();
+    assert_eq!(v["event"], "budget-low");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("queue ml-q has used 90 %"),
+        "{v}"
+    );
+}

@@ -48,9 +48,28 @@ async fn create(
             api::WEBHOOK_EVENTS.join(", ")
         )));
     }
-    crate::webhooks::check_url(&spec.url, shared.cfg.webhook_private)
-        .await
-        .map_err(|e| bad(format!("url: {e}")))?;
+    match (&spec.url, &spec.mail) {
+        (Some(url), None) => crate::webhooks::check_url(url, shared.cfg.webhook_private)
+            .await
+            .map_err(|e| bad(format!("url: {e}")))?,
+        (None, Some(to)) => {
+            if to.parse::<lettre::Address>().is_err() || to.len() > 254 {
+                return Err(bad(format!(
+                    "mail: {to:?} is not a mail address (name@domain)"
+                )));
+            }
+            if shared.cfg.smtp.is_none() {
+                return Err(bad(
+                    "mail: this server sends no mail: it runs without --smtp-server".into(),
+                ));
+            }
+        }
+        _ => {
+            return Err(bad(
+                "give one of url (an http:// or https:// webhook) and mail (an address)".into(),
+            ));
+        }
+    }
     // Whose jobs: a team's (its lead, an admin), or the caller's own.
     let (team, user) = match &spec.team {
         Some(t) => {
@@ -84,7 +103,8 @@ async fn create(
     events.dedup();
     let h = WebhookRec {
         id: id.clone(),
-        url: spec.url.clone(),
+        url: spec.url.clone().unwrap_or_default(),
+        mail: spec.mail.clone(),
         events,
         team: team.clone(),
         user,
@@ -99,7 +119,13 @@ async fn create(
         &caller.user.name,
         "webhook.create",
         &format!("webhook/{id}"),
-        format!("{} for team {team}", spec.url),
+        format!(
+            "{} for team {team}",
+            spec.url
+                .as_deref()
+                .or(spec.mail.as_deref())
+                .unwrap_or_default()
+        ),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     let view = h.view(true);
@@ -139,7 +165,7 @@ async fn remove(
         &caller.user.name,
         "webhook.delete",
         &format!("webhook/{id}"),
-        h.url.clone(),
+        h.mail.clone().unwrap_or_else(|| h.url.clone()),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.hooks.by_id.remove(&id);
