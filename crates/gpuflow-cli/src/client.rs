@@ -638,6 +638,7 @@ pub enum ReservationCmd {
         /// These nodes, comma separated; or --count with --model.
         #[arg(long, value_delimiter = ',')]
         nodes: Vec<String>,
+        /// That many nodes of --model, chosen at creation (fewest jobs first).
         #[arg(long, requires = "model", conflicts_with = "nodes")]
         count: Option<u32>,
         /// The GPU model of --count's nodes.
