@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// for all (inference, notebook, training, batch).
     #[arg(long, default_value = "size", requires = "trace")]
     kinds: String,
+    /// Replay only the jobs submitted in a window of the log, in days from
+    /// its first submission: `30..51` (21 days from day 30); the first of
+    /// them is submitted at 0.
+    #[arg(long, requires = "trace")]
+    trace_window: Option<String>,
     /// The generated workload: `synthetic` (four teams, our own study) or
     /// `realistic` (after published studies of production GPU clusters:
     /// one-GPU jobs, heavy-tailed durations, sweeps, daily and weekly
@@ -494,7 +499,25 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
     })?;
     let imported = match &a.trace {
         Some(p) => {
-            let got = gpuflow_sim::import::import(p, format, kinds)?;
+            let mut got = gpuflow_sim::import::import(p, format, kinds)?;
+            if let Some(w) = &a.trace_window {
+                let days = |s: &str| {
+                    s.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|d| d.is_finite() && *d >= 0.0)
+                };
+                let (from, to) = w
+                    .split_once("..")
+                    .and_then(|(a, b)| Some((days(a)?, days(b)?)))
+                    .filter(|(a, b)| a < b)
+                    .ok_or_else(|| {
+                        Usage(format!(
+                            "--trace-window {w:?}: write FROM..TO in days from the log's first submission, FROM before TO (e.g. 30..51)"
+                        ))
+                    })?;
+                got.window((from * 86_400.0) as u64, (to * 86_400.0) as u64);
+            }
             if format != gpuflow_sim::import::Format::Csv {
                 eprintln!(
                     "{}: {} jobs read; left out: {}",

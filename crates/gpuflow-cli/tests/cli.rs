@@ -109,6 +109,32 @@ fn sim_run_replays_a_slurm_accounting_log() {
     let (code, _, err) = as_format("helios");
     assert_ne!(code, 0);
     assert!(err.contains("line 1: no column \"job_id\""), "{err}");
+    // A window of the log: here its first 10 minutes (jobs at 0 and 300 s).
+    let window = |w: &str| {
+        gpuflow(&[
+            "sim",
+            "run",
+            "--trace",
+            log.to_str().unwrap(),
+            "--trace-format",
+            "sacct",
+            "--gpus",
+            "16",
+            "--policy",
+            "gpuflow",
+            "--trace-window",
+            w,
+        ])
+    };
+    let (code, _, err) = window("0..0.00694");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("2 jobs read") && err.contains("2 outside the window"),
+        "{err}"
+    );
+    let (code, _, err) = window("5..2");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("FROM..TO in days"), "{err}");
 }
 
 #[test]

@@ -84,6 +84,22 @@ pub struct Imported {
 }
 
 impl Imported {
+    /// Keeps the jobs submitted in `[from, to)` seconds after the first
+    /// submission, as the first of them were submitted at 0 (the study's
+    /// 21-day windows of a long log); the others are counted as left out.
+    pub fn window(&mut self, from: u64, to: u64) {
+        let before = self.jobs.len();
+        self.jobs.retain(|j| (from..to).contains(&j.submit));
+        let outside = before - self.jobs.len();
+        if outside > 0 {
+            *self.skipped.entry("outside the window").or_default() += outside;
+        }
+        for (i, j) in self.jobs.iter_mut().enumerate() {
+            j.id = i as u64;
+            j.submit -= from;
+        }
+    }
+
     /// "12 without a GPU, 3 never started", or "none".
     pub fn skipped_text(&self) -> String {
         if self.skipped.is_empty() {

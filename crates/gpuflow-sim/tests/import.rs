@@ -55,6 +55,28 @@ fn sacct_allocations_become_jobs_by_account() {
     );
 }
 
+/// A window of a long log (the study's 21-day windows): the jobs
+/// submitted in it, the first at 0, the others counted as left out.
+#[test]
+fn a_window_keeps_the_jobs_submitted_in_it() {
+    let mut got = import(&fixture("sacct.txt"), Format::Sacct, KindRule::BySize).unwrap();
+    got.window(300, 900);
+    let kept: Vec<(u64, u64, String)> = got
+        .jobs
+        .iter()
+        .map(|j| (j.id, j.submit, j.team.clone()))
+        .collect();
+    assert_eq!(
+        kept,
+        [(0, 0, "vision".to_string()), (1, 300, "nlp".to_string())]
+    );
+    assert!(
+        got.skipped_text().contains("2 outside the window"),
+        "{}",
+        got.skipped_text()
+    );
+}
+
 #[test]
 fn helios_jobs_become_jobs_by_virtual_cluster() {
     let (jobs, skipped) = rows(&fixture("helios.csv"), Format::Helios);
