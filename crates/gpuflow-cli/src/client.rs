@@ -1273,6 +1273,28 @@ fn node_state(n: &Value) -> String {
     }
 }
 
+/// The MIG layout of a node's GPUs in MIG mode: `0:1g.10gb+3g.40gb`.
+fn mig_of(n: &Value) -> String {
+    let l: Vec<String> = n["inventory"]["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| {
+            let m: Vec<String> = g["mig"]
+                .as_array()?
+                .iter()
+                .map(|m| s(&m["profile"]))
+                .collect();
+            (!m.is_empty()).then(|| format!("{}:{}", s(&g["index"]), m.join("+")))
+        })
+        .collect();
+    if l.is_empty() {
+        "-".into()
+    } else {
+        l.join(" ")
+    }
+}
+
 fn pool_of(n: &Value) -> &str {
     n["inventory"]["pool"]
         .as_str()
@@ -2376,7 +2398,12 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                                 limits,
                             ];
                             if wide {
-                                row.extend([pool_of(n).to_string(), labels_of(n), node_jobs(n)]);
+                                row.extend([
+                                    pool_of(n).to_string(),
+                                    labels_of(n),
+                                    mig_of(n),
+                                    node_jobs(n),
+                                ]);
                             }
                             row
                         })
@@ -2385,7 +2412,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                         "name", "state", "gpus", "in use", "cpu", "memory", "gpu util", "limits",
                     ];
                     if wide {
-                        head.extend(["pool", "labels", "jobs"]);
+                        head.extend(["pool", "labels", "mig", "jobs"]);
                     }
                     columns(&head, rows)
                 });

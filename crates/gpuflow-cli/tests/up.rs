@@ -285,6 +285,15 @@ fn up_runs_every_sharing_mode_and_topology_on_nvml_and_charges_each_to_quota() {
         .unwrap();
     let get = String::from_utf8_lossy(&get.stdout).into_owned();
     assert!(get.contains(" MIG "), "{get}");
+    // `node ls -o wide` shows the MIG layout.
+    let wide = Command::new(BIN)
+        .args([
+            "node", "ls", "-o", "wide", "--server", &url, "--token", &token,
+        ])
+        .output()
+        .unwrap();
+    let wide = String::from_utf8_lossy(&wide.stdout).into_owned();
+    assert!(wide.contains("0:3g.40gb+3g.40gb"), "{wide}");
 }
 
 #[test]
