@@ -2187,27 +2187,6 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 ("--lend-limit", "lend_limit", lend_limit),
                 ("--cap", "cap", cap),
             ];
-            if limits.iter().any(|(_, _, v)| v.is_some()) && quota.is_none() {
-                let mut m = current()?["quotas"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default();
-                for (flag, field, v) in &limits {
-                    let Some(v) = v else { continue };
-                    for part in v.split(',') {
-                        let (f, g) = part.split_once('=').ok_or_else(|| {
-                            Usage(format!(
-                                "{flag}: {part:?} is not FLAVOR=GPUS (or FLAVOR=none)"
-                            ))
-                        })?;
-                        let e = m
-                            .entry(f.to_string())
-                            .or_insert_with(|| serde_json::json!({}));
-                        e[*field] = limit(flag, g)?;
-                    }
-                }
-                patch.insert("quotas".into(), Value::Object(m));
-            }
             if user_max_gpus.is_some() || user_max_running.is_some() {
                 let mut l = current()?["user_limits"].clone();
                 if !l.is_object() {
@@ -2252,20 +2231,16 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
             if let Some(st) = state {
                 patch.insert("state".into(), st.into());
             }
-            if let Some(q) = quota {
+            if quota.is_some() || limits.iter().any(|(_, _, v)| v.is_some()) {
                 // The API replaces a queue's quotas as a whole: start from
-                // the queue's own, so that the guarantees named change and
-                // everything else (borrow and lend limits, caps, the other
+                // the queue's own, so that the guarantees and limits named
+                // change and everything else (the other settings, the other
                 // flavors) stays.
-                let queues = c.call("GET", "/v1/queues", None)?;
-                let mut m = queues
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|x| x["name"] == name.as_str())
-                    .and_then(|x| x["quotas"].as_object().cloned())
-                    .ok_or_else(|| anyhow!("queue {name:?} not found"))?;
-                for part in q.split(',') {
+                let mut m = current()?["quotas"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                for part in quota.iter().flat_map(|q| q.split(',')) {
                     let (f, g) = part
                         .split_once('=')
                         .ok_or_else(|| Usage(format!("--quota: {part:?} is not FLAVOR=GPUS")))?;

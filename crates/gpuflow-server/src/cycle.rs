@@ -648,7 +648,11 @@ impl Computed {
                 // the job's, not the cluster's): an estimate of "now" is
                 // not, and the first window to end is when it may start.
                 let mut eta = p.eta;
-                if reasons.iter().any(|r| r.contains("taints")) {
+                let tainted = p.reasons.iter().any(|r| {
+                    matches!(r, schedule::PendingReason::Placement { unplaced, .. }
+                        if unplaced.rejections.iter().any(|(x, _)| *x == gpuflow_core::placement::Reject::Taint))
+                });
+                if tainted {
                     let mut ends = None;
                     for r in world.reservations.values().filter(|r| r.end > t) {
                         reasons.push(format!(

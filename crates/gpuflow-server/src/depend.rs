@@ -232,24 +232,30 @@ pub fn reason(world: &World, j: &JobRec, singles: &Singles) -> Option<String> {
     ))
 }
 
+/// Whether `j` asks to be a `singleton` (a cheap look first: most
+/// dependencies are not).
+fn is_singleton(j: &JobRec) -> bool {
+    j.spec
+        .dependency
+        .as_deref()
+        .is_some_and(|d| d.contains("singleton") && Dependency::parse(d).is_ok_and(|d| d.singleton))
+}
+
 /// The earliest unfinished job per (team, user, name), for `singleton`;
 /// built only when some pending job asks for it.
 #[derive(Default)]
-pub struct Singles {
-    first: Option<BTreeMap<(String, String, String), Vec<u64>>>,
+pub struct Singles<'w> {
+    first: Option<BTreeMap<(&'w str, &'w str, &'w str), u64>>,
 }
 
-impl Singles {
+impl<'w> Singles<'w> {
     /// For `world`'s jobs, where any pending one is a singleton.
     #[must_use]
-    pub fn of(world: &World) -> Singles {
-        let wanted = world.jobs.values().any(|j| {
-            j.state == JobState::Pending
-                && j.spec
-                    .dependency
-                    .as_deref()
-                    .is_some_and(|d| Dependency::parse(d).is_ok_and(|d| d.singleton))
-        });
+    pub fn of(world: &'w World) -> Singles<'w> {
+        let wanted = world
+            .jobs
+            .values()
+            .any(|j| j.state == JobState::Pending && is_singleton(j));
         if !wanted {
             return Singles::default();
         }
@@ -258,13 +264,13 @@ impl Singles {
 
     /// For `world`'s jobs, whatever is pending.
     #[must_use]
-    pub fn all(world: &World) -> Singles {
-        let mut first: BTreeMap<(String, String, String), Vec<u64>> = BTreeMap::new();
+    pub fn all(world: &'w World) -> Singles<'w> {
+        let mut first = BTreeMap::new();
         for j in world.jobs.values().filter(|j| !j.state.finished()) {
             first
-                .entry((j.team.clone(), j.user.clone(), j.spec.name.clone()))
-                .or_default()
-                .push(j.id);
+                .entry((j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
+                .and_modify(|id: &mut u64| *id = (*id).min(j.id))
+                .or_insert(j.id);
         }
         Singles { first: Some(first) }
     }
@@ -273,19 +279,13 @@ impl Singles {
     /// `j` is a singleton.
     fn first_unfinished(&self, j: &JobRec) -> Option<u64> {
         let first = self.first.as_ref()?;
-        let single = j
-            .spec
-            .dependency
-            .as_deref()
-            .is_some_and(|d| Dependency::parse(d).is_ok_and(|d| d.singleton));
-        if !single {
+        if !is_singleton(j) {
             return None;
         }
         first
-            .get(&(j.team.clone(), j.user.clone(), j.spec.name.clone()))?
-            .iter()
+            .get(&(j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
             .copied()
-            .find(|&id| id < j.id)
+            .filter(|&id| id < j.id)
     }
 }
 
