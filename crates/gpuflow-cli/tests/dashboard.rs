@@ -419,6 +419,15 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         poll("the job is released", LONG, || {
             (api.job(wide, &admin)["state"] == "pending").then_some(())
         });
+        // Its reasons again once a cycle has seen it (just released, it
+        // waits "for the next scheduling cycle").
+        poll("the released job has been considered", LONG, || {
+            let w = api.get(&format!("/v1/jobs/{wide}/why"), &admin);
+            (w["reasons"][0]
+                .as_str()
+                .is_some_and(|r| !r.contains("next scheduling cycle")))
+            .then_some(())
+        });
 
         // The pending job's page gives its reasons and its place.
         b.open(&format!("#/jobs/{wide}")).await;
