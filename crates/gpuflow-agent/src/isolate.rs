@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use seccompiler::{
@@ -51,22 +51,24 @@ fn under(dir: &Path, top: &str) -> bool {
 }
 
 impl Policy {
-    /// The policy for an agent whose work directory is `work_dir`:
-    /// namespaces when root, the seccomp filter always (`user_namespaces`:
-    /// tasks may create user namespaces).
+    /// The policy for an agent whose work directory and tasks' directories
+    /// are `dirs`: namespaces when root, the seccomp filter always
+    /// (`user_namespaces`: tasks may create user namespaces).
     ///
     /// # Errors
     /// When the seccomp filter cannot be built for this architecture.
-    pub fn new(work_dir: &Path, root: bool, user_namespaces: bool) -> Result<Policy, String> {
-        let dir = work_dir
-            .canonicalize()
-            .unwrap_or_else(|_| work_dir.to_path_buf());
-        let private_tmp = !under(&dir, "/tmp");
-        let private_var_tmp = !under(&dir, "/var/tmp") && Path::new("/var/tmp").is_dir();
+    pub fn new(dirs: &[&Path], root: bool, user_namespaces: bool) -> Result<Policy, String> {
+        let dirs: Vec<PathBuf> = dirs
+            .iter()
+            .map(|d| d.canonicalize().unwrap_or_else(|_| d.to_path_buf()))
+            .collect();
+        let private_tmp = !dirs.iter().any(|d| under(d, "/tmp"));
+        let private_var_tmp =
+            !dirs.iter().any(|d| under(d, "/var/tmp")) && Path::new("/var/tmp").is_dir();
         if root && (!private_tmp || !private_var_tmp) {
             tracing::warn!(
-                work_dir = %dir.display(),
-                "the agent's work directory is under /tmp or /var/tmp: tasks share that one"
+                dirs = ?dirs,
+                "the agent's work directory or its tasks' is under /tmp or /var/tmp: tasks share that one"
             );
         }
         Ok(Policy {

@@ -25,6 +25,7 @@ pub mod isolate;
 pub mod keeper;
 pub mod migcaps;
 pub mod task;
+pub mod taskroot;
 pub mod telemetry;
 pub mod user;
 
@@ -48,7 +49,9 @@ pub struct Config {
     pub join_token: String,
     /// The node's name; default: the host name.
     pub node: String,
-    /// Task directories and logs live here.
+    /// The agent's records, tokens and lease live here, and tasks'
+    /// directories and logs too unless their users cannot reach it (see
+    /// `taskroot.rs`).
     pub work_dir: PathBuf,
     /// Use these instead of NVML.
     pub emulate: Option<Emulated>,
@@ -331,8 +334,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     {
         tracing::warn!(reason = %why, "tasks are NOT confined to their GPUs");
     }
+    let tasks_root = taskroot::choose(&cfg.work_dir, &cfg.node, user::agent_uid() == 0)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let isolation = isolate::Policy::new(
-        &cfg.work_dir,
+        &[&cfg.work_dir, &tasks_root],
         user::agent_uid() == 0,
         cfg.task_user_namespaces,
     )
@@ -353,6 +358,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             use std::os::fd::AsRawFd;
             lease.file().as_raw_fd()
         },
+        tasks: tasks_root,
     };
     // A reply to a request sent at `sent` (boot clock) renews the lease
     // from then: tasks are signalled half-way through it and killed at five

@@ -51,6 +51,22 @@ pub struct Launch {
     pub mig_ids: BTreeMap<String, crate::migcaps::MigId>,
     /// Namespaces and the seccomp filter (see `isolate.rs`).
     pub isolation: crate::isolate::Policy,
+    /// Where tasks' own directories go (see `taskroot.rs`): the work
+    /// directory, or a directory the tasks' users can reach when it is
+    /// not. Empty: the work directory.
+    pub tasks: PathBuf,
+}
+
+impl Launch {
+    /// The directory under which tasks' directories go, for an agent on
+    /// `dir`.
+    pub fn tasks<'a>(&'a self, dir: &'a Path) -> &'a Path {
+        if self.tasks.as_os_str().is_empty() {
+            dir
+        } else {
+            &self.tasks
+        }
+    }
 }
 
 impl Default for Launch {
@@ -64,6 +80,7 @@ impl Default for Launch {
             mig_caps: None,
             mig_ids: BTreeMap::new(),
             isolation: crate::isolate::Policy::default(),
+            tasks: PathBuf::new(),
         }
     }
 }
@@ -179,6 +196,8 @@ pub struct Task {
     util_sum: f64,
     /// The port it serves on (`PORT`), when it asked for one.
     pub port: Option<u16>,
+    /// The ports it declared, by name, in its spec's order.
+    pub ports: Vec<(String, u16)>,
     /// Its readiness check, and its last answer and when.
     pub readiness: Option<gpuflow_api::job::Readiness>,
     pub ready: Option<bool>,
@@ -221,6 +240,8 @@ pub struct Record {
     pub limits: TaskLimits,
     #[serde(default)]
     pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<(String, u16)>,
     #[serde(default)]
     pub readiness: Option<gpuflow_api::job::Readiness>,
 }
@@ -275,9 +296,11 @@ pub fn signal_number(name: &str) -> i32 {
 }
 
 impl Task {
-    /// A task in its first moments, before it is started or recovered.
-    fn new(k: Key, dir: &Path) -> Task {
-        let task_dir = task_dir(dir, k);
+    /// A task in its first moments, before it is started or recovered:
+    /// its records in the work directory `dir`, its own directory under
+    /// `tasks`.
+    fn new(k: Key, dir: &Path, tasks: &Path) -> Task {
+        let task_dir = task_dir(tasks, k);
         Task {
             key: k,
             child: None,
@@ -302,6 +325,7 @@ impl Task {
             usage: TaskUsage::default(),
             util_sum: 0.0,
             port: None,
+            ports: Vec::new(),
             readiness: None,
             ready: None,
             probed_at: None,
@@ -313,18 +337,22 @@ impl Task {
     /// Starts a desired task, unless it was started before on this work
     /// directory (by this agent or an earlier one): then it is only
     /// reported as it ended, never run twice.
+    /// Its directory may be in the work directory itself, where agents
+    /// before `taskroot.rs` put every task's.
     pub fn start_once(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
-        if task_dir(dir, key(t)).exists() {
-            return Task::recover(key(t), dir);
+        for tasks in [launch.tasks(dir), dir] {
+            if task_dir(tasks, key(t)).exists() {
+                return Task::recover(key(t), dir, tasks);
+            }
         }
         Task::start(t, dir, launch)
     }
 
     /// A task that was started before and is not running under this agent:
     /// how it ended, from its keeper's record.
-    fn recover(k: Key, dir: &Path) -> Task {
-        let mut task = Task::new(k, dir);
-        task.started_at = std::fs::metadata(task_dir(dir, k))
+    fn recover(k: Key, dir: &Path, tasks: &Path) -> Task {
+        let mut task = Task::new(k, dir, tasks);
+        task.started_at = std::fs::metadata(task_dir(tasks, k))
             .and_then(|m| m.modified())
             .ok()
             .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
@@ -345,18 +373,30 @@ impl Task {
     /// records how it ended.
     fn start(t: &DesiredTask, dir: &Path, launch: &Launch) -> Task {
         let (job, attempt, group, index) = key(t);
-        let task_dir = task_dir(dir, key(t));
-        let mut task = Task::new(key(t), dir);
+        let task_dir = task_dir(launch.tasks(dir), key(t));
+        let mut task = Task::new(key(t), dir, launch.tasks(dir));
         task.gpus = t.gpus.clone();
         task.limits = t.limits;
         task.readiness = t.readiness.clone();
         // A serving task gets a port free now on this node (taken from the
-        // kernel's ephemeral range), in PORT and GPUFLOW_PORT.
-        if t.port {
-            task.port = std::net::TcpListener::bind("0.0.0.0:0")
+        // kernel's ephemeral range), in PORT and GPUFLOW_PORT; so does each
+        // port it declares, the first in PORT unless it serves already.
+        let free = || {
+            std::net::TcpListener::bind("0.0.0.0:0")
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
-                .ok();
+                .ok()
+        };
+        if t.port {
+            task.port = free();
+        }
+        task.ports = t
+            .ports
+            .iter()
+            .filter_map(|name| Some((name.clone(), free()?)))
+            .collect();
+        if task.port.is_none() {
+            task.port = task.ports.first().map(|p| p.1);
         }
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
@@ -371,6 +411,12 @@ impl Task {
             std::fs::create_dir_all(dir.join("state")).map_err(io)?;
             let exit = crate::keeper::create_exit(&task.exit).map_err(io)?;
             std::fs::create_dir_all(&task_dir).map_err(io)?;
+            // The job's directory is passed through (searched, not listed)
+            // by its tasks' users; each task's is its user's alone.
+            if let Some(job_dir) = task_dir.parent() {
+                std::fs::set_permissions(job_dir, std::fs::Permissions::from_mode(0o711))
+                    .map_err(io)?;
+            }
             std::fs::set_permissions(&task_dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(io)?;
             // Its cgroup with its limits, joined by the task before exec.
@@ -443,7 +489,7 @@ impl Task {
                 }
                 _ => checkpoint.clone(),
             };
-            let env = environment(t, &task_dir, user.as_ref(), task.port);
+            let env = environment(t, &task_dir, user.as_ref(), task.port, &task.ports);
             let mut cmd = Command::new(&t.command[0]);
             cmd.args(&t.command[1..])
                 .env_clear()
@@ -564,6 +610,7 @@ impl Task {
             usage: TaskUsage::default(),
             util_sum: 0.0,
             port: r.port,
+            ports: r.ports.clone(),
             readiness: r.readiness.clone(),
             ready: None,
             probed_at: None,
@@ -600,6 +647,7 @@ impl Task {
             gpus: self.gpus.clone(),
             limits: self.limits,
             port: self.port,
+            ports: self.ports.clone(),
             readiness: self.readiness.clone(),
         })
     }
@@ -899,7 +947,7 @@ impl Task {
         }) else {
             return;
         };
-        let task_dir = task_dir(dir, self.key);
+        let task_dir = task_dir(launch.tasks(dir), self.key);
         let ids = user.as_ref().map(|u| (u.uid, u.gid));
         let Ok(isolation) = crate::isolate::prepare(&launch.isolation, &task_dir, ids) else {
             return;
@@ -907,7 +955,7 @@ impl Task {
         self.probe_as = Some(ProbeAs {
             ids,
             isolation,
-            env: environment(t, &task_dir, user.as_ref(), self.port),
+            env: environment(t, &task_dir, user.as_ref(), self.port, &self.ports),
             task_dir,
             work: t
                 .working_dir
@@ -939,6 +987,7 @@ impl Task {
             index,
             phase: self.phase,
             port: self.port,
+            ports: self.ports.iter().cloned().collect(),
             ready: self.ready,
             stdout: next(&self.log, self.acked[0]),
             stderr: next(&err_log(&self.log), self.acked[1]),
@@ -954,12 +1003,14 @@ impl Task {
 
 /// A task's environment, and its readiness command's: a plain `PATH`,
 /// `HOME` (its own directory), `USER`, `LANG`, then the spec's variables
-/// and its port; never the agent's (which may hold its tokens).
+/// and its ports, each with the path the server proxies to it; never the
+/// agent's (which may hold its tokens).
 fn environment(
     t: &DesiredTask,
     task_dir: &Path,
     user: Option<&crate::user::RunAs>,
     port: Option<u16>,
+    ports: &[(String, u16)],
 ) -> Vec<(String, String)> {
     let name = user.map_or_else(agent_user_name, |u| u.name.clone());
     let mut env: Vec<(String, String)> = vec![
@@ -976,6 +1027,15 @@ fn environment(
     if let Some(p) = port {
         env.push(("PORT".into(), p.to_string()));
         env.push(("GPUFLOW_PORT".into(), p.to_string()));
+    }
+    let base = |p: u16| format!("/v1/jobs/{}/proxy/{p}/", t.job);
+    if let Some(&(_, p)) = ports.first() {
+        env.push(("GPUFLOW_BASE_URL".into(), base(p)));
+    }
+    for (name, p) in ports {
+        let name = name.to_ascii_uppercase().replace('-', "_");
+        env.push((format!("GPUFLOW_PORT_{name}"), p.to_string()));
+        env.push((format!("GPUFLOW_BASE_URL_{name}"), base(*p)));
     }
     env
 }

@@ -247,6 +247,38 @@ pub struct TaskGroupSpec {
     pub working_dir: Option<String>,
     #[serde(default)]
     pub resources: Resources,
+    /// Ports each task serves on, by name (at most 4; lowercase letters,
+    /// digits and '-', up to 15 characters): its agent picks a free port on
+    /// its node for each, given in `GPUFLOW_PORT_<NAME>` (the first also in
+    /// `PORT`), and the server proxies HTTP and WebSocket to it at
+    /// `/v1/jobs/{id}/proxy/{port}/`, a path the task gets in
+    /// `GPUFLOW_BASE_URL_<NAME>` (the first also in `GPUFLOW_BASE_URL`),
+    /// for those who may see the job. A notebook that names none gets
+    /// `[http]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
+}
+
+/// The most ports one task may declare.
+pub const MAX_PORTS: usize = 4;
+
+/// Whether `name` is a valid port name: what `GPUFLOW_PORT_<NAME>` needs.
+pub fn valid_port_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// The names of the ports a task group's tasks get: those it declares, or
+/// `[http]` for a notebook's.
+pub fn ports_of(kind: Kind, g: &TaskGroupSpec) -> Vec<String> {
+    if g.ports.is_empty() && kind == Kind::Notebook {
+        vec!["http".into()]
+    } else {
+        g.ports.clone()
+    }
 }
 
 fn one() -> u32 {
@@ -580,6 +612,22 @@ impl JobSpec {
                 bad(at("replicas"), format!("must be 1 to {MAX_REPLICAS}"));
             }
             total += g.replicas as u64;
+            if g.ports.len() > MAX_PORTS {
+                bad(at("ports"), format!("at most {MAX_PORTS} ports a task"));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for p in &g.ports {
+                if !valid_port_name(p) {
+                    bad(
+                        at("ports"),
+                        format!(
+                            "{p:?} is not a valid port name: 1 to 15 lowercase letters, digits or '-', starting with a letter (e.g. http)"
+                        ),
+                    );
+                } else if !seen.insert(p) {
+                    bad(at("ports"), format!("{p:?} is named twice"));
+                }
+            }
             if g.command.is_empty() || g.command[0].trim().is_empty() {
                 bad(at("command"), "must name a program to run".into());
             }
@@ -783,6 +831,40 @@ tasks:
         )
         .unwrap_err();
         assert!(e.to_string().contains("array"), "{e}");
+    }
+
+    #[test]
+    fn ports_are_named_once_each_and_a_notebook_gets_http() {
+        let with = |ports: &str| {
+            GOOD.replace(
+                "    command: [python, train.py]",
+                &format!("    command: [python, train.py]\n    ports: {ports}"),
+            )
+        };
+        let ok = JobSpec::parse(with("[http, tensorboard]").as_bytes(), false).unwrap();
+        assert_eq!(
+            ports_of(Kind::Training, &ok.tasks[0]),
+            ["http", "tensorboard"]
+        );
+        for (bad, says) in [
+            ("[HTTP]", "not a valid port name"),
+            ("[8888]", "not a valid port name"),
+            ("[http, http]", "named twice"),
+            ("[a, b, c, d, e]", "at most 4 ports"),
+        ] {
+            let e = JobSpec::parse(with(bad).as_bytes(), false).unwrap_err();
+            assert!(
+                e.message.contains("tasks[0].ports") && e.message.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let nb = JobSpec::parse(
+            GOOD.replace("kind: training", "kind: notebook").as_bytes(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(ports_of(Kind::Notebook, &nb.tasks[0]), ["http"]);
+        assert!(ports_of(Kind::Training, &nb.tasks[0]).is_empty());
     }
 
     #[test]

@@ -111,6 +111,21 @@ pub struct TaskView {
     /// Its use of its GPUs, as its agent sampled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<TaskUsage>,
+    /// While it runs: the ports it serves on by name, each with the path
+    /// the server proxies to it (`/v1/jobs/{id}/proxy/{port}/`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortView>,
+}
+
+/// A port a running task serves on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PortView {
+    pub name: String,
+    /// On its node.
+    pub port: u16,
+    /// Where the server proxies HTTP and WebSocket to it, for those who
+    /// may see the job: `/v1/jobs/{id}/proxy/{port}/`.
+    pub url: String,
 }
 
 /// A job as the API shows it.
@@ -1087,6 +1102,9 @@ pub struct TaskReport {
     /// The port it serves on, when it asked for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// The ports it serves on by name, when it declared some.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, u16>,
     /// Its readiness check's last answer, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
@@ -1368,6 +1386,10 @@ pub struct DesiredTask {
     /// The task serves on a port the agent picks (`PORT`, `GPUFLOW_PORT`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub port: bool,
+    /// Ports it serves on, by name, each picked by the agent
+    /// (`GPUFLOW_PORT_<NAME>`; the first is `PORT` too, unless `port`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
     /// How the agent checks the task is ready to serve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness: Option<crate::job::Readiness>,

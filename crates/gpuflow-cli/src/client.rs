@@ -1733,7 +1733,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::Get { id, watch } => {
             watch.run(|| {
                 let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
-                print(conn.output, &v, job_text);
+                print(conn.output, &v, |j| job_text(j, &c.base));
                 Ok(())
             })?;
         }
@@ -1920,7 +1920,8 @@ fn logs(
 }
 
 /// One job as text: what it is, its state, and its tasks.
-fn job_text(j: &Value) -> String {
+/// A job in words; `base`: the server's address, for its proxied ports.
+fn job_text(j: &Value, base: &str) -> String {
     let mut out = format!(
         "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nsubmitted {} ({} ago), ran {}\nattempts: {}, preemptions: {}\n",
         s(&j["id"]),
@@ -1959,6 +1960,19 @@ fn job_text(j: &Value) -> String {
         })
         .collect();
     out += &columns(&["task", "node", "gpus", "state", "exit"], rows);
+    for t in j["tasks"].as_array().into_iter().flatten() {
+        for p in t["ports"].as_array().into_iter().flatten() {
+            out += &format!(
+                "{}/{} serves {} (port {}) at {}{}\n",
+                s(&t["group"]),
+                s(&t["index"]),
+                s(&p["name"]),
+                s(&p["port"]),
+                base.trim_end_matches('/'),
+                s(&p["url"])
+            );
+        }
+    }
     out
 }
 

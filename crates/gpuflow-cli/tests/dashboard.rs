@@ -556,6 +556,33 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
         let rows = b.attrs("#usage-totals tbody tr", "data-key").await;
         assert_eq!(rows, vec!["alice".to_string()], "no nlp user's costs");
         b.shot("usage-member").await;
+
+        // A notebook's page opens it: a link to its proxied port, which
+        // the browser follows with the cookie the page asked for (it has
+        // no bearer token to send on a link).
+        let server = "import http.server, os\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200)\n        self.end_headers()\n        self.wfile.write(('notebook at ' + self.path).encode())\nhttp.server.HTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_forever()\n";
+        let spec = format!(
+            "name: nb\nqueue: vision-q\nkind: notebook\nmax_runtime_s: 600\ntasks:\n  - name: main\n    command: [python3, -c, {server:?}]\n    resources: {{cpu: 0.1, memory_mib: 128}}\n"
+        );
+        let (s, v) = api.submit_yaml(&alice, &spec);
+        assert_eq!(s, 201, "{v}");
+        let nb = v["id"].as_u64().unwrap();
+        api.wait_state(nb, &alice, "running", LONG);
+        b.open(&format!("#/jobs/{nb}")).await;
+        b.count_at_least("#open a", 1).await;
+        let href = b.attrs("#open a", "href").await.remove(0);
+        assert!(href.contains(&format!("/v1/jobs/{nb}/proxy/")), "{href}");
+        b.client.goto(&href).await.unwrap();
+        let end = Instant::now() + LONG;
+        loop {
+            let text = b.client.source().await.unwrap_or_default();
+            if text.contains("notebook at /v1/jobs/") {
+                break;
+            }
+            assert!(Instant::now() < end, "the notebook never opened: {text}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            b.client.goto(&href).await.unwrap();
+        }
         b.client.close().await.unwrap();
     });
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -128,5 +129,84 @@ fn the_readme_shows_every_spec_file_it_uses_and_each_parses() {
         let shown =
             readme.contains(&format!("cat > {used} <<")) || readme.contains(&format!("> {used}"));
         assert!(shown, "the README uses {used} and never shows it");
+    }
+}
+
+/// The README's service example serves on a root install: the agent runs
+/// tasks as their team's user, so a task must reach its own working
+/// directory and `$HOME` by absolute path. It did not: they sat under the
+/// agent's `drwx------ root` directories (the data directory here is a
+/// fresh temporary one, `0700` as `/root` is), so Python's `http.server`
+/// answered every readiness probe with 404 and the service never became
+/// ready. Without root, tasks run as the agent's own user and the test
+/// says so and stops.
+#[test]
+fn the_readmes_service_example_serves_on_a_root_install() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: tasks change user only under a root agent");
+        return;
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .unwrap();
+    let start = readme.find("cat > web.yaml <<").expect("web.yaml");
+    let body = &readme[start..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    let web = &body[..body.find("\nYAML\n").unwrap()];
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    // A job's task reaches its directory and home by absolute path.
+    let (s, v) = api.submit_yaml(
+        &admin,
+        "name: home\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sh, -c, 'id -u; ls -d \"$PWD\" && echo kept > \"$HOME/f\" && cat \"$HOME/f\"']\n    resources: {cpu: 0.1, memory_mib: 64}\n",
+    );
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let j = poll("the job ends", Duration::from_secs(60), || {
+        let j = api.job(id, &admin);
+        matches!(j["state"].as_str(), Some("succeeded" | "failed")).then_some(j)
+    });
+    let log = api.get(&format!("/v1/jobs/{id}/logs"), &admin);
+    assert_eq!(j["state"], "succeeded", "{j}\n{log}");
+    let out = log["tasks"]["main/0"].as_str().unwrap_or("");
+    assert!(out.contains("kept"), "{log}");
+    assert_ne!(out.lines().next(), Some("0"), "the task ran as root: {log}");
+
+    let file = dir.path().join("web.yaml");
+    std::fs::write(&file, web).unwrap();
+    let out = Command::new(BIN)
+        .args(["service", "create", "-f"])
+        .arg(&file)
+        .env("GPUFLOW_SERVER", &api.url)
+        .env("GPUFLOW_TOKEN", &admin)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    // Both replicas pass their readiness probe and serve.
+    let v = poll(
+        "the service's replicas are ready",
+        Duration::from_secs(90),
+        || {
+            let v = api.get("/v1/services/web", &admin);
+            (v["endpoints"].as_array()?.len() == 2).then_some(v)
+        },
+    );
+    for e in v["endpoints"].as_array().unwrap() {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        let r = agent
+            .get(&format!("http://{}/", e.as_str().unwrap()))
+            .call();
+        assert_eq!(r.map(|r| r.status().as_u16()).ok(), Some(200), "{e}");
     }
 }

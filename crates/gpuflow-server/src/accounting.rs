@@ -815,6 +815,7 @@ mod tests {
                 exit_code: Some(0),
                 message: String::new(),
                 port: None,
+                ports: Default::default(),
                 ready: None,
                 usage: Some(api::TaskUsage {
                     samples: 10,

@@ -570,6 +570,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 }),
                 // A service's replica serves on a port, checked for readiness.
                 port: j.service.is_some(),
+                ports: gpuflow_api::job::ports_of(j.spec.kind, g),
                 readiness: j.service.as_ref().and_then(|s| s.readiness.clone()),
             });
         }

@@ -217,34 +217,43 @@ impl FromRequestParts<Arc<Shared>> for Caller {
             .extensions
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
             .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
-        // Requests without any token were counted by the router's layer.
-        let Some(token) = bearer(&parts.headers) else {
-            return Err(ApiError::new(
+        caller_of(shared, bearer(&parts.headers), ip).await
+    }
+}
+
+/// The caller a token names: 401 without one (requests without any token
+/// were counted by the router's layer) or with one that is not valid.
+pub async fn caller_of(
+    shared: &Shared,
+    token: Option<&str>,
+    ip: std::net::IpAddr,
+) -> Result<Caller, crate::http::Error> {
+    let Some(token) = token else {
+        return Err(ApiError::new(
+            401,
+            "unauthenticated",
+            "missing token: send `Authorization: Bearer <token>` (an admin creates tokens with `gpuflow token create`)",
+        )
+        .into());
+    };
+    let h = hash(token);
+    let world = shared.world.lock().await;
+    match world.principal(&h, now()) {
+        Some((u, t)) => {
+            shared.rates.token(&h)?;
+            Ok(Caller {
+                user: u.clone(),
+                token_expires_at: t.expires_at,
+            })
+        }
+        None => {
+            shared.rates.anonymous(ip)?;
+            Err(ApiError::new(
                 401,
                 "unauthenticated",
-                "missing token: send `Authorization: Bearer <token>` (an admin creates tokens with `gpuflow token create`)",
+                "the token is not valid (unknown, revoked or expired, or its user is disabled)",
             )
-            .into());
-        };
-        let h = hash(token);
-        let world = shared.world.lock().await;
-        match world.principal(&h, now()) {
-            Some((u, t)) => {
-                shared.rates.token(&h)?;
-                Ok(Caller {
-                    user: u.clone(),
-                    token_expires_at: t.expires_at,
-                })
-            }
-            None => {
-                shared.rates.anonymous(ip)?;
-                Err(ApiError::new(
-                    401,
-                    "unauthenticated",
-                    "the token is not valid (unknown, revoked or expired, or its user is disabled)",
-                )
-                .into())
-            }
+            .into())
         }
     }
 }

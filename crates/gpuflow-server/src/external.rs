@@ -83,6 +83,7 @@ fn record(id: u64, cluster: &str, w: &api::ExternalWorkload, now: u64) -> JobRec
                 env: BTreeMap::new(),
                 working_dir: None,
                 resources: t.resources.clone(),
+                ports: Vec::new(),
             })
             .collect(),
         topology: None,

@@ -308,6 +308,7 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
             message: r.message.clone(),
             usage: r.usage.clone(),
             port: r.port,
+            ports: r.ports.clone(),
             ready: r.ready,
         };
         match next
@@ -377,6 +378,7 @@ pub fn report(j: &mut JobRec, node: &str, reports: &[&TaskReport], at: u64) -> O
                         message: String::new(),
                         usage: None,
                         port: None,
+                        ports: std::collections::BTreeMap::new(),
                         ready: None,
                     }),
                 }

@@ -92,6 +92,22 @@ pub const ROUTES: &[Route] = &[
     ),
     r(
         "post",
+        "/v1/jobs/{id}/proxy-session",
+        "any token (own team)",
+        "A cookie (HttpOnly, for this job's proxy path only, read by nothing else) that lets a browser through the job's proxy",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/jobs/{id}/proxy/{port}/{path}",
+        "any token or the proxy-session cookie (own team)",
+        "HTTP and WebSocket (any method) proxied to a port a running task of the job declared (`ports:`; a notebook's `http`), path and query unchanged; the caller's token is not passed on",
+        None,
+        None,
+    ),
+    r(
+        "post",
         "/v1/jobs/{id}/{action}",
         "cancel/suspend/resume: member, team lead, admin; hold/release: admin",
         "Act on a job: cancel, suspend, resume, hold or release",
@@ -561,6 +577,8 @@ fn path_param(path: &str, name: &str) -> Value {
             json!({"type": "integer", "minimum": 1})
         }
         ("id", _) => json!({"type": "string", "pattern": "^[0-9a-f]{16}$"}),
+        ("port", _) => json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+        ("path", _) => json!({"type": "string"}),
         ("action", p) if p.starts_with("/v1/jobs/") => {
             json!({"type": "string", "enum": ["cancel", "suspend", "resume", "hold", "release"]})
         }

@@ -231,6 +231,7 @@ mod tests {
             message: String::new(),
             usage: None,
             port: Some(port),
+            ports: Default::default(),
             ready: Some(ready),
         }
     }

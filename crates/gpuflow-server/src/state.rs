@@ -189,6 +189,9 @@ pub struct TaskState {
     /// The port it serves on and whether its readiness check passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// The ports it declared, by name, as its agent picked them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
 }
@@ -377,7 +380,30 @@ impl JobRec {
                     state: t.map_or("assigned", |t| phase_name(t.phase)).into(),
                     exit_code: t.and_then(|t| t.exit_code),
                     usage: t.and_then(|t| t.usage.clone()),
+                    ports: self.port_views(t),
                 }
+            })
+            .collect()
+    }
+
+    /// A running task's declared ports, in its spec's order, with the
+    /// paths the server proxies to them.
+    fn port_views(&self, t: Option<&TaskState>) -> Vec<api::PortView> {
+        let Some(t) = t.filter(|t| t.phase == api::TaskPhase::Running) else {
+            return Vec::new();
+        };
+        let Some(g) = self.spec.tasks.get(t.group as usize) else {
+            return Vec::new();
+        };
+        api::job::ports_of(self.spec.kind, g)
+            .into_iter()
+            .filter_map(|name| {
+                let port = *t.ports.get(&name)?;
+                Some(api::PortView {
+                    url: format!("/v1/jobs/{}/proxy/{port}/", self.id),
+                    name,
+                    port,
+                })
             })
             .collect()
     }

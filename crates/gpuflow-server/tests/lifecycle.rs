@@ -78,6 +78,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             breach: None,
                             usage: None,
                             port: None,
+                            ports: Default::default(),
                             ready: None,
                             stderr: None,
                         }

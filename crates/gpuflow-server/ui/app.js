@@ -371,9 +371,17 @@ async function job(id) {
     api('/v1/jobs/' + j.id + '/logs?tail_bytes=65536'),
   ]);
   const gh = (j.ledger || []).reduce((a, h) => a + h.gpu_hours, 0);
+  // Its tasks' web interfaces: the proxy lets a browser in with a cookie
+  // for this job's proxy path, asked for before the links are shown.
+  const ports = (j.tasks || []).flatMap((t) => (t.ports || []).map((p) => [t, p]));
+  if (ports.length) await apiPost('/v1/jobs/' + j.id + '/proxy-session');
   const parts = [
     el('h1', {}, 'Job ' + j.id + ' · ' + j.name + ' ', badge(j.state)),
     actions(j),
+    ports.length ? el('div', { class: 'actions', id: 'open' }, ports.map(([t, p]) => el('a', {
+      class: 'button', href: p.url, target: '_blank', rel: 'noopener noreferrer',
+      title: t.group + '/' + t.index + ' port ' + p.port,
+    }, 'Open ' + p.name))) : null,
     el('div', { class: 'panel facts' },
       fact('Team', j.team), fact('Queue', j.queue), fact('User', j.user), fact('Kind', j.spec.kind || 'training'),
       fact('Submitted', when(j.submitted_at)), fact('Started', when(j.started_at)), fact('Finished', when(j.finished_at)),

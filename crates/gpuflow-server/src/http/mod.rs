@@ -12,6 +12,7 @@ mod jobs;
 pub mod metrics;
 mod nodes;
 mod projects;
+mod proxy;
 mod queues;
 mod reports;
 mod reservations;
@@ -113,6 +114,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(reports::router())
         .merge(clusters::router())
         .merge(services::router())
+        .merge(proxy::router())
         .merge(webhooks::router())
         .merge(reservations::router())
         .merge(metrics::router())
