@@ -24,6 +24,7 @@ pub mod gpu;
 pub mod isolate;
 pub mod keeper;
 pub mod migcaps;
+pub mod session;
 pub mod task;
 pub mod taskroot;
 pub mod telemetry;
@@ -534,6 +535,25 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                         launch.mig_ids = gpus.mig_ids();
                     }
                     soon = reconcile(&mut tasks, &d, &cfg.work_dir, &launch);
+                    if let Some(token) = &node_token {
+                        let ctx = session::Context {
+                            base: client.base.clone(),
+                            token: token.clone(),
+                            ca_cert: cfg.ca_cert.clone(),
+                        };
+                        for o in &d.sessions {
+                            let k = (o.job, o.attempt, o.group, o.index);
+                            let want = d.tasks.iter().find(|t| task::key(t) == k);
+                            session::start(
+                                o.clone(),
+                                tasks.get(&k),
+                                want,
+                                &cfg.work_dir,
+                                &launch,
+                                &ctx,
+                            );
+                        }
+                    }
                 }
                 Err((401 | 404, _)) => {
                     // The server forgot us: register again next tick.

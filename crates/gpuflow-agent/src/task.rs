@@ -939,20 +939,31 @@ impl Task {
         if self.probe_as.is_some() || t.readiness.as_ref().is_none_or(|r| r.command.is_none()) {
             return;
         }
-        let Ok(user) = crate::user::resolve_task(crate::user::TaskUser {
+        self.probe_as = self.identity(t, dir, launch).ok();
+    }
+
+    /// Who and where a command beside this task runs: its user,
+    /// environment, directory and isolation, from the server's word for it.
+    ///
+    /// # Errors
+    /// When its user cannot be resolved or its isolation prepared.
+    pub fn identity(
+        &self,
+        t: &DesiredTask,
+        dir: &Path,
+        launch: &Launch,
+    ) -> Result<ProbeAs, String> {
+        let user = crate::user::resolve_task(crate::user::TaskUser {
             run_as: t.run_as.as_deref(),
             team_uid: t.team_uid,
             uid_base: launch.task_uid_base,
             default: &launch.run_as,
-        }) else {
-            return;
-        };
+        })
+        .map_err(|e| e.to_string())?;
         let task_dir = task_dir(launch.tasks(dir), self.key);
         let ids = user.as_ref().map(|u| (u.uid, u.gid));
-        let Ok(isolation) = crate::isolate::prepare(&launch.isolation, &task_dir, ids) else {
-            return;
-        };
-        self.probe_as = Some(ProbeAs {
+        let isolation = crate::isolate::prepare(&launch.isolation, &task_dir, ids)?;
+        Ok(ProbeAs {
             ids,
             isolation,
             env: environment(t, &task_dir, user.as_ref(), self.port, &self.ports),
@@ -961,8 +972,22 @@ impl Task {
                 .working_dir
                 .as_ref()
                 .and_then(|w| std::ffi::CString::new(w.as_str()).ok()),
-        });
-        self.readiness.clone_from(&t.readiness);
+        })
+    }
+
+    /// Its process group (0: none yet).
+    pub fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    /// Its cgroup, where the agent made one.
+    pub fn cgroup(&self) -> Option<&crate::cgroup::TaskGroup> {
+        self.group.as_ref()
+    }
+
+    /// Its stdout's and stderr's logs.
+    pub fn logs(&self) -> [PathBuf; 2] {
+        [self.log.clone(), err_log(&self.log)]
     }
 
     /// The task's report, with the output the server has not acknowledged
@@ -1096,6 +1121,39 @@ fn spawn_probe(
     cmd: &[String],
     group: Option<&crate::cgroup::TaskGroup>,
 ) -> Result<Child, String> {
+    spawn_as(p, cmd, group, Io::Null)
+}
+
+/// Starts a session's command as its task runs (see [`Task::identity`]):
+/// in its cgroup, on the terminal whose other side is `tty` (a session of
+/// its own, the terminal its controlling one) or else on pipes in a
+/// process group of its own.
+///
+/// # Errors
+/// When it cannot be started.
+pub fn spawn_session(
+    p: &ProbeAs,
+    cmd: &[String],
+    group: Option<&crate::cgroup::TaskGroup>,
+    tty: Option<std::os::fd::OwnedFd>,
+) -> Result<Child, String> {
+    spawn_as(p, cmd, group, tty.map_or(Io::Pipes, Io::Tty))
+}
+
+/// A command's input and output beside its task.
+enum Io {
+    Null,
+    Pipes,
+    Tty(std::os::fd::OwnedFd),
+}
+
+/// Starts `cmd` as task `p` runs (see `become_task`) with `io`.
+fn spawn_as(
+    p: &ProbeAs,
+    cmd: &[String],
+    group: Option<&crate::cgroup::TaskGroup>,
+    io: Io,
+) -> Result<Child, String> {
     let procs = match group {
         Some(g) => g.procs_files()?,
         None => Vec::new(),
@@ -1111,16 +1169,38 @@ fn spawn_probe(
     c.args(&cmd[1..])
         .env_clear()
         .envs(p.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
         .current_dir(&p.task_dir);
+    let on_tty = matches!(io, Io::Tty(_));
+    match io {
+        Io::Tty(fd) => {
+            let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().map_err(|e| e.to_string());
+            c.stdin(Stdio::from(dup(&fd)?))
+                .stdout(Stdio::from(dup(&fd)?))
+                .stderr(Stdio::from(fd));
+        }
+        Io::Pipes => {
+            c.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+        }
+        Io::Null => {
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0);
+        }
+    }
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (see `become_task`) on memory
-    // prepared before the fork.
+    // only async-signal-safe functions (setsid, ioctl and those of
+    // `become_task`) on memory prepared before the fork.
     unsafe {
-        c.pre_exec(move || become_task(&procs_fds, ids, work.as_deref(), &isolation));
+        c.pre_exec(move || {
+            if on_tty && (libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0) {
+                return Err(std::io::Error::last_os_error());
+            }
+            become_task(&procs_fds, ids, work.as_deref(), &isolation)
+        });
     }
     let child = c
         .spawn()

@@ -374,6 +374,10 @@ pub struct AuditEntry {
     pub actor: String,
     pub action: String,
     pub target: String,
+    /// What was done, where the action says more than its target (the
+    /// command a `job exec` ran, …).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
 
 // ---- tenants ----
@@ -1434,6 +1438,50 @@ pub struct Desired {
     /// time (Unix seconds) are cleared: an admin's `gpuflow node clear`.
     #[serde(default)]
     pub health_cleared_at: u64,
+    /// Sessions into running tasks (`job exec`, `job attach`) the agent
+    /// opens: each connects to `/v1/agent/exec/{session}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<SessionOrder>,
+}
+
+/// A session into a running task, relayed by the server between a client
+/// and the task's agent over WebSocket. Binary messages carry bytes: from
+/// the client, the command's input; to it, a channel byte (1: stdout, 2:
+/// stderr) then output. Text messages carry [`SessionControl`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionOrder {
+    pub session: String,
+    pub job: u64,
+    pub attempt: u32,
+    pub group: u16,
+    pub index: u32,
+    /// A command to run as the task runs (its user, cgroup, directory,
+    /// environment, namespaces and seccomp filter); empty: attach to the
+    /// task's own output instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Run the command on a terminal of its own (stdout and stderr as one).
+    #[serde(default)]
+    pub tty: bool,
+    #[serde(default)]
+    pub rows: u16,
+    #[serde(default)]
+    pub cols: u16,
+}
+
+/// A session's control messages (JSON in WebSocket text messages).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionControl {
+    /// From the client: the terminal's new size.
+    Resize { rows: u16, cols: u16 },
+    /// From the client: no more input.
+    Eof,
+    /// To the client: the command ended with this status (128 + a signal's
+    /// number when a signal ended it).
+    Exit { code: i32 },
+    /// To the client: the session could not go on.
+    Error { message: String },
 }
 
 /// Job lists are filtered by these.

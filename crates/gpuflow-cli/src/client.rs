@@ -154,6 +154,34 @@ pub enum JobCmd {
     /// Why a job waits (or what it is doing): a job id, or a Kubernetes
     /// pod gpuflow schedules as NAMESPACE/POD (read through the kubeconfig).
     Why { id: String },
+    /// Runs a command beside a running task, as the task runs (its user,
+    /// directory, environment, cgroup and namespaces), as `kubectl exec` or
+    /// `srun --jobid N --pty` do: input passes through and the exit status
+    /// is the command's. Audited. E.g. `gpuflow job exec 12 -t -- bash`.
+    Exec {
+        id: u64,
+        /// The task, GROUP/INDEX (default: the job's first running task).
+        #[arg(long)]
+        task: Option<String>,
+        /// Give the command a terminal (the default when stdin is one).
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// Never give the command a terminal.
+        #[arg(short = 'T', long, conflicts_with = "tty")]
+        no_tty: bool,
+        /// The command and its arguments, after `--`.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// Follows a running task's output as it writes it, stdout and stderr
+    /// apart, as `sattach` or `kubectl attach` do (a task reads no input, so
+    /// none is passed); Ctrl-C detaches.
+    Attach {
+        id: u64,
+        /// The task, GROUP/INDEX (default: the job's first running task).
+        #[arg(long)]
+        task: Option<String>,
+    },
     /// Each task's output: the server keeps the whole output of each task
     /// of the last five attempts, up to the job's log limit (16 MiB by
     /// default), then the last 16 KiB of each stream.
@@ -953,8 +981,8 @@ fn server_url(server: &str) -> anyhow::Result<String> {
 
 pub(crate) struct Client {
     http: ureq::Agent,
-    base: String,
-    token: String,
+    pub(crate) base: String,
+    pub(crate) token: String,
 }
 
 impl Client {
@@ -1736,6 +1764,19 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 print(conn.output, &v, |j| job_text(j, &c.base));
                 Ok(())
             })?;
+        }
+        JobCmd::Exec {
+            id,
+            task,
+            tty,
+            no_tty,
+            command,
+        } => {
+            let code = crate::session::exec(conn, &c, id, task, tty, no_tty, &command)?;
+            std::process::exit(code);
+        }
+        JobCmd::Attach { id, task } => {
+            crate::session::attach(conn, &c, id, task)?;
         }
         JobCmd::Stats { id } => {
             let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;

@@ -7,6 +7,7 @@ mod bench_api;
 mod client;
 mod k8s;
 mod platform;
+mod session;
 mod sim;
 mod whatif;
 

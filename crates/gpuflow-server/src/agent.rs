@@ -357,6 +357,7 @@ pub async fn heartbeat(
         heartbeat_s: shared.cfg.heartbeat_s,
         lease_s: shared.cfg.node_timeout_s,
         health_cleared_at: world.nodes.get(&name).map_or(0, |n| n.health_cleared_at),
+        sessions: shared.sessions.orders_for(&name),
     }))
 }
 

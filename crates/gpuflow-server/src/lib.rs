@@ -194,6 +194,8 @@ pub struct Shared {
     pub cycle_failures: std::sync::atomic::AtomicU64,
     /// Held while the server runs: the data directory's exclusive lock.
     pub data_lock: std::fs::File,
+    /// Sessions into running tasks waiting for their agent (`job exec`).
+    pub sessions: http::exec::Sessions,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -469,6 +471,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             rates,
             applier: Mutex::new(()),
             data_lock: lock,
+            sessions: Default::default(),
         }),
         new_admin_token,
         join_token,

@@ -91,6 +91,22 @@ pub const ROUTES: &[Route] = &[
         None,
     ),
     r(
+        "get",
+        "/v1/jobs/{id}/exec",
+        "its team's members and leads; admins",
+        "WebSocket: runs `command` (a JSON array) beside a running task (`task=GROUP/INDEX`), on a terminal with `tty=true` (`rows`, `cols`); binary messages carry input and, after a channel byte (1 stdout, 2 stderr), output; text messages carry SessionControl. Audited",
+        None,
+        None,
+    ),
+    r(
+        "get",
+        "/v1/jobs/{id}/attach",
+        "its team's members and leads; admins",
+        "WebSocket: a running task's output as it is written (binary messages as for exec). Audited",
+        None,
+        None,
+    ),
+    r(
         "post",
         "/v1/jobs/{id}/proxy-session",
         "any token (own team)",
@@ -498,6 +514,14 @@ pub const ROUTES: &[Route] = &[
         Some("Heartbeat"),
         Some("Desired"),
     ),
+    r(
+        "get",
+        "/v1/agent/exec/{session}",
+        "node token (the session's node)",
+        "WebSocket: the agent's side of a session the server named in a heartbeat reply",
+        None,
+        None,
+    ),
 ];
 
 /// JSON Schemas (2020-12, as OpenAPI 3.1 uses) of every body, by name.
@@ -578,7 +602,7 @@ fn path_param(path: &str, name: &str) -> Value {
         }
         ("id", _) => json!({"type": "string", "pattern": "^[0-9a-f]{16}$"}),
         ("port", _) => json!({"type": "integer", "minimum": 1, "maximum": 65535}),
-        ("path", _) => json!({"type": "string"}),
+        ("path" | "session", _) => json!({"type": "string"}),
         ("action", p) if p.starts_with("/v1/jobs/") => {
             json!({"type": "string", "enum": ["cancel", "suspend", "resume", "hold", "release"]})
         }
@@ -641,6 +665,27 @@ fn query_params(method: &str, path: &str) -> Vec<Value> {
                 "jobs submitted before this Unix time",
             ),
         ],
+        ("get", "/v1/jobs/{id}/exec" | "/v1/jobs/{id}/attach") => {
+            let mut v = vec![q(
+                "task",
+                json!({"type": "string"}),
+                "GROUP/INDEX (default: the job's first running task)",
+            )];
+            if path.ends_with("/exec") {
+                let size = || json!({"type": "integer", "minimum": 1, "maximum": 65535});
+                v.extend([
+                    q(
+                        "command",
+                        json!({"type": "string"}),
+                        "the command, a JSON array of strings (required)",
+                    ),
+                    q("tty", json!({"type": "boolean"}), "run it on a terminal"),
+                    q("rows", size(), "the terminal's rows"),
+                    q("cols", size(), "the terminal's columns"),
+                ]);
+            }
+            v
+        }
         ("get", "/v1/jobs/{id}/logs") => vec![
             q(
                 "attempt",

@@ -130,6 +130,7 @@ async fn audit(
                 actor: a.entry.actor,
                 action: a.entry.action,
                 target: a.entry.target,
+                detail: a.entry.detail,
             })
             .collect(),
     ))

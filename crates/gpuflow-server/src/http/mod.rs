@@ -8,6 +8,7 @@
 
 mod clusters;
 mod events;
+pub mod exec;
 mod jobs;
 pub mod metrics;
 mod nodes;
@@ -115,6 +116,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(clusters::router())
         .merge(services::router())
         .merge(proxy::router())
+        .merge(exec::router())
         .merge(webhooks::router())
         .merge(reservations::router())
         .merge(metrics::router())

@@ -1,0 +1,356 @@
+//! Sessions into running tasks: `job exec` runs a command beside a task
+//! (its user, cgroup, directory, environment, namespaces and seccomp
+//! filter), on a terminal of its own or on pipes; `job attach` follows a
+//! task's own output as it is written. Authorised like cancel (the job's
+//! team's members and leads, admins; others get 404 as for the job, a
+//! viewer 403) and audited with who ran what.
+//!
+//! The client speaks WebSocket to the server; the server asks the task's
+//! agent in its next heartbeat reply to connect to
+//! `/v1/agent/exec/{session}` with its node token, and relays messages
+//! between the two unchanged (`api::SessionOrder` says what they carry).
+//! The agent connects out, as it does for heartbeats: nodes need no
+//! listening port.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::auth::{Caller, hash, new_token};
+use crate::{Change, commit, now};
+
+/// How long a session waits for its agent to connect.
+const AGENT_WAIT: Duration = Duration::from_secs(20);
+
+/// Sessions opened by clients whose agent has not connected yet.
+#[derive(Default)]
+pub struct Sessions {
+    open: std::sync::Mutex<HashMap<String, Pending>>,
+}
+
+struct Pending {
+    node: String,
+    order: api::SessionOrder,
+    /// Given to the agent in a heartbeat reply.
+    sent: bool,
+    agent: oneshot::Sender<WebSocket>,
+    at: Instant,
+}
+
+impl Sessions {
+    /// The sessions node `node`'s agent has not been told of yet (each
+    /// told once); those whose client gave up are forgotten.
+    pub fn orders_for(&self, node: &str) -> Vec<api::SessionOrder> {
+        let mut open = self.open.lock().expect("sessions lock");
+        open.retain(|_, p| p.at.elapsed() < AGENT_WAIT && !p.agent.is_closed());
+        open.values_mut()
+            .filter(|p| p.node == node && !p.sent)
+            .map(|p| {
+                p.sent = true;
+                p.order.clone()
+            })
+            .collect()
+    }
+
+    fn open(&self, node: &str, order: api::SessionOrder) -> oneshot::Receiver<WebSocket> {
+        let (tx, rx) = oneshot::channel();
+        self.open.lock().expect("sessions lock").insert(
+            order.session.clone(),
+            Pending {
+                node: node.into(),
+                order,
+                sent: false,
+                agent: tx,
+                at: Instant::now(),
+            },
+        );
+        rx
+    }
+
+    /// The way to hand session `id` its agent's socket, when it is open
+    /// and on `node`.
+    fn take(&self, id: &str, node: &str) -> Option<oneshot::Sender<WebSocket>> {
+        let mut open = self.open.lock().expect("sessions lock");
+        if open.get(id).is_none_or(|p| p.node != node) {
+            return None;
+        }
+        open.remove(id).map(|p| p.agent)
+    }
+}
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/jobs/{id}/exec", get(exec))
+        .route("/v1/jobs/{id}/attach", get(attach))
+        .route("/v1/agent/exec/{session}", get(agent_side))
+}
+
+#[derive(Debug, Default)]
+struct SessionQuery {
+    /// `group/index`; default: the job's first running task.
+    task: Option<String>,
+    /// The command, a JSON array of strings (exec only).
+    command: Option<String>,
+    tty: Option<bool>,
+    rows: Option<u16>,
+    cols: Option<u16>,
+}
+
+impl SessionQuery {
+    /// The query's parameters, each checked; `allowed` names those the
+    /// endpoint takes.
+    fn parse(q: &BTreeMap<String, String>, allowed: &[&str]) -> Result<SessionQuery, Error> {
+        let bad = |m: String| Error::from(ApiError::bad_request("bad_query", m));
+        if let Some(k) = q.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(bad(format!(
+                "unknown parameter {k:?}; allowed: {}",
+                allowed.join(", ")
+            )));
+        }
+        let size = |k: &str| -> Result<Option<u16>, Error> {
+            q.get(k)
+                .map(|v| {
+                    v.parse::<u16>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| bad(format!("{k}: {v:?} is not a number from 1 to 65535")))
+                })
+                .transpose()
+        };
+        Ok(SessionQuery {
+            task: q.get("task").cloned(),
+            command: q.get("command").cloned(),
+            tty: q
+                .get("tty")
+                .map(|v| match v.as_str() {
+                    "true" => Ok(true),
+                    "false" => Ok(false),
+                    _ => Err(bad(format!("tty: {v:?} is neither true nor false"))),
+                })
+                .transpose()?,
+            rows: size("rows")?,
+            cols: size("cols")?,
+        })
+    }
+}
+
+type Upgrade = Result<WebSocketUpgrade, WebSocketUpgradeRejection>;
+
+fn upgrade(ws: Upgrade) -> Result<WebSocketUpgrade, Error> {
+    ws.map_err(|e| {
+        ApiError::bad_request(
+            "websocket_required",
+            format!("{e}: this endpoint speaks WebSocket (`gpuflow job exec` and `job attach` do)"),
+        )
+        .into()
+    })
+}
+
+async fn exec(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    ws: Upgrade,
+) -> Result<Response, Error> {
+    let q = SessionQuery::parse(&q, &["task", "command", "tty", "rows", "cols"])?;
+    let bad = |m: &str| Error::from(ApiError::bad_request("bad_command", m.to_string()));
+    let command: Vec<String> = match &q.command {
+        None => {
+            return Err(bad(
+                "name the command to run: command=[\"sh\"] (a JSON array)",
+            ));
+        }
+        Some(c) => serde_json::from_str(c)
+            .map_err(|e| bad(&format!("command must be a JSON array of strings: {e}")))?,
+    };
+    if command.first().is_none_or(|c| c.is_empty()) || command.len() > 256 {
+        return Err(bad("command must name a program (at most 256 words)"));
+    }
+    if command.iter().any(|w| w.contains('\0')) {
+        return Err(bad("command holds a NUL byte"));
+    }
+    open_session(&shared, &caller, &id, &q, command, upgrade(ws)?).await
+}
+
+async fn attach(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    ws: Upgrade,
+) -> Result<Response, Error> {
+    let q = SessionQuery::parse(&q, &["task"])?;
+    open_session(&shared, &caller, &id, &q, Vec::new(), upgrade(ws)?).await
+}
+
+/// Checks the caller may open a session into job `id`'s task, audits it,
+/// asks its agent for it and relays once the agent connects.
+async fn open_session(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    id: &str,
+    q: &SessionQuery,
+    command: Vec<String>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, Error> {
+    let id = super::jobs::job_id(id)?;
+    let what = if command.is_empty() { "attach" } else { "exec" };
+    let (node, order) = {
+        let mut world = shared.world.lock().await;
+        super::jobs::visible(&world, caller, id)?;
+        let j = world.jobs.get(&id).ok_or_else(|| {
+            ApiError::conflict(format!("job {id} is not running: nothing to {what} into"))
+        })?;
+        if j.state.finished() {
+            return Err(ApiError::conflict(format!(
+                "job {id} has ended ({}): nothing to {what} into",
+                j.state.as_str()
+            ))
+            .into());
+        }
+        if !caller.acts_on_jobs(&j.team) {
+            return Err(ApiError::forbidden(format!(
+                "{what} needs a member or lead of team {:?}, or an admin",
+                j.team
+            ))
+            .into());
+        }
+        let running: Vec<_> = j
+            .tasks
+            .iter()
+            .filter(|t| t.phase == api::TaskPhase::Running)
+            .filter_map(|t| {
+                let a = j
+                    .allocs
+                    .iter()
+                    .find(|a| a.group == t.group && a.index == t.index)?;
+                let name = j.spec.tasks.get(t.group as usize)?.name.clone();
+                Some((format!("{name}/{}", t.index), t, a.node.clone()))
+            })
+            .collect();
+        let pick = match &q.task {
+            None => running.first(),
+            Some(want) => running.iter().find(|(name, ..)| name == want),
+        };
+        let Some((name, t, node)) = pick else {
+            let names: Vec<&str> = running.iter().map(|(n, ..)| n.as_str()).collect();
+            return Err(ApiError::conflict(match (&q.task, names.is_empty()) {
+                (_, true) => format!("job {id} has no running task to {what} into"),
+                (Some(want), false) => format!(
+                    "job {id} has no running task {want:?}; its running tasks: {}",
+                    names.join(", ")
+                ),
+                (None, false) => unreachable!("a first running task exists"),
+            })
+            .into());
+        };
+        let order = api::SessionOrder {
+            session: new_token("gfs_"),
+            job: id,
+            attempt: j.attempts,
+            group: t.group,
+            index: t.index,
+            command: command.clone(),
+            tty: q.tty.unwrap_or(false),
+            rows: q.rows.unwrap_or(24),
+            cols: q.cols.unwrap_or(80),
+        };
+        let node = node.clone();
+        let detail = if command.is_empty() {
+            format!("task {name} on node {node}")
+        } else {
+            format!(
+                "task {name} on node {node}{}: {}",
+                if order.tty { " (terminal)" } else { "" },
+                serde_json::to_string(&command).unwrap_or_default()
+            )
+        };
+        let mut change = Change::default();
+        change.audit(
+            now(),
+            &caller.user.name,
+            &format!("job.{what}"),
+            &format!("job/{id}"),
+            detail,
+        );
+        commit(shared.store.as_ref(), &mut world, change).await?;
+        (node, order)
+    };
+    let session = order.session.clone();
+    let agent = shared.sessions.open(&node, order);
+    Ok(ws.on_upgrade(move |client| relay(client, agent, session)))
+}
+
+fn control(c: &api::SessionControl) -> Message {
+    Message::Text(serde_json::to_string(c).unwrap_or_default().into())
+}
+
+/// Relays session `session`'s messages between its client and its agent
+/// until either closes.
+async fn relay(mut client: WebSocket, agent: oneshot::Receiver<WebSocket>, session: String) {
+    let Ok(Ok(mut agent)) = tokio::time::timeout(AGENT_WAIT, agent).await else {
+        tracing::warn!(session, "a session's agent did not connect");
+        let _ = client
+            .send(control(&api::SessionControl::Error {
+                message: format!(
+                    "the task's agent did not connect within {} s (is its node up?)",
+                    AGENT_WAIT.as_secs()
+                ),
+            }))
+            .await;
+        let _ = client.send(Message::Close(None)).await;
+        return;
+    };
+    let pass = |m: &Message| matches!(m, Message::Text(_) | Message::Binary(_));
+    loop {
+        tokio::select! {
+            m = client.recv() => match m {
+                Some(Ok(m)) if pass(&m) => if agent.send(m).await.is_err() { break },
+                Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            },
+            m = agent.recv() => match m {
+                Some(Ok(m)) if pass(&m) => if client.send(m).await.is_err() { break },
+                Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+    let _ = agent.send(Message::Close(None)).await;
+    let _ = client.send(Message::Close(None)).await;
+}
+
+/// The agent's side of a session: its node token must name the session's
+/// node.
+async fn agent_side(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(session): Path<String>,
+    ws: Upgrade,
+) -> Result<Response, Error> {
+    let unauthenticated = || {
+        Error::from(ApiError::new(
+            401,
+            "unauthenticated",
+            "the node token is not valid: register again",
+        ))
+    };
+    let token = crate::auth::bearer(&headers).ok_or_else(unauthenticated)?;
+    let node = {
+        let world = shared.world.lock().await;
+        world.node_by_token.get(&hash(token)).cloned()
+    }
+    .ok_or_else(unauthenticated)?;
+    let ws = upgrade(ws)?;
+    let tx = shared.sessions.take(&session, &node).ok_or_else(|| {
+        ApiError::not_found(format!("no session {session} waits for node {node}"))
+    })?;
+    Ok(ws.on_upgrade(move |socket| async move {
+        let _ = tx.send(socket);
+    }))
+}
