@@ -1280,6 +1280,29 @@ fn room_that_frees_on_a_cordoned_node_or_a_failed_gpu_does_not_count_for_an_esti
     .assert_eq(&out);
 }
 
+/// Room on a node the job may not use makes no room for it: job 3 selects
+/// zone b, so it waits for n2's job to end at t=300, though n1 (zone a)
+/// has all its GPUs idle. The estimate said "now" (t=10), every cycle.
+#[test]
+fn idle_gpus_on_a_node_the_job_may_not_use_do_not_count_for_its_estimate() {
+    let out = run("
+        node n1 gpus=8*H100 labels=zone:a
+        node n2 gpus=8*H100 labels=zone:b
+        queue org H100=16
+        config backfill=off
+        run 2 queue=org gpu=whole:5 cpu=1 runtime=300 started=0 select=zone:b
+        job 3 queue=org gpu=whole:4 cpu=1 select=zone:b
+        job 4 queue=org gpu=whole:4 cpu=1 select=zone:a
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          start job 4 on H100: n1[0,1,2,3]
+          pending job 3 (#1 in queue, eta t=300): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node lacks the selected labels, 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
 /// Consolidation: a job no node can take, though the free GPUs would hold
 /// it, starts once a running job that fits elsewhere moves; the cheapest
 /// to move goes (least work lost). Nothing moves when consolidation is off,

@@ -305,6 +305,56 @@ impl Placer {
         !picks.is_empty()
     }
 
+    /// Whether node `id`'s static shape admits a task of `req` under `cons`
+    /// (state, reservation, pool, labels, taints, GPU model and health: what
+    /// the node is, not what it holds), remembered per (shape, request) as
+    /// placement remembers it. For start estimates, which count only the
+    /// room a job may use.
+    pub fn admits_statically(&mut self, id: NodeId, req: &TaskRequest, cons: &Constraints) -> bool {
+        let rid = self.intern(req, cons);
+        self.admits_statically_as(id, rid, req, cons)
+    }
+
+    /// The id placement knows a request by (see [`Placer::admits_statically_as`]).
+    pub fn request_id(&mut self, req: &TaskRequest, cons: &Constraints) -> u32 {
+        self.intern(req, cons)
+    }
+
+    /// [`Placer::admits_statically`] for a request already known as `rid`.
+    pub fn admits_statically_as(
+        &mut self,
+        id: NodeId,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> bool {
+        let shape = self.cluster.shape_id(id);
+        if let Some(r) = self.static_memo.get(&(shape, rid)) {
+            return r.is_ok();
+        }
+        let view = NodeView {
+            node: self.cluster.node(id),
+            usage: self.cluster.usage(id),
+            islands: self.cluster.islands(id),
+            req,
+            cons,
+            nvlink_scope: None,
+            reserved: self.cluster.reservation_slot(id),
+        };
+        let r = filters::run_static(&view);
+        if self.static_memo.len() >= MAX_CACHE {
+            self.static_memo.clear();
+        }
+        self.static_memo.insert((shape, rid), r);
+        r.is_ok()
+    }
+
+    /// The id of node `id`'s static shape (nodes with equal ids have equal
+    /// static shapes).
+    pub fn shape_of(&self, id: NodeId) -> u32 {
+        self.cluster.shape_id(id)
+    }
+
     /// A necessary condition of [`Placer::fits_after_release`], from counts
     /// alone: whole and fractional GPUs need as much free capacity as they
     /// ask for, and each GPU in `touched` (those the freed tasks hold) gives

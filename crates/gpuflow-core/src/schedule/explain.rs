@@ -3,10 +3,12 @@
 //! running work per node, for gangs no node can take yet).
 
 use super::*;
+use crate::NodeId;
 
 /// When nodes have room for tasks of whole GPUs, from the known ends of
-/// the work on them (constraints aside: a lower bound on when a job that
-/// no node can take yet may start).
+/// the work on them, on the nodes a job may use (what they are, not what
+/// they hold: a lower bound on when a job that no node can take yet may
+/// start).
 pub(super) struct NodeSlots {
     /// The cycle's time: when idle GPUs have room.
     now: u64,
@@ -14,43 +16,57 @@ pub(super) struct NodeSlots {
     idle: Vec<u32>,
     /// (node, end, whole GPUs given back), by node then end.
     frees: Vec<(u32, u64, u32)>,
-    /// Per GPUs-per-task size: the moments each further task of that size
-    /// finds room on some node, soonest first.
-    by_size: BTreeMap<u32, Vec<u64>>,
+    /// Each node's static shape, and a node of each shape (by shape id).
+    shape: Vec<u32>,
+    shape_node: Vec<Option<NodeId>>,
+    /// Per GPUs-per-task size and the shapes a task may use (empty: all):
+    /// the moments each further task of that size finds room on some node
+    /// it may use, soonest first.
+    by_size: BTreeMap<(u32, Vec<bool>), Vec<u64>>,
+    /// The shapes each request (by placement's id) may use (empty: all).
+    usable: rustc_hash::FxHashMap<u32, Vec<bool>>,
 }
 
 impl NodeSlots {
-    /// The moments a task of `gpus` whole GPUs finds room, one per task,
-    /// soonest first: a node with `k` tasks' room at time t adds t to the
-    /// list `k` times in all.
-    fn moments(&mut self, gpus: u32) -> &[u64] {
-        let (now, idle, frees) = (self.now, &self.idle, &self.frees);
-        self.by_size.entry(gpus).or_insert_with(|| {
-            let mut out = Vec::new();
-            // `frees` is by node, and every node is visited in order.
-            let mut k = 0;
-            for (n, &free) in idle.iter().enumerate() {
-                let mut have = free;
-                out.extend(std::iter::repeat_n(now, (have / gpus) as usize));
-                while k < frees.len() && frees[k].0 == n as u32 {
-                    let before = have / gpus;
-                    have += frees[k].2;
-                    out.extend(std::iter::repeat_n(
-                        frees[k].1,
-                        (have / gpus - before) as usize,
-                    ));
-                    k += 1;
+    /// The moments a task of `gpus` whole GPUs finds room on nodes of the
+    /// shapes in `usable` (empty: any), one per task, soonest first: a node
+    /// with `k` tasks' room at time t adds t to the list `k` times in all.
+    fn moments(&mut self, gpus: u32, usable: Vec<bool>) -> &[u64] {
+        let (now, idle, frees, shape) = (self.now, &self.idle, &self.frees, &self.shape);
+        self.by_size
+            .entry((gpus, usable))
+            .or_insert_with_key(|(_, usable)| {
+                let may = |n: usize| usable.is_empty() || usable[shape[n] as usize];
+                let mut out = Vec::new();
+                // `frees` is by node, and every node is visited in order.
+                let mut k = 0;
+                for (n, &idle_now) in idle.iter().enumerate() {
+                    let mut have = idle_now;
+                    let mut room = have / gpus;
+                    let mine = may(n);
+                    if mine {
+                        out.extend(std::iter::repeat_n(now, room as usize));
+                    }
+                    while k < frees.len() && frees[k].0 as usize == n {
+                        let (_, end, back) = frees[k];
+                        k += 1;
+                        have += back;
+                        let more = have / gpus;
+                        if mine {
+                            out.extend(std::iter::repeat_n(end, (more - room) as usize));
+                        }
+                        room = more;
+                    }
                 }
-            }
-            out.sort_unstable();
-            out
-        })
+                out.sort_unstable();
+                out
+            })
     }
 
-    /// The earliest moment, not before `at`, when nodes have room for
-    /// every whole-GPU task of `job` (each group on its own; other groups
-    /// are not bounded); `None` when the known ends never make room.
-    fn earliest(&mut self, job: &Job, at: u64) -> Option<u64> {
+    /// When `job`'s whole-GPU tasks all find room, from `at` on, on nodes
+    /// they may use (`placer` answers which); `None` when they never do
+    /// with what is known.
+    fn earliest(&mut self, job: &Job, at: u64, placer: &mut Placer) -> Option<u64> {
         let mut t = at;
         for g in &job.groups {
             let GpuRequest::Whole { count } = g.request.gpu else {
@@ -59,8 +75,25 @@ impl NodeSlots {
             if count == 0 {
                 continue;
             }
+            let rid = placer.request_id(&g.request, &job.constraints);
+            let shape_node = &self.shape_node;
+            let usable = self
+                .usable
+                .entry(rid)
+                .or_insert_with(|| {
+                    let u: Vec<bool> = shape_node
+                        .iter()
+                        .map(|n| {
+                            n.is_some_and(|n| {
+                                placer.admits_statically_as(n, rid, &g.request, &job.constraints)
+                            })
+                        })
+                        .collect();
+                    if u.iter().all(|&x| x) { Vec::new() } else { u }
+                })
+                .clone();
             let when = self
-                .moments(count as u32)
+                .moments(count as u32, usable)
                 .get(g.replicas.max(1) as usize - 1)?;
             t = t.max(*when);
         }
@@ -239,7 +272,7 @@ impl<'a> Cycle<'a> {
                 && let Some(at) = t
             {
                 let slots = node_slots.get_or_insert_with(|| self.node_slots());
-                t = slots.earliest(&self.snap.pending[i].job, at);
+                t = slots.earliest(&self.snap.pending[i].job, at, self.snap.placer);
             }
             if flag & HELD != 0 {
                 t = None;
@@ -385,11 +418,23 @@ impl<'a> Cycle<'a> {
             }
         }
         frees.sort_unstable();
+        let shape: Vec<u32> = cluster
+            .nodes()
+            .iter()
+            .map(|n| self.snap.placer.shape_of(n.id))
+            .collect();
+        let mut shape_node = vec![None; shape.iter().map(|&s| s as usize + 1).max().unwrap_or(0)];
+        for (n, &s) in cluster.nodes().iter().zip(&shape) {
+            shape_node[s as usize].get_or_insert(n.id);
+        }
         NodeSlots {
             now: self.snap.now,
             idle,
             frees,
+            shape,
+            shape_node,
             by_size: BTreeMap::new(),
+            usable: Default::default(),
         }
     }
 
