@@ -40,6 +40,32 @@ fn fnv(bytes: &[u8]) -> u64 {
     })
 }
 
+/// This work directory's own name for its tasks' directory elsewhere:
+/// drawn at random the first time and kept in it, so that a new
+/// installation on the same path (its work directory removed and made
+/// again) never finds an old one's tasks and takes them for its own.
+fn install_id(dir: &Path) -> Result<String, String> {
+    let file = dir.join("tasks-id");
+    if let Ok(id) = std::fs::read_to_string(&file) {
+        let id = id.trim();
+        if id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Ok(id.to_string());
+        }
+    }
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    // Mixed with the path: two work directories never share one.
+    let id = format!(
+        "{:016x}",
+        u64::from_str_radix(&id, 16).unwrap_or(0) ^ fnv(dir.as_os_str().as_encoded_bytes())
+    );
+    std::fs::write(&file, &id).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    Ok(id)
+}
+
 /// Chooses, creates and opens up the directory under which tasks'
 /// directories go, for an agent on `work_dir` (which exists) named `node`;
 /// `root`: the agent runs as root, so tasks run as other users.
@@ -63,10 +89,7 @@ pub fn choose(work_dir: &Path, node: &str, root: bool) -> Result<PathBuf, String
         return Ok(dir);
     };
     let fallback = Path::new(FALLBACK);
-    let tasks = fallback.join(format!(
-        "{node}-{:012x}",
-        fnv(dir.as_os_str().as_encoded_bytes()) >> 16
-    ));
+    let tasks = fallback.join(format!("{node}-{}", install_id(&dir)?));
     std::fs::create_dir_all(&tasks)
         .map_err(|e| format!("cannot create {}: {e}", tasks.display()))?;
     // `/var/lib/gpuflow` and below: ours, made by `create_dir_all` under
@@ -120,8 +143,15 @@ mod tests {
     }
 
     #[test]
-    fn the_fallback_name_is_stable_and_differs_per_work_directory() {
-        assert_eq!(fnv(b"/root/.gpuflow/agent"), fnv(b"/root/.gpuflow/agent"));
-        assert_ne!(fnv(b"/root/.gpuflow/agent"), fnv(b"/root/.gpuflow/agent2"));
+    fn the_fallback_name_is_kept_and_a_new_work_directory_gets_a_new_one() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("agent");
+        std::fs::create_dir(&dir).unwrap();
+        let first = install_id(&dir).unwrap();
+        assert_eq!(install_id(&dir).unwrap(), first, "kept across starts");
+        // The work directory removed and made again: a new installation.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        assert_ne!(install_id(&dir).unwrap(), first);
     }
 }
