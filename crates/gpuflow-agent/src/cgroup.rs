@@ -504,6 +504,25 @@ fn deny_gpus(
     Ok(())
 }
 
+/// Every GPU device minor, for a group that denies none.
+pub fn all_gpu_minors() -> Vec<u32> {
+    GPU_MINORS.collect()
+}
+
+/// The child groups of `d` (a container runtime makes one for its
+/// container inside the task's).
+fn children(d: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(d).map_or_else(
+        |_| Vec::new(),
+        |rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        },
+    )
+}
+
 /// One task's group, in each hierarchy.
 #[derive(Clone, Debug)]
 pub struct TaskGroup {
@@ -573,32 +592,59 @@ impl TaskGroup {
     pub fn pids(&self) -> Vec<i32> {
         let mut out: Vec<i32> = Vec::new();
         for d in self.bases() {
-            for p in read(&d.join("cgroup.procs"))
-                .split_whitespace()
-                .filter_map(|w| w.parse().ok())
-            {
-                if !out.contains(&p) {
-                    out.push(p);
+            // Its own and its child groups' (a container runtime's).
+            for dir in std::iter::once(d.to_path_buf()).chain(children(d)) {
+                for p in read(&dir.join("cgroup.procs"))
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                {
+                    if !out.contains(&p) {
+                        out.push(p);
+                    }
                 }
             }
         }
         out
     }
 
-    /// How many times the kernel's OOM killer killed a process of the group.
+    /// Whether the group's memory use reached its limit (v1: its peak at
+    /// its limit; v2 counts OOM kills up the tree, see
+    /// [`TaskGroup::oom_kills`]).
+    pub fn hit_memory_limit(&self) -> bool {
+        let number = |d: &Path, f: &str| read(&d.join(f)).trim().parse::<u64>().ok();
+        self.version == Version::V1
+            && self.dir("memory").is_some_and(|d| {
+                match (
+                    number(d, "memory.max_usage_in_bytes"),
+                    number(d, "memory.limit_in_bytes"),
+                ) {
+                    (Some(peak), Some(limit)) => limit < 1 << 62 && peak >= limit,
+                    _ => false,
+                }
+            })
+    }
+
+    /// How many times the kernel's OOM killer killed a process of the group
+    /// (v1 counts a kill only in the victim's own group: its child groups'
+    /// are added).
     pub fn oom_kills(&self) -> u64 {
         let Some(d) = self.dir("memory") else {
             return 0;
         };
-        let file = match self.version {
-            Version::V2 => "memory.events",
-            Version::V1 => "memory.oom_control",
+        let count = |d: &Path, file: &str| -> u64 {
+            read(&d.join(file))
+                .lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
         };
-        read(&d.join(file))
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        match self.version {
+            Version::V2 => count(d, "memory.events"),
+            Version::V1 => std::iter::once(d.to_path_buf())
+                .chain(children(d))
+                .map(|c| count(&c, "memory.oom_control"))
+                .sum(),
+        }
     }
 
     /// CPU time the group used, in microseconds, where it is accounted.
@@ -649,10 +695,13 @@ impl TaskGroup {
         }
     }
 
-    /// Kills what is left and removes the group.
+    /// Kills what is left and removes the group (its child groups first).
     pub fn remove(&self) {
         self.kill();
         for d in self.bases() {
+            for c in children(d) {
+                let _ = std::fs::remove_dir(c);
+            }
             for _ in 0..50 {
                 match std::fs::remove_dir(d) {
                     Ok(()) => break,

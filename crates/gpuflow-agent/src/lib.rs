@@ -24,6 +24,7 @@ pub mod gpu;
 pub mod isolate;
 pub mod keeper;
 pub mod migcaps;
+pub mod oci;
 pub mod session;
 pub mod task;
 pub mod taskroot;
@@ -87,6 +88,9 @@ pub struct Config {
     pub task_user_namespaces: bool,
     /// GPUs and tasks' GPU use are sampled this often.
     pub sample_interval: Duration,
+    /// The most the node's image cache keeps, MiB (least recently used
+    /// images no task runs from are removed past it).
+    pub image_cache_mib: u64,
 }
 
 /// The client of readiness checks: plain HTTP to the node's own tasks, a
@@ -360,7 +364,16 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             lease.file().as_raw_fd()
         },
         tasks: tasks_root,
+        no_images: oci::available().err(),
+        helper: std::env::current_exe().unwrap_or_else(|_| "gpuflow".into()),
+        image_cache_mib: cfg.image_cache_mib,
     };
+    match &launch.no_images {
+        None => {
+            tracing::info!(cache = %cfg.work_dir.join("images").display(), "tasks may run in OCI images (runc, skopeo, umoci)")
+        }
+        Some(why) => tracing::info!(reason = %why, "tasks cannot run in images on this node"),
+    }
     // A reply to a request sent at `sent` (boot clock) renews the lease
     // from then: tasks are signalled half-way through it and killed at five
     // sixths, before the server, counting from when it answered, takes the
@@ -390,13 +403,18 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     // first uid, reported with the limits, and the claim held meanwhile.
     let uid_base_now = std::cell::Cell::new(None::<u32>);
     let mut uid_claim: Option<user::UidClaim> = None;
+    // A node that can run images says so: tasks in images go only there.
+    let mut labels = cfg.labels.clone();
+    if launch.no_images.is_none() {
+        labels.insert(gpuflow_api::OCI_LABEL.into(), "true".into());
+    }
     let inventory = || Inventory {
         cpu_milli,
         memory_mib,
         gpus: gpus.list(),
         emulated: gpus.is_emulated(),
         address: cfg.address.clone(),
-        labels: cfg.labels.clone(),
+        labels: labels.clone(),
         pool: cfg.pool.clone(),
         limits: gpuflow_api::NodeLimits {
             task_uid_base: uid_base_now.get(),

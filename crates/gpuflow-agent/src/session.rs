@@ -194,9 +194,25 @@ pub fn start(
         (Some(t), Some(d)) if t.running() => {
             if order.command.is_empty() {
                 Ok(How::Attach(t.logs(), t.pgid()))
+            } else if let Some(status) = &t.image_status {
+                // In an image: runc enters its container.
+                let spec = status.with_extension("").with_extension("oci.json");
+                std::fs::read(&spec)
+                    .map_err(|e| format!("{}: {e}", spec.display()))
+                    .and_then(|b| {
+                        serde_json::from_slice::<crate::oci::Spec>(&b).map_err(|e| e.to_string())
+                    })
+                    .map(|spec| {
+                        let cmd = order.command.clone();
+                        How::Exec(Box::new(move |tty| crate::oci::exec(&spec, &cmd, tty)))
+                    })
             } else {
-                t.identity(d, dir, launch)
-                    .map(|who| How::Exec(Box::new((who, t.cgroup().cloned()))))
+                t.identity(d, dir, launch).map(|who| {
+                    let (cmd, group) = (order.command.clone(), t.cgroup().cloned());
+                    How::Exec(Box::new(move |tty| {
+                        crate::task::spawn_session(&who, &cmd, group.as_ref(), tty)
+                    }))
+                })
             }
         }
         _ => Err("the task is not running on this node".into()),
@@ -215,10 +231,7 @@ pub fn start(
         let result = match how {
             Err(e) => Err(e),
             Ok(How::Attach(logs, pgid)) => attach(&mut ws, &logs, pgid),
-            Ok(How::Exec(b)) => {
-                let (who, group) = *b;
-                exec(&mut ws, &order, &who, group.as_ref())
-            }
+            Ok(How::Exec(spawn)) => exec(&mut ws, &order, spawn),
         };
         let end = match result {
             Ok(code) => SessionControl::Exit { code },
@@ -231,9 +244,14 @@ pub fn start(
     });
 }
 
+/// Starts a session's command, on the terminal whose other side it is
+/// given, or on pipes.
+type Spawn =
+    Box<dyn FnOnce(Option<std::os::fd::OwnedFd>) -> Result<std::process::Child, String> + Send>;
+
 enum How {
     Attach([PathBuf; 2], i32),
-    Exec(Box<(crate::task::ProbeAs, Option<crate::cgroup::TaskGroup>)>),
+    Exec(Spawn),
 }
 
 /// What the client sent, read for at most a tick.
@@ -304,12 +322,7 @@ fn set_size(fd: i32, rows: u16, cols: u16) {
 }
 
 /// Runs the session's command; its exit status.
-fn exec(
-    ws: &mut WebSocket<Stream>,
-    order: &SessionOrder,
-    who: &crate::task::ProbeAs,
-    group: Option<&crate::cgroup::TaskGroup>,
-) -> Result<i32, String> {
+fn exec(ws: &mut WebSocket<Stream>, order: &SessionOrder, spawn: Spawn) -> Result<i32, String> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let _ = ws
         .get_ref()
@@ -342,14 +355,14 @@ fn exec(
         let (master, slave) = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
         set_size(master.as_raw_fd(), order.rows, order.cols);
         master_fd = master.as_raw_fd();
-        let child = crate::task::spawn_session(who, &order.command, group, Some(slave))?;
+        let child = spawn(Some(slave))?;
         let reader = std::fs::File::from(master.try_clone().map_err(|e| e.to_string())?);
         pump(reader, 1, tx.clone());
         streams += 1;
         input = Some(Box::new(std::fs::File::from(master)));
         child
     } else {
-        let mut child = crate::task::spawn_session(who, &order.command, group, None)?;
+        let mut child = spawn(None)?;
         input = child
             .stdin
             .take()

@@ -55,6 +55,12 @@ pub struct Launch {
     /// directory, or a directory the tasks' users can reach when it is
     /// not. Empty: the work directory.
     pub tasks: PathBuf,
+    /// Why this node cannot run tasks in images (`None`: it can).
+    pub no_images: Option<String>,
+    /// This program, whose `oci-run` starts a task in an image.
+    pub helper: PathBuf,
+    /// The image cache's size limit, MiB.
+    pub image_cache_mib: u64,
 }
 
 impl Launch {
@@ -81,6 +87,9 @@ impl Default for Launch {
             mig_ids: BTreeMap::new(),
             isolation: crate::isolate::Policy::default(),
             tasks: PathBuf::new(),
+            no_images: Some("not set up".into()),
+            helper: PathBuf::new(),
+            image_cache_mib: 20 << 10,
         }
     }
 }
@@ -198,6 +207,8 @@ pub struct Task {
     pub port: Option<u16>,
     /// The ports it declared, by name, in its spec's order.
     pub ports: Vec<(String, u16)>,
+    /// Where its image's pull is reported (`oci.rs`), when it runs in one.
+    pub image_status: Option<PathBuf>,
     /// Its readiness check, and its last answer and when.
     pub readiness: Option<gpuflow_api::job::Readiness>,
     pub ready: Option<bool>,
@@ -242,6 +253,8 @@ pub struct Record {
     pub port: Option<u16>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<(String, u16)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_status: Option<PathBuf>,
     #[serde(default)]
     pub readiness: Option<gpuflow_api::job::Readiness>,
 }
@@ -326,6 +339,7 @@ impl Task {
             util_sum: 0.0,
             port: None,
             ports: Vec::new(),
+            image_status: None,
             readiness: None,
             ready: None,
             probed_at: None,
@@ -447,6 +461,16 @@ impl Task {
                         .collect();
                     caps.rule(&ids)
                 });
+                // In an image, runc confines the container's devices in a
+                // group of its own inside the task's, allowing only its GPUs
+                // (`oci.rs`); the v1 controller lets a child allow only what
+                // its parent allows whole, so the task's own group (runc's
+                // alone) stays open.
+                let (minors, caps) = if t.image.is_some() {
+                    (crate::cgroup::all_gpu_minors(), None)
+                } else {
+                    (minors, caps)
+                };
                 task.group = Some(
                     c.create(key(t), limits, &minors, caps.as_ref())
                         .map_err(|e| format!("cannot set its limits: {e}"))?,
@@ -490,13 +514,44 @@ impl Task {
                 _ => checkpoint.clone(),
             };
             let env = environment(t, &task_dir, user.as_ref(), task.port, &task.ports);
-            let mut cmd = Command::new(&t.command[0]);
-            cmd.args(&t.command[1..])
-                .env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
-                .envs(mps_env(&t.limits))
-                .stdin(Stdio::null())
+            let mut cmd = match &t.image {
+                None => {
+                    let mut cmd = Command::new(&t.command[0]);
+                    cmd.args(&t.command[1..])
+                        .env_clear()
+                        .envs(env.iter().map(|(k, v)| (k, v)))
+                        .env("GPUFLOW_CHECKPOINT_FILE", &checkpoint_env)
+                        .envs(mps_env(&t.limits));
+                    cmd
+                }
+                Some(image) => {
+                    let spec = image_spec(
+                        t,
+                        image,
+                        &task_dir,
+                        &env,
+                        &checkpoint,
+                        user.as_ref(),
+                        task.group.as_ref(),
+                        dir,
+                        launch,
+                    )?;
+                    task.image_status = Some(spec.status.clone());
+                    let path = dir
+                        .join("state")
+                        .join(format!("job-{job}-a{attempt}-g{group}-i{index}.oci.json"));
+                    std::fs::write(&path, serde_json::to_vec(&spec).map_err(|e| e.to_string())?)
+                        .map_err(io)?;
+                    let mut cmd = Command::new(&launch.helper);
+                    cmd.arg("oci-run").arg(&path).env_clear().env(
+                        "PATH",
+                        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    );
+                    cmd
+                }
+            };
+            let in_image = t.image.is_some();
+            cmd.stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err)
                 .process_group(0)
@@ -542,8 +597,13 @@ impl Task {
                         crate::keeper::keep(pid, lease_fd, exit_fd, stop_signal, &reach);
                     }
                     // The task becomes itself; its keeper stays outside
-                    // its cgroup.
-                    become_task(&procs_fds, ids, work.as_deref(), &isolation)?;
+                    // its cgroup. In an image, runc makes it its user,
+                    // namespaces and all.
+                    if in_image {
+                        join(&procs_fds)?;
+                    } else {
+                        become_task(&procs_fds, ids, work.as_deref(), &isolation)?;
+                    }
                     libc::umask(0o022);
                     Ok(())
                 });
@@ -611,6 +671,7 @@ impl Task {
             util_sum: 0.0,
             port: r.port,
             ports: r.ports.clone(),
+            image_status: r.image_status.clone(),
             readiness: r.readiness.clone(),
             ready: None,
             probed_at: None,
@@ -648,6 +709,7 @@ impl Task {
             limits: self.limits,
             port: self.port,
             ports: self.ports.clone(),
+            image_status: self.image_status.clone(),
             readiness: self.readiness.clone(),
         })
     }
@@ -730,7 +792,14 @@ impl Task {
         let Some(g) = self.group.take() else {
             return;
         };
-        if g.oom_kills() > 0 {
+        // In an image the container's own group (runc's, inside the task's)
+        // is gone with its count by now: a container killed by SIGKILL
+        // whose task's group reached its memory limit was the kernel's OOM
+        // kill.
+        let container_oom = self.image_status.is_some()
+            && self.exit_code == Some(128 + libc::SIGKILL)
+            && g.hit_memory_limit();
+        if g.oom_kills() > 0 || container_oom {
             self.breach = Some(Breach::Memory);
             self.message = if self.memory_mib > 0 {
                 format!(
@@ -1005,6 +1074,18 @@ impl Task {
             *budget = budget.saturating_sub(c.len);
             Some(c)
         };
+        let image: Option<gpuflow_api::ImageReport> = self
+            .image_status
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        // An image that could not be pulled or run says why it ended.
+        let message = match &image {
+            Some(i) if !i.error.is_empty() && self.message.is_empty() && !self.running() => {
+                format!("its image: {}", i.error)
+            }
+            _ => self.message.clone(),
+        };
         TaskReport {
             job,
             attempt,
@@ -1019,9 +1100,10 @@ impl Task {
             exit_code: self.exit_code,
             started_at: Some(self.started_at).filter(|&t| t > 0),
             checkpoint_at: checkpoint_time(&self.checkpoint),
-            message: self.message.clone(),
+            message,
             breach: self.breach,
             usage: (self.usage.samples > 0).then(|| self.usage.clone()),
+            image,
         }
     }
 }
@@ -1063,6 +1145,98 @@ fn environment(
         env.push((format!("GPUFLOW_BASE_URL_{name}"), base(*p)));
     }
     env
+}
+
+/// In a forked child before exec: joins the task's cgroup (writes `0` to
+/// each hierarchy's `cgroup.procs`). Async-signal-safe.
+fn join(procs_fds: &[i32]) -> std::io::Result<()> {
+    for &fd in procs_fds {
+        // SAFETY: a write of two bytes from a static buffer.
+        if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What `oci-run` needs to run task `t` in `image` (see `oci.rs`).
+#[allow(clippy::too_many_arguments)]
+fn image_spec(
+    t: &DesiredTask,
+    image: &str,
+    task_dir: &Path,
+    env: &[(String, String)],
+    checkpoint: &Path,
+    user: Option<&crate::user::RunAs>,
+    group: Option<&crate::cgroup::TaskGroup>,
+    dir: &Path,
+    launch: &Launch,
+) -> Result<crate::oci::Spec, String> {
+    if let Some(why) = &launch.no_images {
+        return Err(format!("this node cannot run images: {why}"));
+    }
+    let Some(u) = user else {
+        return Err("this node cannot run images: the agent is not root".into());
+    };
+    let (job, attempt, g, index) = key(t);
+    let mut env = env.to_vec();
+    env.push((
+        "GPUFLOW_CHECKPOINT_FILE".into(),
+        checkpoint.display().to_string(),
+    ));
+    env.extend(
+        mps_env(&t.limits)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    // Its GPUs' device nodes, and the driver's shared ones, where they are.
+    let mut devices = Vec::new();
+    let mut add = |path: String| {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if let Ok(m) = std::fs::metadata(&path)
+            && m.file_type().is_char_device()
+        {
+            let rdev = m.rdev();
+            devices.push((path, libc::major(rdev), libc::minor(rdev)));
+        }
+    };
+    for &i in &t.gpus {
+        if let Some(minor) = launch.gpu_minors.get(i as usize) {
+            add(format!("/dev/nvidia{minor}"));
+        }
+    }
+    if !t.gpus.is_empty() {
+        for d in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
+            add(d.into());
+        }
+    }
+    let state = dir.join("state");
+    Ok(crate::oci::Spec {
+        image: image.to_string(),
+        args: t.command.clone(),
+        env,
+        cwd: t
+            .working_dir
+            .clone()
+            .unwrap_or_else(|| task_dir.display().to_string()),
+        uid: u.uid,
+        gid: u.gid,
+        task_dir: task_dir.to_path_buf(),
+        // runc, started in the task's group, puts the container in a
+        // group of its own inside it (a relative path is taken from runc's
+        // own group in each hierarchy; the agent's groups sit at different
+        // depths in different ones): the task's limits hold for both.
+        cgroup: group.map(|_| "container".to_string()),
+        devices,
+        cache: dir.join("images"),
+        cache_mib: launch.image_cache_mib,
+        runc_root: state.join("runc"),
+        id: format!(
+            "gpuflow-{job}-{attempt}-{g}-{index}-{:x}",
+            std::process::id()
+        ),
+        status: state.join(format!("job-{job}-a{attempt}-g{g}-i{index}.image.json")),
+    })
 }
 
 /// In a forked child before exec: joins the task's cgroup and enters its

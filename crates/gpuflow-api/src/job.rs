@@ -257,6 +257,26 @@ pub struct TaskGroupSpec {
     /// `[http]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<String>,
+    /// An OCI image the task runs in (`registry.example.com/team/pytorch:2.4`,
+    /// `127.0.0.1:5000/team/busybox@sha256:…`), pulled by its node and run
+    /// by runc as the task runs otherwise (its user, limits, environment,
+    /// directory and `$HOME` bound in at the same path, the node's
+    /// network). The digest pulled is recorded on the job and a retry runs
+    /// the same one. None: a process on the node itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// Whether `image` reads as an image reference: `[host[:port]/]path[:tag][@digest]`.
+pub fn valid_image(image: &str) -> bool {
+    !image.is_empty()
+        && image.len() <= 512
+        && !image.starts_with(['/', '.', '-', ':', '@'])
+        && image
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/:._-@+".contains(c))
+        && image.split('@').count() <= 2
+        && !image.contains("//")
 }
 
 /// The most ports one task may declare.
@@ -612,6 +632,16 @@ impl JobSpec {
                 bad(at("replicas"), format!("must be 1 to {MAX_REPLICAS}"));
             }
             total += g.replicas as u64;
+            if let Some(i) = &g.image
+                && !valid_image(i)
+            {
+                bad(
+                    at("image"),
+                    format!(
+                        "{i:?} is not an image reference: [HOST[:PORT]/]PATH[:TAG][@sha256:DIGEST], e.g. 127.0.0.1:5000/team/busybox:1"
+                    ),
+                );
+            }
             if g.ports.len() > MAX_PORTS {
                 bad(at("ports"), format!("at most {MAX_PORTS} ports a task"));
             }
@@ -831,6 +861,36 @@ tasks:
         )
         .unwrap_err();
         assert!(e.to_string().contains("array"), "{e}");
+    }
+
+    #[test]
+    fn an_image_reference_is_checked_for_what_a_registry_takes() {
+        for ok in [
+            "busybox",
+            "127.0.0.1:5000/team/busybox:1",
+            "registry.example.com/team/pytorch:2.4-cuda12",
+            "127.0.0.1:5000/team/busybox@sha256:1deb40ce5ce4733a4d9f1dfbc121e2f968256bc0bd6de94d6e559b91f5714ecb",
+        ] {
+            assert!(valid_image(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-rm",
+            "a b",
+            "x;rm -rf /",
+            "a//b",
+            "/abs",
+            "a@b@c",
+            "a\nb",
+        ] {
+            assert!(!valid_image(bad), "{bad:?}");
+        }
+        let spec = GOOD.replace(
+            "    command: [python, train.py]",
+            "    command: [python, train.py]\n    image: 'x y'",
+        );
+        let e = JobSpec::parse(spec.as_bytes(), false).unwrap_err();
+        assert!(e.message.contains("tasks[0].image"), "{e}");
     }
 
     #[test]

@@ -115,6 +115,29 @@ pub struct TaskView {
     /// the server proxies to it (`/v1/jobs/{id}/proxy/{port}/`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortView>,
+    /// The digest of the image it runs in, once pulled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+}
+
+/// The label a node that can run images (runc, skopeo and umoci found)
+/// gives itself, `true`; tasks with an image are placed only there.
+pub const OCI_LABEL: &str = "gpuflow.io/oci";
+
+/// How a task's image was pulled.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ImageReport {
+    /// The manifest's digest (`sha256:…`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    /// MiB fetched from the registry (0: it was in the node's cache).
+    #[serde(default)]
+    pub pulled_mib: f64,
+    #[serde(default)]
+    pub seconds: f64,
+    /// Why it could not be pulled or run (the registry's words).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 /// A port a running task serves on.
@@ -1109,6 +1132,9 @@ pub struct TaskReport {
     /// The ports it serves on by name, when it declared some.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<String, u16>,
+    /// Its image, once its node pulled it (or failed to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageReport>,
     /// Its readiness check's last answer, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
@@ -1394,6 +1420,10 @@ pub struct DesiredTask {
     /// (`GPUFLOW_PORT_<NAME>`; the first is `PORT` too, unless `port`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<String>,
+    /// The OCI image it runs in (pinned to the digest an earlier attempt
+    /// pulled, when there was one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// How the agent checks the task is ready to serve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness: Option<crate::job::Readiness>,

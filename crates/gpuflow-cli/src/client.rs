@@ -87,6 +87,10 @@ pub enum JobCmd {
         /// With --wrap: memory in MiB.
         #[arg(long, default_value_t = 1024, requires = "wrap")]
         memory_mib: u64,
+        /// With --wrap: the OCI image to run it in
+        /// (127.0.0.1:5000/team/pytorch:2.4); with -f, every task's image.
+        #[arg(long)]
+        image: Option<String>,
         /// Store nothing: say whether it would start now, where, or why it
         /// would wait and when it would start (like sbatch --test-only).
         #[arg(long)]
@@ -1615,6 +1619,7 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             array,
             dependency,
             reservation,
+            image,
         } => {
             let (mut body, mut ct, file) = match (file, wrap) {
                 (Some(file), _) => {
@@ -1642,10 +1647,17 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                 }
                 (None, None) => return Err(Usage("give -f FILE or --wrap COMMAND".into()).into()),
             };
-            if array.is_some() || dependency.is_some() || reservation.is_some() {
+            if array.is_some() || dependency.is_some() || reservation.is_some() || image.is_some() {
                 // The file's spec with its `array` and `dependency` set, sent as JSON.
                 let mut spec: Value = serde_norway::from_slice(&body)
                     .map_err(|e| Usage(format!("{} is not YAML or JSON: {e}", file.display())))?;
+                if let Some(i) = &image
+                    && let Some(tasks) = spec["tasks"].as_array_mut()
+                {
+                    for t in tasks {
+                        t["image"] = Value::String(i.clone());
+                    }
+                }
                 if let Some(a) = array {
                     spec["array"] = Value::String(a);
                 }

@@ -46,6 +46,10 @@ enum Command {
     Server(platform::ServerArgs),
     /// Run a node agent that joins a server.
     Agent(platform::AgentArgs),
+    /// The agent's own: pull a task's image and become runc (see the
+    /// agent's `oci.rs`).
+    #[command(hide = true)]
+    OciRun { spec: std::path::PathBuf },
     /// gpuflow on Kubernetes: run the scheduler, print its manifests.
     K8s {
         #[command(subcommand)]
@@ -175,6 +179,7 @@ fn main() {
         Command::Up(a) => platform::up(a),
         Command::Server(a) => platform::server(a),
         Command::Agent(a) => platform::agent(a),
+        Command::OciRun { spec } => std::process::exit(gpuflow_agent::oci::run(&spec)),
         Command::K8s { command } => k8s::run(command),
         Command::Job { command, conn } => client::job(&conn, command),
         Command::Queue { command, conn } => client::queue(&conn, command),

@@ -174,6 +174,10 @@ pub struct NodeArgs {
     /// also enforce GPU-memory limits and measure idleness).
     #[arg(long, default_value_t = 5)]
     pub sample_s: u64,
+    /// The most this node's image cache keeps, MiB: past it, the least
+    /// recently used images no task runs from are removed.
+    #[arg(long, default_value_t = 20 << 10)]
+    pub image_cache_mib: u64,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -324,6 +328,7 @@ fn agent_config(
         task_pids_max: n.task_pids_max.max(1),
         task_user_namespaces: n.task_user_namespaces,
         sample_interval: Duration::from_secs(n.sample_s.clamp(1, 3600)),
+        image_cache_mib: n.image_cache_mib.max(1),
     })
 }
 

@@ -399,6 +399,11 @@ fn apply_reports(
             }
             continue;
         }
+        // Before the state moves: a job that ends keeps its tasks' views
+        // as they were, digests included.
+        for (kind, message) in crate::lifecycle::image_events(j, &mut next, &mine) {
+            change.event(at, Some(j.id), &j.team, kind, message);
+        }
         let kind = crate::lifecycle::report(&mut next, node, &mine, at);
         for (kind, message) in crate::lifecycle::breaches(j, &mine) {
             change.event(at, Some(j.id), &j.team, kind, message);
@@ -408,8 +413,14 @@ fn apply_reports(
             &next.tasks,
             next.last_checkpoint,
             &next.log_marks,
-        ) != (j.state, &j.tasks, j.last_checkpoint, &j.log_marks)
-        {
+            &next.image_digests,
+        ) != (
+            j.state,
+            &j.tasks,
+            j.last_checkpoint,
+            &j.log_marks,
+            &j.image_digests,
+        ) {
             if let Some(kind) = kind {
                 change.event(at, Some(next.id), &next.team, kind, next.reason.clone());
                 any = true;
@@ -418,6 +429,25 @@ fn apply_reports(
         }
     }
     any
+}
+
+/// `image` pinned to `digest` (`repo@sha256:…`, its tag dropped), once
+/// an attempt pulled it.
+fn pinned(image: &str, digest: Option<&String>) -> String {
+    let Some(d) = digest else {
+        return image.to_string();
+    };
+    let repo = image.split('@').next().unwrap_or(image);
+    // A tag follows the last ':' after the last '/' (a ':' before it is
+    // the registry's port).
+    let repo = match repo.rsplit_once('/') {
+        Some((host_path, last)) => match last.split_once(':') {
+            Some((name, _)) => format!("{host_path}/{name}"),
+            None => repo.to_string(),
+        },
+        None => repo.split(':').next().unwrap_or(repo).to_string(),
+    };
+    format!("{repo}@{d}")
 }
 
 /// What a task may use on its node: CPU and memory from its spec; for a
@@ -572,6 +602,10 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 // A service's replica serves on a port, checked for readiness.
                 port: j.service.is_some(),
                 ports: gpuflow_api::job::ports_of(j.spec.kind, g),
+                image: g
+                    .image
+                    .as_ref()
+                    .map(|i| pinned(i, j.image_digests.get(&a.group))),
                 readiness: j.service.as_ref().and_then(|s| s.readiness.clone()),
             });
         }

@@ -1298,6 +1298,13 @@ fn snapshot_with(world: &World, t: u64, shrunk: &std::collections::BTreeSet<Stri
                 blocked.push((j.id, w));
                 continue;
             }
+            // A task in an image runs only where the node can run images.
+            if j.spec.tasks.iter().any(|g| g.image.is_some()) {
+                work.job
+                    .constraints
+                    .node_selector
+                    .insert(api::OCI_LABEL.into(), "true".into());
+            }
             if let Some(reason) = budget_gate(j, &mut work, &spent) {
                 blocked.push((j.id, why(j, reason)));
                 continue;

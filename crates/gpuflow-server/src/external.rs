@@ -84,6 +84,7 @@ fn record(id: u64, cluster: &str, w: &api::ExternalWorkload, now: u64) -> JobRec
                 working_dir: None,
                 resources: t.resources.clone(),
                 ports: Vec::new(),
+                image: None,
             })
             .collect(),
         topology: None,

@@ -20,6 +20,16 @@ pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
     if nodes.is_empty() {
         return None;
     }
+    if spec.tasks.iter().any(|g| g.image.is_some())
+        && !nodes
+            .iter()
+            .any(|n| n.labels.get(api::OCI_LABEL).is_some_and(|v| v == "true"))
+    {
+        return Some(format!(
+            "image: no node can run images (a node needs runc, skopeo and umoci, and then labels itself {}=true); drop `image:` to run as a process on the node",
+            api::OCI_LABEL
+        ));
+    }
     if let Some(t) = &spec.topology
         && t.required
     {

@@ -64,6 +64,7 @@ pub fn submitted(
         lost_gpu_hours: 0.0,
         util: vec![],
         last_tasks: vec![],
+        image_digests: Default::default(),
         array: None,
         service: None,
         external: None,
@@ -405,6 +406,45 @@ pub fn breaches(j: &JobRec, reports: &[&TaskReport]) -> Vec<(Kind, String)> {
         })
         .map(|(r, b)| (b.event(), r.message.clone()))
         .collect()
+}
+
+/// What the reports say of the current attempt's images: the digest each
+/// task group's image resolved to, recorded on `next` the first time
+/// (`image-pulled`), and pulls that failed (`image-failed`).
+pub fn image_events(j: &JobRec, next: &mut JobRec, reports: &[&TaskReport]) -> Vec<(Kind, String)> {
+    let mut out = Vec::new();
+    for r in reports.iter().filter(|r| r.attempt == j.attempts) {
+        let Some(img) = &r.image else { continue };
+        let name = j
+            .spec
+            .tasks
+            .get(r.group as usize)
+            .and_then(|g| g.image.clone())
+            .unwrap_or_default();
+        if !img.error.is_empty() {
+            let known = j
+                .tasks
+                .iter()
+                .any(|t| t.group == r.group && t.index == r.index && t.phase != TaskPhase::Running);
+            if !known {
+                out.push(("image-failed", format!("cannot run {name}: {}", img.error)));
+            }
+        } else if !img.digest.is_empty() && !next.image_digests.contains_key(&r.group) {
+            next.image_digests.insert(r.group, img.digest.clone());
+            out.push((
+                "image-pulled",
+                if img.pulled_mib > 0.0 {
+                    format!(
+                        "pulled {name} ({:.1} MiB in {:.1} s), digest {}",
+                        img.pulled_mib, img.seconds, img.digest
+                    )
+                } else {
+                    format!("{name} was in the node's cache, digest {}", img.digest)
+                },
+            ));
+        }
+    }
+    out
 }
 
 /// A job's next state from its tasks' states; the event kind when it moved.

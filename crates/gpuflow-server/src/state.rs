@@ -258,6 +258,10 @@ pub struct JobRec {
     /// GPUs, with their exit codes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_tasks: Vec<api::TaskView>,
+    /// The digest each task group's image resolved to when first pulled:
+    /// later attempts run exactly it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub image_digests: BTreeMap<u16, String>,
     /// The array it is an element of, with its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<api::ArrayRef>,
@@ -381,6 +385,7 @@ impl JobRec {
                     exit_code: t.and_then(|t| t.exit_code),
                     usage: t.and_then(|t| t.usage.clone()),
                     ports: self.port_views(t),
+                    image_digest: self.image_digests.get(&a.group).cloned(),
                 }
             })
             .collect()

@@ -79,6 +79,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
                             usage: None,
                             port: None,
                             ports: Default::default(),
+                            image: None,
                             ready: None,
                             stderr: None,
                         }

@@ -582,6 +582,12 @@ async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
             "idle: {after_s: 600, action: suspend}\n",
             "idle: measured by GPU utilisation",
         ),
+        // The node does not label itself as one that runs images.
+        (
+            "{cpu: 1}\n    image: 127.0.0.1:5000/team/busybox:1",
+            "",
+            "image: no node can run images",
+        ),
     ] {
         let (s, v) = try_submit(resources, extra).await;
         assert_eq!(s, 400, "{resources} {extra}: {v}");
