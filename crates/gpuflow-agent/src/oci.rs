@@ -52,6 +52,49 @@ pub struct Spec {
     pub status: PathBuf,
 }
 
+/// The variable `oci-run` finds the team's registry login in:
+/// `["host", "user", "password"]`.
+pub const AUTH_ENV: &str = "GPUFLOW_REGISTRY_AUTH";
+
+/// The login in `AUTH_ENV` written as a registry auth file (0600, removed
+/// when dropped), and taken out of this process's environment.
+struct AuthFile(PathBuf);
+
+impl AuthFile {
+    fn from_env(dir: &Path) -> Result<Option<AuthFile>, String> {
+        let Some(raw) = std::env::var_os(AUTH_ENV) else {
+            return Ok(None);
+        };
+        // SAFETY: single-threaded here (before any thread or child).
+        unsafe { std::env::remove_var(AUTH_ENV) };
+        let (host, user, pass): (String, String, String) =
+            serde_json::from_str(&raw.to_string_lossy())
+                .map_err(|e| format!("the registry login: {e}"))?;
+        use base64::Engine;
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+        let doc = serde_json::json!({"auths": {host: {"auth": auth}}});
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(format!("auth-{}.json", std::process::id()));
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        f.write_all(doc.to_string().as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Some(AuthFile(path)))
+    }
+}
+
+impl Drop for AuthFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The programs a node needs to run images, all on `PATH`.
 pub const TOOLS: [&str; 3] = ["runc", "skopeo", "umoci"];
 
@@ -166,6 +209,7 @@ fn pull(spec: &Spec) -> Result<Ready, String> {
     let _pulling = lock(&cache.join(".lock"), true, true, false)
         .ok_or_else(|| "cannot lock the image cache".to_string())?;
     let layout = cache.join("oci");
+    let auth = AuthFile::from_env(&spec.runc_root)?;
     let tag = format!("r{:016x}", fnv(spec.image.as_bytes()));
     let at = format!("oci:{}:{tag}", layout.display());
     let before = dir_bytes(&layout.join("blobs/sha256"));
@@ -175,9 +219,13 @@ fn pull(spec: &Spec) -> Result<Ready, String> {
     if loopback(&spec.image) {
         copy.arg("--src-tls-verify=false");
     }
+    if let Some(a) = &auth {
+        copy.arg("--src-authfile").arg(&a.0);
+    }
     copy.arg(format!("docker://{}", spec.image)).arg(&at);
     eprintln!("gpuflow: pulling {}", spec.image);
     tool(&mut copy)?;
+    drop(auth);
     let seconds = started.elapsed().as_secs_f64();
     let pulled = dir_bytes(&layout.join("blobs/sha256")).saturating_sub(before);
     let digest = tool(Command::new("skopeo").args(["inspect", "--format", "{{.Digest}}", &at]))?

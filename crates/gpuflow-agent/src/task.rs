@@ -547,6 +547,15 @@ impl Task {
                         "PATH",
                         "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                     );
+                    // The team's login, for the pull alone: in the helper's
+                    // environment (root's to read), never on disk for long
+                    // or in the container's.
+                    if let Some(auth) = &t.registry_auth {
+                        cmd.env(
+                            crate::oci::AUTH_ENV,
+                            serde_json::to_string(auth).map_err(|e| e.to_string())?,
+                        );
+                    }
                     cmd
                 }
             };

@@ -443,6 +443,76 @@ pub struct Team {
     /// tasks share a user.
     #[serde(default)]
     pub uid: u32,
+    /// Where its images may come from: prefixes of image references
+    /// (`127.0.0.1:5000/team/`); empty: anywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub registries: Vec<String>,
+    /// Whether its tasks may run as processes on nodes, without an image
+    /// (default true; false: a task without one is refused, unless
+    /// `default_image` gives it one).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub processes: bool,
+    /// The image a task of the team without one runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_image: Option<String>,
+    /// Pull credentials by registry host (`127.0.0.1:5000`): given to the
+    /// team's nodes for its pulls only, never to a task, a log or an event;
+    /// the API shows the user names, never the passwords.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub registry_credentials: BTreeMap<String, RegistryCredential>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
+}
+
+/// A registry login.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryCredential {
+    pub username: String,
+    /// Write-only: empty in every answer.
+    #[serde(default)]
+    pub password: String,
+}
+
+impl Team {
+    /// As the API shows it: passwords left out.
+    pub fn redacted(&self) -> Team {
+        let mut t = self.clone();
+        for c in t.registry_credentials.values_mut() {
+            c.password.clear();
+        }
+        t
+    }
+
+    /// Why the team may not run `image` (`None`: it may).
+    pub fn refuses_image(&self, image: &str) -> Option<String> {
+        (!self.registries.is_empty()
+            && !self
+                .registries
+                .iter()
+                .any(|p| image.starts_with(p.as_str())))
+        .then(|| {
+            format!(
+                "image {image:?} is not from team {:?}'s registries: {}",
+                self.name,
+                self.registries.join(", ")
+            )
+        })
+    }
+
+    /// The login for `image`'s registry, if the team has one.
+    pub fn credential_for(&self, image: &str) -> Option<(String, &RegistryCredential)> {
+        let host = image.split('/').next().filter(|_| image.contains('/'))?;
+        self.registry_credentials
+            .get(host)
+            .map(|c| (host.to_string(), c))
+    }
 }
 
 /// The deepest queue tree the server accepts (organisation, team, project
@@ -457,6 +527,20 @@ pub struct TeamPatch {
     /// agents' default again. Running tasks keep their user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
+    /// The registries its images may come from (replaces the list; empty:
+    /// anywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registries: Option<Vec<String>>,
+    /// Whether its tasks may run without an image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<bool>,
+    /// The image a task without one runs in; empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_image: Option<String>,
+    /// Logins to set, by registry host; one with an empty user name is
+    /// removed. Others are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_credentials: Option<BTreeMap<String, RegistryCredential>>,
 }
 
 /// Whether `s` is a POSIX-style system user name that is not root.
@@ -1424,6 +1508,10 @@ pub struct DesiredTask {
     /// pulled, when there was one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The team's login to the image's registry: `(host, user, password)`,
+    /// used for the pull alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<(String, String, String)>,
     /// How the agent checks the task is ready to serve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness: Option<crate::job::Readiness>,

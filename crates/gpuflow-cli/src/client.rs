@@ -421,12 +421,27 @@ pub enum TeamCmd {
         #[arg(long)]
         run_as: Option<String>,
     },
-    /// Change a team: who its tasks run as from now on (admins).
+    /// Change a team (admins): who its tasks run as from now on, where
+    /// its images come from, whether it may run processes without one.
     Set {
         name: String,
         /// The system user; "" for the agents' default.
         #[arg(long)]
-        run_as: String,
+        run_as: Option<String>,
+        /// Where its images may come from (an image prefix, repeatable;
+        /// replaces the list; "" for anywhere).
+        #[arg(long)]
+        registry: Vec<String>,
+        /// Whether its tasks may run without an image (true or false).
+        #[arg(long)]
+        processes: Option<bool>,
+        /// The image its tasks without one run in ("" for none).
+        #[arg(long)]
+        default_image: Option<String>,
+        /// A registry login, HOST=USER, its password read from the first
+        /// line of stdin (never from the command line); HOST= removes it.
+        #[arg(long)]
+        registry_login: Option<String>,
     },
 }
 
@@ -2505,8 +2520,48 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
                 format!("team {} created\n", s(&t["name"]))
             });
         }
-        TeamCmd::Set { name, run_as } => {
-            let body = serde_json::json!({ "run_as": run_as });
+        TeamCmd::Set {
+            name,
+            run_as,
+            registry,
+            processes,
+            default_image,
+            registry_login,
+        } => {
+            let mut body = serde_json::json!({});
+            if let Some(r) = run_as {
+                body["run_as"] = Value::String(r);
+            }
+            if !registry.is_empty() {
+                let list: Vec<String> = registry.into_iter().filter(|r| !r.is_empty()).collect();
+                body["registries"] = serde_json::json!(list);
+            }
+            if let Some(p) = processes {
+                body["processes"] = Value::Bool(p);
+            }
+            if let Some(i) = default_image {
+                body["default_image"] = Value::String(i);
+            }
+            if let Some(login) = registry_login {
+                let (host, user) = login.split_once('=').ok_or_else(|| {
+                    Usage(format!(
+                        "--registry-login {login:?}: give HOST=USER (HOST= removes the login)"
+                    ))
+                })?;
+                let mut password = String::new();
+                if !user.is_empty() {
+                    std::io::stdin().read_line(&mut password)?;
+                }
+                body["registry_credentials"] = serde_json::json!({
+                    host: {"username": user, "password": password.trim_end_matches(['\n', '\r'])}
+                });
+            }
+            if body.as_object().is_some_and(serde_json::Map::is_empty) {
+                return Err(Usage(
+                    "nothing to change: give --run-as, --registry, --processes, --default-image or --registry-login".into(),
+                )
+                .into());
+            }
             let v = c.call(
                 "PATCH",
                 &format!("/v1/teams/{name}"),

@@ -79,14 +79,21 @@ fn build_image(dir: &Path) {
         ]));
 }
 
-/// A registry on a free loopback port, storing under `dir`.
-fn registry(dir: &Path) -> (Proc, String) {
+/// A registry on a free loopback port, storing under `dir`; with
+/// `htpasswd`, only for the logins that file holds.
+fn registry(dir: &Path, htpasswd: Option<&Path>) -> (Proc, String) {
     let port = free_port();
     let config = dir.join("registry.yml");
+    let auth = htpasswd.map_or(String::new(), |p| {
+        format!(
+            "auth:\n  htpasswd:\n    realm: gpuflow-test\n    path: {}\n",
+            p.display()
+        )
+    });
     std::fs::write(
         &config,
         format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
             dir.join("registry").display()
         ),
     )
@@ -168,7 +175,7 @@ fn cannot() -> Option<String> {
 /// registry, its address and the image's reference.
 fn pushed(dir: &Path) -> (Proc, String, String) {
     build_image(dir);
-    let (registry, reg) = registry(dir);
+    let (registry, reg) = registry(dir, None);
     let image = format!("{reg}/team/busybox:1");
     run(Command::new("skopeo")
         .args(["copy", "--quiet", "--dest-tls-verify=false"])
@@ -369,4 +376,135 @@ fn a_task_in_an_image_outlives_its_agent_and_runs_once() {
     );
     let lines = std::fs::read_to_string(&runs).unwrap();
     assert_eq!(lines.lines().count(), 1, "it ran more than once: {lines}");
+}
+
+/// A registry that wants a login (htpasswd, bcrypt): the team whose login
+/// the admin set pulls its image; the login reaches no task, log, event or
+/// API answer; another team's pull is refused by the registry; a team's
+/// registries and its rule against processes are enforced at submit.
+#[test]
+fn a_teams_private_image_is_pulled_with_its_login_alone() {
+    if let Some(why) = cannot() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const PASSWORD: &str = "s3cret-Pw-71";
+    let dir = tempfile::tempdir().unwrap();
+    build_image(dir.path());
+    let hash = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            &format!("import crypt; print(crypt.crypt('{PASSWORD}', crypt.mksalt(crypt.METHOD_BLOWFISH)))"),
+        ])
+        .output()
+        .unwrap();
+    let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();
+    if !hash.starts_with("$2") {
+        eprintln!("skipped: python3 cannot make a bcrypt hash here");
+        return;
+    }
+    std::fs::write(dir.path().join("htpasswd"), format!("puller:{hash}\n")).unwrap();
+    let (_registry, reg) = registry(dir.path(), Some(&dir.path().join("htpasswd")));
+    let image = format!("{reg}/alpha/busybox:1");
+    run(Command::new("skopeo")
+        .args(["copy", "--quiet", "--dest-tls-verify=false", "--dest-creds"])
+        .arg(format!("puller:{PASSWORD}"))
+        .arg(format!("oci:{}:latest", dir.path().join("img").display()))
+        .arg(format!("docker://{image}")));
+
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let (alpha, beta) = api.alpha_and_beta(&admin);
+    let (s, v) = api.call(
+        "PATCH",
+        "/v1/teams/alpha",
+        &admin,
+        Some((
+            "application/json",
+            serde_json::json!({"registries": [format!("{reg}/alpha/")],
+                "registry_credentials": {reg.clone(): {"username": "puller", "password": PASSWORD}}})
+            .to_string()
+            .as_bytes(),
+        )),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(!v.to_string().contains(PASSWORD), "{v}");
+    assert_eq!(v["registry_credentials"][&reg]["username"], "puller");
+    let (s, v) = api.call(
+        "PATCH",
+        "/v1/teams/beta",
+        &admin,
+        Some(("application/json", br#"{"processes": false}"#)),
+    );
+    assert_eq!(s, 200, "{v}");
+
+    // Alpha's task pulls with the login and never sees it.
+    let spec = |name: &str, queue: &str, image: Option<&str>| {
+        format!(
+            "name: {name}\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n{}    command: [sh, -c, 'env; echo done']\n    resources: {{cpu: 0.1, memory_mib: 64}}\n",
+            image.map_or(String::new(), |i| format!("    image: {i}\n"))
+        )
+    };
+    let (s, v) = api.submit_yaml(&alpha, &spec("private", "alpha-q", Some(&image)));
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let j = ended(&api, id, &alpha);
+    let (out, err) = log_of(&api, id, &alpha);
+    assert_eq!(j["state"], "succeeded", "{j}\n{out}\n{err}");
+    assert!(out.contains("done"), "{out}");
+    let events = api.get(&format!("/v1/events?job={id}"), &admin);
+    let teams = api.get("/v1/teams", &admin);
+    for (what, text) in [
+        ("the task's environment and output", out.clone()),
+        ("its stderr", err),
+        ("its events", events.to_string()),
+        ("the team list", teams.to_string()),
+        ("the job", j.to_string()),
+        (
+            "the audit log",
+            api.get("/v1/audit?limit=1000", &admin).to_string(),
+        ),
+    ] {
+        assert!(
+            !text.contains(PASSWORD),
+            "the password is in {what}: {text}"
+        );
+    }
+    assert!(!out.contains("GPUFLOW_REGISTRY_AUTH"), "{out}");
+
+    // Alpha may not pull from elsewhere.
+    let (s, v) = api.submit_yaml(
+        &alpha,
+        &spec(
+            "elsewhere",
+            "alpha-q",
+            Some(&format!("{reg}/beta/busybox:1")),
+        ),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("not from team \"alpha\"'s registries"),
+        "{v}"
+    );
+
+    // Beta has no login: the registry refuses its pull of alpha's image.
+    let (s, v) = api.submit_yaml(&beta, &spec("theirs", "beta-q", Some(&image)));
+    assert_eq!(s, 201, "{v}");
+    let bid = v["id"].as_u64().unwrap();
+    let j = ended(&api, bid, &beta);
+    assert_eq!(j["state"], "failed", "{j}");
+    assert!(
+        j["reason"].as_str().unwrap().contains("unauthorized"),
+        "{j}"
+    );
+
+    // Beta runs in images only.
+    let (s, v) = api.submit_yaml(&beta, &spec("bare", "beta-q", None));
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("images only"),
+        "{v}"
+    );
 }

@@ -606,6 +606,10 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                     .image
                     .as_ref()
                     .map(|i| pinned(i, j.image_digests.get(&a.group))),
+                registry_auth: g.image.as_ref().and_then(|i| {
+                    let (host, c) = world.teams.get(&j.team)?.credential_for(i)?;
+                    Some((host, c.username.clone(), c.password.clone()))
+                }),
                 readiness: j.service.as_ref().and_then(|s| s.readiness.clone()),
             });
         }

@@ -78,6 +78,10 @@ pub async fn bootstrap(
             name: "default".into(),
             run_as: None,
             uid: 1,
+            registries: Vec::new(),
+            processes: true,
+            default_image: None,
+            registry_credentials: Default::default(),
         };
         let queue = gpuflow_api::QueueSpec {
             name: "default".into(),

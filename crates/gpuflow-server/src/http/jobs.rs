@@ -265,6 +265,38 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
         )
         .into());
     }
+    // The team's rules for images: a default one, processes refused,
+    // registries allowed.
+    if let Some(team) = world.teams.get(&queue.team) {
+        for (i, g) in spec.tasks.iter_mut().enumerate() {
+            if g.image.is_none() {
+                g.image.clone_from(&team.default_image);
+            }
+            match &g.image {
+                None if !team.processes => {
+                    return Err(ApiError::bad_request(
+                        "image_required",
+                        format!(
+                            "tasks[{i}].image: team {:?} runs its tasks in images only; add `image:` (e.g. {})",
+                            team.name,
+                            team.registries.first().map_or("127.0.0.1:5000/team/pytorch:2.4", String::as_str)
+                        ),
+                    )
+                    .into());
+                }
+                Some(image) => {
+                    if let Some(why) = team.refuses_image(image) {
+                        return Err(ApiError::bad_request(
+                            "image_refused",
+                            format!("tasks[{i}].image: {why}"),
+                        )
+                        .into());
+                    }
+                }
+                None => {}
+            }
+        }
+    }
     let uses_gpus = spec.tasks.iter().any(|g| g.resources.gpu.is_some());
     if spec.idle.is_some() && !uses_gpus {
         return Err(ApiError::bad_request(

@@ -20,7 +20,7 @@ async fn list_teams(
             .map(|(_, t)| t)
             .filter(|t| caller.sees(&t.name))
             .take(page.limit)
-            .cloned()
+            .map(api::Team::redacted)
             .collect(),
     ))
 }
@@ -48,6 +48,7 @@ async fn create_team(
         )
         .into());
     }
+    check_images(&t)?;
     let mut world = shared.world.lock().await;
     if world.teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
@@ -64,7 +65,42 @@ async fn create_team(
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.teams.insert(t.name.clone(), t.clone());
-    Ok((StatusCode::CREATED, Json(t)))
+    Ok((StatusCode::CREATED, Json(t.redacted())))
+}
+
+/// A team's image settings, each checked.
+fn check_images(t: &Team) -> Result<(), Error> {
+    let bad = |m: String| Error::from(ApiError::bad_request("invalid_team", m));
+    for r in &t.registries {
+        if r.is_empty() || r.len() > 512 || r.chars().any(|c| c.is_whitespace()) {
+            return Err(bad(format!(
+                "registries: {r:?} is not an image prefix (e.g. 127.0.0.1:5000/team/)"
+            )));
+        }
+    }
+    if let Some(i) = &t.default_image {
+        if !api::job::valid_image(i) {
+            return Err(bad(format!(
+                "default_image: {i:?} is not an image reference"
+            )));
+        }
+        if let Some(why) = t.refuses_image(i) {
+            return Err(bad(format!("default_image: {why}")));
+        }
+    }
+    for (host, c) in &t.registry_credentials {
+        if host.is_empty() || host.contains('/') || host.chars().any(char::is_whitespace) {
+            return Err(bad(format!(
+                "registry_credentials: {host:?} is not a registry host (host or host:port)"
+            )));
+        }
+        if c.username.is_empty() || c.password.is_empty() || c.username.contains(':') {
+            return Err(bad(format!(
+                "registry_credentials.{host}: a user name (without ':') and a password are both needed"
+            )));
+        }
+    }
+    Ok(())
 }
 /// `PATCH /v1/teams/{name}`: who the team's tasks run as (admins only).
 async fn patch_team(
@@ -90,6 +126,25 @@ async fn patch_team(
         }
         t.run_as = (!u.is_empty()).then_some(u);
     }
+    if let Some(r) = p.registries {
+        t.registries = r;
+    }
+    if let Some(b) = p.processes {
+        t.processes = b;
+    }
+    if let Some(i) = p.default_image {
+        t.default_image = (!i.is_empty()).then_some(i);
+    }
+    let mut logins = Vec::new();
+    for (host, c) in p.registry_credentials.unwrap_or_default() {
+        logins.push(host.clone());
+        if c.username.is_empty() {
+            t.registry_credentials.remove(&host);
+        } else {
+            t.registry_credentials.insert(host, c);
+        }
+    }
+    check_images(&t)?;
     let mut change = Change::default();
     change.batch.put.push(team_rec(&t));
     change.audit(
@@ -97,9 +152,14 @@ async fn patch_team(
         &caller.user.name,
         "team.update",
         &format!("team/{name}"),
-        t.run_as.clone().unwrap_or_default(),
+        // Which logins changed, never what they are.
+        if logins.is_empty() {
+            t.run_as.clone().unwrap_or_default()
+        } else {
+            format!("registry logins for {}", logins.join(", "))
+        },
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     world.teams.insert(name, t.clone());
-    Ok(Json(t))
+    Ok(Json(t.redacted()))
 }
