@@ -17,6 +17,7 @@
 //! when it cannot. GPU-memory enforcement, telemetry and idle reclamation
 //! will live beside `task.rs`.
 
+pub mod cdi;
 pub mod cgroup;
 pub mod devbpf;
 pub mod fake_nvml;
@@ -91,6 +92,8 @@ pub struct Config {
     /// The most the node's image cache keeps, MiB (least recently used
     /// images no task runs from are removed past it).
     pub image_cache_mib: u64,
+    /// Where the node's CDI specs are (`/etc/cdi`, `/var/run/cdi`).
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
 /// The client of readiness checks: plain HTTP to the node's own tasks, a
@@ -367,6 +370,8 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         no_images: oci::available().err(),
         helper: std::env::current_exe().unwrap_or_else(|_| "gpuflow".into()),
         image_cache_mib: cfg.image_cache_mib,
+        cdi_dirs: cfg.cdi_dirs.clone(),
+        gpu_uuids: gpus.list().into_iter().map(|g| g.uuid).collect(),
     };
     match &launch.no_images {
         None => {

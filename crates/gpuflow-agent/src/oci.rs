@@ -50,6 +50,10 @@ pub struct Spec {
     pub id: String,
     /// Where to say how the pull went ([`gpuflow_api::ImageReport`]).
     pub status: PathBuf,
+    /// What the node's CDI specs add for its GPUs (then `devices` holds
+    /// none of theirs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi: Option<crate::cdi::Edits>,
 }
 
 /// The variable `oci-run` finds the team's registry login in:
@@ -334,9 +338,11 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
     use serde_json::json;
     // The image's environment, then the task's (its PATH only where the
     // image sets none).
+    let cdi = spec.cdi.clone().unwrap_or_default();
     let mut env: Vec<(String, String)> = ready
         .env
         .iter()
+        .chain(&cdi.env)
         .filter_map(|e| {
             e.split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -360,6 +366,19 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]}),
         json!({"destination": task_dir, "type": "bind", "source": task_dir, "options": ["rbind", "rw", "nosuid", "nodev"]}),
     ];
+    for m in &cdi.mounts {
+        let options = if m.options.is_empty() {
+            vec![
+                "rbind".to_string(),
+                "ro".into(),
+                "nosuid".into(),
+                "nodev".into(),
+            ]
+        } else {
+            m.options.clone()
+        };
+        mounts.push(json!({"destination": m.container_path, "type": "bind", "source": m.host_path, "options": options}));
+    }
     for f in ["/etc/resolv.conf", "/etc/hosts"] {
         if Path::new(f).is_file() {
             mounts.push(
@@ -367,8 +386,20 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
             );
         }
     }
-    let devices: Vec<serde_json::Value> = spec
-        .devices
+    // CDI's device nodes, as the host has them.
+    let cdi_devices: Vec<(String, u32, u32)> = cdi
+        .device_nodes
+        .iter()
+        .filter_map(|n| {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let m = std::fs::metadata(crate::cdi::host_path(n)).ok()?;
+            m.file_type()
+                .is_char_device()
+                .then(|| (n.path.clone(), libc::major(m.rdev()), libc::minor(m.rdev())))
+        })
+        .collect();
+    let all_devices: Vec<&(String, u32, u32)> = spec.devices.iter().chain(&cdi_devices).collect();
+    let devices: Vec<serde_json::Value> = all_devices
         .iter()
         .map(|(path, major, minor)| json!({"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0}))
         .collect();
@@ -379,7 +410,7 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
         );
     }
     allow.push(json!({"allow": true, "type": "c", "major": 136, "access": "rwm"}));
-    for (_, major, minor) in &spec.devices {
+    for (_, major, minor) in &all_devices {
         allow.push(
             json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"}),
         );
@@ -394,8 +425,20 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
     if let Some(c) = &spec.cgroup {
         linux["cgroupsPath"] = json!(c);
     }
+    let mut hooks = serde_json::Map::new();
+    for h in &cdi.hooks {
+        let entry = json!({"path": h.path, "args": h.args, "env": h.env});
+        if let Some(list) = hooks
+            .entry(h.hook_name.clone())
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+        {
+            list.push(entry);
+        }
+    }
     json!({
         "ociVersion": "1.0.2",
+        "hooks": hooks,
         "process": {
             "terminal": false,
             "user": {"uid": spec.uid, "gid": spec.gid, "additionalGids": [spec.gid]},

@@ -61,6 +61,9 @@ pub struct Launch {
     pub helper: PathBuf,
     /// The image cache's size limit, MiB.
     pub image_cache_mib: u64,
+    /// Where the node's CDI specs are, and its GPUs' UUIDs by index.
+    pub cdi_dirs: Vec<PathBuf>,
+    pub gpu_uuids: Vec<String>,
 }
 
 impl Launch {
@@ -90,6 +93,8 @@ impl Default for Launch {
             no_images: Some("not set up".into()),
             helper: PathBuf::new(),
             image_cache_mib: 20 << 10,
+            cdi_dirs: Vec::new(),
+            gpu_uuids: Vec::new(),
         }
     }
 }
@@ -1198,7 +1203,15 @@ fn image_spec(
             .into_iter()
             .map(|(k, v)| (k.to_string(), v)),
     );
-    // Its GPUs' device nodes, and the driver's shared ones, where they are.
+    // Its GPUs through the node's CDI specs, where they name them all;
+    // else their device nodes, and the driver's shared ones, where they are.
+    let names: Vec<(String, String)> = t
+        .gpus
+        .iter()
+        .filter_map(|&i| Some((launch.gpu_uuids.get(i as usize)?.clone(), i.to_string())))
+        .chain(t.mig.iter().map(|u| (u.clone(), u.clone())))
+        .collect();
+    let cdi = crate::cdi::edits_for(&launch.cdi_dirs, &names);
     let mut devices = Vec::new();
     let mut add = |path: String| {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -1209,12 +1222,12 @@ fn image_spec(
             devices.push((path, libc::major(rdev), libc::minor(rdev)));
         }
     };
-    for &i in &t.gpus {
+    for &i in t.gpus.iter().filter(|_| cdi.is_none()) {
         if let Some(minor) = launch.gpu_minors.get(i as usize) {
             add(format!("/dev/nvidia{minor}"));
         }
     }
-    if !t.gpus.is_empty() {
+    if !t.gpus.is_empty() && cdi.is_none() {
         for d in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
             add(d.into());
         }
@@ -1245,6 +1258,7 @@ fn image_spec(
             std::process::id()
         ),
         status: state.join(format!("job-{job}-a{attempt}-g{g}-i{index}.image.json")),
+        cdi,
     })
 }
 

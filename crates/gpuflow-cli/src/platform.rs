@@ -178,6 +178,10 @@ pub struct NodeArgs {
     /// recently used images no task runs from are removed.
     #[arg(long, default_value_t = 20 << 10)]
     pub image_cache_mib: u64,
+    /// Where the node's CDI specs are (repeatable): a task's GPUs in an
+    /// image get their devices, mounts, environment and hooks from them.
+    #[arg(long, default_values = ["/etc/cdi", "/var/run/cdi"])]
+    pub cdi_dir: Vec<PathBuf>,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -329,6 +333,7 @@ fn agent_config(
         task_user_namespaces: n.task_user_namespaces,
         sample_interval: Duration::from_secs(n.sample_s.clamp(1, 3600)),
         image_cache_mib: n.image_cache_mib.max(1),
+        cdi_dirs: n.cdi_dir.clone(),
     })
 }
 

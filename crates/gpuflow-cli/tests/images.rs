@@ -193,9 +193,32 @@ fn tasks_run_in_images_pulled_from_a_registry_as_they_run_on_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let (_registry, reg, image) = pushed(dir.path());
 
-    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir(&cdi).unwrap();
+    let (_up, api, admin) = up_with(
+        &dir.path().join("data"),
+        free_port(),
+        &["--emulate", "2xemu-gpu", "--cdi-dir", cdi.to_str().unwrap()],
+        &[],
+    );
     let (alpha, _beta) = api.alpha_and_beta(&admin);
     let url = api.url.clone();
+    // The node's CDI spec, as NVIDIA's toolkit would write one, for its
+    // GPUs by UUID: a device node (here /dev/zero's), a library mounted
+    // in, a variable.
+    let node = api.get("/v1/nodes", &admin)[0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::write(dir.path().join("libfake.so"), "the-driver-library\n").unwrap();
+    std::fs::write(
+        cdi.join("nvidia.yaml"),
+        format!(
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ncontainerEdits:\n  env: [FROM_CDI=yes]\n  mounts:\n    - {{hostPath: {}, containerPath: /usr/lib/libfake.so.1, options: [ro, nosuid, nodev, bind]}}\ndevices:\n  - name: EMU-{node}-0\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia-fake0, hostPath: /dev/zero}}]\n  - name: EMU-{node}-1\n    containerEdits:\n      deviceNodes: [{{path: /dev/nvidia-fake1, hostPath: /dev/zero}}]\n",
+            dir.path().join("libfake.so").display()
+        ),
+    )
+    .unwrap();
 
     // It runs in the image, as the team's user, with its environment,
     // its GPU and a writable home; the pull is an event with the digest.
@@ -204,7 +227,7 @@ fn tasks_run_in_images_pulled_from_a_registry_as_they_run_on_the_node() {
         &job(
             "inside",
             &image,
-            "id -u; cat /etc/image-marker; echo greeting=$GREETING from=$FROM_IMAGE gpus=$CUDA_VISIBLE_DEVICES; echo kept > $HOME/f && cat $HOME/f; test -d /usr || echo no-usr",
+            "id -u; cat /etc/image-marker; echo greeting=$GREETING from=$FROM_IMAGE gpus=$CUDA_VISIBLE_DEVICES cdi=$FROM_CDI; echo kept > $HOME/f && cat $HOME/f; test -d /usr/bin || echo no-usr; cat /usr/lib/libfake.so.1; ls /dev | grep nvidia-fake",
             "",
         ),
     );
@@ -221,6 +244,18 @@ fn tasks_run_in_images_pulled_from_a_registry_as_they_run_on_the_node() {
         "no GPU given: {out}"
     );
     assert!(out.contains("kept") && out.contains("no-usr"), "{out}");
+    // Its one GPU through the node's CDI spec: its device node alone, the
+    // spec's mount and variable.
+    assert!(
+        out.contains("cdi=yes") && out.contains("the-driver-library"),
+        "{out}"
+    );
+    let gpu = j["tasks"][0]["gpus"][0].as_u64().unwrap();
+    let nodes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("nvidia-fake"))
+        .collect();
+    assert_eq!(nodes, [format!("nvidia-fake{gpu}").as_str()], "{out}");
     let digest = j["tasks"][0]["image_digest"]
         .as_str()
         .unwrap_or("")
@@ -318,7 +353,7 @@ fn tasks_run_in_images_pulled_from_a_registry_as_they_run_on_the_node() {
             "--",
             "sh",
             "-c",
-            "cat /etc/image-marker; test -d /usr || echo no-usr; exit 6",
+            "cat /etc/image-marker; test -d /usr/bin || echo no-usr; exit 6",
         ],
     );
     assert_eq!(code, 6, "{out}{err}");
