@@ -151,6 +151,59 @@ pub fn edits_for(dirs: &[PathBuf], names: &[(String, String)]) -> Option<Edits> 
     found.iter().all(|&f| f).then_some(out)
 }
 
+/// Where a container without a CDI spec for its GPUs finds the node's
+/// driver: its libraries and tools, bound in read-only.
+pub const DRIVER_LIB: &str = "/usr/local/nvidia/lib64";
+pub const DRIVER_BIN: &str = "/usr/local/nvidia/bin";
+
+/// The user-space libraries of compute work the driver installs.
+const DRIVER_LIBS: [&str; 6] = [
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-nvvm.so",
+    "libcudadebugger.so",
+    "libnvidia-gpucomp.so",
+];
+
+/// The node's driver, as `(host path, path in a container)`: the NVML
+/// library the agent loads (`nvml_lib`, else the system's) and the other
+/// compute libraries the dynamic linker's cache lists, into
+/// [`DRIVER_LIB`] by their names; `nvidia-smi` into [`DRIVER_BIN`].
+pub fn driver_files(nvml_lib: Option<&Path>) -> Vec<(PathBuf, String)> {
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    let cache = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for line in cache.lines() {
+        let Some((name, path)) = line.trim().split_once(" => ") else {
+            continue;
+        };
+        let soname = name.split_whitespace().next().unwrap_or("");
+        // This machine's own libraries (not a 32-bit copy).
+        if (line.contains("x86-64") || !cfg!(target_arch = "x86_64"))
+            && DRIVER_LIBS.iter().any(|l| soname.starts_with(l))
+            && !out.iter().any(|(_, c)| c.ends_with(&format!("/{soname}")))
+        {
+            out.push((PathBuf::from(path), format!("{DRIVER_LIB}/{soname}")));
+        }
+    }
+    if let Some(lib) = nvml_lib {
+        out.retain(|(_, c)| !c.contains("/libnvidia-ml.so"));
+        out.push((lib.to_path_buf(), format!("{DRIVER_LIB}/libnvidia-ml.so.1")));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(smi) = std::env::split_paths(&path)
+        .map(|d| d.join("nvidia-smi"))
+        .find(|p| p.is_file())
+    {
+        out.push((smi, format!("{DRIVER_BIN}/nvidia-smi")));
+    }
+    out
+}
+
 /// A device node's host side: its path on the host.
 pub fn host_path(n: &DeviceNode) -> &Path {
     Path::new(n.host_path.as_deref().unwrap_or(&n.path))

@@ -372,6 +372,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         image_cache_mib: cfg.image_cache_mib,
         cdi_dirs: cfg.cdi_dirs.clone(),
         gpu_uuids: gpus.list().into_iter().map(|g| g.uuid).collect(),
+        driver_files: cdi::driver_files(cfg.nvml_lib.as_deref()),
     };
     match &launch.no_images {
         None => {

@@ -54,6 +54,13 @@ pub struct Spec {
     /// none of theirs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cdi: Option<crate::cdi::Edits>,
+    /// Without CDI, the node's driver files to bind in read-only
+    /// (`(host path, path inside)`, see `cdi::driver_files`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub driver: Vec<(PathBuf, String)>,
+    /// MPS's pipe directory, bound in for a task sharing a GPU through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_pipe: Option<String>,
 }
 
 /// The variable `oci-run` finds the team's registry login in:
@@ -228,6 +235,13 @@ fn pull(spec: &Spec) -> Result<Ready, String> {
     }
     copy.arg(format!("docker://{}", spec.image)).arg(&at);
     eprintln!("gpuflow: pulling {}", spec.image);
+    write_status(
+        spec,
+        &gpuflow_api::ImageReport {
+            pulling: true,
+            ..Default::default()
+        },
+    );
     tool(&mut copy)?;
     drop(auth);
     let seconds = started.elapsed().as_secs_f64();
@@ -275,7 +289,7 @@ fn pull(spec: &Spec) -> Result<Ready, String> {
             digest: digest.clone(),
             pulled_mib: pulled as f64 / 1048576.0,
             seconds,
-            error: String::new(),
+            ..Default::default()
         },
     );
     // Marks it used now, for eviction.
@@ -355,6 +369,17 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
     }
+    // The driver bound in: its libraries found first, its tools last.
+    if !spec.driver.is_empty() {
+        let mut add =
+            |key: &str, dir: &str, first: bool| match env.iter_mut().find(|(k, _)| k == key) {
+                Some((_, v)) if first => *v = format!("{dir}:{v}"),
+                Some((_, v)) => *v = format!("{v}:{dir}"),
+                None => env.push((key.to_string(), dir.to_string())),
+            };
+        add("LD_LIBRARY_PATH", crate::cdi::DRIVER_LIB, true);
+        add("PATH", crate::cdi::DRIVER_BIN, false);
+    }
     let task_dir = spec.task_dir.display().to_string();
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
@@ -366,6 +391,12 @@ fn config(spec: &Spec, ready: &Ready) -> serde_json::Value {
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]}),
         json!({"destination": task_dir, "type": "bind", "source": task_dir, "options": ["rbind", "rw", "nosuid", "nodev"]}),
     ];
+    if let Some(p) = &spec.mps_pipe {
+        mounts.push(json!({"destination": p, "type": "bind", "source": p, "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    }
+    for (host, inside) in &spec.driver {
+        mounts.push(json!({"destination": inside, "type": "bind", "source": host, "options": ["rbind", "ro", "nosuid", "nodev"]}));
+    }
     for m in &cdi.mounts {
         let options = if m.options.is_empty() {
             vec![
@@ -577,6 +608,40 @@ pub fn run(spec_path: &Path) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Least recently used first, past the limit; the one about to run
+    /// and one a task runs from (its lock held) stay.
+    #[test]
+    fn the_cache_evicts_the_least_recently_used_images_no_task_runs_from() {
+        let cache = tempfile::tempdir().unwrap();
+        let root = cache.path().join("rootfs");
+        let make = |name: &str, mib: usize, age_s: u64| {
+            let d = root.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("blob"), vec![0u8; mib << 20]).unwrap();
+            let used = d.with_extension("used");
+            std::fs::write(&used, "").unwrap();
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age_s);
+            std::fs::File::options()
+                .write(true)
+                .open(&used)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+            d
+        };
+        let oldest = make("aaa", 2, 300);
+        let busy = make("bbb", 2, 200);
+        let newer = make("ccc", 2, 100);
+        let current = make("ddd", 2, 400);
+        // A task runs from bbb.
+        let _held = lock(&busy.with_extension("lock"), false, true, false).unwrap();
+        evict(cache.path(), &current, 5);
+        assert!(!oldest.exists(), "the least recently used goes first");
+        assert!(busy.exists(), "one in use stays");
+        assert!(!newer.exists(), "then the next, while over the limit");
+        assert!(current.exists(), "the one about to run stays");
+    }
 
     #[test]
     fn a_registry_on_this_host_is_spoken_to_over_http_only() {

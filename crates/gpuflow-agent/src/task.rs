@@ -64,6 +64,8 @@ pub struct Launch {
     /// Where the node's CDI specs are, and its GPUs' UUIDs by index.
     pub cdi_dirs: Vec<PathBuf>,
     pub gpu_uuids: Vec<String>,
+    /// The node's driver files, for containers its CDI specs do not cover.
+    pub driver_files: Vec<(PathBuf, String)>,
 }
 
 impl Launch {
@@ -95,6 +97,7 @@ impl Default for Launch {
             image_cache_mib: 20 << 10,
             cdi_dirs: Vec::new(),
             gpu_uuids: Vec::new(),
+            driver_files: Vec::new(),
         }
     }
 }
@@ -123,6 +126,9 @@ fn read_task_file(path: &Path) -> Option<String> {
     f.take(64).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
+
+/// Where MPS's control daemon listens by default.
+const MPS_PIPE: &str = "/tmp/nvidia-mps";
 
 /// MPS's limits for a task sharing a GPU (a no-op where MPS does not run;
 /// the agent's GPU-memory watchdog holds the limit in any case).
@@ -1258,6 +1264,14 @@ fn image_spec(
             std::process::id()
         ),
         status: state.join(format!("job-{job}-a{attempt}-g{g}-i{index}.image.json")),
+        driver: if t.gpus.is_empty() || cdi.is_some() {
+            Vec::new()
+        } else {
+            launch.driver_files.clone()
+        },
+        // MPS clients reach its daemon through its pipe directory.
+        mps_pipe: (!mps_env(&t.limits).is_empty() && Path::new(MPS_PIPE).is_dir())
+            .then(|| MPS_PIPE.to_string()),
         cdi,
     })
 }

@@ -138,6 +138,9 @@ pub struct ImageReport {
     /// Why it could not be pulled or run (the registry's words).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
+    /// Being pulled now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pulling: bool,
 }
 
 /// A port a running task serves on.

@@ -322,6 +322,29 @@ fn tasks_run_in_images_pulled_from_a_registry_as_they_run_on_the_node() {
         "{j}"
     );
 
+    // Past its maximum runtime the container is stopped: timeout.
+    let (s, v) = api.submit_yaml(
+        &alpha,
+        &job(
+            "overrun",
+            &image,
+            "exec sleep 3173",
+            "max_runtime_s: 3\ncheckpoint: {grace_s: 1}\n",
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
+    let oid = v["id"].as_u64().unwrap();
+    poll("it times out", LONG, || {
+        (api.job(oid, &alpha)["state"] == "timeout").then_some(())
+    });
+    poll("its container is gone", LONG, || {
+        let left = Command::new("pgrep")
+            .args(["-f", "sleep 3173"])
+            .output()
+            .unwrap();
+        (!left.status.success()).then_some(())
+    });
+
     // `job exec` enters the container; cancel ends it.
     let (code, out, err) = gpuflow(
         &url,
@@ -542,4 +565,49 @@ fn a_teams_private_image_is_pulled_with_its_login_alone() {
         v["message"].as_str().unwrap().contains("images only"),
         "{v}"
     );
+}
+
+/// A node whose GPUs no CDI spec names (here the repo's fake NVML library
+/// stands for the driver): a task in an image finds the driver's library
+/// the agent itself loads, bound in read-only and on its library path.
+#[test]
+fn a_task_in_an_image_finds_the_nodes_driver_without_a_cdi_spec() {
+    if let Some(why) = cannot() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = gpuflow_agent::fake_nvml::build(dir.path()).unwrap() else {
+        eprintln!("skipped: no C compiler to build the fake NVML library");
+        return;
+    };
+    let (_registry, _reg, image) = pushed(dir.path());
+    let no_cdi = dir.path().join("no-cdi");
+    std::fs::create_dir(&no_cdi).unwrap();
+    let (_up, api, admin) = up_with(
+        &dir.path().join("data"),
+        free_port(),
+        &[
+            "--nvml-lib",
+            lib.to_str().unwrap(),
+            "--cdi-dir",
+            no_cdi.to_str().unwrap(),
+        ],
+        &[("FAKE_NVML_GPUS", "2")],
+    );
+    let (s, v) = api.submit_yaml(
+        &admin,
+        &format!(
+            "name: driver\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    image: {image}\n    command: [sh, -c, 'head -c 4 /usr/local/nvidia/lib64/libnvidia-ml.so.1 | grep -q ELF && echo lib-ok; echo ld=$LD_LIBRARY_PATH; echo visible=$CUDA_VISIBLE_DEVICES; echo x > /usr/local/nvidia/lib64/libnvidia-ml.so.1 || echo read-only']\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: 1}}}}\n"
+        ),
+    );
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let j = ended(&api, id, &admin);
+    let (out, err) = log_of(&api, id, &admin);
+    assert_eq!(j["state"], "succeeded", "{j}\n{out}\n{err}");
+    assert!(out.contains("lib-ok"), "{out}\n{err}");
+    assert!(out.contains("ld=/usr/local/nvidia/lib64"), "{out}");
+    assert!(out.contains("visible=GPU-fa4e0000-"), "{out}");
+    assert!(out.contains("read-only"), "{out}");
 }

@@ -421,7 +421,16 @@ pub fn image_events(j: &JobRec, next: &mut JobRec, reports: &[&TaskReport]) -> V
             .get(r.group as usize)
             .and_then(|g| g.image.clone())
             .unwrap_or_default();
-        if !img.error.is_empty() {
+        if img.pulling {
+            // Told once an attempt: the first report that says so.
+            let told = j
+                .tasks
+                .iter()
+                .any(|t| t.group == r.group && t.index == r.index);
+            if !told && !next.image_digests.contains_key(&r.group) {
+                out.push(("image-pulling", format!("pulling {name}")));
+            }
+        } else if !img.error.is_empty() {
             let known = j
                 .tasks
                 .iter()
