@@ -23,6 +23,29 @@ fn block_after(readme: &str, marker: &str) -> String {
 
 #[test]
 fn the_readme_quick_start_works_pasted_line_by_line() {
+    quick_start(None);
+}
+
+/// The same as an ordinary user (`nobody`, with a home of its own): no
+/// root, so no cgroups and tasks run as that user. Run where the tests run
+/// as root (as CI does); otherwise the test above is already that.
+#[test]
+fn the_readme_quick_start_works_for_an_ordinary_user() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the tests already run as an ordinary user");
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: setpriv (util-linux) is not installed");
+        return;
+    }
+    quick_start(Some((65534, 65534)));
+}
+
+/// Pastes the quick start into bash, as the caller or as `user` (uid,
+/// gid), and checks what a new user reads on the way.
+fn quick_start(user: Option<(u32, u32)>) {
     let readme = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
     )
@@ -43,7 +66,22 @@ fn the_readme_quick_start_works_pasted_line_by_line() {
         .join("\n");
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    // An ordinary user gets a home of its own and a copy of the binary
+    // (the checkout may be out of its reach).
+    let bin_dir = match user {
+        None => std::path::Path::new(BIN).parent().unwrap().to_path_buf(),
+        Some((uid, gid)) => {
+            use std::os::unix::fs::PermissionsExt;
+            let bin = dir.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            std::fs::copy(BIN, bin.join("gpuflow")).unwrap();
+            for p in [dir.path(), bin.as_path(), bin.join("gpuflow").as_path()] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            bin
+        }
+    };
     // A fresh machine's shell: this checkout's binary on the PATH, and the
     // platform on a port and data directory of its own.
     let script = format!(
@@ -52,7 +90,20 @@ fn the_readme_quick_start_works_pasted_line_by_line() {
          {pasted}\n\
          echo QUICK-START-DONE\n"
     );
-    let out = Command::new("timeout")
+    let mut cmd = match user {
+        None => Command::new("timeout"),
+        Some((uid, gid)) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={gid}"),
+                "--clear-groups",
+                "timeout",
+            ]);
+            c
+        }
+    };
+    let out = cmd
         .args(["180", "bash", "-c", &script])
         .current_dir(dir.path())
         .env(
