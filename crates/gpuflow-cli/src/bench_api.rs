@@ -185,65 +185,110 @@ fn run_submissions(
     Ok(rate)
 }
 
+/// An in-process server on a temporary SQLite store for the benchmarks,
+/// reached through its router.
+struct Bench {
+    _dir: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+    shared: std::sync::Arc<gpuflow_server::Shared>,
+    admin: String,
+    router: axum::Router,
+}
+
+impl Bench {
+    fn open() -> anyhow::Result<Bench> {
+        let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+        let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
+        cfg.join_token = Some("bench".into());
+        cfg.rate_per_token = 0;
+        // Long timeouts: nodes registered once must not be lost while the
+        // benchmark runs.
+        cfg.node_timeout_s = 3600;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let opened = rt.block_on(gpuflow_server::open(cfg))?;
+        let shared = opened.shared.clone();
+        let admin = opened
+            .new_admin_token
+            .context("a new installation has an admin token")?;
+        let router = gpuflow_server::http::router(shared.clone());
+        Ok(Bench {
+            _dir: dir,
+            rt,
+            shared,
+            admin,
+            router,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str, token: &str, body: String) -> (u16, String) {
+        self.rt.block_on(tower_service_call::call(
+            self.router.clone(),
+            method,
+            path,
+            token,
+            body,
+        ))
+    }
+
+    /// Registers `nodes` nodes of 8 H100s (`node-00000`, …): their tokens.
+    fn register(&self, nodes: usize) -> anyhow::Result<Vec<String>> {
+        let mut tokens = Vec::with_capacity(nodes);
+        for n in 0..nodes {
+            let body = serde_json::to_string(&gpuflow_api::Register {
+                node: format!("node-{n:05}"),
+                inventory: h100_node(n),
+                node_token: None,
+            })?;
+            let (s, v) = self.call("POST", "/v1/agent/register", "bench", body);
+            if s != 200 {
+                bail!("register failed: {s} {v}");
+            }
+            let r: gpuflow_api::Registered = serde_json::from_str(&v)?;
+            tokens.push(r.node_token);
+        }
+        Ok(tokens)
+    }
+}
+
+/// Node `n`'s inventory: 8 H100s, 128 CPUs, 1 TiB.
+fn h100_node(n: usize) -> gpuflow_api::Inventory {
+    gpuflow_api::Inventory {
+        cpu_milli: 128_000,
+        memory_mib: 1 << 20,
+        gpus: (0..8)
+            .map(|i| gpuflow_api::GpuInfo {
+                index: i,
+                uuid: format!("GPU-{n}-{i}"),
+                model: "H100".into(),
+                memory_mib: 81920,
+                unhealthy: None,
+                mig: vec![],
+                numa: None,
+                nvlink: vec![],
+            })
+            .collect(),
+        emulated: true,
+        address: String::new(),
+        labels: Default::default(),
+        pool: String::new(),
+        limits: Default::default(),
+    }
+}
+
 /// `gpuflow bench server-cycle`: nodes registered through the agent protocol,
 /// jobs submitted through the API (in-process), then timed cycles.
 pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Result<()> {
-    use gpuflow_api::{GpuInfo, Inventory, Register};
     if nodes == 0 || pending == 0 || cycles == 0 {
         bail!("--nodes, --pending and --cycles must be above 0");
     }
-    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
-    let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
-    cfg.join_token = Some("bench".into());
-    cfg.rate_per_token = 0;
-    // Long timeouts: nodes registered once must not be lost while the benchmark runs.
-    cfg.node_timeout_s = 3600;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let opened = rt.block_on(gpuflow_server::open(cfg))?;
-    let shared = opened.shared.clone();
-    let admin = opened
-        .new_admin_token
-        .context("a new installation has an admin token")?;
-    let router = gpuflow_server::http::router(shared.clone());
-    let call = |method: &str, path: &str, token: &str, body: String| {
-        use tower_service_call::call;
-        rt.block_on(call(router.clone(), method, path, token, body))
-    };
+    let bench = Bench::open()?;
+    let (rt, shared, admin) = (&bench.rt, bench.shared.clone(), bench.admin.clone());
+    let call =
+        |method: &str, path: &str, token: &str, body: String| bench.call(method, path, token, body);
     eprintln!("registering {nodes} nodes (8 GPUs each) and submitting {pending} jobs…");
-    for n in 0..nodes {
-        let inv = Inventory {
-            cpu_milli: 128_000,
-            memory_mib: 1 << 20,
-            gpus: (0..8)
-                .map(|i| GpuInfo {
-                    index: i,
-                    uuid: format!("GPU-{n}-{i}"),
-                    model: "H100".into(),
-                    memory_mib: 81920,
-                    unhealthy: None,
-                    mig: vec![],
-                    numa: None,
-                    nvlink: vec![],
-                })
-                .collect(),
-            emulated: true,
-            address: String::new(),
-            labels: Default::default(),
-            pool: String::new(),
-            limits: Default::default(),
-        };
-        let body = serde_json::to_string(&Register {
-            node: format!("node-{n:05}"),
-            inventory: inv,
-            node_token: None,
-        })?;
-        let (s, v) = call("POST", "/v1/agent/register", "bench", body);
-        if s != 200 {
-            bail!("register failed: {s} {v}");
-        }
-    }
+    bench.register(nodes)?;
     let spec = |i: usize| {
         let gpus = [1, 1, 2, 4, 8][i % 5];
         let kind = ["batch", "training", "inference", "batch"][i % 4];
@@ -285,6 +330,143 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
     println!(
         "  median cycle after a small change: {:.1} ms",
         times[times.len() / 2]
+    );
+    Ok(())
+}
+
+/// `gpuflow bench burst`: see `BenchCommand::Burst`.
+pub fn burst(nodes: usize, jobs: usize, limit_s: u64) -> anyhow::Result<()> {
+    use gpuflow_api::Desired;
+    if nodes == 0 || jobs == 0 {
+        bail!("--nodes and --jobs must be above 0");
+    }
+    let bench = Bench::open()?;
+    let (rt, shared, admin) = (&bench.rt, bench.shared.clone(), bench.admin.clone());
+    let call =
+        |method: &str, path: &str, token: &str, body: String| bench.call(method, path, token, body);
+    eprintln!("registering {nodes} nodes (8 GPUs each), queueing {jobs} jobs on a held queue…");
+    let tokens = bench.register(nodes)?;
+    let (s, v) = call(
+        "PATCH",
+        "/v1/queues/default",
+        &admin,
+        r#"{"state": "held"}"#.into(),
+    );
+    if s != 200 {
+        bail!("cannot hold the queue: {s} {v}");
+    }
+    let mut asked_gpus = 0u64;
+    for i in 0..jobs {
+        let gpus = match i % 10 {
+            0..=5 => 1,
+            6 | 7 => 2,
+            8 => 4,
+            _ => 8,
+        };
+        asked_gpus += gpus;
+        let spec = format!(
+            "{{\"name\":\"b{i}\",\"queue\":\"default\",\"kind\":\"batch\",\"tasks\":[{{\"name\":\"main\",\"command\":[\"true\"],\"resources\":{{\"cpu\":1,\"memory_mib\":1024,\"gpu\":{{\"count\":{gpus}}}}}}}]}}"
+        );
+        let (s, v) = call("POST", "/v1/jobs", &admin, spec);
+        if s != 201 {
+            bail!("submit failed: {s} {v}");
+        }
+    }
+    let total = (nodes * 8) as u64;
+    let goal = asked_gpus.min(total);
+    println!(
+        "burst: {nodes} nodes × 8 GPUs ({total}), {jobs} jobs asking {asked_gpus} GPUs (SQLite, in-process, agents answering at once)"
+    );
+    // What each node's agent was last told to run: reported running.
+    let mut desired: Vec<Vec<(u64, u32, u16, u32)>> = vec![Vec::new(); nodes];
+    let held = |w: &gpuflow_server::state::World| -> (u64, u64) {
+        let (mut alloc, mut run) = (0u64, 0u64);
+        for j in w.jobs.values() {
+            let g = gpuflow_server::cycle::quota_milli(&j.spec) / 1000;
+            if j.state.allocated() {
+                alloc += g;
+            }
+            if j.state == gpuflow_api::JobState::Running {
+                run += g;
+            }
+        }
+        (alloc, run)
+    };
+    let start = Instant::now();
+    let (s, v) = call(
+        "PATCH",
+        "/v1/queues/default",
+        &admin,
+        r#"{"state": "open"}"#.into(),
+    );
+    if s != 200 {
+        bail!("cannot open the queue: {s} {v}");
+    }
+    let mut marks: [Option<f64>; 4] = [None; 4];
+    let (mut cycles, mut rounds) = (0, 0);
+    let mut cycle_ms: Vec<f64> = Vec::new();
+    let mut beat_ms: Vec<f64> = Vec::new();
+    loop {
+        let t = Instant::now();
+        rt.block_on(gpuflow_server::cycle::run_once(&shared))?;
+        cycle_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        cycles += 1;
+        let mark = |marks: &mut [Option<f64>; 4]| {
+            let (alloc, run) = rt.block_on(async { held(&*shared.world.lock().await) });
+            let now = start.elapsed().as_secs_f64();
+            for (k, (have, part)) in [(alloc, 2), (alloc, 1), (run, 2), (run, 1)]
+                .into_iter()
+                .enumerate()
+            {
+                if marks[k].is_none() && have * part >= goal {
+                    marks[k] = Some(now);
+                }
+            }
+            now
+        };
+        mark(&mut marks);
+        // Every node's heartbeat, its tasks running as told.
+        let t = Instant::now();
+        for n in 0..nodes {
+            let tasks: Vec<serde_json::Value> = desired[n]
+                .iter()
+                .map(|&(job, attempt, group, index)| {
+                    serde_json::json!({"job": job, "attempt": attempt, "group": group, "index": index,
+                        "phase": "running", "started_at": gpuflow_server::now()})
+                })
+                .collect();
+            let body = serde_json::json!({"node": format!("node-{n:05}"), "inventory": h100_node(n), "tasks": tasks});
+            let (s, v) = call("POST", "/v1/agent/heartbeat", &tokens[n], body.to_string());
+            if s != 200 {
+                bail!("heartbeat failed: {s} {v}");
+            }
+            let d: Desired = serde_json::from_str(&v)?;
+            desired[n] = d
+                .tasks
+                .iter()
+                .filter(|t| t.stop.is_none())
+                .map(|t| (t.job, t.attempt, t.group, t.index))
+                .collect();
+        }
+        beat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        rounds += 1;
+        let now = mark(&mut marks);
+        if marks[3].is_some() || now > limit_s as f64 {
+            break;
+        }
+    }
+    let show = |m: Option<f64>| m.map_or("not reached".into(), |s| format!("{s:.2} s"));
+    println!("  50 % of the GPUs asked for allocated: {}", show(marks[0]));
+    println!("  100 % allocated:                      {}", show(marks[1]));
+    println!("  50 % running:                         {}", show(marks[2]));
+    println!("  100 % running:                        {}", show(marks[3]));
+    cycle_ms.sort_by(f64::total_cmp);
+    beat_ms.sort_by(f64::total_cmp);
+    println!(
+        "  {cycles} cycles (median {:.0} ms, longest {:.0} ms), {rounds} heartbeat rounds of {nodes} nodes (median {:.0} ms)",
+        cycle_ms[cycle_ms.len() / 2],
+        cycle_ms[cycle_ms.len() - 1],
+        beat_ms[beat_ms.len() / 2]
     );
     Ok(())
 }

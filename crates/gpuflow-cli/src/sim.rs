@@ -167,6 +167,21 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 300)]
         limit_s: u64,
     },
+    /// A burst: `jobs` jobs (1, 2, 4 and 8 GPUs, 60/20/10/10 %) queued on a
+    /// held queue of an in-process server (SQLite) with `nodes` nodes of 8
+    /// GPUs whose agents are emulated at the protocol level (each answers
+    /// every heartbeat reply at once, its tasks running); the queue opens
+    /// and cycles and heartbeats run back to back: the time until half and
+    /// all of the GPUs are allocated, and running.
+    Burst {
+        #[arg(long, default_value_t = 2048)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10000)]
+        jobs: usize,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        limit_s: u64,
+    },
     /// The server's scheduling cycle (snapshot, core, commit to SQLite) on
     /// registered nodes with a backlog: a cold cycle, then cycles after a few
     /// new submissions.
@@ -679,6 +694,11 @@ pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             Duration::from_millis(read_pause_ms),
             array,
         ),
+        BenchCommand::Burst {
+            nodes,
+            jobs,
+            limit_s,
+        } => crate::bench_api::burst(nodes, jobs, limit_s),
         BenchCommand::ServerCycle {
             nodes,
             pending,
