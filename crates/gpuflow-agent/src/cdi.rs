@@ -194,11 +194,7 @@ pub fn driver_files(nvml_lib: Option<&Path>) -> Vec<(PathBuf, String)> {
         out.retain(|(_, c)| !c.contains("/libnvidia-ml.so"));
         out.push((lib.to_path_buf(), format!("{DRIVER_LIB}/libnvidia-ml.so.1")));
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    if let Some(smi) = std::env::split_paths(&path)
-        .map(|d| d.join("nvidia-smi"))
-        .find(|p| p.is_file())
-    {
+    if let Some(smi) = crate::oci::which("nvidia-smi") {
         out.push((smi, format!("{DRIVER_BIN}/nvidia-smi")));
     }
     out

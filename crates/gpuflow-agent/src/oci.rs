@@ -122,7 +122,8 @@ pub fn available() -> Result<(), String> {
     Ok(())
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// Where `tool` is: on `PATH`, else in `/usr/sbin` or `/usr/bin`.
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/usr/bin".into()])
@@ -130,6 +131,7 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// FNV-1a of `bytes`: a short name that stays the same across releases.
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -497,7 +499,7 @@ pub fn exec(
     cmd: &[String],
     tty: Option<std::os::fd::OwnedFd>,
 ) -> Result<std::process::Child, String> {
-    use std::process::Stdio;
+    use crate::task::Io;
     let mut c = Command::new("runc");
     c.arg("--root").arg(&spec.runc_root).args([
         "exec",
@@ -511,41 +513,19 @@ pub fn exec(
         c.arg("--tty");
     }
     c.arg(&spec.id).args(cmd);
-    match tty {
+    let io = match tty {
         Some(fd) => {
             // runc gives the container a terminal of its own and relays:
             // ours only carries bytes (else every line echoes twice).
-            {
-                use std::os::fd::AsRawFd;
-                // SAFETY: termios calls on a terminal descriptor we own.
-                unsafe {
-                    let mut t: libc::termios = std::mem::zeroed();
-                    if libc::tcgetattr(fd.as_raw_fd(), &mut t) == 0 {
-                        libc::cfmakeraw(&mut t);
-                        libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &t);
-                    }
-                }
-            }
-            let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().map_err(|e| e.to_string());
-            c.stdin(Stdio::from(dup(&fd)?))
-                .stdout(Stdio::from(dup(&fd)?))
-                .stderr(Stdio::from(fd));
-            // SAFETY: setsid and an ioctl on stdin, async-signal-safe.
-            unsafe {
-                c.pre_exec(|| {
-                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            use std::os::fd::AsRawFd;
+            crate::session::raw_mode(fd.as_raw_fd());
+            Io::Tty(fd)
         }
-        None => {
-            c.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-        }
+        None => Io::Pipes,
+    };
+    if io.apply(&mut c)? {
+        // SAFETY: `take_terminal` is async-signal-safe.
+        unsafe { c.pre_exec(crate::task::take_terminal) };
     }
     c.spawn().map_err(|e| format!("cannot start runc: {e}"))
 }

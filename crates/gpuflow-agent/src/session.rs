@@ -175,6 +175,21 @@ pub struct Context {
     pub ca_cert: Option<PathBuf>,
 }
 
+/// Puts terminal `fd` in raw mode (bytes pass as they are: no echo, no
+/// line editing, no signals); its settings before, to restore.
+pub fn raw_mode(fd: i32) -> Option<libc::termios> {
+    // SAFETY: termios calls on a descriptor with a struct they fill.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) != 0 {
+            return None;
+        }
+        let before = t;
+        libc::cfmakeraw(&mut t);
+        (libc::tcsetattr(fd, libc::TCSANOW, &t) == 0).then_some(before)
+    }
+}
+
 fn control(c: &SessionControl) -> Message {
     Message::text(serde_json::to_string(c).unwrap_or_default())
 }

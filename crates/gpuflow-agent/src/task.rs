@@ -1352,10 +1352,47 @@ pub fn spawn_session(
 }
 
 /// A command's input and output beside its task.
-enum Io {
+pub(crate) enum Io {
     Null,
     Pipes,
     Tty(std::os::fd::OwnedFd),
+}
+
+impl Io {
+    /// Gives `c` this input and output: the terminal on all three (then
+    /// `c` must call [`take_terminal`] before exec), or pipes or nothing in
+    /// a process group of its own. Whether it is a terminal.
+    pub(crate) fn apply(self, c: &mut Command) -> Result<bool, String> {
+        match self {
+            Io::Tty(fd) => {
+                let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().map_err(|e| e.to_string());
+                c.stdin(Stdio::from(dup(&fd)?))
+                    .stdout(Stdio::from(dup(&fd)?))
+                    .stderr(Stdio::from(fd));
+                return Ok(true);
+            }
+            Io::Pipes => c
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+            Io::Null => c
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        }
+        .process_group(0);
+        Ok(false)
+    }
+}
+
+/// In a forked child before exec: a session of its own whose controlling
+/// terminal is its stdin. Async-signal-safe (setsid, ioctl).
+pub(crate) fn take_terminal() -> std::io::Result<()> {
+    // SAFETY: plain system calls on the process itself and its stdin.
+    if unsafe { libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0 } {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Starts `cmd` as task `p` runs (see `become_task`) with `io`.
@@ -1381,34 +1418,14 @@ fn spawn_as(
         .env_clear()
         .envs(p.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&p.task_dir);
-    let on_tty = matches!(io, Io::Tty(_));
-    match io {
-        Io::Tty(fd) => {
-            let dup = |fd: &std::os::fd::OwnedFd| fd.try_clone().map_err(|e| e.to_string());
-            c.stdin(Stdio::from(dup(&fd)?))
-                .stdout(Stdio::from(dup(&fd)?))
-                .stderr(Stdio::from(fd));
-        }
-        Io::Pipes => {
-            c.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-        }
-        Io::Null => {
-            c.stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0);
-        }
-    }
+    let on_tty = io.apply(&mut c)?;
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (setsid, ioctl and those of
+    // only async-signal-safe functions (`take_terminal` and those of
     // `become_task`) on memory prepared before the fork.
     unsafe {
         c.pre_exec(move || {
-            if on_tty && (libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0) {
-                return Err(std::io::Error::last_os_error());
+            if on_tty {
+                take_terminal()?;
             }
             become_task(&procs_fds, ids, work.as_deref(), &isolation)
         });

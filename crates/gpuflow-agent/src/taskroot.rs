@@ -33,13 +33,6 @@ fn closed_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
     })
 }
 
-/// FNV-1a of `bytes`: a short, stable name for a work directory.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// This work directory's own name for its tasks' directory elsewhere:
 /// drawn at random the first time and kept in it, so that a new
 /// installation on the same path (its work directory removed and made
@@ -57,11 +50,6 @@ fn install_id(dir: &Path) -> Result<String, String> {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
         .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
     let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    // Mixed with the path: two work directories never share one.
-    let id = format!(
-        "{:016x}",
-        u64::from_str_radix(&id, 16).unwrap_or(0) ^ fnv(dir.as_os_str().as_encoded_bytes())
-    );
     std::fs::write(&file, &id).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     Ok(id)
 }

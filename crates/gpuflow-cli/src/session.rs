@@ -18,16 +18,7 @@ struct Raw(libc::termios);
 
 impl Raw {
     fn enter() -> Option<Raw> {
-        // SAFETY: termios calls on stdin with a struct they fill.
-        unsafe {
-            let mut t: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut t) != 0 {
-                return None;
-            }
-            let saved = t;
-            libc::cfmakeraw(&mut t);
-            (libc::tcsetattr(0, libc::TCSANOW, &t) == 0).then_some(Raw(saved))
-        }
+        gpuflow_agent::session::raw_mode(0).map(Raw)
     }
 }
 

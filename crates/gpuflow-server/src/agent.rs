@@ -492,20 +492,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
     for j in world.jobs_on(node) {
         let world_size = j.allocs.len();
         // Rank 0's node is the rendezvous for gangs (PyTorch's env:// init).
-        let master = j
-            .allocs
-            .first()
-            .and_then(|a| world.nodes.get(&a.node))
-            .map_or_else(
-                || "127.0.0.1".to_string(),
-                |n| {
-                    if n.address.is_empty() {
-                        "127.0.0.1".into()
-                    } else {
-                        n.address.clone()
-                    }
-                },
-            );
+        let master = world.node_address(j.allocs.first().map_or("", |a| a.node.as_str()));
         let port = 20000 + (j.id % 20000);
         let mut local_rank = 0;
         for (rank, a) in j.allocs.iter().enumerate() {

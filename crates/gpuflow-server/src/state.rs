@@ -1041,6 +1041,16 @@ impl World {
         old.len()
     }
 
+    /// Where the server and other nodes reach node `node`: the address it
+    /// registered, else this host (`gpuflow up`'s local agent).
+    pub fn node_address(&self, node: &str) -> String {
+        self.nodes
+            .get(node)
+            .map(|n| n.address.clone())
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| "127.0.0.1".into())
+    }
+
     /// The allocated jobs with a task on `node`, in id order.
     pub fn jobs_on<'w>(&'w self, node: &str) -> impl Iterator<Item = &'w JobRec> + 'w {
         self.on_node

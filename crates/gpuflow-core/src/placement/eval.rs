@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// The static filters' answer for a node of static shape `shape` and
+/// request `rid`, run once per pair for the memo's life (cleared when full).
+pub(super) fn static_once(
+    memo: &mut FxHashMap<(u32, u32), Result<(), Reject>>,
+    shape: u32,
+    rid: u32,
+    view: &NodeView,
+) -> Result<(), Reject> {
+    if memo.len() >= MAX_CACHE {
+        memo.clear();
+    }
+    *memo
+        .entry((shape, rid))
+        .or_insert_with(|| filters::run_static(view))
+}
+
 impl Placer {
     pub(super) fn eval_class(
         &mut self,
@@ -56,16 +72,8 @@ impl Placer {
         let shape = self.cluster.shape_id(id);
         let filtered = match rid {
             // The filters that read only the static shape answer once per shape.
-            Some(rid) => {
-                if self.static_memo.len() >= MAX_CACHE {
-                    self.static_memo.clear();
-                }
-                let fixed = *self
-                    .static_memo
-                    .entry((shape, rid))
-                    .or_insert_with(|| filters::run_static(&view));
-                fixed.and_then(|()| filters::run_usage(&view))
-            }
+            Some(rid) => static_once(&mut self.static_memo, shape, rid, &view)
+                .and_then(|()| filters::run_usage(&view)),
             None => filters::run(&view),
         };
         if let Err(r) = filtered {

@@ -305,33 +305,24 @@ impl Placer {
         !picks.is_empty()
     }
 
-    /// Whether node `id`'s static shape admits a task of `req` under `cons`
-    /// (state, reservation, pool, labels, taints, GPU model and health: what
-    /// the node is, not what it holds), remembered per (shape, request) as
-    /// placement remembers it. For start estimates, which count only the
-    /// room a job may use.
-    pub fn admits_statically(&mut self, id: NodeId, req: &TaskRequest, cons: &Constraints) -> bool {
-        let rid = self.intern(req, cons);
-        self.admits_statically_as(id, rid, req, cons)
-    }
-
-    /// The id placement knows a request by (see [`Placer::admits_statically_as`]).
+    /// The id placement knows a request by (see [`Placer::admits_statically`]).
     pub fn request_id(&mut self, req: &TaskRequest, cons: &Constraints) -> u32 {
         self.intern(req, cons)
     }
 
-    /// [`Placer::admits_statically`] for a request already known as `rid`.
-    pub fn admits_statically_as(
+    /// Whether node `id`'s static shape admits a task of `req` (known as
+    /// `rid`, [`Placer::request_id`]) under `cons` (state, reservation,
+    /// pool, labels, taints, GPU model and health: what the node is, not
+    /// what it holds), remembered per (shape, request) as placement
+    /// remembers it. For start estimates, which count only the room a job
+    /// may use.
+    pub fn admits_statically(
         &mut self,
         id: NodeId,
         rid: u32,
         req: &TaskRequest,
         cons: &Constraints,
     ) -> bool {
-        let shape = self.cluster.shape_id(id);
-        if let Some(r) = self.static_memo.get(&(shape, rid)) {
-            return r.is_ok();
-        }
         let view = NodeView {
             node: self.cluster.node(id),
             usage: self.cluster.usage(id),
@@ -341,12 +332,7 @@ impl Placer {
             nvlink_scope: None,
             reserved: self.cluster.reservation_slot(id),
         };
-        let r = filters::run_static(&view);
-        if self.static_memo.len() >= MAX_CACHE {
-            self.static_memo.clear();
-        }
-        self.static_memo.insert((shape, rid), r);
-        r.is_ok()
+        eval::static_once(&mut self.static_memo, self.cluster.shape_id(id), rid, &view).is_ok()
     }
 
     /// The id of node `id`'s static shape (nodes with equal ids have equal

@@ -19,48 +19,50 @@ pub(super) struct NodeSlots {
     /// Each node's static shape, and a node of each shape (by shape id).
     shape: Vec<u32>,
     shape_node: Vec<Option<NodeId>>,
-    /// Per GPUs-per-task size and the shapes a task may use (empty: all):
-    /// the moments each further task of that size finds room on some node
-    /// it may use, soonest first.
-    by_size: BTreeMap<(u32, Vec<bool>), Vec<u64>>,
-    /// The shapes each request (by placement's id) may use (empty: all).
-    usable: rustc_hash::FxHashMap<u32, Vec<bool>>,
+    /// Per GPUs-per-task size and request (by placement's id; `None`: one
+    /// every node's shape admits): the moments each further task of that
+    /// size finds room on some node it may use, soonest first.
+    by_size: BTreeMap<(u32, Option<u32>), Vec<u64>>,
+    /// The shapes each request may use (`None`: all).
+    usable: rustc_hash::FxHashMap<u32, Option<Vec<bool>>>,
 }
 
 impl NodeSlots {
-    /// The moments a task of `gpus` whole GPUs finds room on nodes of the
-    /// shapes in `usable` (empty: any), one per task, soonest first: a node
-    /// with `k` tasks' room at time t adds t to the list `k` times in all.
-    fn moments(&mut self, gpus: u32, usable: Vec<bool>) -> &[u64] {
+    /// The moments a task of `gpus` whole GPUs of request `rid` (`None`:
+    /// one any node admits) finds room on nodes it may use, one per task,
+    /// soonest first: a node with `k` tasks' room at time t adds t to the
+    /// list `k` times in all.
+    fn moments(&mut self, gpus: u32, rid: Option<u32>) -> &[u64] {
         let (now, idle, frees, shape) = (self.now, &self.idle, &self.frees, &self.shape);
-        self.by_size
-            .entry((gpus, usable))
-            .or_insert_with_key(|(_, usable)| {
-                let may = |n: usize| usable.is_empty() || usable[shape[n] as usize];
-                let mut out = Vec::new();
-                // `frees` is by node, and every node is visited in order.
-                let mut k = 0;
-                for (n, &idle_now) in idle.iter().enumerate() {
-                    let mut have = idle_now;
-                    let mut room = have / gpus;
-                    let mine = may(n);
-                    if mine {
-                        out.extend(std::iter::repeat_n(now, room as usize));
-                    }
-                    while k < frees.len() && frees[k].0 as usize == n {
-                        let (_, end, back) = frees[k];
-                        k += 1;
-                        have += back;
-                        let more = have / gpus;
-                        if mine {
-                            out.extend(std::iter::repeat_n(end, (more - room) as usize));
-                        }
-                        room = more;
-                    }
+        let usable = rid
+            .and_then(|r| self.usable.get(&r))
+            .and_then(Option::as_ref);
+        self.by_size.entry((gpus, rid)).or_insert_with(|| {
+            let may = |n: usize| usable.is_none_or(|u| u[shape[n] as usize]);
+            let mut out = Vec::new();
+            // `frees` is by node, and every node is visited in order.
+            let mut k = 0;
+            for (n, &idle_now) in idle.iter().enumerate() {
+                let mut have = idle_now;
+                let mut room = have / gpus;
+                let mine = may(n);
+                if mine {
+                    out.extend(std::iter::repeat_n(now, room as usize));
                 }
-                out.sort_unstable();
-                out
-            })
+                while k < frees.len() && frees[k].0 as usize == n {
+                    let (_, end, back) = frees[k];
+                    k += 1;
+                    have += back;
+                    let more = have / gpus;
+                    if mine {
+                        out.extend(std::iter::repeat_n(end, (more - room) as usize));
+                    }
+                    room = more;
+                }
+            }
+            out.sort_unstable();
+            out
+        })
     }
 
     /// When `job`'s whole-GPU tasks all find room, from `at` on, on nodes
@@ -77,7 +79,7 @@ impl NodeSlots {
             }
             let rid = placer.request_id(&g.request, &job.constraints);
             let shape_node = &self.shape_node;
-            let usable = self
+            let restricted = self
                 .usable
                 .entry(rid)
                 .or_insert_with(|| {
@@ -85,15 +87,15 @@ impl NodeSlots {
                         .iter()
                         .map(|n| {
                             n.is_some_and(|n| {
-                                placer.admits_statically_as(n, rid, &g.request, &job.constraints)
+                                placer.admits_statically(n, rid, &g.request, &job.constraints)
                             })
                         })
                         .collect();
-                    if u.iter().all(|&x| x) { Vec::new() } else { u }
+                    (!u.iter().all(|&x| x)).then_some(u)
                 })
-                .clone();
+                .is_some();
             let when = self
-                .moments(count as u32, usable)
+                .moments(count as u32, restricted.then_some(rid))
                 .get(g.replicas.max(1) as usize - 1)?;
             t = t.max(*when);
         }

@@ -76,32 +76,33 @@ async fn session(
         .into_response())
 }
 
-/// The proxy's token: the bearer header, else this path's cookie.
-fn token_of(headers: &HeaderMap) -> Option<String> {
-    if let Some(t) = bearer(headers) {
-        return Some(t.to_string());
-    }
+/// The request's cookies, `name=value` each.
+fn cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .find_map(|c| {
-            let (k, v) = c.trim().split_once('=')?;
-            (k == COOKIE).then(|| v.to_string())
-        })
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+}
+
+/// The proxy's token: the bearer header, else this path's cookie.
+fn token_of(headers: &HeaderMap) -> Option<String> {
+    if let Some(t) = bearer(headers) {
+        return Some(t.to_string());
+    }
+    cookies(headers).find_map(|c| {
+        let (k, v) = c.split_once('=')?;
+        (k == COOKIE).then(|| v.to_string())
+    })
 }
 
 /// The request's cookies less the proxy's own, as one header (none left:
 /// `None`).
 fn cookies_for_task(headers: &HeaderMap) -> Option<HeaderValue> {
-    let kept: Vec<&str> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|c| !c.is_empty() && c.split_once('=').is_none_or(|(k, _)| k != COOKIE))
+    let kept: Vec<&str> = cookies(headers)
+        .filter(|c| c.split_once('=').is_none_or(|(k, _)| k != COOKIE))
         .collect();
     (!kept.is_empty())
         .then(|| HeaderValue::from_str(&kept.join("; ")).ok())
@@ -142,12 +143,7 @@ fn target(world: &World, id: u64, port: u16) -> Result<String, Error> {
         .find(|a| a.group == task.group && a.index == task.index)
         .map(|a| a.node.clone())
         .unwrap_or_default();
-    let host = world
-        .nodes
-        .get(&node)
-        .map(|n| n.address.clone())
-        .filter(|a| !a.is_empty())
-        .unwrap_or_else(|| "127.0.0.1".into());
+    let host = world.node_address(&node);
     Ok(if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
