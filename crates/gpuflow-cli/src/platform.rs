@@ -59,6 +59,10 @@ pub struct ServerArgs {
     /// no limit.
     #[arg(long, default_value = "1", value_parser = parse_budget)]
     pub disruption_budget: Budget,
+    /// How many jobs of a queue those reclaims may stop per hour, however
+    /// little work they lose (the same jobs pass it); 0: no limit.
+    #[arg(long, default_value_t = 64)]
+    pub disruption_max_jobs: usize,
     /// Output kept per job, in MiB, over all its tasks, streams and
     /// attempts; beyond it only each task's last 16 KiB is kept.
     #[arg(long, default_value_t = 16)]
@@ -261,6 +265,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.consolidate_max_unsaved_s =
         (a.consolidate_max_unsaved > 0).then_some(a.consolidate_max_unsaved);
     c.disruption_budget = a.disruption_budget.0;
+    c.disruption_max_jobs = (a.disruption_max_jobs > 0).then_some(a.disruption_max_jobs);
     c.lease_horizon_s = (a.lease_horizon > 0).then_some(a.lease_horizon);
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));

@@ -121,6 +121,8 @@ fn build(s: &Spec) -> World {
 /// and the window, seconds.
 const BUDGET: f64 = 0.05;
 const WINDOW: u64 = 600;
+/// Jobs a queue may lose to paced reclaims per window, in the worlds that count them.
+const MAX_JOBS: usize = 1;
 
 fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
     let cfg = Config {
@@ -130,6 +132,10 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
         backfill_per_node: s.seed % 2 == 1,
         // Half the worlds with a tight disruption budget.
         disruption_budget: (s.seed / 2 % 2 == 1).then_some(BUDGET),
+        // And half with a tight count of jobs, which every reclaim by
+        // batch or training passes through (no queue is underserved).
+        disruption_max_jobs: (s.seed / 4 % 2 == 1).then_some(MAX_JOBS),
+        underserved_pass_budgets: if s.seed / 4 % 2 == 1 { 0.0 } else { 0.8 },
         disruption_window: WINDOW,
         ..Config::default()
     };
@@ -297,6 +303,22 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
                     "a paced reclaim took from a queue that had less: {} < {}",
                     usage_before[&q],
                     usage_before[&by.queue]
+                );
+            }
+            if let Some(max) = cfg.disruption_max_jobs
+                && p.reason == PreemptReason::Reclaim
+                && cfg.classes[by.class].preemptible
+                && !underserved.contains(&by.queue)
+            {
+                let jobs = lost
+                    .get(&q)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(t, _)| now - t < WINDOW)
+                    .count();
+                prop_assert!(
+                    jobs < max,
+                    "a preemption passed the disruption budget's count: {jobs} of {max} already"
                 );
             }
             if p.reason == PreemptReason::Reclaim {

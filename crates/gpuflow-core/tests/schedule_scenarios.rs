@@ -527,6 +527,54 @@ fn the_disruption_budget_caps_work_lost_per_window() {
 }
 
 #[test]
+fn the_disruption_budget_caps_jobs_stopped_per_window() {
+    // Young borrowers lose little work, so a budget of GPU-hours alone
+    // would let a queue lose any number of them at once; the count stops
+    // that, and the rest wait for the window to move on.
+    let out = run("
+        config min_runtime=0 budget=none max_jobs=2 window=600 underserved_pass=0 holds=off
+        node n1 gpus=4*H100
+        queue a H100=1
+        queue c H100=1
+        queue d H100=1
+        queue b H100=0
+        run 10 queue=b class=batch gpu=whole:1 cpu=1 started=990
+        run 11 queue=b class=batch gpu=whole:1 cpu=1 started=990
+        run 12 queue=b class=batch gpu=whole:1 cpu=1 started=990
+        run 13 queue=b class=batch gpu=whole:1 cpu=1 started=990
+        job 1 queue=a class=training gpu=whole:1 cpu=1
+        job 2 queue=c class=training gpu=whole:1 cpu=1
+        job 3 queue=d class=training gpu=whole:1 cpu=1
+        cycle 1000      # two of b's jobs reclaimed: its count for the window
+        cycle 1100      # job 3 waits for the window
+        cycle 1700      # the first two left the window
+    ");
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=1030, loses 0.00 GPU-h
+          preempt job 11 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.00 GPU-h
+          nominate n1 for job 1 from t=1030
+          nominate n1 for job 2 from t=1030
+          pending job 1 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+          pending job 3 (#1 in queue, eta unknown): within queue d's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 2 of at most 2 of its jobs already preempted in the window
+        cycle t=1100
+          start job 1 on H100: n1[0]
+          start job 2 on H100: n1[1]
+          pending job 3 (#1 in queue, eta unknown): within queue d's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue b's disruption budget: 2 of at most 2 of its jobs already preempted in the window
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=1700
+          preempt job 12 for job 3 (Reclaim): signal now, kill at t=1730, loses 0.20 GPU-h
+          nominate n1 for job 3 from t=1730
+          pending job 3 (#1 in queue, eta t=1730): waiting for 1 preempted job(s) to stop
+          pending job 10 (#1 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 11 (#2 in queue, eta unknown): needs 1 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
 fn a_queues_own_priority_preemptions_are_not_budgeted() {
     // The budget paces what other queues take back; a queue's training job
     // still preempts its own batch job, whatever that loses.

@@ -715,6 +715,7 @@ fn config(server: &crate::Config) -> Config {
         consolidate_max_unsaved: server.consolidate_max_unsaved_s,
         lease_horizon: server.lease_horizon_s,
         disruption_budget: server.disruption_budget,
+        disruption_max_jobs: server.disruption_max_jobs,
         tries_per_cycle: server.tries_per_cycle,
         classes: classes(),
         ..Config::default()

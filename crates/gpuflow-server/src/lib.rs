@@ -86,6 +86,9 @@ pub struct Config {
     /// jobs per hour (inference, notebooks and queues below their share
     /// pass); `None`: no limit. See the core's `Config::disruption_budget`.
     pub disruption_budget: Option<f64>,
+    /// How many jobs of a queue those reclaims may stop per hour; `None`:
+    /// no limit. See the core's `Config::disruption_max_jobs`.
+    pub disruption_max_jobs: Option<usize>,
     /// Failed tries a cycle may spend, shared among the queues with pending
     /// jobs (each gets at least 8); see the core's `Config::tries_per_cycle`.
     pub tries_per_cycle: usize,
@@ -148,6 +151,7 @@ impl Config {
             consolidate_max_unsaved_s: gpuflow_core::schedule::Config::default()
                 .consolidate_max_unsaved,
             disruption_budget: gpuflow_core::schedule::Config::default().disruption_budget,
+            disruption_max_jobs: gpuflow_core::schedule::Config::default().disruption_max_jobs,
             tries_per_cycle: gpuflow_core::schedule::Config::default().tries_per_cycle,
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,

@@ -1255,12 +1255,17 @@ async fn owner_and_borrower(
 
 /// The disruption budget paces reclaims: once the owner has had its share
 /// of the usage, its batch job does not take back a GPU whose job would
-/// lose more than the budget, and `why` says so; without a budget it does.
+/// lose more than the budget, or stop more of the queue's jobs than its
+/// count allows (none here), and `why` says so; without a budget it does.
 #[tokio::test]
 async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
-    for budget in [Some(0.0001), None] {
+    for (budget, max_jobs) in [(Some(0.0001), None), (None, Some(0)), (None, None)] {
         let gpus = ["GPU-a", "GPU-b"];
-        let (h, tok) = owner_and_borrower(&gpus, |c| c.disruption_budget = budget).await;
+        let (h, tok) = owner_and_borrower(&gpus, |c| {
+            c.disruption_budget = budget;
+            c.disruption_max_jobs = max_jobs;
+        })
+        .await;
         let a = &h.admin;
         // One job each, side by side: the borrower's on the owner's
         // guarantee, so both queues use the same share of the GPUs.
@@ -1281,16 +1286,22 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
         let mine = submit(&h, "owner", "{count: 1}", 1024).await;
         cycle(&h).await;
         let state = job_state(&h.get(&format!("/v1/jobs/{theirs}"), a).await.1);
-        if budget.is_none() {
+        if budget.is_none() && max_jobs.is_none() {
             assert_eq!(state, "stopping", "reclaimed without a budget");
             continue;
         }
         assert_eq!(state, "running", "kept by the budget");
         let (_, why) = h.get(&format!("/v1/jobs/{mine}/why"), a).await;
+        let said = if budget.is_some() {
+            "GPU-hours already lost in the window"
+        } else {
+            "0 of at most 0 of its jobs already preempted in the window"
+        };
         assert!(
             why["reasons"]
                 .to_string()
-                .contains("preempting would pass queue borrower's disruption budget"),
+                .contains("preempting would pass queue borrower's disruption budget: ")
+                && why["reasons"].to_string().contains(said),
             "{why}"
         );
     }

@@ -146,6 +146,7 @@ impl SimPolicy {
         "preemption",
         "notebooks_borrow",
         "disruption_budget",
+        "disruption_max_jobs",
         "disruption_window",
         "protected_pass_budgets",
         "underserved_pass_budgets",
@@ -174,7 +175,7 @@ impl SimPolicy {
     /// `history_weight=X`, `preemption=true|false`,
     /// `notebooks_borrow=true|false`, `lease_horizon=SECONDS|none`,
     /// `reclaim_holds=true|false`,
-    /// `disruption_budget=GPU_HOURS|none`,
+    /// `disruption_budget=GPU_HOURS|none`, `disruption_max_jobs=N|none`,
     /// `disruption_window=SECONDS`, `protected_pass_budgets=true|false`,
     /// `underserved_pass_budgets=FRACTION` (0: none),
     /// `reclaims_restore_fairness=true|false`, `max_unsaved=SECONDS|none`,
@@ -229,6 +230,12 @@ impl SimPolicy {
                             .filter(|b: &f64| b.is_finite() && *b >= 0.0)
                             .ok_or_else(bad)?,
                     ),
+                }
+            }
+            "disruption_max_jobs" => {
+                c.disruption_max_jobs = match value {
+                    "none" => None,
+                    v => Some(v.parse().map_err(|_| bad())?),
                 }
             }
             "max_unsaved" => {

@@ -220,14 +220,21 @@ impl<'a> Cycle<'a> {
                     });
                 }
                 if found.is_none()
-                    && let Some((q, used)) = budget_block
+                    && let Some((q, spent)) = budget_block
                 {
-                    let budget = self.snap.cfg.disruption_budget.unwrap_or(0.0);
                     let queue = self.snap.queues.get(q).name.clone();
-                    reasons.push(PendingReason::DisruptionBudget {
-                        queue,
-                        used,
-                        budget,
+                    let cfg = self.snap.cfg;
+                    reasons.push(match cfg.disruption_max_jobs {
+                        Some(max) if spent.by_count => PendingReason::DisruptionCount {
+                            queue,
+                            jobs: spent.jobs,
+                            max,
+                        },
+                        _ => PendingReason::DisruptionBudget {
+                            queue,
+                            used: spent.hours,
+                            budget: cfg.disruption_budget.unwrap_or(0.0),
+                        },
                     });
                 }
                 if found.is_none() {

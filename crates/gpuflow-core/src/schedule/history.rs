@@ -113,12 +113,14 @@ impl History {
         }
     }
 
-    pub(super) fn disrupted(&self, q: QueueId, now: u64, window: u64) -> f64 {
-        self.disruptions.get(&q).map_or(0.0, |v| {
+    /// Queue `q`'s reclaims in the window ending at `now`: the GPU-hours
+    /// of work they lost and how many jobs they stopped.
+    pub(super) fn disrupted(&self, q: QueueId, now: u64, window: u64) -> (f64, usize) {
+        self.disruptions.get(&q).map_or((0.0, 0), |v| {
             v.iter()
                 .filter(|(t, _)| now.saturating_sub(*t) < window)
                 // From +0.0: an empty float sum is -0.0, shown as "-0.00".
-                .fold(0.0, |sum, (_, h)| sum + h)
+                .fold((0.0, 0), |(sum, n), (_, h)| (sum + h, n + 1))
         })
     }
 }

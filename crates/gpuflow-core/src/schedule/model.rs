@@ -232,6 +232,12 @@ pub struct Config {
     /// that unless the reclaimer has had much less than its share, so the
     /// others wait for capacity that frees instead (docs/benchmarks.md).
     pub disruption_budget: Option<f64>,
+    /// How many jobs of each queue the preemptions that budgets bind may
+    /// stop per window, whatever work they lose: young jobs lose little,
+    /// and a budget of GPU-hours alone would let a queue lose hundreds of
+    /// them at once. The rest wait for the window to move on. `None`: no
+    /// limit. Default 64 an hour.
+    pub disruption_max_jobs: Option<usize>,
     /// The disruption budget's window, seconds (default one hour).
     pub disruption_window: u64,
     /// Whether jobs of the protected classes (those that are not
@@ -348,6 +354,7 @@ impl Default for Config {
             min_runtime: 300,
             max_unsaved: Some(3600),
             disruption_budget: Some(1.0),
+            disruption_max_jobs: Some(64),
             disruption_window: 3600,
             protected_pass_budgets: true,
             underserved_pass_budgets: 0.8,

@@ -15,12 +15,12 @@ pub(super) struct Search {
     /// its reclaims.
     pub(super) paced: bool,
     /// The disruption budget that binds it (`None`: none does).
-    pub(super) budget: Option<f64>,
+    pub(super) budget: Option<Budget>,
     /// The victims, when it found a set that lets the job start.
     pub(super) victims: Option<Vec<Preemption>>,
     /// The first disruption budget that left a candidate out: (the
-    /// victim's queue, GPU-hours already lost in the window).
-    pub(super) budget_block: Option<(QueueId, f64)>,
+    /// victim's queue, what it already lost in the window).
+    pub(super) budget_block: Option<(QueueId, Spent)>,
     /// The first pair of queues reclaim fairness compared and refused (the
     /// borrower's side, the reclaimer's).
     pub(super) fair_block: Option<(QueueId, QueueId)>,
@@ -28,21 +28,53 @@ pub(super) struct Search {
 
 pub(super) type ReclaimGroups = Vec<(QueueId, Vec<u32>)>;
 
+/// A queue's disruption budget over [`Config::disruption_window`]: the
+/// GPU-hours of work its reclaims may lose and how many of its jobs they
+/// may stop.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Budget {
+    pub(super) hours: Option<f64>,
+    pub(super) jobs: Option<usize>,
+}
+
+impl Budget {
+    /// The budget `cfg` sets; `None` when it sets neither bound.
+    pub(super) fn of(cfg: &Config) -> Option<Budget> {
+        let b = Budget {
+            hours: cfg.disruption_budget,
+            jobs: cfg.disruption_max_jobs,
+        };
+        (b.hours.is_some() || b.jobs.is_some()).then_some(b)
+    }
+}
+
+/// What a queue's reclaims already took in the window when its budget left
+/// a candidate out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Spent {
+    /// GPU-hours of work lost.
+    pub(super) hours: f64,
+    /// Jobs stopped.
+    pub(super) jobs: usize,
+    /// Whether the job count refused it (the GPU-hours did not).
+    pub(super) by_count: bool,
+}
+
 /// What the bounds say of one candidate before a search releases any.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Screen {
     Kept,
     /// Its queue would fall below its guarantee.
     Guarantee,
-    /// Its queue's disruption budget: (queue, GPU-hours already lost).
-    Budget(QueueId, f64),
+    /// Its queue's disruption budget: (queue, what it already lost).
+    Budget(QueueId, Spent),
 }
 
 /// A victim search's candidates that pass the bounds now ([`Cycle::screen`]).
 pub(super) struct Screened {
     kept: Vec<usize>,
-    /// The first disruption budget that left a candidate out: (queue, GPU-hours lost).
-    budget_block: Option<(QueueId, f64)>,
+    /// The first disruption budget that left a candidate out: (queue, what it lost).
+    budget_block: Option<(QueueId, Spent)>,
 }
 
 impl Screened {
@@ -63,20 +95,27 @@ impl Screened {
     }
 }
 
-/// GPU-hours a victim search's reclaims so far take from each victim queue
-/// (few queues per search), counted against disruption budgets.
+/// GPU-hours and jobs a victim search's reclaims so far take from each
+/// victim queue (few queues per search), counted against disruption budgets.
 #[derive(Default)]
-pub(super) struct Planned(Vec<(QueueId, f64)>);
+pub(super) struct Planned(Vec<(QueueId, f64, usize)>);
 
 impl Planned {
-    fn of(&self, q: QueueId) -> f64 {
-        self.0.iter().find(|p| p.0 == q).map_or(0.0, |p| p.1)
+    fn of(&self, q: QueueId) -> (f64, usize) {
+        self.0
+            .iter()
+            .find(|p| p.0 == q)
+            .map_or((0.0, 0), |p| (p.1, p.2))
     }
 
+    /// One more job of queue `q`, losing `gpu_hours`.
     fn add(&mut self, q: QueueId, gpu_hours: f64) {
         match self.0.iter_mut().find(|p| p.0 == q) {
-            Some(p) => p.1 += gpu_hours,
-            None => self.0.push((q, gpu_hours)),
+            Some(p) => {
+                p.1 += gpu_hours;
+                p.2 += 1;
+            }
+            None => self.0.push((q, gpu_hours, 1)),
         }
     }
 }
@@ -218,7 +257,7 @@ impl<'a> Cycle<'a> {
             && self.history_share(w.queue) >= self.snap.cfg.underserved_pass_budgets;
         let mut s = Search {
             paced,
-            budget: self.snap.cfg.disruption_budget.filter(|_| paced),
+            budget: Budget::of(self.snap.cfg).filter(|_| paced),
             ..Search::default()
         };
         // Victims may be the own queue's jobs of strictly lower priority and,
@@ -694,7 +733,7 @@ impl<'a> Cycle<'a> {
         &self,
         k: usize,
         reason: PreemptReason,
-        budget: Option<f64>,
+        budget: Option<Budget>,
     ) -> Screen {
         if reason == PreemptReason::Reclaim && !self.keeps_guarantee(k) {
             return Screen::Guarantee;
@@ -707,21 +746,31 @@ impl<'a> Cycle<'a> {
         Screen::Kept
     }
 
-    /// Queue `q`'s GPU-hours already lost in the window, when candidate
-    /// `k`'s loss beside what the search already `planned` to take from
-    /// its queue would pass `budget`; `None` when it fits or no budget binds.
+    /// What queue `q`'s reclaims already took in the window, when candidate
+    /// `k` beside what the search already `planned` to take from its queue
+    /// would pass `budget` (the GPU-hours lost or the jobs stopped); `None`
+    /// when it fits or no budget binds.
     pub(super) fn over_budget(
         &self,
         k: usize,
         planned: &Planned,
-        budget: Option<f64>,
-    ) -> Option<f64> {
+        budget: Option<Budget>,
+    ) -> Option<Spent> {
         let budget = budget?;
         let q = self.victims.run[k].queue;
-        let used = self
-            .history
-            .disrupted(q, self.snap.now, self.snap.cfg.disruption_window);
-        (used + planned.of(q) + self.victims.run[k].lost / 3600.0 > budget).then_some(used)
+        let (hours, jobs) =
+            self.history
+                .disrupted(q, self.snap.now, self.snap.cfg.disruption_window);
+        let (more_hours, more_jobs) = planned.of(q);
+        let by_hours = budget
+            .hours
+            .is_some_and(|b| hours + more_hours + self.victims.run[k].lost / 3600.0 > b);
+        let by_count = budget.jobs.is_some_and(|b| jobs + more_jobs + 1 > b);
+        (by_hours || by_count).then_some(Spent {
+            hours,
+            jobs,
+            by_count: !by_hours,
+        })
     }
 
     /// (node, GPUs held there, candidate) for the candidates, by node, from
@@ -785,7 +834,7 @@ impl<'a> Cycle<'a> {
                 stream.push((
                     k,
                     q,
-                    self.screen_bounds(k, PreemptReason::Reclaim, self.snap.cfg.disruption_budget),
+                    self.screen_bounds(k, PreemptReason::Reclaim, Budget::of(self.snap.cfg)),
                 ));
             }
         }

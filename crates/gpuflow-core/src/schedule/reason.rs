@@ -88,6 +88,14 @@ pub enum PendingReason {
         used: f64,
         budget: f64,
     },
+    /// Preemption would help, but would stop more of a queue's jobs in the
+    /// window than its disruption budget allows
+    /// ([`Config::disruption_max_jobs`]).
+    DisruptionCount {
+        queue: String,
+        jobs: usize,
+        max: usize,
+    },
     /// Reclaiming would take from a queue that has had less of its share of
     /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]).
     /// The queues compared are the borrower's and the job's, or, when they
@@ -308,6 +316,10 @@ impl fmt::Display for PendingReason {
             } => write!(
                 f,
                 "preempting would pass queue {queue}'s disruption budget: {used:.2} of {budget:.2} GPU-hours already lost in the window"
+            ),
+            PendingReason::DisruptionCount { queue, jobs, max } => write!(
+                f,
+                "preempting would pass queue {queue}'s disruption budget: {jobs} of at most {max} of its jobs already preempted in the window"
             ),
             PendingReason::ReclaimFairness {
                 queue,

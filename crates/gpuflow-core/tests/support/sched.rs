@@ -195,6 +195,9 @@ pub fn run(fixture: &str) -> String {
                         "budget" => {
                             cfg.disruption_budget = (v != "none").then(|| v.parse().unwrap())
                         }
+                        "max_jobs" => {
+                            cfg.disruption_max_jobs = (v != "none").then(|| v.parse().unwrap())
+                        }
                         "restore_fairness" => cfg.reclaims_restore_fairness = v == "on",
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "protected_pass" => cfg.protected_pass_budgets = v == "on",
