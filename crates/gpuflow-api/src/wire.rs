@@ -463,6 +463,16 @@ pub struct Team {
     /// the API shows the user names, never the passwords.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub registry_credentials: BTreeMap<String, RegistryCredential>,
+    /// Whether its members act on each other's jobs (cancel, hold,
+    /// suspend, release, exec, their ports): default false, each member on
+    /// their own only, the team's leads on all of them (as Slurm lets users
+    /// cancel only their own jobs unless they coordinate the account).
+    #[serde(default, skip_serializing_if = "is_no")]
+    pub shared_control: bool,
+}
+
+fn is_no(b: &bool) -> bool {
+    !*b
 }
 
 fn yes() -> bool {
@@ -544,6 +554,10 @@ pub struct TeamPatch {
     /// removed. Others are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_credentials: Option<BTreeMap<String, RegistryCredential>>,
+    /// Whether its members act on each other's jobs (admins, and the
+    /// team's leads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_control: Option<bool>,
 }
 
 /// Whether `s` is a POSIX-style system user name that is not root.
@@ -649,6 +663,57 @@ pub struct User {
     /// (or the user's team lead) enables the user again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
+    /// Set by the server for a user made by a sign-in through an identity
+    /// provider: which, and the user's subject there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
+    /// Sign-ins made at or before this time are refused (set when the
+    /// user's sessions are revoked), Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_out_at: Option<u64>,
+}
+
+/// Who a user is at an identity provider.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    /// The provider's name in the server's OIDC settings.
+    pub provider: String,
+    /// The `sub` claim: the user's stable id there.
+    pub subject: String,
+}
+
+/// An identity provider users sign in through (`GET /v1/auth/providers`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OidcProvider {
+    pub name: String,
+    /// Its issuer URL: the discovery document is under it.
+    pub issuer: String,
+    /// The public client a CLI or browser signs in as.
+    pub client_id: String,
+    /// The scopes to ask for, space separated.
+    pub scopes: String,
+    /// Where a browser signs in (the authorization code flow with PKCE),
+    /// from the provider's discovery document; none while it cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization_endpoint: Option<String>,
+}
+
+/// `POST /v1/auth/code`: the dashboard's sign-in, the authorization code
+/// flow with PKCE. The server exchanges the code at the provider (once: a
+/// code is never taken twice) and checks the ID token it gets, its nonce
+/// included.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRequest {
+    pub provider: String,
+    pub code: String,
+    /// The PKCE verifier whose S256 challenge the browser sent.
+    pub code_verifier: String,
+    /// The redirect URI the code was sent to.
+    pub redirect_uri: String,
+    /// The nonce the browser sent: the ID token must carry it.
+    pub nonce: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -682,6 +747,22 @@ pub struct TokenView {
     pub created_at: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// For a sign-in session (`gpuflow login`): the identity provider it
+    /// came through; none for an API token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+}
+
+/// `POST /v1/auth/sessions`: a sign-in through an identity provider
+/// becomes a session: the provider's ID token proves who, its refresh
+/// token lets the server check the user's groups again as the session goes
+/// on (and end it when the provider no longer renews it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    pub id_token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
 }
 
 /// At most this many live tokens per user: revoke old ones to make more.
@@ -692,6 +773,19 @@ pub struct WhoAmI {
     pub user: String,
     pub team: String,
     pub role: Role,
+    /// How the caller signed in: `token` (an API token) or `oidc`.
+    #[serde(default)]
+    pub signed_in_with: String,
+    /// With `oidc`: the provider and the caller's subject there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
+    /// The id of the token it used (`gpuflow token ls`).
+    #[serde(default)]
+    pub token_id: String,
+    /// When that token (or the ID token) expires, Unix seconds; none: when
+    /// revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
 }
 
 // ---- queues ----

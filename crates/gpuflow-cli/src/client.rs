@@ -25,27 +25,33 @@ pub enum Format {
 /// `--no-headers`: tables without their heading line (set once per run).
 static NO_HEADERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The server of `gpuflow up`, when nothing names another.
+pub const LOCAL_SERVER: &str = "http://127.0.0.1:7070";
+
 #[derive(Args, Clone)]
 pub struct Conn {
-    /// The server.
-    #[arg(
-        long,
-        global = true,
-        env = "GPUFLOW_SERVER",
-        default_value = "http://127.0.0.1:7070"
-    )]
-    pub server: String,
-    /// API token; default: the admin token in the data directory of `gpuflow up` ($GPUFLOW_DATA, else ~/.gpuflow).
-    #[arg(long, global = true, env = "GPUFLOW_TOKEN", hide_env_values = true)]
+    /// The server [default: the context's, else $GPUFLOW_SERVER, else
+    /// http://127.0.0.1:7070].
+    #[arg(long, global = true)]
+    pub server: Option<String>,
+    /// API token [default: the context's, else $GPUFLOW_TOKEN, else the
+    /// admin token in the data directory of `gpuflow up` ($GPUFLOW_DATA,
+    /// else ~/.gpuflow)].
+    #[arg(long, global = true)]
     pub token: Option<String>,
+    /// A context of the config file (`gpuflow config get-contexts`)
+    /// instead of the current one [env: GPUFLOW_CONTEXT].
+    #[arg(long, global = true)]
+    pub context: Option<String>,
     /// How answers are shown.
     #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
     pub output: Format,
     /// Tables without their heading line (for scripts).
     #[arg(long, global = true)]
     pub no_headers: bool,
-    /// PEM certificate to trust for an https server (e.g. its self-signed one).
-    #[arg(long, global = true, env = "GPUFLOW_CA_CERT")]
+    /// PEM certificate to trust for an https server (e.g. its self-signed
+    /// one) [env: GPUFLOW_CA_CERT].
+    #[arg(long, global = true)]
     pub ca_cert: Option<PathBuf>,
 }
 
@@ -442,6 +448,11 @@ pub enum TeamCmd {
         /// line of stdin (never from the command line); HOST= removes it.
         #[arg(long)]
         registry_login: Option<String>,
+        /// Whether its members act on each other's jobs (true or false;
+        /// its leads may set this): by default each member cancels, holds
+        /// or enters only their own.
+        #[arg(long)]
+        shared_control: Option<bool>,
     },
 }
 
@@ -499,6 +510,10 @@ pub enum UserCmd {
     Disable { name: String },
     /// Enable a disabled user again.
     Enable { name: String },
+    /// End the user's sign-ins through identity providers: each made until
+    /// now is refused, and they sign in again (yourself; admins; team
+    /// leads for their team's members and viewers).
+    Signout { name: String },
 }
 
 #[derive(Subcommand)]
@@ -987,7 +1002,7 @@ fn job_state(s: &str) -> Result<String, String> {
     }
 }
 
-fn server_url(server: &str) -> anyhow::Result<String> {
+pub(crate) fn server_url(server: &str) -> anyhow::Result<String> {
     let base = server.trim_end_matches('/');
     if base.starts_with("http://") || base.starts_with("https://") {
         return Ok(base.to_string());
@@ -1002,30 +1017,40 @@ pub(crate) struct Client {
     http: ureq::Agent,
     pub(crate) base: String,
     pub(crate) token: String,
+    /// Where the token came from, said when the server refuses it.
+    pub(crate) token_from: String,
+    pub(crate) ca_cert: Option<PathBuf>,
+    /// The context used, if any.
+    pub(crate) context: Option<String>,
 }
 
 impl Client {
     pub(crate) fn new(c: &Conn) -> anyhow::Result<Client> {
         NO_HEADERS.store(c.no_headers, std::sync::atomic::Ordering::Relaxed);
-        let token = match &c.token {
-            Some(t) => t.clone(),
+        let r = crate::contexts::resolve(c)?;
+        let (token, token_from) = match r.token {
+            Some(t) => (t, r.token_from),
             None => {
                 // `gpuflow up`'s data directory: GPUFLOW_DATA as for `up`.
                 let data = std::env::var_os("GPUFLOW_DATA")
                     .map_or_else(crate::platform::default_data_dir, PathBuf::from);
                 let path = data.join("admin.token");
-                std::fs::read_to_string(&path)
+                let t = std::fs::read_to_string(&path)
                     .map(|s| s.trim().to_string())
-                    .map_err(|_| Usage(format!("no token: pass --token or set GPUFLOW_TOKEN (an admin creates one with `gpuflow token create USER`); `gpuflow up`'s admin token was not at {} (after `up --data-dir D`, set GPUFLOW_DATA=D)", path.display())))?
+                    .map_err(|_| Usage(format!("no token: pass --token, set GPUFLOW_TOKEN or use a context with one (`gpuflow config set-context`); an admin creates tokens with `gpuflow token create USER`; `gpuflow up`'s admin token was not at {} (after `up --data-dir D`, set GPUFLOW_DATA=D)", path.display())))?;
+                (t, format!("the admin token file {}", path.display()))
             }
         };
         Ok(Client {
             http: gpuflow_agent::http_client(
-                c.ca_cert.as_deref(),
+                r.ca_cert.as_deref(),
                 std::time::Duration::from_secs(30),
             )?,
-            base: server_url(&c.server)?,
+            base: server_url(&r.server)?,
             token,
+            token_from,
+            ca_cert: r.ca_cert,
+            context: r.context,
         })
     }
 
@@ -1094,6 +1119,13 @@ impl Client {
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         if status >= 400 {
             let msg = serde_json::from_str::<api::ApiError>(&text).map_or(text, |e| e.message);
+            if status == 401 {
+                bail!(
+                    "{msg} (HTTP 401; the token came from {}, for {})",
+                    self.token_from,
+                    self.base
+                );
+            }
             bail!("{msg} (HTTP {status})");
         }
         if text.is_empty() {
@@ -1799,11 +1831,11 @@ pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             no_tty,
             command,
         } => {
-            let code = crate::session::exec(conn, &c, id, task, tty, no_tty, &command)?;
+            let code = crate::session::exec(&c, id, task, tty, no_tty, &command)?;
             std::process::exit(code);
         }
         JobCmd::Attach { id, task } => {
-            crate::session::attach(conn, &c, id, task)?;
+            crate::session::attach(&c, id, task)?;
         }
         JobCmd::Stats { id } => {
             let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
@@ -2527,8 +2559,12 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
             processes,
             default_image,
             registry_login,
+            shared_control,
         } => {
             let mut body = serde_json::json!({});
+            if let Some(b) = shared_control {
+                body["shared_control"] = Value::Bool(b);
+            }
             if let Some(r) = run_as {
                 body["run_as"] = Value::String(r);
             }
@@ -2558,7 +2594,7 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
             }
             if body.as_object().is_some_and(serde_json::Map::is_empty) {
                 return Err(Usage(
-                    "nothing to change: give --run-as, --registry, --processes, --default-image or --registry-login".into(),
+                    "nothing to change: give --run-as, --registry, --processes, --default-image, --registry-login or --shared-control".into(),
                 )
                 .into());
             }
@@ -2569,9 +2605,14 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
             )?;
             print(conn.output, &v, |t| {
                 format!(
-                    "team {}: tasks run as {}\n",
+                    "team {}: tasks run as {}; {}\n",
                     s(&t["name"]),
-                    t["run_as"].as_str().unwrap_or("the agents' default")
+                    t["run_as"].as_str().unwrap_or("the agents' default"),
+                    if t["shared_control"].as_bool() == Some(true) {
+                        "members act on each other's jobs"
+                    } else {
+                        "members act on their own jobs only"
+                    }
                 )
             });
         }
@@ -2702,6 +2743,15 @@ pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
             let v = c.call("POST", &format!("/v1/users/{name}/{verb}"), None)?;
             print(conn.output, &v, |u| {
                 format!("user {} {verb}d\n", s(&u["name"]))
+            });
+        }
+        UserCmd::Signout { name } => {
+            let v = c.call("POST", &format!("/v1/users/{name}/signout"), None)?;
+            print(conn.output, &v, |u| {
+                format!(
+                    "user {}: sign-ins until now are refused; they sign in again\n",
+                    s(&u["name"])
+                )
             });
         }
     }
@@ -3309,5 +3359,50 @@ pub fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `gpuflow whoami`.
+///
+/// # Errors
+/// A server that cannot be reached, or refuses the token.
+pub fn whoami(conn: &Conn) -> anyhow::Result<()> {
+    let c = Client::new(conn)?;
+    let v = c.call("GET", "/v1/whoami", None)?;
+    let w: api::WhoAmI = serde_json::from_value(v.clone())
+        .context("the server's whoami is not one this client reads")?;
+    print(conn.output, &v, |_| {
+        let expires = match w.expires_at {
+            Some(t) => format!(
+                "{} (in {})",
+                local(&Value::from(t)),
+                age_of(t as i64 - unix_now())
+            ),
+            None => "never (until revoked)".into(),
+        };
+        let team = if w.team.is_empty() {
+            "-"
+        } else {
+            w.team.as_str()
+        };
+        let how = match &w.identity {
+            Some(i) => format!(
+                "through {} (OpenID Connect), subject {}",
+                i.provider, i.subject
+            ),
+            None => format!("with token {}", w.token_id),
+        };
+        let mut out = format!(
+            "user:        {}\nteam:        {team}\nrole:        {}\nsigned in:   {how}\nexpires:     {expires}\nserver:      {}\ncredentials: {}\n",
+            w.user,
+            w.role.as_str(),
+            c.base,
+            c.token_from,
+        );
+        if let Some(ctx) = &c.context {
+            out.push_str(&format!("context:     {ctx}\n"));
+        }
+        out
+    });
     Ok(())
 }

@@ -155,8 +155,9 @@ pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
                 None => None,
                 Some(server) => {
                     let conn = crate::client::Conn {
-                        server,
+                        server: Some(server),
                         token,
+                        context: None,
                         output: crate::client::Format::Json,
                         no_headers: false,
                         ca_cert,

@@ -5,6 +5,7 @@
 
 mod bench_api;
 mod client;
+mod contexts;
 mod k8s;
 mod platform;
 mod session;
@@ -125,6 +126,30 @@ enum Command {
         #[command(flatten)]
         conn: client::Conn,
     },
+    /// Sign in through the server's identity provider (OpenID Connect, by
+    /// the device flow: a code to enter in any browser); the sign-in is
+    /// kept, refreshed as needed, in a context of the config file, made
+    /// current (`--context NAME` picks its name).
+    Login {
+        /// The provider, when the server has several.
+        #[arg(long)]
+        provider: Option<String>,
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Who the server takes you for: user, team, role, how you signed in,
+    /// when that expires, and where the credentials came from.
+    Whoami {
+        #[command(flatten)]
+        conn: client::Conn,
+    },
+    /// Contexts (named servers and their credentials), as kubectl has
+    /// them: set-context, use-context, get-contexts, current-context,
+    /// delete-context.
+    Config {
+        #[command(subcommand)]
+        command: contexts::ConfigCmd,
+    },
     /// Shell completions: `gpuflow completion bash > /etc/bash_completion.d/gpuflow`
     /// (or zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
@@ -194,6 +219,9 @@ fn main() {
         Command::Reservation { command, conn } => client::reservation(&conn, command),
         Command::Report { command, conn } => client::report(&conn, command),
         Command::Price { command, conn } => client::price(&conn, command),
+        Command::Whoami { conn } => client::whoami(&conn),
+        Command::Login { provider, conn } => contexts::login(&conn, provider.as_deref()),
+        Command::Config { command } => contexts::run(command),
         Command::Completion { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

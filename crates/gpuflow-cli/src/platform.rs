@@ -63,6 +63,12 @@ pub struct ServerArgs {
     /// little work they lose (the same jobs pass it); 0: no limit.
     #[arg(long, default_value_t = 64)]
     pub disruption_max_jobs: usize,
+    /// Identity providers users sign in through (OpenID Connect), a YAML
+    /// file: `providers: [{name, issuer, client_id, scopes,
+    /// username_claim, groups_claim, rules: [{group, team, role}]}]`
+    /// (README, "Sign-in").
+    #[arg(long)]
+    pub oidc_config: Option<PathBuf>,
     /// Output kept per job, in MiB, over all its tasks, streams and
     /// attempts; beyond it only each task's last 16 KiB is kept.
     #[arg(long, default_value_t = 16)]
@@ -273,6 +279,12 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     c.rate_per_token = a.rate_limit;
     c.rate_anonymous = a.rate_limit_anonymous;
     c.webhook_private = a.webhook_private;
+    if let Some(path) = &a.oidc_config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --oidc-config {}", path.display()))?;
+        c.oidc = gpuflow_server::oidc::Settings::parse(&text)
+            .map_err(|e| anyhow::anyhow!("--oidc-config {}: {e}", path.display()))?;
+    }
     c.smtp = match &a.smtp_server {
         None => None,
         Some(s) => {

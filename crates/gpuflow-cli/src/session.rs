@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use gpuflow_api::SessionControl;
 use tungstenite::Message;
 
-use crate::client::{Client, Conn};
+use crate::client::Client;
 
 /// The local terminal in raw mode until dropped.
 struct Raw(libc::termios);
@@ -57,7 +57,6 @@ fn path(id: u64, what: &str, task: Option<&str>, extra: &[(&str, String)]) -> St
 
 /// Runs `command` beside job `id`'s task; its exit status.
 pub fn exec(
-    conn: &Conn,
     c: &Client,
     id: u64,
     task: Option<String>,
@@ -80,21 +79,21 @@ pub fn exec(
         ],
     );
     let raw = (tty && terminal).then(Raw::enter).flatten();
-    let result = relay(conn, c, &p, true, tty && terminal);
+    let result = relay(c, &p, true, tty && terminal);
     drop(raw);
     result
 }
 
 /// Follows job `id`'s task's output until the task ends or Ctrl-C.
-pub fn attach(conn: &Conn, c: &Client, id: u64, task: Option<String>) -> anyhow::Result<()> {
+pub fn attach(c: &Client, id: u64, task: Option<String>) -> anyhow::Result<()> {
     let p = path(id, "attach", task.as_deref(), &[]);
-    relay(conn, c, &p, false, false).map(|_| ())
+    relay(c, &p, false, false).map(|_| ())
 }
 
 /// The session's loop: output to stdout and stderr, input (when `input`)
 /// from stdin, size changes (when `resize`); the command's exit status.
-fn relay(conn: &Conn, c: &Client, path: &str, input: bool, resize: bool) -> anyhow::Result<i32> {
-    let mut ws = gpuflow_agent::session::connect(&c.base, path, &c.token, conn.ca_cert.as_deref())
+fn relay(c: &Client, path: &str, input: bool, resize: bool) -> anyhow::Result<i32> {
+    let mut ws = gpuflow_agent::session::connect(&c.base, path, &c.token, c.ca_cert.as_deref())
         .map_err(|e| anyhow!("{e}"))?;
     ws.get_ref()
         .tcp()

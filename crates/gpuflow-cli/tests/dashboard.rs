@@ -431,7 +431,14 @@ fn the_dashboard_shows_the_cluster_jobs_and_usage_only_as_far_as_the_role_may_se
 
         // The pending job's page gives its reasons and its place.
         b.open(&format!("#/jobs/{wide}")).await;
-        let why = b.text_when("#why", |t| t.contains("Why it waits")).await;
+        // (A cycle whose plan a re-check cut leaves the job without a
+        // reason until the next: the page, read again every 10 s, shows it
+        // then.)
+        let why = b
+            .text_when("#why", |t| {
+                t.contains("Why it waits") && !t.contains("next scheduling cycle")
+            })
+            .await;
         let reasons = api.get(&format!("/v1/jobs/{wide}/why"), &admin)["reasons"]
             .as_array()
             .unwrap()

@@ -143,6 +143,17 @@ fn exec_and_attach_reach_a_running_task_as_it_runs_for_its_team_only() {
     let (code, _, err) = gpuflow(&url, &beta, &["job", "attach", &ids], "");
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");
+    // A teammate: not into another member's job, unless the team shares
+    // control.
+    let mate = api.user_token(&admin, "alpha", "mate", "member");
+    for args in [
+        vec!["job", "exec", &ids, "--", "true"],
+        vec!["job", "attach", &ids],
+    ] {
+        let (code, _, err) = gpuflow(&url, &mate, &args, "");
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("403") && err.contains("mallory's"), "{err}");
+    }
 
     // A client that vanishes mid-session takes its command with it.
     let mut child = Command::new(BIN)

@@ -913,3 +913,142 @@ fn a_maintenance_reservation_holds_a_node_until_it_is_removed() {
     cli(&["reservation", "rm", "fix"]);
     api.wait_state(id, &admin, "succeeded", LONG);
 }
+
+/// `gpuflow` with `env` set (and GPUFLOW_TOKEN, GPUFLOW_SERVER and
+/// GPUFLOW_CONTEXT unset unless given) and `input` on stdin.
+fn gpuflow_env(args: &[&str], env: &[(&str, &str)], input: &str) -> (Option<i32>, String, String) {
+    use std::io::Write;
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("GPUFLOW_TOKEN")
+        .env_remove("GPUFLOW_SERVER")
+        .env_remove("GPUFLOW_CONTEXT")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Contexts as kubectl has them: named servers and tokens in a file only
+/// the user reads, one current, `--context` for another; `whoami` says who
+/// the server takes you for and where the credentials came from; a refused
+/// token is told why and where the CLI found it.
+#[test]
+fn contexts_keep_servers_apart_and_whoami_says_who_and_whence() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let member = api.team_with_member(&admin, "alpha", "ann", "member");
+    let config = dir.path().join("conf").join("config");
+    let cfg = config.to_str().unwrap();
+    let env = [("GPUFLOW_CONFIG", cfg)];
+    let run = |args: &[&str], input: &str| gpuflow_env(args, &env, input);
+    let ok = |args: &[&str], input: &str| {
+        let (code, out, err) = run(args, input);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    ok(
+        &[
+            "config",
+            "set-context",
+            "local",
+            "--server",
+            &api.url,
+            "--token-stdin",
+        ],
+        &format!("{admin}\n"),
+    );
+    ok(
+        &[
+            "config",
+            "set-context",
+            "ann",
+            "--server",
+            &api.url,
+            "--token-stdin",
+        ],
+        &format!("{member}\n"),
+    );
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("current-context: local"), "{text}");
+    let out = ok(&["config", "get-contexts"], "");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with('*') && l.contains("local")),
+        "{out}"
+    );
+    // The first context made is the current one.
+    let out = ok(&["whoami"], "");
+    assert!(out.contains("user:        admin"), "{out}");
+    assert!(
+        out.contains(&format!("context \"local\" in {cfg}")),
+        "{out}"
+    );
+    // --context picks another, for one command.
+    let out = ok(&["whoami", "--context", "ann"], "");
+    assert!(
+        out.contains("user:        ann") && out.contains("team:        alpha"),
+        "{out}"
+    );
+    assert!(
+        out.contains("role:        member") && out.contains("signed in:   with token"),
+        "{out}"
+    );
+    ok(&["config", "use-context", "ann"], "");
+    assert_eq!(ok(&["config", "current-context"], "").trim(), "ann");
+    // GPUFLOW_TOKEN wins over the current context, not over --context.
+    let bogus = [("GPUFLOW_CONFIG", cfg), ("GPUFLOW_TOKEN", "gft_bogus")];
+    let (code, _, err) = gpuflow_env(&["whoami"], &bogus, "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("not one this server made") && err.contains("came from GPUFLOW_TOKEN"),
+        "{err}"
+    );
+    let (code, out, err) = gpuflow_env(&["whoami", "--context", "ann"], &bogus, "");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("user:        ann"), "{out}");
+    // A context's token goes to its own server only.
+    let (code, _, err) = run(&["whoami", "--server", "http://127.0.0.1:9"], "");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no token"), "{err}");
+    // Revoked: said by whom, and where the CLI found the token.
+    let me: serde_json::Value = serde_json::from_str(&ok(&["whoami", "-o", "json"], "")).unwrap();
+    let id = me["token_id"].as_str().unwrap().to_string();
+    ok(&["token", "revoke", &id, "--context", "local"], "");
+    let (code, _, err) = run(&["job", "ls"], "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("revoked by admin at"), "{err}");
+    assert!(
+        err.contains(&format!("came from context \"ann\" in {cfg}")),
+        "{err}"
+    );
+    // Usage errors: a context that is not there; a file others may read.
+    let (code, _, err) = run(&["whoami", "--context", "nope"], "");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("its contexts: local, ann"), "{err}");
+    let (code, _, err) = run(&["config", "set-context", "new"], "");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--server"), "{err}");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, _, err) = run(&["whoami"], "");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+}

@@ -52,8 +52,12 @@ fn quick_start(user: Option<(u32, u32)>) {
     .unwrap();
     let quick = block_after(&readme, "## Run the platform");
     let tenants = block_after(&readme, "Tenants:");
+    let port = free_port();
+    // The contexts' example names `gpuflow up`'s default address.
+    let contexts = block_after(&readme, "Contexts keep")
+        .replace("http://127.0.0.1:7070", &format!("http://127.0.0.1:{port}"));
     assert!(quick.contains("gpuflow up"), "{quick}");
-    let pasted: String = format!("{quick}{tenants}")
+    let pasted: String = format!("{quick}{tenants}{contexts}")
         .lines()
         .map(|l| {
             if l.starts_with("cargo ") {
@@ -65,7 +69,6 @@ fn quick_start(user: Option<(u32, u32)>) {
         .collect::<Vec<_>>()
         .join("\n");
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     // An ordinary user gets a home of its own and a copy of the binary
     // (the checkout may be out of its reach).
     let bin_dir = match user {
@@ -135,6 +138,8 @@ fn quick_start(user: Option<(u32, u32)>) {
         .filter(|l| l.starts_with("job ") && l.contains(" submitted ("))
         .count();
     assert_eq!(singles, 3, "{stdout}");
+    // ana's context.
+    assert!(stdout.contains("user:        ana"), "{stdout}");
     assert!(log.contains("gpuflow is up at"), "{log}");
 }
 

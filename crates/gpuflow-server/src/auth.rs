@@ -11,7 +11,7 @@ use gpuflow_api::{ApiError, Role, Team, User};
 use gpuflow_store::{Record, Store, Table};
 use sha2::{Digest, Sha256};
 
-use crate::state::{TokenRec, World, team_rec, token_rec, user_rec};
+use crate::state::{Refused, TokenRec, World, team_rec, token_rec, user_rec};
 use crate::{Config, Shared, now};
 
 /// A new random token with a recognisable prefix.
@@ -67,12 +67,16 @@ pub async fn bootstrap(
             team: String::new(),
             role: Role::Admin,
             disabled: false,
+            identity: None,
+            signed_out_at: None,
         };
         let tok = TokenRec {
             hash: hash(&token),
             user: "admin".into(),
             created_at: now(),
             expires_at: None,
+            revoked: None,
+            session: None,
         };
         let team = Team {
             name: "default".into(),
@@ -82,6 +86,7 @@ pub async fn bootstrap(
             processes: true,
             default_image: None,
             registry_credentials: Default::default(),
+            shared_control: false,
         };
         let queue = gpuflow_api::QueueSpec {
             name: "default".into(),
@@ -163,6 +168,11 @@ fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
 #[derive(Clone, Debug)]
 pub struct Caller {
     pub user: User,
+    /// The id of the token it signed in with ([`TokenRec::id`]); empty
+    /// for a sign-in through an identity provider.
+    pub token_id: String,
+    /// The identity provider's user it signed in as, if it did.
+    pub identity: Option<gpuflow_api::Identity>,
     /// When the token the caller used expires (`None`: never); a token it
     /// makes cannot outlive it.
     pub token_expires_at: Option<u64>,
@@ -178,10 +188,40 @@ impl Caller {
         self.admin() || self.user.team == team
     }
 
-    /// May act on jobs of `team` (cancel, suspend, resume, submit).
+    /// May submit jobs to `team`.
     pub fn acts_on_jobs(&self, team: &str) -> bool {
         self.admin()
             || (self.user.team == team && matches!(self.user.role, Role::TeamLead | Role::Member))
+    }
+
+    /// May act on a job of `team` that `owner` submitted (cancel, hold,
+    /// suspend, release, exec, reach its ports): an admin; the team's
+    /// leads; a member on their own jobs, or on any of the team's when the
+    /// team shares control. 403 otherwise, saying who may (`what`: the
+    /// action).
+    ///
+    /// # Errors
+    /// 403 when the caller may not.
+    pub fn acts_on_job(
+        &self,
+        world: &World,
+        team: &str,
+        owner: &str,
+        what: &str,
+    ) -> Result<(), ApiError> {
+        if !self.acts_on_jobs(team) {
+            return Err(ApiError::forbidden(format!(
+                "your role ({}) may not {what} jobs of team {team:?}",
+                self.user.role.as_str()
+            )));
+        }
+        let shared = world.teams.get(team).is_some_and(|t| t.shared_control);
+        if self.admin() || self.user.role == Role::TeamLead || owner == self.user.name || shared {
+            return Ok(());
+        }
+        Err(ApiError::forbidden(format!(
+            "the job is {owner}'s: a member may {what} only their own jobs; a lead of team {team:?} or an admin may, or the team may share control (`gpuflow team set {team} --shared-control true`)"
+        )))
     }
 
     /// May manage queues and users of `team`.
@@ -240,24 +280,331 @@ pub async fn caller_of(
         )
         .into());
     };
+    let at = now();
+    if shared.oidc.enabled() && looks_like_jwt(token) {
+        return oidc_caller(shared, token, ip, at).await;
+    }
     let h = hash(token);
     let world = shared.world.lock().await;
-    match world.principal(&h, now()) {
-        Some((u, t)) => {
+    match world.principal(&h, at) {
+        Ok((_, t))
+            if t.session
+                .as_ref()
+                .is_some_and(|l| at >= l.checked_at + shared.oidc.recheck_s(&l.provider)) =>
+        {
+            shared.rates.token(&h)?;
+            let t = t.clone();
+            drop(world);
+            recheck(shared, t, at).await
+        }
+        Ok((u, t)) => {
             shared.rates.token(&h)?;
             Ok(Caller {
                 user: u.clone(),
+                token_id: t.id().to_string(),
+                identity: t.session.as_ref().map(|l| gpuflow_api::Identity {
+                    provider: l.provider.clone(),
+                    subject: l.subject.clone(),
+                }),
                 token_expires_at: t.expires_at,
             })
         }
-        None => {
+        Err(why) => {
             shared.rates.anonymous(ip)?;
-            Err(ApiError::new(
-                401,
-                "unauthenticated",
-                "the token is not valid (unknown, revoked or expired, or its user is disabled)",
+            Err(refusal(&why, at).into())
+        }
+    }
+}
+
+/// The 401 for a refused token, saying what happened and what to do.
+pub fn refusal(why: &Refused, now: u64) -> ApiError {
+    let ago = |t: u64| {
+        humantime::format_duration(std::time::Duration::from_secs(now.saturating_sub(t)))
+            .to_string()
+    };
+    let (code, msg) = match why {
+        Refused::Unknown => (
+            "token_unknown",
+            "the token is not one this server made (or it was revoked or expired over 30 days ago): check that it is this server's, or ask for a new one".to_string(),
+        ),
+        Refused::Expired { at } => (
+            "token_expired",
+            format!(
+                "the token expired at {} ({} ago): ask for a new one (`gpuflow token create USER`, by you with another token, your team's lead or an admin)",
+                crate::when(*at),
+                ago(*at)
+            ),
+        ),
+        Refused::Revoked(r) => (
+            "token_revoked",
+            format!(
+                "the token was revoked by {} at {} ({} ago)",
+                r.by,
+                crate::when(r.at),
+                ago(r.at)
+            ),
+        ),
+        Refused::Disabled { user } => (
+            "user_disabled",
+            format!(
+                "user {user} is disabled: your team's lead or an admin enables it again (`gpuflow user enable {user}`)"
+            ),
+        ),
+    };
+    ApiError::new(401, code, msg)
+}
+
+/// Whether a bearer token is a JWT (three base64url parts), not one of
+/// gpuflow's own.
+fn looks_like_jwt(token: &str) -> bool {
+    token.starts_with("ey") && token.split('.').count() == 3
+}
+
+/// Checks an ID token off the async threads (its provider's keys may be
+/// fetched); a refusal counts against the caller's address.
+///
+/// # Errors
+/// Why the token is refused (401), or 503 when its provider's keys
+/// cannot be read.
+pub async fn verified_id_token(
+    shared: &Shared,
+    token: &str,
+    ip: std::net::IpAddr,
+    at: u64,
+) -> Result<crate::oidc::Identity, crate::http::Error> {
+    let oidc = shared.oidc.clone();
+    let t = token.to_string();
+    let id = tokio::task::spawn_blocking(move || oidc.verify(&t, at))
+        .await
+        .map_err(|e| ApiError::new(500, "internal", format!("the sign-in check failed: {e}")))?;
+    match id {
+        Ok(id) => Ok(id),
+        Err(e) => {
+            shared.rates.anonymous(ip)?;
+            Err(e.into())
+        }
+    }
+}
+
+/// The user an identity provider's `identity` is here, named `username`
+/// with `team` and `role` from its groups: made on first sign-in, changed
+/// when its groups give another team or role (audited, with the subject).
+///
+/// # Errors
+/// 403 when the name is another user's (a token user's, or another
+/// subject's), or the team does not exist; 401 when the user is disabled.
+pub async fn sign_in(
+    shared: &Shared,
+    world: &mut World,
+    identity: &gpuflow_api::Identity,
+    username: &str,
+    (team, role): (String, Role),
+    at: u64,
+) -> Result<User, crate::http::Error> {
+    let known = world.users.get(username).cloned();
+    if let Some(u) = &known {
+        if u.identity.as_ref() != Some(identity) {
+            return Err(ApiError::forbidden(format!(
+                "signed in as {username} through {}, but user {} here is another ({}): an admin renames one of them",
+                identity.provider,
+                u.name,
+                match &u.identity {
+                    Some(i) => format!("{}'s subject {}", i.provider, i.subject),
+                    None => "a user with API tokens".to_string(),
+                }
+            ))
+            .into());
+        }
+        if u.disabled {
+            return Err(refusal(
+                &Refused::Disabled {
+                    user: u.name.clone(),
+                },
+                at,
             )
-            .into())
+            .into());
+        }
+    }
+    if role != Role::Admin && !world.teams.contains_key(&team) {
+        return Err(ApiError::forbidden(format!(
+            "your groups give you team {team:?}, which does not exist here: ask an admin to create it"
+        ))
+        .into());
+    }
+    let user = User {
+        name: username.to_string(),
+        team,
+        role,
+        disabled: false,
+        identity: Some(identity.clone()),
+        signed_out_at: known.as_ref().and_then(|u| u.signed_out_at),
+    };
+    if known.as_ref() != Some(&user) {
+        let mut change = crate::Change::default();
+        change.batch.put.push(user_rec(&user));
+        change.audit(
+            at,
+            &user.name,
+            if known.is_none() {
+                "user.signin"
+            } else {
+                "user.role"
+            },
+            &format!("user/{}", user.name),
+            format!(
+                "{} subject {}: {} {}",
+                identity.provider,
+                identity.subject,
+                user.role.as_str(),
+                if user.team.is_empty() {
+                    "-"
+                } else {
+                    user.team.as_str()
+                }
+            ),
+        );
+        crate::commit(shared.store.as_ref(), world, change).await?;
+        world.users.insert(user.name.clone(), user.clone());
+    }
+    Ok(user)
+}
+
+/// The caller an ID token sent as a bearer token names (as Kubernetes'
+/// API server takes them): its user made on first sign-in and its team and
+/// role set from its groups at every request.
+async fn oidc_caller(
+    shared: &Shared,
+    token: &str,
+    ip: std::net::IpAddr,
+    at: u64,
+) -> Result<Caller, crate::http::Error> {
+    let id = verified_id_token(shared, token, ip, at).await?;
+    shared
+        .rates
+        .token(&format!("oidc:{}:{}", id.provider, id.subject))?;
+    let granted = shared.oidc.role_of(&id)?;
+    let identity = gpuflow_api::Identity {
+        provider: id.provider.clone(),
+        subject: id.subject.clone(),
+    };
+    let mut world = shared.world.lock().await;
+    if let Some(out) = world.users.get(&id.username).and_then(|u| u.signed_out_at)
+        && id.auth_time <= out
+    {
+        return Err(ApiError::new(
+            401,
+            "session_revoked",
+            format!(
+                "this sign-in (at {}) was ended at {}: sign in again (`gpuflow login`)",
+                crate::when(id.auth_time),
+                crate::when(out)
+            ),
+        )
+        .into());
+    }
+    let user = sign_in(shared, &mut world, &identity, &id.username, granted, at).await?;
+    Ok(Caller {
+        user,
+        token_id: String::new(),
+        identity: Some(identity),
+        token_expires_at: Some(id.expires_at),
+    })
+}
+
+/// A session whose groups were read from its provider longer ago than the
+/// provider's `recheck_s`: renewed there (off the lock), the user's team
+/// and role set again from the groups now. A provider that no longer
+/// renews it ends it (revoked "by provider NAME"); one that cannot be
+/// reached leaves it as it was, to be tried again at the next request.
+async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate::http::Error> {
+    let link = t.session.clone().expect("a session");
+    let oidc = shared.oidc.clone();
+    let rt = link.refresh_token.clone().unwrap_or_default();
+    let (provider, subject) = (link.provider.clone(), link.subject.clone());
+    let renewed = tokio::task::spawn_blocking(move || {
+        if rt.is_empty() {
+            return Err("the sign-in gave no refresh token: sign in again".to_string());
+        }
+        oidc.renew(&provider, &subject, &rt, at)
+    })
+    .await
+    .map_err(|e| ApiError::new(500, "internal", format!("the session check failed: {e}")))?;
+    let identity = gpuflow_api::Identity {
+        provider: link.provider.clone(),
+        subject: link.subject.clone(),
+    };
+    let mut world = shared.world.lock().await;
+    // Revoked while it was renewed: as revoked.
+    let Some(now_rec) = world.tokens.get(&t.hash).cloned() else {
+        return Err(refusal(&Refused::Unknown, at).into());
+    };
+    if let Some(r) = &now_rec.revoked {
+        return Err(refusal(&Refused::Revoked(r.clone()), at).into());
+    }
+    match renewed {
+        Err(e) if e.starts_with("cannot reach") => {
+            tracing::warn!(provider = %link.provider, error = %e, "a session could not be renewed; it goes on as it was");
+            let user = world
+                .users
+                .get(&t.user)
+                .cloned()
+                .ok_or_else(|| refusal(&Refused::Unknown, at))?;
+            Ok(Caller {
+                user,
+                token_id: t.id().to_string(),
+                identity: Some(identity),
+                token_expires_at: t.expires_at,
+            })
+        }
+        Err(e) => {
+            let by = format!("provider {}", link.provider);
+            let mut ended = now_rec.clone();
+            let revoked = crate::state::Revoked { at, by };
+            ended.revoked = Some(revoked.clone());
+            let mut change = crate::Change::default();
+            change.batch.put.push(token_rec(&ended));
+            change.audit(at, &t.user, "session.end", &format!("user/{}", t.user), &e);
+            crate::commit(shared.store.as_ref(), &mut world, change).await?;
+            world.tokens.insert(ended.hash.clone(), ended);
+            let mut err = refusal(&Refused::Revoked(revoked), at);
+            err.message = format!("{} ({e})", err.message);
+            Err(err.into())
+        }
+        Ok(r) => {
+            let id = crate::oidc::Identity {
+                provider: link.provider.clone(),
+                subject: link.subject.clone(),
+                username: r.username.clone(),
+                groups: r.groups.clone(),
+                auth_time: 0,
+                expires_at: 0,
+                nonce: None,
+            };
+            if r.username != t.user {
+                return Err(ApiError::forbidden(format!(
+                    "the provider now names this user {}, not {}: sign in again",
+                    r.username, t.user
+                ))
+                .into());
+            }
+            let granted = shared.oidc.role_of(&id)?;
+            let user = sign_in(shared, &mut world, &identity, &r.username, granted, at).await?;
+            let mut next = now_rec.clone();
+            next.session = Some(crate::state::SessionLink {
+                checked_at: at,
+                refresh_token: r.refresh_token.or(link.refresh_token),
+                ..link
+            });
+            let mut change = crate::Change::default();
+            change.batch.put.push(token_rec(&next));
+            crate::commit(shared.store.as_ref(), &mut world, change).await?;
+            world.tokens.insert(next.hash.clone(), next);
+            Ok(Caller {
+                user,
+                token_id: t.id().to_string(),
+                identity: Some(identity),
+                token_expires_at: t.expires_at,
+            })
         }
     }
 }

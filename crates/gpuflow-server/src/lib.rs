@@ -19,6 +19,7 @@ pub mod feasible;
 pub mod http;
 pub mod lifecycle;
 pub mod listen;
+pub mod oidc;
 pub mod openapi;
 pub mod output;
 pub mod ratelimit;
@@ -103,6 +104,9 @@ pub struct Config {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Webhooks may call this machine and private networks (`up`, tests).
     pub webhook_private: bool,
+    /// The identity providers users sign in through (OpenID Connect);
+    /// none: tokens only.
+    pub oidc: oidc::Settings,
     /// A failed webhook delivery is tried again after this, then doubling.
     pub webhook_backoff: std::time::Duration,
     /// Where notifications by mail go out; none: mail is refused.
@@ -158,6 +162,7 @@ impl Config {
             job_log_bytes: 16 << 20,
             tls: None,
             webhook_private: false,
+            oidc: oidc::Settings::default(),
             webhook_backoff: std::time::Duration::from_secs(1),
             smtp: None,
             rate_per_token: ratelimit::PER_TOKEN,
@@ -200,6 +205,8 @@ pub struct Shared {
     pub data_lock: std::fs::File,
     /// Sessions into running tasks waiting for their agent (`job exec`).
     pub sessions: http::exec::Sessions,
+    /// The identity providers, their keys fetched as needed.
+    pub oidc: Arc<oidc::Oidc>,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -462,6 +469,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
         n.last_heartbeat = n.last_heartbeat.max(t);
     }
     let rates = ratelimit::RateLimits::new(cfg.rate_per_token, cfg.rate_anonymous);
+    let oidc = Arc::new(oidc::Oidc::new(&cfg.oidc));
     Ok(Opened {
         shared: Arc::new(Shared {
             world: Mutex::new(world),
@@ -476,6 +484,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
             applier: Mutex::new(()),
             data_lock: lock,
             sessions: Default::default(),
+            oidc,
         }),
         new_admin_token,
         join_token,

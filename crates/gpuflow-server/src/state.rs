@@ -543,6 +543,51 @@ pub struct TokenRec {
     pub created_at: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// Set when revoked: the record is kept a while, so that the token
+    /// is answered "revoked by …", not "unknown" ([`REVOKED_KEPT_S`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<Revoked>,
+    /// For a sign-in session: the identity provider's user behind it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionLink>,
+}
+
+/// A session's tie to its identity provider.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionLink {
+    pub provider: String,
+    pub subject: String,
+    /// Renews the user's claims at the provider (a secret: never shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
+    /// When the user's groups were last read from the provider.
+    pub checked_at: u64,
+}
+
+/// Who revoked a token, and when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub at: u64,
+    pub by: String,
+}
+
+/// How long a revoked or expired token is still recognised, to say so:
+/// 30 days. Then its record goes, at the next revocation of its user's.
+pub const REVOKED_KEPT_S: u64 = 30 * 86_400;
+
+/// Why a token names no caller.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refused {
+    /// No such token (never made here, or gone long ago).
+    Unknown,
+    Expired {
+        at: u64,
+    },
+    Revoked(Revoked),
+    /// Its user is disabled.
+    Disabled {
+        user: String,
+    },
 }
 
 impl TokenRec {
@@ -552,7 +597,18 @@ impl TokenRec {
     }
 
     pub fn live(&self, now: u64) -> bool {
-        self.expires_at.is_none_or(|e| now < e)
+        self.revoked.is_none() && self.expires_at.is_none_or(|e| now < e)
+    }
+
+    /// Whether it has been dead (revoked or expired) longer than
+    /// [`REVOKED_KEPT_S`] at `now`.
+    pub fn forgotten(&self, now: u64) -> bool {
+        let dead_since = self
+            .revoked
+            .as_ref()
+            .map(|r| r.at)
+            .or(self.expires_at.filter(|&e| e <= now));
+        dead_since.is_some_and(|d| now.saturating_sub(d) > REVOKED_KEPT_S)
     }
 
     pub fn view(&self) -> api::TokenView {
@@ -561,6 +617,7 @@ impl TokenRec {
             user: self.user.clone(),
             created_at: self.created_at,
             expires_at: self.expires_at,
+            provider: self.session.as_ref().map(|s| s.provider.clone()),
         }
     }
 }
@@ -1075,10 +1132,25 @@ impl World {
     /// The caller's user record for a token hash.
     /// The user a live token belongs to, with the token; `None` for an
     /// unknown, expired or revoked token or a disabled user.
-    pub fn principal(&self, hash: &str, now: u64) -> Option<(&api::User, &TokenRec)> {
-        let t = self.tokens.get(hash).filter(|t| t.live(now))?;
-        let u = self.users.get(&t.user).filter(|u| !u.disabled)?;
-        Some((u, t))
+    /// The user a token names and its record, or why it names none.
+    ///
+    /// # Errors
+    /// Why the token is refused.
+    pub fn principal(&self, hash: &str, now: u64) -> Result<(&api::User, &TokenRec), Refused> {
+        let t = self.tokens.get(hash).ok_or(Refused::Unknown)?;
+        if let Some(r) = &t.revoked {
+            return Err(Refused::Revoked(r.clone()));
+        }
+        if let Some(at) = t.expires_at.filter(|&e| now >= e) {
+            return Err(Refused::Expired { at });
+        }
+        let u = self.users.get(&t.user).ok_or(Refused::Unknown)?;
+        if u.disabled {
+            return Err(Refused::Disabled {
+                user: u.name.clone(),
+            });
+        }
+        Ok((u, t))
     }
 
     /// GPU indices in use per node, from the allocations of jobs that hold GPUs.

@@ -1412,3 +1412,242 @@ async fn reports_count_every_stored_job_once_and_only_the_callers_team() {
     assert!(rows.iter().all(|r| r["key"] == "alpha-q"), "{v}");
     assert!(live > 0);
 }
+
+/// A member acts on their own jobs only (cancel, suspend, reach a
+/// notebook's ports); a team lead on the team's; a team may share control
+/// (its leads say so, not its members); the audit log names who acted.
+#[tokio::test]
+async fn a_member_acts_on_their_own_jobs_and_a_lead_on_the_teams() {
+    let h = harness(None).await;
+    let alpha = team(&h, "alpha").await;
+    let beta = team(&h, "beta").await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &h.admin,
+            json!({"name": "alpha-other", "team": "alpha", "role": "member"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &h.admin,
+            json!({"user": "alpha-other"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let other = v["token"].as_str().unwrap().to_string();
+    let mut ids = vec![];
+    for _ in 0..3 {
+        let (s, v) = h.submit(&alpha["member"], "alpha-q").await;
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_u64().unwrap());
+    }
+    let act = |tok: String, id: u64, action: &'static str| {
+        let h = &h;
+        async move {
+            h.json("POST", &format!("/v1/jobs/{id}/{action}"), &tok, json!({}))
+                .await
+        }
+    };
+    // A teammate: refused, told whose job it is and who may.
+    for action in ["cancel", "suspend", "resume"] {
+        let (s, v) = act(other.clone(), ids[0], action).await;
+        assert_eq!(s, 403, "{action}: {v}");
+        let msg = v["message"].as_str().unwrap();
+        assert!(
+            msg.contains("alpha-member's") && msg.contains("--shared-control"),
+            "{msg}"
+        );
+    }
+    let (s, v) = h
+        .json(
+            "POST",
+            &format!("/v1/jobs/{}/proxy-session", ids[0]),
+            &other,
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+    // A viewer may not; another team does not see it.
+    assert_eq!(act(alpha["viewer"].clone(), ids[0], "cancel").await.0, 403);
+    assert_eq!(
+        act(beta["team-lead"].clone(), ids[0], "cancel").await.0,
+        404
+    );
+    assert_eq!(
+        h.get(&format!("/v1/jobs/{}", ids[0]), &h.admin).await.1["state"],
+        "pending"
+    );
+    // The owner and the team's lead may.
+    let (s, v) = act(alpha["member"].clone(), ids[0], "cancel").await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = act(alpha["team-lead"].clone(), ids[1], "cancel").await;
+    assert_eq!(s, 200, "{v}");
+    // A member cannot share control, nor a lead change more than that.
+    let share = |tok: &String, body: Value| {
+        let (h, tok) = (&h, tok.clone());
+        async move { h.json("PATCH", "/v1/teams/alpha", &tok, body).await }
+    };
+    assert_eq!(
+        share(&alpha["member"], json!({"shared_control": true}))
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        share(
+            &alpha["team-lead"],
+            json!({"shared_control": true, "processes": false})
+        )
+        .await
+        .0,
+        403
+    );
+    assert_eq!(
+        share(&beta["team-lead"], json!({"shared_control": true}))
+            .await
+            .0,
+        403
+    );
+    let (s, v) = share(&alpha["team-lead"], json!({"shared_control": true})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["shared_control"], true);
+    // Now the teammate may.
+    let (s, v) = act(other.clone(), ids[2], "cancel").await;
+    assert_eq!(s, 200, "{v}");
+    let (_, audit) = h.get("/v1/audit", &h.admin).await;
+    let actor = |action: &str, target: String| {
+        audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["action"] == action && a["target"] == target.as_str())
+            .map(|a| a["actor"].as_str().unwrap().to_string())
+    };
+    let job = |i: usize| format!("job/{}", ids[i]);
+    assert_eq!(actor("job.cancel", job(0)).as_deref(), Some("alpha-member"));
+    assert_eq!(
+        actor("job.cancel", job(1)).as_deref(),
+        Some("alpha-team-lead")
+    );
+    assert_eq!(actor("job.cancel", job(2)).as_deref(), Some("alpha-other"));
+    assert_eq!(
+        actor("team.update", "team/alpha".into()).as_deref(),
+        Some("alpha-team-lead")
+    );
+}
+
+/// A refused token is told why: unknown, expired (when), revoked (by whom,
+/// when), or its user disabled.
+#[tokio::test]
+async fn a_refused_token_is_told_why() {
+    let h = harness(None).await;
+    let alpha = team(&h, "alpha").await;
+    let refused = |tok: String| {
+        let h = &h;
+        async move {
+            let (s, v) = h.get("/v1/whoami", &tok).await;
+            assert_eq!(s, 401, "{v}");
+            (
+                v["code"].as_str().unwrap().to_string(),
+                v["message"].as_str().unwrap().to_string(),
+            )
+        }
+    };
+    let (code, _) = refused("gft_00000000000000000000".into()).await;
+    assert_eq!(code, "token_unknown");
+    // Revoked by the team's lead: said, with when.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &h.admin,
+            json!({"user": "alpha-viewer"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (tok, id) = (
+        v["token"].as_str().unwrap().to_string(),
+        v["id"].as_str().unwrap().to_string(),
+    );
+    let (s, v) = h.get("/v1/whoami", &tok).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["token_id"], id.as_str());
+    assert_eq!(v["signed_in_with"], "token");
+    let (s, _) = h
+        .call(
+            "DELETE",
+            &format!("/v1/tokens/{id}"),
+            Some(&alpha["team-lead"]),
+            "",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 204);
+    let (code, msg) = refused(tok.clone()).await;
+    assert_eq!(code, "token_revoked");
+    assert!(msg.contains("revoked by alpha-team-lead at 20"), "{msg}");
+    // Revoked twice: not found, and not listed.
+    let (s, _) = h
+        .call(
+            "DELETE",
+            &format!("/v1/tokens/{id}"),
+            Some(&h.admin),
+            "",
+            vec![],
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (_, list) = h.get("/v1/tokens", &h.admin).await;
+    assert!(!list.to_string().contains(&id), "{list}");
+    // Expired: said, with when.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/tokens",
+            &h.admin,
+            json!({"user": "alpha-viewer", "expires_in_s": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let short = v["token"].as_str().unwrap().to_string();
+    let end = Instant::now() + Duration::from_secs(10);
+    while h.get("/v1/whoami", &short).await.0 != 401 {
+        assert!(Instant::now() < end, "the token never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, msg) = refused(short).await;
+    assert_eq!(code, "token_expired");
+    assert!(
+        msg.contains("expired at 20") && msg.contains("ago"),
+        "{msg}"
+    );
+    // A disabled user's token.
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users/alpha-member/disable",
+            &h.admin,
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (code, msg) = refused(alpha["member"].clone()).await;
+    assert_eq!(code, "user_disabled");
+    assert!(msg.contains("alpha-member is disabled"), "{msg}");
+    // The revoked token's record is kept, marked revoked.
+    let kept = h
+        .shared
+        .world
+        .lock()
+        .await
+        .tokens
+        .values()
+        .find(|t| t.id() == id)
+        .map(|t| t.revoked.clone());
+    assert!(matches!(kept, Some(Some(_))), "{kept:?}");
+}

@@ -41,7 +41,11 @@ class Unauthorized extends Error {}
 
 async function api(path) {
   const r = await fetch(path, { headers: { Authorization: 'Bearer ' + S.token } });
-  if (r.status === 401) throw new Unauthorized('the token was not accepted');
+  if (r.status === 401) {
+    let why = 'it is unknown, revoked or expired';
+    try { why = (await r.json()).message || why; } catch (_) { /* not JSON */ }
+    throw new Unauthorized(why);
+  }
   let body = null;
   try { body = await r.json(); } catch (_) { /* not JSON */ }
   if (!r.ok) {
@@ -139,10 +143,85 @@ function shell(on) {
   ];
 }
 
+// ---- sign-in through an identity provider (authorization code + PKCE) ----
+
+const OIDC = 'gpuflow.oidc';
+
+function b64url(bytes) {
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+
+function random() {
+  return b64url(crypto.getRandomValues(new Uint8Array(32)));
+}
+
+// To the provider, with a PKCE challenge, a state and a nonce kept in
+// this tab; it sends the browser back to /ui/ with a code.
+async function signInWith(p) {
+  const verifier = random();
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(verifier));
+  const state = random();
+  const nonce = random();
+  const redirect = location.origin + '/ui/';
+  sessionStorage.setItem(OIDC, JSON.stringify({ provider: p.name, verifier, state, nonce, redirect }));
+  const u = new URL(p.authorization_endpoint);
+  u.search = new URLSearchParams({
+    response_type: 'code', client_id: p.client_id, redirect_uri: redirect, scope: p.scopes,
+    state, nonce, code_challenge: b64url(new Uint8Array(digest)), code_challenge_method: 'S256',
+  }).toString();
+  location.assign(u.toString());
+}
+
+// Back from the provider: the code goes to the server (which exchanges it,
+// once, and checks the ID token's nonce) for a session token. True when
+// the page is settled (signed in, or the sign-in form with why not).
+async function finishSignIn() {
+  const q = new URLSearchParams(location.search);
+  if (!q.has('code') && !q.has('error')) return false;
+  const saved = JSON.parse(sessionStorage.getItem(OIDC) || 'null');
+  sessionStorage.removeItem(OIDC);
+  history.replaceState(null, '', location.pathname + location.hash);
+  if (q.has('error')) {
+    login('The provider did not sign you in: ' + q.get('error') + '.');
+    return true;
+  }
+  if (!saved || saved.state !== q.get('state')) {
+    login('That sign-in did not start in this tab (its state does not match): sign in again.');
+    return true;
+  }
+  const r = await fetch('/v1/auth/code', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ provider: saved.provider, code: q.get('code'), code_verifier: saved.verifier,
+      redirect_uri: saved.redirect, nonce: saved.nonce }),
+  });
+  let v = {};
+  try { v = await r.json(); } catch (_) { /* not JSON */ }
+  if (r.status !== 201) {
+    login('The sign-in was refused: ' + (v.message || r.status + ' ' + r.statusText));
+    return true;
+  }
+  S.token = v.token;
+  sessionStorage.setItem(KEY, S.token);
+  S.me = null;
+  return false;
+}
+
+// The provider buttons under the token form, when the server has any.
+async function providerButtons() {
+  let list = [];
+  try { list = await (await fetch('/v1/auth/providers')).json(); } catch (_) { return; }
+  const box = document.getElementById('providers');
+  if (!box || !Array.isArray(list)) return;
+  box.replaceChildren(...list.filter((p) => p.authorization_endpoint).map((p) =>
+    el('button', { type: 'button', class: 'provider', 'data-provider': p.name, onclick: () => signInWith(p) },
+      'Sign in with ' + p.name)));
+}
+
 function login(message) {
   document.getElementById('app').replaceChildren(
     el('div', { class: 'panel login' },
       el('h1', {}, 'Sign in to gpuflow'),
+      el('div', { id: 'providers' }),
       el('p', {}, 'Paste an API token. An admin creates one with ', el('code', {}, 'gpuflow token create'),
         '; the token of ', el('code', {}, 'gpuflow up'), ' is in its data directory (admin.token).'),
       message ? el('div', { class: 'error', id: 'login-error' }, message) : null,
@@ -155,6 +234,7 @@ function login(message) {
       } },
         el('input', { id: 'token', type: 'password', autocomplete: 'off', placeholder: 'gft_…', required: true }),
         el('button', { type: 'submit', id: 'signin' }, 'Sign in'))));
+  providerButtons();
 }
 
 function logout() {
@@ -185,7 +265,7 @@ async function route() {
     if (e instanceof Unauthorized) {
       sessionStorage.removeItem(KEY);
       S.token = null;
-      return login('That token was not accepted: it is unknown, revoked or expired.');
+      return login('That token was not accepted: ' + e.message);
     }
     mount(el('div', { class: 'error', id: 'error' }, e.message));
   }
@@ -621,4 +701,6 @@ setInterval(() => {
 }, LIVE_MS);
 
 window.addEventListener('hashchange', route);
-window.addEventListener('DOMContentLoaded', route);
+window.addEventListener('DOMContentLoaded', async () => {
+  if (!(await finishSignIn())) route();
+});

@@ -213,13 +213,7 @@ async fn open_session(
             ))
             .into());
         }
-        if !caller.acts_on_jobs(&j.team) {
-            return Err(ApiError::forbidden(format!(
-                "{what} needs a member or lead of team {:?}, or an admin",
-                j.team
-            ))
-            .into());
-        }
+        caller.acts_on_job(&world, &j.team, &j.user, what)?;
         let running: Vec<_> = j
             .tasks
             .iter()

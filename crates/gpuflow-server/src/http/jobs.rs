@@ -906,13 +906,8 @@ async fn job_action(
     };
     if act.admins_only() {
         caller.need_admin(&format!("{action} of a job"))?;
-    } else if !caller.acts_on_jobs(&j.team) {
-        return Err(ApiError::forbidden(format!(
-            "your role ({}) may not {action} jobs of team {:?}",
-            caller.user.role.as_str(),
-            j.team
-        ))
-        .into());
+    } else {
+        caller.acts_on_job(&world, &j.team, &j.user, &action)?;
     }
     let kind = crate::lifecycle::act(&mut next, act, who, at).map_err(|what| conflict(&what))?;
     let mut change = Change::default();

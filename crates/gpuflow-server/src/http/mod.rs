@@ -104,6 +104,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/whoami", get(whoami))
+        .route("/v1/auth/providers", get(providers))
         .merge(jobs::router())
         .merge(events::router())
         .merge(nodes::router())
@@ -208,11 +209,31 @@ async fn openapi() -> axum::response::Response {
     )
         .into_response()
 }
+/// `GET /v1/auth/providers` (no token): the identity providers users sign
+/// in through, for `gpuflow login` and the dashboard.
+async fn providers(State(shared): State<Arc<Shared>>) -> Json<Vec<api::OidcProvider>> {
+    let oidc = shared.oidc.clone();
+    Json(
+        tokio::task::spawn_blocking(move || oidc.public())
+            .await
+            .unwrap_or_default(),
+    )
+}
+
 async fn whoami(caller: Caller) -> Json<api::WhoAmI> {
     Json(api::WhoAmI {
         user: caller.user.name,
         team: caller.user.team,
         role: caller.user.role,
+        signed_in_with: if caller.identity.is_some() {
+            "oidc"
+        } else {
+            "token"
+        }
+        .into(),
+        identity: caller.identity,
+        token_id: caller.token_id,
+        expires_at: caller.token_expires_at,
     })
 }
 fn body_or_413(

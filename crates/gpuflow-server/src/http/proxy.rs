@@ -55,7 +55,11 @@ async fn session(
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let id = super::jobs::job_id(&id)?;
-    super::jobs::visible(&*shared.world.lock().await, &caller, id)?;
+    {
+        let world = shared.world.lock().await;
+        super::jobs::visible(&world, &caller, id)?;
+        reaches(&world, &caller, id)?;
+    }
     let token = bearer(&headers).unwrap_or_default();
     let cookie = format!(
         "{COOKIE}={token}; Path=/v1/jobs/{id}/proxy/; HttpOnly; SameSite=Strict{}",
@@ -111,6 +115,15 @@ fn cookies_for_task(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Where job `id`'s task serving on `port` runs: `address:port`. 404 when
 /// no running task of it declared that port.
+/// Whether `caller` may reach job `id`'s ports: who may act on it (a
+/// notebook's port runs code as the job).
+fn reaches(world: &World, caller: &Caller, id: u64) -> Result<(), Error> {
+    match world.jobs.get(&id) {
+        Some(j) => Ok(caller.acts_on_job(world, &j.team, &j.user, "reach the ports of")?),
+        None => Ok(()),
+    }
+}
+
 fn target(world: &World, id: u64, port: u16) -> Result<String, Error> {
     let j = world.jobs.get(&id).ok_or_else(|| {
         ApiError::not_found(format!("job {id} is not running: nothing to proxy to"))
@@ -177,6 +190,7 @@ async fn proxy(
     let addr = {
         let world = shared.world.lock().await;
         super::jobs::visible(&world, &caller, id)?;
+        reaches(&world, &caller, id)?;
         target(&world, id, port)?
     };
     let stream = tokio::time::timeout(

@@ -109,13 +109,23 @@ async fn patch_team(
     Path(name): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Reply<Team> {
-    caller.need_admin("changing a team")?;
     let p: api::TeamPatch = json_body(body, shared.cfg.max_body_bytes)?;
+    // A team's leads may share control of its jobs; the rest is an admin's.
+    let only_sharing = api::TeamPatch {
+        shared_control: None,
+        ..p.clone()
+    } == api::TeamPatch::default();
+    if !(only_sharing && caller.leads(&name)) {
+        caller.need_admin("changing a team (other than its leads sharing control of its jobs)")?;
+    }
     let mut world = shared.world.lock().await;
     let Some(t) = world.teams.get(&name) else {
         return Err(ApiError::not_found(format!("team {name:?} not found")).into());
     };
     let mut t = t.clone();
+    if let Some(b) = p.shared_control {
+        t.shared_control = b;
+    }
     if let Some(u) = p.run_as {
         if !u.is_empty() && !api::valid_run_as(&u) {
             return Err(ApiError::bad_request(
@@ -153,7 +163,9 @@ async fn patch_team(
         "team.update",
         &format!("team/{name}"),
         // Which logins changed, never what they are.
-        if logins.is_empty() {
+        if let Some(b) = p.shared_control {
+            format!("shared control {}", if b { "on" } else { "off" })
+        } else if logins.is_empty() {
             t.run_as.clone().unwrap_or_default()
         } else {
             format!("registry logins for {}", logins.join(", "))

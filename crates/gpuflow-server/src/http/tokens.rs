@@ -6,6 +6,8 @@ pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/auth/sessions", post(create_session))
+        .route("/v1/auth/code", post(code_session))
 }
 
 /// Whether `caller` may make, list and revoke tokens of user `u`: their own,
@@ -79,6 +81,8 @@ async fn create_token(
         user: r.user.clone(),
         created_at: at,
         expires_at,
+        revoked: None,
+        session: None,
     };
     let mut change = Change::default();
     change.batch.put.push(token_rec(&rec));
@@ -133,10 +137,11 @@ async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
     let mut world = shared.world.lock().await;
+    let at = now();
     let found = world
         .tokens
         .values()
-        .find(|t| t.id() == id)
+        .find(|t| t.id() == id && t.revoked.is_none())
         .filter(|t| {
             world
                 .users
@@ -150,19 +155,174 @@ async fn revoke_token(
         ))
         .into());
     };
+    // Kept, revoked, so that it is refused as such; the user's tokens dead
+    // for long go.
+    let mut revoked = t.clone();
+    revoked.revoked = Some(crate::state::Revoked {
+        at,
+        by: caller.user.name.clone(),
+    });
+    let forgotten: Vec<String> = world
+        .tokens
+        .values()
+        .filter(|x| x.user == t.user && x.forgotten(at))
+        .map(|x| x.hash.clone())
+        .collect();
     let mut change = Change::default();
-    change
-        .batch
-        .delete
-        .push((gpuflow_store::Table::Tokens, t.hash.clone()));
+    change.batch.put.push(token_rec(&revoked));
+    for h in &forgotten {
+        change
+            .batch
+            .delete
+            .push((gpuflow_store::Table::Tokens, h.clone()));
+    }
     change.audit(
-        now(),
+        at,
         &caller.user.name,
         "token.revoke",
         &format!("user/{}", t.user),
         t.id(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.tokens.remove(&t.hash);
+    for h in &forgotten {
+        world.tokens.remove(h);
+    }
+    world.tokens.insert(revoked.hash.clone(), revoked);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// How long a session may last at most, renewed or not: 30 days.
+const SESSION_MAX_S: u64 = 30 * 86_400;
+
+/// The caller's address, once a sign-in may go on: the server has an
+/// identity provider, and the address is within its rate.
+fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::net::IpAddr, Error> {
+    let ip = ext
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    if !shared.oidc.enabled() {
+        return Err(ApiError::not_found(
+            "this server has no identity provider (gpuflow server --oidc-config): sign in with an API token",
+        )
+        .into());
+    }
+    shared.rates.anonymous(ip)?;
+    Ok(ip)
+}
+
+/// `POST /v1/auth/sessions` (no token): a sign-in through an identity
+/// provider (its ID token, checked, and its refresh token) becomes a
+/// session token (`gfs_…`), listed and revoked as the user's tokens are.
+/// The user is made on first sign-in; a user at the limit of live tokens
+/// loses its oldest session.
+async fn create_session(
+    State(shared): State<Arc<Shared>>,
+    ext: axum::http::Extensions,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    let ip = sign_in_gate(&shared, &ext)?;
+    let r: api::SessionRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    let at = now();
+    let id = crate::auth::verified_id_token(&shared, &r.id_token, ip, at).await?;
+    open_session(&shared, id, r.refresh_token, at).await
+}
+
+/// `POST /v1/auth/code` (no token): the dashboard's sign-in. The browser
+/// went to the provider with a PKCE challenge and a nonce and came back
+/// with a code; the server exchanges it there (once), checks the ID token
+/// and its nonce, and answers a session token.
+async fn code_session(
+    State(shared): State<Arc<Shared>>,
+    ext: axum::http::Extensions,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    sign_in_gate(&shared, &ext)?;
+    let r: api::CodeRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    let at = now();
+    let oidc = shared.oidc.clone();
+    let (id, refresh) = tokio::task::spawn_blocking(move || oidc.exchange(&r, at))
+        .await
+        .map_err(|e| ApiError::new(500, "internal", format!("the sign-in failed: {e}")))??;
+    open_session(&shared, id, refresh, at).await
+}
+
+/// A session for a checked sign-in: the user made or updated from its
+/// groups, a `gfs_` token answered.
+async fn open_session(
+    shared: &Shared,
+    id: crate::oidc::Identity,
+    refresh_token: Option<String>,
+    at: u64,
+) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    let granted = shared.oidc.role_of(&id)?;
+    let identity = api::Identity {
+        provider: id.provider.clone(),
+        subject: id.subject.clone(),
+    };
+    let mut world = shared.world.lock().await;
+    let user =
+        crate::auth::sign_in(shared, &mut world, &identity, &id.username, granted, at).await?;
+    let token = new_token("gfs");
+    let rec = TokenRec {
+        hash: hash(&token),
+        user: user.name.clone(),
+        created_at: at,
+        expires_at: Some(at + SESSION_MAX_S),
+        revoked: None,
+        session: Some(crate::state::SessionLink {
+            provider: id.provider.clone(),
+            subject: id.subject.clone(),
+            refresh_token: refresh_token.filter(|t| !t.is_empty()),
+            checked_at: at,
+        }),
+    };
+    let mut change = Change::default();
+    // At the limit: the oldest session goes.
+    let live: Vec<&TokenRec> = world
+        .tokens
+        .values()
+        .filter(|t| t.user == user.name && t.live(at))
+        .collect();
+    let mut replaced = None;
+    if live.len() >= api::MAX_TOKENS_PER_USER {
+        let Some(oldest) = live
+            .iter()
+            .filter(|t| t.session.is_some())
+            .min_by_key(|t| t.created_at)
+        else {
+            return Err(ApiError::conflict(format!(
+                "user {:?} has {} live tokens, the most allowed; revoke one first (`gpuflow token ls`)",
+                user.name,
+                live.len()
+            ))
+            .into());
+        };
+        let mut old = (*oldest).clone();
+        old.revoked = Some(crate::state::Revoked {
+            at,
+            by: format!("{} (a newer sign-in)", user.name),
+        });
+        change.batch.put.push(token_rec(&old));
+        replaced = Some(old);
+    }
+    change.batch.put.push(token_rec(&rec));
+    change.audit(
+        at,
+        &user.name,
+        "session.create",
+        &format!("user/{}", user.name),
+        format!("{} subject {} ({})", id.provider, id.subject, rec.id()),
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    if let Some(old) = replaced {
+        world.tokens.insert(old.hash.clone(), old);
+    }
+    let created = TokenCreated {
+        user: user.name.clone(),
+        token,
+        id: rec.id().to_string(),
+        expires_at: rec.expires_at,
+    };
+    world.tokens.insert(rec.hash.clone(), rec);
+    Ok((StatusCode::CREATED, Json(created)))
 }

@@ -7,6 +7,7 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/users", get(list_users).post(create_user))
         .route("/v1/users/{name}/disable", post(disable_user))
         .route("/v1/users/{name}/enable", post(enable_user))
+        .route("/v1/users/{name}/signout", post(sign_out))
 }
 
 async fn list_users(
@@ -32,6 +33,13 @@ async fn create_user(
 ) -> Result<(StatusCode, Json<User>), Error> {
     let u: User = json_body(body, shared.cfg.max_body_bytes)?;
     check_name("name", &u.name, "name")?;
+    if u.identity.is_some() || u.signed_out_at.is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_user",
+            "identity and signed_out_at are set by the server (at a sign-in, by `user signout`); leave them out",
+        )
+        .into());
+    }
     let mut world = shared.world.lock().await;
     let allowed = caller.admin()
         || (caller.leads(&u.team)
@@ -148,6 +156,75 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
+    world.users.insert(u.name.clone(), u.clone());
+    Ok(Json(u))
+}
+
+/// `POST /v1/users/{name}/signout`: every sign-in of the user through an
+/// identity provider made until now is refused (the user signs in again);
+/// by the user, the team's leads for their members and viewers, admins.
+async fn sign_out(
+    State(shared): State<Arc<Shared>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Reply<User> {
+    let mut world = shared.world.lock().await;
+    let Some(mut u) = world
+        .users
+        .get(&name)
+        .filter(|u| {
+            caller.admin()
+                || (u.team == caller.user.team && !u.team.is_empty())
+                || u.name == caller.user.name
+        })
+        .cloned()
+    else {
+        return Err(ApiError::not_found(format!(
+            "user {name:?} not found among the users you see"
+        ))
+        .into());
+    };
+    let allowed = caller.admin()
+        || u.name == caller.user.name
+        || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer));
+    if !allowed {
+        return Err(ApiError::forbidden(format!(
+            "signing {name:?} out needs the admin role (team leads do so for their team's members and viewers; anyone for themselves)"
+        ))
+        .into());
+    }
+    let at = now();
+    u.signed_out_at = Some(at);
+    let mut change = Change::default();
+    change.batch.put.push(user_rec(&u));
+    // Its sessions end too.
+    let ended: Vec<crate::state::TokenRec> = world
+        .tokens
+        .values()
+        .filter(|t| t.user == u.name && t.session.is_some() && t.live(at))
+        .map(|t| {
+            let mut t = t.clone();
+            t.revoked = Some(crate::state::Revoked {
+                at,
+                by: caller.user.name.clone(),
+            });
+            t
+        })
+        .collect();
+    for t in &ended {
+        change.batch.put.push(crate::state::token_rec(t));
+    }
+    change.audit(
+        at,
+        &caller.user.name,
+        "user.signout",
+        &format!("user/{}", u.name),
+        "",
+    );
+    commit(shared.store.as_ref(), &mut world, change).await?;
+    for t in ended {
+        world.tokens.insert(t.hash.clone(), t);
+    }
     world.users.insert(u.name.clone(), u.clone());
     Ok(Json(u))
 }
