@@ -404,6 +404,10 @@ pub struct AuditEntry {
     /// command a `job exec` ran, …).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// For an actor who signs in through an identity provider: who at the
+    /// provider (`PROVIDER:SUBJECT`; a user name here is bound to one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
 }
 
 // ---- tenants ----

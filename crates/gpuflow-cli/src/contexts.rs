@@ -3,6 +3,7 @@
 //! `$XDG_CONFIG_HOME/gpuflow/config`, else `~/.config/gpuflow/config`),
 //! one of them current; and where a command's server and token come from.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -432,6 +433,225 @@ fn post_form(
     Ok((status, v))
 }
 
+/// The device flow (RFC 8628) at `p`: a code the user enters in any
+/// browser; the ID token and refresh token it yields become a session of
+/// the server's. The session token.
+fn device_flow(
+    http: &ureq::Agent,
+    server: &str,
+    p: &gpuflow_api::OidcProvider,
+) -> anyhow::Result<String> {
+    let disco_url = format!(
+        "{}/.well-known/openid-configuration",
+        p.issuer.trim_end_matches('/')
+    );
+    let disco: serde_json::Value = http
+        .get(&disco_url)
+        .call()
+        .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", p.name))?
+        .body_mut()
+        .read_json()
+        .with_context(|| format!("{disco_url} is not a discovery document"))?;
+    let (Some(device_ep), Some(token_ep)) = (
+        disco["device_authorization_endpoint"].as_str(),
+        disco["token_endpoint"].as_str(),
+    ) else {
+        anyhow::bail!(
+            "{} offers no device authorization endpoint (RFC 8628) in {disco_url}: the CLI signs in by the device flow",
+            p.name
+        );
+    };
+    let (status, d) = post_form(
+        http,
+        device_ep,
+        &[("client_id", &p.client_id), ("scope", &p.scopes)],
+    )?;
+    let (Some(device_code), Some(user_code)) = (d["device_code"].as_str(), d["user_code"].as_str())
+    else {
+        anyhow::bail!("{} refused the sign-in (HTTP {status}): {d}", p.name);
+    };
+    let verify = d["verification_uri"].as_str().unwrap_or_default();
+    eprintln!(
+        "To sign in through {}, open {verify} and enter the code {user_code}",
+        p.name
+    );
+    if let Some(full) = d["verification_uri_complete"].as_str() {
+        eprintln!("(or open {full})");
+    }
+    let mut interval = d["interval"].as_u64().unwrap_or(5).max(1);
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(d["expires_in"].as_u64().unwrap_or(600));
+    let tokens = loop {
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "the code {user_code} expired before the sign-in was completed: run `gpuflow login` again"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_secs(interval));
+        let (status, t) = post_form(
+            http,
+            token_ep,
+            &[
+                ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"),
+                ("device_code", device_code),
+                ("client_id", &p.client_id),
+            ],
+        )?;
+        if status == 200 {
+            break t;
+        }
+        match t["error"].as_str() {
+            Some("authorization_pending") => {}
+            Some("slow_down") => interval += 5,
+            Some("access_denied") => anyhow::bail!("the sign-in was refused at {}", p.name),
+            Some("expired_token") => {
+                anyhow::bail!("the code {user_code} expired: run `gpuflow login` again")
+            }
+            _ => anyhow::bail!("{} answered the sign-in with HTTP {status}: {t}", p.name),
+        }
+    };
+    let Some(id_token) = tokens["id_token"].as_str() else {
+        anyhow::bail!(
+            "{} gave no ID token: its client {:?} must allow the openid scope",
+            p.name,
+            p.client_id
+        );
+    };
+    // The server checks the ID token and keeps the refresh token, to read
+    // the user's groups again as the session goes on; the CLI keeps only
+    // the session token it answers.
+    session_of(
+        http,
+        &format!("{server}/v1/auth/sessions"),
+        serde_json::json!({
+            "id_token": id_token,
+            "refresh_token": tokens["refresh_token"].as_str(),
+        }),
+    )
+}
+
+/// The session token the server answers a sign-in posted to `url`.
+fn session_of(http: &ureq::Agent, url: &str, body: serde_json::Value) -> anyhow::Result<String> {
+    let mut resp = http
+        .post(url)
+        .send_json(body)
+        .map_err(|e| anyhow::anyhow!("cannot reach the server at {url}: {e}"))?;
+    let status = resp.status().as_u16();
+    let v: serde_json::Value = resp.body_mut().read_json().unwrap_or_default();
+    match v["token"].as_str().filter(|_| status == 201) {
+        Some(t) => Ok(t.to_string()),
+        None => anyhow::bail!(
+            "the server refused the sign-in: {} (HTTP {status})",
+            v["message"].as_str().unwrap_or("no reason given")
+        ),
+    }
+}
+
+/// The authorization code flow with PKCE through the user's browser, back
+/// to a one-shot listener on loopback (RFC 8252): the server exchanges the
+/// code. The session token.
+fn browser_flow(
+    http: &ureq::Agent,
+    server: &str,
+    p: &gpuflow_api::OidcProvider,
+    port: u16,
+) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    use std::io::{BufRead, Write};
+    let Some(auth) = &p.authorization_endpoint else {
+        anyhow::bail!(
+            "the server does not know {}'s authorization endpoint (its discovery document could not be read): use the device flow (`gpuflow login` without --browser)",
+            p.name
+        );
+    };
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))
+        .with_context(|| format!("cannot listen on 127.0.0.1:{port} for the browser's return"))?;
+    let redirect = format!(
+        "http://127.0.0.1:{}/callback",
+        listener.local_addr()?.port()
+    );
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let random = || {
+        let mut r = [0u8; 32];
+        getrandom::fill(&mut r).expect("the OS random source works");
+        b64(&r)
+    };
+    let (verifier, state, nonce) = (random(), random(), random());
+    let challenge = b64(&sha2::Sha256::digest(verifier.as_bytes()));
+    let query: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs([
+            ("response_type", "code"),
+            ("client_id", p.client_id.as_str()),
+            ("redirect_uri", redirect.as_str()),
+            ("scope", p.scopes.as_str()),
+            ("state", state.as_str()),
+            ("nonce", nonce.as_str()),
+            ("code_challenge", challenge.as_str()),
+            ("code_challenge_method", "S256"),
+        ])
+        .finish();
+    let url = format!("{auth}?{query}");
+    eprintln!("To sign in through {}, open in your browser: {url}", p.name);
+    // A desktop's browser, where there is a desktop.
+    if std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some() {
+        let _ = std::process::Command::new("xdg-open")
+            .arg(&url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+    }
+    // The first request to the callback path: the browser's return.
+    listener.set_nonblocking(false)?;
+    let (code, got_state) = loop {
+        let (conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        let mut line = String::new();
+        std::io::BufReader::new(&conn).read_line(&mut line)?;
+        let target = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        let Some(q) = target.strip_prefix("/callback?") else {
+            let _ = (&conn).write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+            continue;
+        };
+        let params: BTreeMap<String, String> =
+            form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+        let done = params.contains_key("code");
+        let body = if done {
+            "Signed in to gpuflow: you may close this page."
+        } else {
+            "The sign-in did not complete: see the terminal."
+        };
+        let _ = (&conn).write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        if let Some(e) = params.get("error") {
+            anyhow::bail!("{} did not sign you in: {e}", p.name);
+        }
+        if done {
+            break (params["code"].clone(), params.get("state").cloned());
+        }
+    };
+    if got_state.as_deref() != Some(state.as_str()) {
+        anyhow::bail!(
+            "the browser came back from another sign-in (its state does not match): run `gpuflow login --browser` again"
+        );
+    }
+    session_of(
+        http,
+        &format!("{server}/v1/auth/code"),
+        serde_json::json!({"provider": p.name, "code": code, "code_verifier": verifier,
+            "redirect_uri": redirect, "nonce": nonce}),
+    )
+}
+
 /// `gpuflow login`: signs in through the server's identity provider by the
 /// device flow (a code to enter in a browser anywhere) and keeps the
 /// refreshable sign-in in a context, made current.
@@ -439,7 +659,7 @@ fn post_form(
 /// # Errors
 /// A server without providers, a provider that cannot be reached or that
 /// refuses, a sign-in not completed in time.
-pub fn login(conn: &Conn, provider: Option<&str>) -> anyhow::Result<()> {
+pub fn login(conn: &Conn, provider: Option<&str>, browser: Option<u16>) -> anyhow::Result<()> {
     let path = path();
     let mut file = File::load(&path)?;
     // The context named may not exist yet: login makes it.
@@ -488,100 +708,9 @@ pub fn login(conn: &Conn, provider: Option<&str>) -> anyhow::Result<()> {
             ))
         })?,
     };
-    let disco_url = format!(
-        "{}/.well-known/openid-configuration",
-        p.issuer.trim_end_matches('/')
-    );
-    let disco: serde_json::Value = http
-        .get(&disco_url)
-        .call()
-        .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", p.name))?
-        .body_mut()
-        .read_json()
-        .with_context(|| format!("{disco_url} is not a discovery document"))?;
-    let (Some(device_ep), Some(token_ep)) = (
-        disco["device_authorization_endpoint"].as_str(),
-        disco["token_endpoint"].as_str(),
-    ) else {
-        anyhow::bail!(
-            "{} offers no device authorization endpoint (RFC 8628) in {disco_url}: the CLI signs in by the device flow",
-            p.name
-        );
-    };
-    let (status, d) = post_form(
-        &http,
-        device_ep,
-        &[("client_id", &p.client_id), ("scope", &p.scopes)],
-    )?;
-    let (Some(device_code), Some(user_code)) = (d["device_code"].as_str(), d["user_code"].as_str())
-    else {
-        anyhow::bail!("{} refused the sign-in (HTTP {status}): {d}", p.name);
-    };
-    let verify = d["verification_uri"].as_str().unwrap_or_default();
-    eprintln!(
-        "To sign in through {}, open {verify} and enter the code {user_code}",
-        p.name
-    );
-    if let Some(full) = d["verification_uri_complete"].as_str() {
-        eprintln!("(or open {full})");
-    }
-    let mut interval = d["interval"].as_u64().unwrap_or(5).max(1);
-    let deadline = std::time::Instant::now()
-        + std::time::Duration::from_secs(d["expires_in"].as_u64().unwrap_or(600));
-    let tokens = loop {
-        if std::time::Instant::now() >= deadline {
-            anyhow::bail!(
-                "the code {user_code} expired before the sign-in was completed: run `gpuflow login` again"
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_secs(interval));
-        let (status, t) = post_form(
-            &http,
-            token_ep,
-            &[
-                ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"),
-                ("device_code", device_code),
-                ("client_id", &p.client_id),
-            ],
-        )?;
-        if status == 200 {
-            break t;
-        }
-        match t["error"].as_str() {
-            Some("authorization_pending") => {}
-            Some("slow_down") => interval += 5,
-            Some("access_denied") => anyhow::bail!("the sign-in was refused at {}", p.name),
-            Some("expired_token") => {
-                anyhow::bail!("the code {user_code} expired: run `gpuflow login` again")
-            }
-            _ => anyhow::bail!("{} answered the sign-in with HTTP {status}: {t}", p.name),
-        }
-    };
-    let Some(id_token) = tokens["id_token"].as_str() else {
-        anyhow::bail!(
-            "{} gave no ID token: its client {:?} must allow the openid scope",
-            p.name,
-            p.client_id
-        );
-    };
-    // The server checks the ID token and keeps the refresh token, to read
-    // the user's groups again as the session goes on; the CLI keeps only
-    // the session token it answers.
-    let url = format!("{server}/v1/auth/sessions");
-    let mut resp = http
-        .post(&url)
-        .send_json(serde_json::json!({
-            "id_token": id_token,
-            "refresh_token": tokens["refresh_token"].as_str(),
-        }))
-        .map_err(|e| anyhow::anyhow!("cannot reach the server at {server}: {e}"))?;
-    let status = resp.status().as_u16();
-    let v: serde_json::Value = resp.body_mut().read_json().unwrap_or_default();
-    let Some(session) = v["token"].as_str().filter(|_| status == 201) else {
-        anyhow::bail!(
-            "the server refused the sign-in: {} (HTTP {status})",
-            v["message"].as_str().unwrap_or("no reason given")
-        );
+    let session = match browser {
+        Some(port) => browser_flow(&http, &server, &p, port)?,
+        None => device_flow(&http, &server, &p)?,
     };
     // The context: the one named, else the current one when it is this
     // server's, else one named after the server.

@@ -134,6 +134,15 @@ enum Command {
         /// The provider, when the server has several.
         #[arg(long)]
         provider: Option<String>,
+        /// Sign in through a browser on this machine instead (the
+        /// authorization code flow with PKCE, back to a listener on
+        /// loopback).
+        #[arg(long)]
+        browser: bool,
+        /// With --browser: the loopback port the browser comes back to
+        /// (0: any free one; the provider must accept it).
+        #[arg(long, default_value_t = 0, requires = "browser")]
+        callback_port: u16,
         #[command(flatten)]
         conn: client::Conn,
     },
@@ -220,7 +229,12 @@ fn main() {
         Command::Report { command, conn } => client::report(&conn, command),
         Command::Price { command, conn } => client::price(&conn, command),
         Command::Whoami { conn } => client::whoami(&conn),
-        Command::Login { provider, conn } => contexts::login(&conn, provider.as_deref()),
+        Command::Login {
+            provider,
+            browser,
+            callback_port,
+            conn,
+        } => contexts::login(&conn, provider.as_deref(), browser.then_some(callback_port)),
         Command::Config { command } => contexts::run(command),
         Command::Completion { shell } => {
             use clap::CommandFactory;

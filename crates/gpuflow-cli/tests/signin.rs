@@ -185,9 +185,9 @@ impl Idp {
         format!("{}/api/oidc", self.base)
     }
 
-    /// Users, with groups, and the two public clients (gpuflow's sends
-    /// browsers back to `redirect`).
-    fn setup(&self, key: &rcgen::KeyPair, redirect: &str) {
+    /// Users, with groups, and the two public clients (they send browsers
+    /// back to `redirects`).
+    fn setup(&self, key: &rcgen::KeyPair, redirects: &[String]) {
         // The user store keeps a `groups` list.
         let (_, mut m, _) = self.call("GET", "/mod/user/database", Some(&self.admin), None);
         m["parameters"]["data-format"]["groups"] = json!({"multiple": true, "read": true,
@@ -201,7 +201,7 @@ impl Idp {
                 "/client/",
                 json!({"client_id": client, "client_name": client, "confidential": false,
                     "authorization_type": ["code", "device_authorization", "refresh_token"],
-                    "redirect_uri": [redirect], "scope": ["openid"], "enabled": true}),
+                    "redirect_uri": redirects, "scope": ["openid"], "enabled": true}),
             );
         }
         self.admin(
@@ -260,6 +260,24 @@ impl Idp {
                 assert_eq!(s, 200, "{v}");
             }
         }
+    }
+
+    /// Where the provider sends ann's browser back from `auth_url` (an
+    /// authorization request), signed in and the client granted.
+    fn authorize(&self, auth_url: &str) -> String {
+        let cookie = self.sign_in("ann", "ann-password").expect("ann signs in");
+        let resp = self
+            .http
+            .get(format!("{auth_url}&g_continue"))
+            .header("Cookie", &cookie)
+            .call()
+            .unwrap();
+        resp.headers()
+            .get("location")
+            .expect("a redirect")
+            .to_str()
+            .unwrap()
+            .to_string()
     }
 
     /// The authorization code flow with PKCE as a browser of ann's would
@@ -378,6 +396,8 @@ struct Platform {
     api: Api,
     admin: String,
     redirect: String,
+    /// The loopback port `gpuflow login --browser` may come back to.
+    callback: u16,
 }
 
 fn platform(dir: &Path, recheck_s: u64) -> Platform {
@@ -385,7 +405,14 @@ fn platform(dir: &Path, recheck_s: u64) -> Platform {
     let key = rcgen::KeyPair::generate().unwrap();
     let port = free_port();
     let redirect = format!("http://127.0.0.1:{port}/ui/");
-    idp.setup(&key, &redirect);
+    let callback = free_port();
+    idp.setup(
+        &key,
+        &[
+            redirect.clone(),
+            format!("http://127.0.0.1:{callback}/callback"),
+        ],
+    );
     let oidc = dir.join("oidc.yaml");
     std::fs::write(
         &oidc,
@@ -414,6 +441,7 @@ fn platform(dir: &Path, recheck_s: u64) -> Platform {
         api,
         admin,
         redirect,
+        callback,
     }
 }
 
@@ -430,6 +458,7 @@ fn a_user_signs_in_through_the_organisations_provider_and_its_groups_decide() {
         api,
         admin,
         redirect,
+        callback,
     } = platform(dir.path(), 1);
     let cfg: PathBuf = dir.path().join("config");
 
@@ -485,6 +514,65 @@ fn a_user_signs_in_through_the_organisations_provider_and_its_groups_decide() {
     assert!(
         audit.contains("user.signin") && audit.contains("user.role"),
         "{audit}"
+    );
+    // Every line of ann's names her subject at the provider.
+    let lines = api.get("/v1/audit", &admin);
+    let ann: Vec<&Value> = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["actor"] == "ann")
+        .collect();
+    assert!(
+        !ann.is_empty()
+            && ann.iter().all(|a| a["subject"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("corp:"))),
+        "{lines}"
+    );
+
+    // `gpuflow login --browser`: the code flow with PKCE, back to the
+    // CLI's listener on loopback; here the test plays ann's browser.
+    let mut child = Command::new(BIN)
+        .args([
+            "login",
+            "--browser",
+            "--callback-port",
+            &callback.to_string(),
+        ])
+        .args(["--server", &api.url])
+        .env("GPUFLOW_CONFIG", dir.path().join("config-browser"))
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("GPUFLOW_TOKEN")
+        .env_remove("GPUFLOW_SERVER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let auth_url = loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "login --browser said nothing"
+        );
+        if let Some(u) = line.split("open in your browser: ").nth(1) {
+            break u.trim().to_string();
+        }
+    };
+    let back = idp.authorize(&auth_url);
+    assert!(
+        back.starts_with(&format!("http://127.0.0.1:{callback}/callback?")),
+        "{back}"
+    );
+    let (s, _) = Api::new(&back).call("GET", "", "", None);
+    assert_eq!(s, 200);
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("user:        ann"),
+        "{text}"
     );
 
     // An admin ends ann's sessions: refused at once, said by whom.
@@ -611,6 +699,7 @@ fn the_dashboard_signs_in_through_the_provider() {
         api,
         admin,
         redirect,
+        ..
     } = platform(dir.path(), 300);
     let dport = free_port();
     let _driver = Proc(

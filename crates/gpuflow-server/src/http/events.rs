@@ -122,11 +122,25 @@ async fn audit(
         .audit(after, limit as i64)
         .await
         .map_err(crate::ServerError::from)?;
+    // Who each actor is at its identity provider, if it signs in through one.
+    let subjects: BTreeMap<String, String> = {
+        let world = shared.world.lock().await;
+        rows.iter()
+            .filter_map(|a| {
+                let i = world.users.get(&a.entry.actor)?.identity.as_ref()?;
+                Some((
+                    a.entry.actor.clone(),
+                    format!("{}:{}", i.provider, i.subject),
+                ))
+            })
+            .collect()
+    };
     Ok(Json(
         rows.into_iter()
             .map(|a| api::AuditEntry {
                 seq: a.seq,
                 at: a.entry.at,
+                subject: subjects.get(&a.entry.actor).cloned(),
                 actor: a.entry.actor,
                 action: a.entry.action,
                 target: a.entry.target,
