@@ -561,8 +561,9 @@ impl Provider {
 
     /// The discovery document's endpoints (read once).
     fn disco(&self) -> Result<Disco, String> {
-        let mut keys = self.keys.lock().expect("oidc keys lock");
-        if let Some(d) = &keys.disco {
+        // Read without the lock held: a slow provider must not stall the
+        // checks of tokens whose keys are known.
+        if let Some(d) = &self.keys.lock().expect("oidc keys lock").disco {
             return Ok(d.clone());
         }
         let url = format!(
@@ -584,7 +585,7 @@ impl Provider {
                 .ok_or_else(|| format!("{url} has no token_endpoint"))?,
             userinfo_endpoint: s("userinfo_endpoint"),
         };
-        keys.disco = Some(disco.clone());
+        self.keys.lock().expect("oidc keys lock").disco = Some(disco.clone());
         Ok(disco)
     }
 

@@ -1356,6 +1356,22 @@ async fn a_caller_past_its_rate_is_refused_and_others_are_not() {
     assert!(codes.starts_with(&[401, 401]), "{codes:?}");
     assert!(codes.contains(&429), "{codes:?}");
     assert!(codes.iter().all(|c| *c == 401 || *c == 429), "{codes:?}");
+    // The sign-in endpoints, which need no token (and may make the server
+    // call its identity providers), count against it too.
+    for (method, path, ok) in [
+        ("GET", "/v1/auth/providers", 200),
+        ("POST", "/v1/auth/code", 404),
+    ] {
+        let mut codes = vec![];
+        for _ in 0..20 {
+            codes.push(h.call(method, path, None, "", vec![]).await.0);
+        }
+        assert!(codes.contains(&429), "{path}: {codes:?}");
+        assert!(
+            codes.iter().all(|c| *c == ok || *c == 429),
+            "{path}: {codes:?}"
+        );
+    }
 }
 
 /// Reports read the store a page at a time: every stored job is counted

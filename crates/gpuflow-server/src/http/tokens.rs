@@ -195,7 +195,8 @@ async fn revoke_token(
 const SESSION_MAX_S: u64 = 30 * 86_400;
 
 /// The caller's address, once a sign-in may go on: the server has an
-/// identity provider, and the address is within its rate.
+/// identity provider. (Requests without a token are within the address's
+/// rate already: the router's layer counts them.)
 fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::net::IpAddr, Error> {
     let ip = ext
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
@@ -206,7 +207,6 @@ fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::ne
         )
         .into());
     }
-    shared.rates.anonymous(ip)?;
     Ok(ip)
 }
 
