@@ -330,9 +330,9 @@ pub fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
                     true
                 }
             };
-            if file.current_context.is_none() {
-                file.current_context = Some(name.clone());
-            }
+            // As kubectl's: making a context does not change the current
+            // one (`use-context` does), so commands that follow go where
+            // they went before.
             file.save(&path)?;
             println!(
                 "context {name} {} in {}",

@@ -987,15 +987,19 @@ fn contexts_keep_servers_apart_and_whoami_says_who_and_whence() {
     );
     let mode = std::fs::metadata(&config).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+    // Making contexts leaves the current one as it was (none: commands go
+    // where they went before); use-context picks one.
     let text = std::fs::read_to_string(&config).unwrap();
-    assert!(text.contains("current-context: local"), "{text}");
+    assert!(!text.contains("current-context"), "{text}");
+    let (code, _, err) = run(&["config", "current-context"], "");
+    assert_eq!(code, Some(2), "{err}");
+    ok(&["config", "use-context", "local"], "");
     let out = ok(&["config", "get-contexts"], "");
     assert!(
         out.lines()
             .any(|l| l.starts_with('*') && l.contains("local")),
         "{out}"
     );
-    // The first context made is the current one.
     let out = ok(&["whoami"], "");
     assert!(out.contains("user:        admin"), "{out}");
     assert!(

@@ -91,6 +91,8 @@ fn quick_start(user: Option<(u32, u32)>) {
         "set -euo pipefail\n\
          trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n\
          {pasted}\n\
+         echo AFTER-THE-QUICK-START\n\
+         gpuflow whoami\n\
          echo QUICK-START-DONE\n"
     );
     let mut cmd = match user {
@@ -138,8 +140,14 @@ fn quick_start(user: Option<(u32, u32)>) {
         .filter(|l| l.starts_with("job ") && l.contains(" submitted ("))
         .count();
     assert_eq!(singles, 3, "{stdout}");
-    // ana's context.
+    // ana's context, for that command only: what follows is the admin's
+    // again (making a context does not make it current).
     assert!(stdout.contains("user:        ana"), "{stdout}");
+    let after = stdout
+        .split("AFTER-THE-QUICK-START")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(after.contains("user:        admin"), "{stdout}");
     assert!(log.contains("gpuflow is up at"), "{log}");
 }
 
