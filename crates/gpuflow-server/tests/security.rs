@@ -1667,3 +1667,49 @@ async fn a_refused_token_is_told_why() {
         .map(|t| t.revoked.clone());
     assert!(matches!(kept, Some(Some(_))), "{kept:?}");
 }
+
+/// Every answer carries a request id (`x-request-id`), under which the
+/// server traces the request: the client's own when it is one, else a new
+/// one; a client cannot write what it likes into the server's log.
+#[tokio::test]
+async fn every_answer_carries_a_request_id_and_a_clients_is_kept_only_when_sane() {
+    use tower::ServiceExt;
+    let h = harness(None).await;
+    let id_of = |sent: Vec<&'static str>| {
+        let router = h.router.clone();
+        async move {
+            let mut req = axum::http::Request::builder().uri("/v1/openapi.json");
+            for v in sent {
+                req = req.header("x-request-id", v);
+            }
+            let resp = router
+                .oneshot(req.body(axum::body::Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let ids: Vec<String> = resp
+                .headers()
+                .get_all("x-request-id")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect();
+            assert_eq!(ids.len(), 1, "{ids:?}");
+            ids[0].clone()
+        }
+    };
+    let made = |id: &str| id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit());
+    let a = id_of(vec![]).await;
+    let b = id_of(vec![]).await;
+    assert!(made(&a) && made(&b) && a != b, "{a} {b}");
+    assert_eq!(id_of(vec!["trace-42.x_y"]).await, "trace-42.x_y");
+    let long: &'static str = Box::leak("x".repeat(65).into_boxed_str());
+    for bad in [
+        vec![long],
+        vec!["two words"],
+        vec!["a/b?c"],
+        vec!["one", "two"],
+    ] {
+        let id = id_of(bad.clone()).await;
+        assert!(made(&id), "{bad:?} kept as {id}");
+    }
+}

@@ -154,7 +154,69 @@ pub fn router(shared: Arc<Shared>) -> Router {
             shared.clone(),
             anonymous_rate,
         ))
+        // Every request is traced under its request id (`RUST_LOG=
+        // tower_http=debug` shows each; failures are logged at error), and
+        // the id is answered in `x-request-id`: the client's own, when it is
+        // one, else a new one. The last layer runs first.
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(
+                |req: &axum::extract::Request| {
+                    let id = req
+                        .headers()
+                        .get(REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!("request", id = %id, method = %req.method(), path = %req.uri().path())
+                },
+            ),
+        )
+        .layer(tower_http::request_id::PropagateRequestIdLayer::x_request_id())
+        .layer(tower_http::request_id::SetRequestIdLayer::x_request_id(
+            RequestIds,
+        ))
+        .layer(axum::middleware::from_fn(sane_request_id))
         .with_state(shared)
+}
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// New request ids: 16 random bytes, in hex.
+#[derive(Clone, Copy)]
+struct RequestIds;
+
+impl tower_http::request_id::MakeRequestId for RequestIds {
+    fn make_request_id<B>(
+        &mut self,
+        _: &axum::http::Request<B>,
+    ) -> Option<tower_http::request_id::RequestId> {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).ok()?;
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        axum::http::HeaderValue::from_str(&hex)
+            .ok()
+            .map(tower_http::request_id::RequestId::new)
+    }
+}
+
+/// A client's request id is kept only when it is one (1 to 64 letters,
+/// digits, '-', '_', '.'): anything else is dropped for a new one, so no
+/// client writes what it likes into the server's log.
+async fn sane_request_id(
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let one = req.headers().get_all(REQUEST_ID).iter().count() <= 1;
+    let ok = one
+        && req.headers().get(REQUEST_ID).is_none_or(|v| {
+            let b = v.as_bytes();
+            (1..=64).contains(&b.len())
+                && b.iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        });
+    if !ok {
+        req.headers_mut().remove(REQUEST_ID);
+    }
+    next.run(req).await
 }
 
 /// A request without a token counts against its address's rate (one with
