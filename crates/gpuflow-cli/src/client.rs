@@ -1205,7 +1205,7 @@ fn unix_now() -> i64 {
 }
 
 /// Aligned columns.
-fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(crate) fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {

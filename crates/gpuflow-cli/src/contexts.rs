@@ -348,12 +348,11 @@ pub fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
         }
         ConfigCmd::GetContexts => {
             let current = file.current_context.as_deref();
-            let mut out = String::new();
-            let rows: Vec<[String; 4]> = file
+            let rows = file
                 .contexts
                 .iter()
                 .map(|c| {
-                    [
+                    vec![
                         if Some(c.name.as_str()) == current {
                             "*"
                         } else {
@@ -366,28 +365,10 @@ pub fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
                     ]
                 })
                 .collect();
-            let mut w = [7, 4, 6, 5];
-            for r in &rows {
-                for (i, cell) in r.iter().enumerate() {
-                    w[i] = w[i].max(cell.len());
-                }
-            }
-            let head = ["CURRENT", "NAME", "SERVER", "TOKEN"].map(String::from);
-            for r in std::iter::once(&head).chain(&rows) {
-                let line = format!(
-                    "{:<a$}  {:<b$}  {:<c$}  {}",
-                    r[0],
-                    r[1],
-                    r[2],
-                    r[3],
-                    a = w[0],
-                    b = w[1],
-                    c = w[2]
-                );
-                out.push_str(line.trim_end());
-                out.push('\n');
-            }
-            print!("{out}");
+            print!(
+                "{}",
+                crate::client::columns(&["current", "name", "server", "token"], rows)
+            );
         }
         ConfigCmd::CurrentContext => match &file.current_context {
             Some(c) => println!("{c}"),

@@ -240,6 +240,13 @@ impl Caller {
     }
 }
 
+/// The address a request came from (0.0.0.0 where the connection's is not
+/// known, as in requests made in-process).
+pub fn client_ip(ext: &axum::http::Extensions) -> std::net::IpAddr {
+    ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip())
+}
+
 /// The bearer token of a request, if any.
 pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
@@ -257,10 +264,7 @@ impl FromRequestParts<Arc<Shared>> for Caller {
         parts: &mut Parts,
         shared: &Arc<Shared>,
     ) -> Result<Caller, Self::Rejection> {
-        let ip = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let ip = client_ip(&parts.extensions);
         caller_of(shared, bearer(&parts.headers), ip).await
     }
 }

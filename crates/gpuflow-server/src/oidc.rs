@@ -203,12 +203,6 @@ pub struct Identity {
     pub nonce: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-struct Peek {
-    #[serde(default)]
-    iss: String,
-}
-
 /// A refusal: 401 with what happened.
 fn refused(code: &str, msg: String) -> ApiError {
     ApiError::new(401, code, msg)
@@ -268,11 +262,7 @@ impl Oidc {
         r: &gpuflow_api::CodeRequest,
         now: u64,
     ) -> Result<(Identity, Option<String>), ApiError> {
-        use sha2::Digest;
-        let key: String = sha2::Sha256::digest(r.code.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let key = crate::auth::hash(&r.code);
         {
             let mut codes = self.codes.lock().expect("codes lock");
             codes.retain(|_, t| t.elapsed() < CODE_KEPT);
@@ -404,20 +394,17 @@ impl Oidc {
         })?;
         // The issuer, read before the signature is checked, only to pick
         // the provider whose keys then check it.
-        let mut peek = Validation::new(header.alg);
-        peek.insecure_disable_signature_validation();
-        peek.validate_exp = false;
-        peek.validate_aud = false;
-        peek.required_spec_claims.clear();
-        let iss = jsonwebtoken::decode::<Peek>(token, &DecodingKey::from_secret(&[]), &peek)
+        let iss = unverified(token)
             .map_err(|e| {
                 refused(
                     "oidc_malformed",
                     format!("the token's claims cannot be read: {e}"),
                 )
             })?
-            .claims
-            .iss;
+            .get("iss")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default()
+            .to_string();
         let p = self
             .providers
             .iter()
@@ -713,18 +700,7 @@ impl Provider {
     fn explain(&self, token: &str, e: &jsonwebtoken::errors::Error) -> ApiError {
         use jsonwebtoken::errors::ErrorKind as K;
         // The claims, read again without the checks, for the figures.
-        let mut any = Validation::new(Algorithm::ES256);
-        any.insecure_disable_signature_validation();
-        any.validate_exp = false;
-        any.validate_aud = false;
-        any.required_spec_claims.clear();
-        let claims = jsonwebtoken::decode::<BTreeMap<String, serde_json::Value>>(
-            token,
-            &DecodingKey::from_secret(&[]),
-            &any,
-        )
-        .map(|d| d.claims)
-        .unwrap_or_default();
+        let claims = unverified(token).unwrap_or_default();
         match e.kind() {
             K::InvalidAudience => refused(
                 "oidc_audience",
@@ -748,6 +724,17 @@ impl Provider {
             _ => refused("oidc_malformed", format!("the token is not valid: {e}")),
         }
     }
+}
+
+/// A token's claims, read without any check: only to choose the provider
+/// whose keys then check it, or to say what a refused one claimed.
+fn unverified(token: &str) -> jsonwebtoken::errors::Result<BTreeMap<String, serde_json::Value>> {
+    let mut v = Validation::new(Algorithm::ES256);
+    v.insecure_disable_signature_validation();
+    v.validate_exp = false;
+    v.validate_aud = false;
+    v.required_spec_claims.clear();
+    jsonwebtoken::decode(token, &DecodingKey::from_secret(&[]), &v).map(|d| d.claims)
 }
 
 /// A JSON document by GET.

@@ -231,10 +231,7 @@ async fn anonymous_rate(
         .get(axum::http::header::AUTHORIZATION)
         .is_none()
     {
-        let ip = req
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let ip = crate::auth::client_ip(req.extensions());
         if let Err(e) = shared.rates.anonymous(ip) {
             return Error(e).into_response();
         }

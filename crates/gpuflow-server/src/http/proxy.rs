@@ -173,10 +173,7 @@ async fn proxy(
     Path(params): Path<BTreeMap<String, String>>,
     mut req: Request,
 ) -> Result<Response, Error> {
-    let ip = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let ip = crate::auth::client_ip(req.extensions());
     let token = token_of(req.headers());
     let caller = caller_of(&shared, token.as_deref(), ip).await?;
     let id = super::jobs::job_id(params.get("id").map_or("", String::as_str))?;

@@ -198,9 +198,7 @@ const SESSION_MAX_S: u64 = 30 * 86_400;
 /// identity provider. (Requests without a token are within the address's
 /// rate already: the router's layer counts them.)
 fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::net::IpAddr, Error> {
-    let ip = ext
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let ip = crate::auth::client_ip(ext);
     if !shared.oidc.enabled() {
         return Err(ApiError::not_found(
             "this server has no identity provider (gpuflow server --oidc-config): sign in with an API token",

@@ -115,17 +115,7 @@ async fn enable_user(
 
 async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bool) -> Reply<User> {
     let mut world = shared.world.lock().await;
-    let Some(mut u) = world
-        .users
-        .get(name)
-        .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
-        .cloned()
-    else {
-        return Err(ApiError::not_found(format!(
-            "user {name:?} not found among the users you see"
-        ))
-        .into());
-    };
+    let mut u = seen(&world, caller, name)?;
     let allowed =
         caller.admin() || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer));
     if !allowed {
@@ -160,6 +150,23 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
     Ok(Json(u))
 }
 
+/// User `name`, when `caller` sees it (admins every user, others their
+/// team's and themselves); 404 otherwise.
+fn seen(world: &crate::state::World, caller: &Caller, name: &str) -> Result<User, Error> {
+    world
+        .users
+        .get(name)
+        .filter(|u| {
+            caller.admin()
+                || (u.team == caller.user.team && !u.team.is_empty())
+                || u.name == caller.user.name
+        })
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found(format!("user {name:?} not found among the users you see")).into()
+        })
+}
+
 /// `POST /v1/users/{name}/signout`: every sign-in of the user through an
 /// identity provider made until now is refused (the user signs in again);
 /// by the user, the team's leads for their members and viewers, admins.
@@ -169,21 +176,7 @@ async fn sign_out(
     Path(name): Path<String>,
 ) -> Reply<User> {
     let mut world = shared.world.lock().await;
-    let Some(mut u) = world
-        .users
-        .get(&name)
-        .filter(|u| {
-            caller.admin()
-                || (u.team == caller.user.team && !u.team.is_empty())
-                || u.name == caller.user.name
-        })
-        .cloned()
-    else {
-        return Err(ApiError::not_found(format!(
-            "user {name:?} not found among the users you see"
-        ))
-        .into());
-    };
+    let mut u = seen(&world, &caller, &name)?;
     let allowed = caller.admin()
         || u.name == caller.user.name
         || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer));
