@@ -42,9 +42,9 @@ enum Command {
     },
     /// Run the platform on this machine: the server with embedded SQLite and a
     /// local agent (NVML GPUs, or four emulated ones where there are none).
-    Up(platform::UpArgs),
+    Up(Box<platform::UpArgs>),
     /// Run the control plane (HTTP API, store, scheduling loop).
-    Server(platform::ServerArgs),
+    Server(Box<platform::ServerArgs>),
     /// Run a node agent that joins a server.
     Agent(platform::AgentArgs),
     /// The agent's own: pull a task's image and become runc (see the
@@ -210,8 +210,8 @@ fn main() {
     let result = match cli.command {
         Command::Sim { command } => sim::run(command),
         Command::Bench { command } => sim::bench(command),
-        Command::Up(a) => platform::up(a),
-        Command::Server(a) => platform::server(a),
+        Command::Up(a) => platform::up(*a),
+        Command::Server(a) => platform::server(*a),
         Command::Agent(a) => platform::agent(a),
         Command::OciRun { spec } => std::process::exit(gpuflow_agent::oci::run(&spec)),
         Command::K8s { command } => k8s::run(command),

@@ -63,6 +63,11 @@ pub struct ServerArgs {
     /// little work they lose (the same jobs pass it); 0: no limit.
     #[arg(long, default_value_t = 64)]
     pub disruption_max_jobs: usize,
+    /// Seconds a job that passes those budgets (inference, notebooks, a
+    /// queue below its share) waits before it does; until then budgets
+    /// bind its reclaims too. 0: at once.
+    #[arg(long, default_value_t = 3600)]
+    pub budget_patience: u64,
     /// Identity providers users sign in through (OpenID Connect), a YAML
     /// file: `providers: [{name, issuer, client_id, scopes,
     /// username_claim, groups_claim, rules: [{group, team, role}]}]`
@@ -272,6 +277,7 @@ fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
         (a.consolidate_max_unsaved > 0).then_some(a.consolidate_max_unsaved);
     c.disruption_budget = a.disruption_budget.0;
     c.disruption_max_jobs = (a.disruption_max_jobs > 0).then_some(a.disruption_max_jobs);
+    c.budget_patience_s = a.budget_patience;
     c.lease_horizon_s = (a.lease_horizon > 0).then_some(a.lease_horizon);
     c.job_log_bytes = a.job_log_mib << 20;
     c.cycle_interval = Duration::from_millis(a.cycle_ms.max(10));

@@ -139,7 +139,7 @@ pub struct RunArgs {
     /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
     /// slurm-like.max_reservations=100` (settings: tries_per_queue, tries_per_cycle,
     /// max_reservations, min_runtime, history_weight, preemption,
-    /// notebooks_borrow, lease_horizon, reclaim_holds, predict_runtimes, disruption_budget, disruption_max_jobs, disruption_window, protected_pass_budgets, underserved_pass_budgets, reclaims_restore_fairness, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap, quotas, class_tiers, backfill_per_node, placement: `slurm`, a placement policy or a weighted sum of scorers).
+    /// notebooks_borrow, lease_horizon, reclaim_holds, predict_runtimes, disruption_budget, disruption_max_jobs, disruption_window, protected_pass_budgets, budget_patience, underserved_pass_budgets, reclaims_restore_fairness, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap, quotas, class_tiers, backfill_per_node, placement: `slurm`, a placement policy or a weighted sum of scorers).
     #[arg(long)]
     tune: Vec<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.

@@ -601,7 +601,7 @@ fn a_queues_own_priority_preemptions_are_not_budgeted() {
 fn borrowed_pair(config: &str, usage: &str, class: &str) -> String {
     format!(
         "
-        config min_runtime=0 budget=0.1 max_unsaved=none {config}
+        config min_runtime=0 budget=0.1 max_unsaved=none patience=0 {config}
         node n1 gpus=2*H100
         queue a H100=1
         queue b H100=1
@@ -643,6 +643,38 @@ fn protected_classes_reclaim_past_the_disruption_budget() {
           pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
     "#]]
     .assert_eq(&run(&script("off")));
+}
+
+#[test]
+fn a_job_that_passes_budgets_waits_its_patience_first() {
+    // Queue c borrows both GPUs; its budget (0.1 GPU-h) is smaller than
+    // either job's loss. The notebook of a (a protected class) and the
+    // training job of b (below its share) would pass it, but bind
+    // themselves to it until they have waited the patience (an hour from
+    // their submission at t=0): at t=1000 both wait and say until when; at
+    // t=3600 both reclaim.
+    let out = run(&borrowed_pair(
+        "patience=3600 underserved_pass=1.0",
+        "usage a 10\nusage b 1\nusage c 10",
+        "notebook",
+    )
+    .replace("cycle 1000", "cycle 1000\ncycle 3599\ncycle 3600"));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+        cycle t=3599
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+        cycle t=3600
+          preempt job 10 for job 2 (Reclaim): signal now, kill at t=3630, loses 1.00 GPU-h
+          preempt job 11 for job 1 (Reclaim): signal now, kill at t=3630, loses 1.00 GPU-h
+          nominate n1 for job 2 from t=3630
+          nominate n1 for job 1 from t=3630
+          pending job 1 (#1 in queue, eta t=3630): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=3630): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
 }
 
 #[test]
@@ -850,6 +882,7 @@ fn a_quota_blocked_job_is_also_told_when_it_would_not_fit() {
 #[test]
 fn a_ready_preemptor_that_cannot_start_is_explained_once() {
     let out = run("
+        config patience=0
         node n1 gpus=8*H100
         node n2 gpus=1*H100
         queue org H100=9

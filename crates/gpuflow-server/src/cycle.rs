@@ -716,6 +716,7 @@ fn config(server: &crate::Config) -> Config {
         lease_horizon: server.lease_horizon_s,
         disruption_budget: server.disruption_budget,
         disruption_max_jobs: server.disruption_max_jobs,
+        budget_patience: server.budget_patience_s,
         tries_per_cycle: server.tries_per_cycle,
         classes: classes(),
         ..Config::default()

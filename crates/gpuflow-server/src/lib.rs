@@ -90,6 +90,9 @@ pub struct Config {
     /// How many jobs of a queue those reclaims may stop per hour; `None`:
     /// no limit. See the core's `Config::disruption_max_jobs`.
     pub disruption_max_jobs: Option<usize>,
+    /// Seconds a job that passes disruption budgets waits before it does.
+    /// See the core's `Config::budget_patience`.
+    pub budget_patience_s: u64,
     /// Failed tries a cycle may spend, shared among the queues with pending
     /// jobs (each gets at least 8); see the core's `Config::tries_per_cycle`.
     pub tries_per_cycle: usize,
@@ -156,6 +159,7 @@ impl Config {
                 .consolidate_max_unsaved,
             disruption_budget: gpuflow_core::schedule::Config::default().disruption_budget,
             disruption_max_jobs: gpuflow_core::schedule::Config::default().disruption_max_jobs,
+            budget_patience_s: gpuflow_core::schedule::Config::default().budget_patience,
             tries_per_cycle: gpuflow_core::schedule::Config::default().tries_per_cycle,
             max_body_bytes: 1 << 20,
             keep_finished_s: 3600,

@@ -1307,6 +1307,54 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
     }
 }
 
+/// A notebook within its queue's guarantee passes disruption budgets, but
+/// only once it has waited the patience: until then a borrower whose loss
+/// would pass its budget keeps running, and `why` says when the notebook
+/// will take it back; with no patience it takes it back at once.
+#[tokio::test]
+async fn a_notebook_passes_a_disruption_budget_only_after_its_patience() {
+    for patience in [3600, 0] {
+        let gpus = ["GPU-a", "GPU-b"];
+        let (h, tok) = owner_and_borrower(&gpus, |c| {
+            c.disruption_budget = Some(0.0001);
+            c.budget_patience_s = patience;
+        })
+        .await;
+        let a = &h.admin;
+        let theirs = run_one_gpu_each(&h, "borrower", &tok, &gpus).await;
+        // Two seconds of work each (0.0006 GPU-h): over a budget of 0.0001.
+        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        let mine = h
+            .submit_spec(
+                "name: nb\nqueue: owner\nkind: notebook\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {cpu: 1, memory_mib: 1024, gpu: {count: 1}}\n".to_string(),
+            )
+            .await;
+        cycle(&h).await;
+        let mut states = Vec::new();
+        for j in theirs {
+            states.push(job_state(&h.get(&format!("/v1/jobs/{j}"), a).await.1));
+        }
+        if patience == 0 {
+            assert!(states.contains(&"stopping".to_string()), "{states:?}");
+            continue;
+        }
+        assert_eq!(
+            states,
+            ["running", "running"],
+            "kept until the patience ends"
+        );
+        let (_, why) = h.get(&format!("/v1/jobs/{mine}/why"), a).await;
+        let said = why["reasons"].to_string();
+        assert!(
+            said.contains("preempting would pass queue borrower's disruption budget")
+                && said.contains(
+                    "it preempts past disruption budgets once it has waited 60 min: in 60 min"
+                ),
+            "{why}"
+        );
+    }
+}
+
 /// Two one-GPU jobs of `queue`, started by a cycle and shown running by
 /// node n1 (whose GPUs are `gpus`).
 async fn run_one_gpu_each(h: &H, queue: &str, tok: &str, gpus: &[&str]) -> [u64; 2] {

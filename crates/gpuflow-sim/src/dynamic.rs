@@ -149,6 +149,7 @@ impl SimPolicy {
         "disruption_max_jobs",
         "disruption_window",
         "protected_pass_budgets",
+        "budget_patience",
         "underserved_pass_budgets",
         "reclaims_restore_fairness",
         "max_unsaved",
@@ -177,6 +178,7 @@ impl SimPolicy {
     /// `reclaim_holds=true|false`,
     /// `disruption_budget=GPU_HOURS|none`, `disruption_max_jobs=N|none`,
     /// `disruption_window=SECONDS`, `protected_pass_budgets=true|false`,
+    /// `budget_patience=SECONDS`,
     /// `underserved_pass_budgets=FRACTION` (0: none),
     /// `reclaims_restore_fairness=true|false`, `max_unsaved=SECONDS|none`,
     /// `usage_half_life=SECONDS` (above 0), `aging_step=SECONDS` (0: no
@@ -254,6 +256,7 @@ impl SimPolicy {
             "protected_pass_budgets" => {
                 c.protected_pass_budgets = value.parse().map_err(|_| bad())?
             }
+            "budget_patience" => c.budget_patience = value.parse().map_err(|_| bad())?,
             "underserved_pass_budgets" => {
                 c.underserved_pass_budgets = value
                     .parse()

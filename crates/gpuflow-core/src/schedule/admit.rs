@@ -206,6 +206,7 @@ impl<'a> Cycle<'a> {
                     victims: found,
                     budget_block,
                     fair_block,
+                    patient_until,
                     ..
                 } = self.find_victims(i, flavor, place_failed[fi]);
                 rule_blocked |= budget_block.is_some() || fair_block.is_some();
@@ -236,6 +237,12 @@ impl<'a> Cycle<'a> {
                             budget: cfg.disruption_budget.unwrap_or(0.0),
                         },
                     });
+                    if let Some(at) = patient_until {
+                        reasons.push(PendingReason::BudgetPatience {
+                            patience: cfg.budget_patience,
+                            at,
+                        });
+                    }
                 }
                 if found.is_none() {
                     let d = self.pend.pend_milli[i];

@@ -16,6 +16,9 @@ pub(super) struct Search {
     pub(super) paced: bool,
     /// The disruption budget that binds it (`None`: none does).
     pub(super) budget: Option<Budget>,
+    /// When a job that passes budgets binds itself to them until it has
+    /// waited [`Config::budget_patience`]: the time it stops.
+    pub(super) patient_until: Option<u64>,
     /// The victims, when it found a set that lets the job start.
     pub(super) victims: Option<Vec<Preemption>>,
     /// The first disruption budget that left a candidate out: (the
@@ -252,12 +255,17 @@ impl<'a> Cycle<'a> {
         // held to it too) by queues that have had their share are paced:
         // budgets bind them, and they take only from queues that have had
         // as much.
-        let protected = !self.snap.cfg.classes[w.class].preemptible;
-        let paced = (!protected || !self.snap.cfg.protected_pass_budgets)
-            && self.history_share(w.queue) >= self.snap.cfg.underserved_pass_budgets;
+        // The others pass budgets once they have waited the patience.
+        let cfg = self.snap.cfg;
+        let protected = !cfg.classes[w.class].preemptible;
+        let paced = (!protected || !cfg.protected_pass_budgets)
+            && self.history_share(w.queue) >= cfg.underserved_pass_budgets;
+        let until = w.submitted.saturating_add(cfg.budget_patience);
+        let patient_until = (!paced && self.snap.now < until).then_some(until);
         let mut s = Search {
             paced,
-            budget: Budget::of(self.snap.cfg).filter(|_| paced),
+            budget: Budget::of(cfg).filter(|_| paced || patient_until.is_some()),
+            patient_until,
             ..Search::default()
         };
         // Victims may be the own queue's jobs of strictly lower priority and,

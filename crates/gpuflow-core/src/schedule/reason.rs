@@ -96,6 +96,13 @@ pub enum PendingReason {
         jobs: usize,
         max: usize,
     },
+    /// The job would pass disruption budgets (a protected class, or a queue
+    /// below its share) but binds itself to them until it has waited
+    /// [`Config::budget_patience`]: until `at`.
+    BudgetPatience {
+        patience: u64,
+        at: u64,
+    },
     /// Reclaiming would take from a queue that has had less of its share of
     /// the decayed usage than this job's ([`Config::reclaims_restore_fairness`]).
     /// The queues compared are the borrower's and the job's, or, when they
@@ -164,6 +171,11 @@ impl PendingReason {
                     job.0
                 )
             }
+            PendingReason::BudgetPatience { patience, at } => format!(
+                "it preempts past disruption budgets once it has waited {}: {}",
+                span(*patience),
+                relative(*at, now)
+            ),
             other => other.to_string(),
         }
     }
@@ -320,6 +332,11 @@ impl fmt::Display for PendingReason {
             PendingReason::DisruptionCount { queue, jobs, max } => write!(
                 f,
                 "preempting would pass queue {queue}'s disruption budget: {jobs} of at most {max} of its jobs already preempted in the window"
+            ),
+            PendingReason::BudgetPatience { patience, at } => write!(
+                f,
+                "it preempts past disruption budgets once it has waited {}, from t={at}s",
+                span(*patience)
             ),
             PendingReason::ReclaimFairness {
                 queue,

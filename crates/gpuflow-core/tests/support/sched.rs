@@ -7,7 +7,7 @@
 //! queue team-a parent=org H100=4,borrow=2,lend=2,cap=6 weight=2 state=held
 //!       users=gpus:2,running:1 budget=100,used=100,taper=0.5,min=0.25,stop-admitting
 //! config ordering=fifo|priority|fair|multifactor preemption=off backfill=off quotas=off min_runtime=0 reservations=N
-//!        budget=2|none window=3600 protected_pass=on|off underserved_pass=1.0
+//!        budget=2|none window=3600 protected_pass=on|off patience=0 underserved_pass=1.0
 //!        restore_fairness=on|off aging=3600 history=0.5 tries=8 max_unsaved=3600|none
 //!        tries_per_cycle=3000     (tries=N alone means exactly N a queue)
 //!        consolidate=1800|none consolidation_interval=60 max_preemptions=256
@@ -201,6 +201,7 @@ pub fn run(fixture: &str) -> String {
                         "restore_fairness" => cfg.reclaims_restore_fairness = v == "on",
                         "window" => cfg.disruption_window = v.parse().unwrap(),
                         "protected_pass" => cfg.protected_pass_budgets = v == "on",
+                        "patience" => cfg.budget_patience = v.parse().unwrap(),
                         "underserved_pass" => cfg.underserved_pass_budgets = v.parse().unwrap(),
                         "aging" => cfg.aging_step = v.parse().unwrap(),
                         "history" => cfg.history_weight = v.parse().unwrap(),
