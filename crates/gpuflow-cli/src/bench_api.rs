@@ -60,14 +60,14 @@ fn run_submissions(
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
         "sqlite" => None,
-        "postgres" => Some(
-            gpuflow_store::pgtest::TempPostgres::start()
+        "postgres" | "postgres-fsync" => Some(
+            gpuflow_store::pgtest::TempPostgres::start_with(store == "postgres-fsync")
                 .map_err(|e| anyhow!(e))?
                 .ok_or_else(|| {
                     anyhow!("PostgreSQL is not installed (apt-get install postgresql)")
                 })?,
         ),
-        other => bail!("--store {other:?}: use sqlite or postgres"),
+        other => bail!("--store {other:?}: use sqlite, postgres or postgres-fsync"),
     };
     let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));
     cfg.store_url = pg.as_ref().map(|p| p.url.clone());

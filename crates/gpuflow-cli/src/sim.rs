@@ -201,7 +201,7 @@ pub enum BenchCommand {
         /// Concurrent clients.
         #[arg(long, default_value_t = 8)]
         clients: usize,
-        /// `sqlite` or `postgres` (started from the installed binaries).
+        /// `sqlite`, `postgres` (a throwaway server from the installed binaries, fsync off) or `postgres-fsync` (the same with fsync on).
         #[arg(long, default_value = "sqlite")]
         store: String,
         /// Also run the submissions again while this many clients poll

@@ -16,6 +16,7 @@ pub mod cycle;
 pub mod depend;
 pub mod external;
 pub mod feasible;
+pub mod groupcommit;
 pub mod http;
 pub mod lifecycle;
 pub mod listen;
@@ -211,6 +212,8 @@ pub struct Shared {
     pub sessions: http::exec::Sessions,
     /// The identity providers, their keys fetched as needed.
     pub oidc: Arc<oidc::Oidc>,
+    /// Submissions waiting to be stored together ([`groupcommit`]).
+    pub submissions: groupcommit::GroupCommit,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -358,6 +361,17 @@ pub async fn commit(
     if change.is_empty() {
         return Ok(());
     }
+    let (batch, jobs, nodes) = records(change);
+    let started = std::time::Instant::now();
+    store.commit(&batch).await?;
+    world.stats.commit.observe(started.elapsed().as_secs_f64());
+    publish(world, jobs, nodes, &batch.events);
+    Ok(())
+}
+
+/// A change as the store takes it (its records added to the batch's puts),
+/// and its jobs and nodes for [`publish`].
+pub(crate) fn records(change: Change) -> (Batch, Vec<JobRec>, Vec<NodeRec>) {
     let Change {
         jobs,
         nodes,
@@ -365,21 +379,32 @@ pub async fn commit(
     } = change;
     batch.put.extend(jobs.values().map(JobRec::record));
     batch.put.extend(nodes.values().map(NodeRec::record));
-    let started = std::time::Instant::now();
-    store.commit(&batch).await?;
-    world.stats.commit.observe(started.elapsed().as_secs_f64());
-    for (id, j) in jobs {
-        world.why.remove(&id);
+    (
+        batch,
+        jobs.into_values().collect(),
+        nodes.into_values().collect(),
+    )
+}
+
+/// Applies a stored change to the shared state.
+pub(crate) fn publish(
+    world: &mut World,
+    jobs: Vec<JobRec>,
+    nodes: Vec<NodeRec>,
+    events: &[NewEvent],
+) {
+    for j in jobs {
+        world.why.remove(&j.id);
+        world.storing.remove(&j.id);
         // Jobs made by the server itself (a service's replicas) take ids
         // after the last one.
-        world.next_job = world.next_job.max(id);
+        world.next_job = world.next_job.max(j.id);
         world.put_job(j);
     }
-    for n in nodes.into_values() {
+    for n in nodes {
         world.put_node(n);
     }
-    world.notify(&batch.events);
-    Ok(())
+    world.notify(events);
 }
 
 /// A started server.
@@ -474,22 +499,25 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     }
     let rates = ratelimit::RateLimits::new(cfg.rate_per_token, cfg.rate_anonymous);
     let oidc = Arc::new(oidc::Oidc::new(&cfg.oidc));
+    let shared = Arc::new(Shared {
+        world: Mutex::new(world),
+        store,
+        cfg,
+        wake: Notify::new(),
+        cycle_failures: Default::default(),
+        diagnoses: tokio::sync::Semaphore::new(1),
+        reports: tokio::sync::Semaphore::new(2),
+        metrics: Mutex::new(None),
+        rates,
+        applier: Mutex::new(()),
+        data_lock: lock,
+        sessions: Default::default(),
+        oidc,
+        submissions: Default::default(),
+    });
+    groupcommit::GroupCommit::start(&shared);
     Ok(Opened {
-        shared: Arc::new(Shared {
-            world: Mutex::new(world),
-            store,
-            cfg,
-            wake: Notify::new(),
-            cycle_failures: Default::default(),
-            diagnoses: tokio::sync::Semaphore::new(1),
-            reports: tokio::sync::Semaphore::new(2),
-            metrics: Mutex::new(None),
-            rates,
-            applier: Mutex::new(()),
-            data_lock: lock,
-            sessions: Default::default(),
-            oidc,
-        }),
+        shared,
         new_admin_token,
         join_token,
     })

@@ -675,6 +675,10 @@ pub struct World {
     pub next_job: u64,
     /// (user, idempotency key) → job.
     pub idempotency: BTreeMap<(String, String), u64>,
+    /// Submitted jobs whose ids are taken but that the store does not have
+    /// yet ([`crate::groupcommit`]): a retry with the same idempotency key
+    /// is told to wait instead of being told of a job that may not last.
+    pub storing: std::collections::BTreeSet<u64>,
     /// The hash of the agents' join token.
     pub join_hash: String,
     /// This installation, as its agents tell it from another on a node.

@@ -836,6 +836,94 @@ async fn a_retried_submission_is_stored_once() {
     );
 }
 
+/// A submission request to the router with idempotency key `key`.
+fn keyed_submission(h: &H, key: &str) -> Request<Body> {
+    let spec = "name: g\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n";
+    Request::builder()
+        .method("POST")
+        .uri("/v1/jobs")
+        .header("authorization", format!("Bearer {}", h.admin))
+        .header("idempotency-key", key)
+        .body(Body::from(spec))
+        .unwrap()
+}
+
+async fn status_and_id(resp: axum::response::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
+/// Submissions that arrive together are stored together (fewer
+/// transactions than submissions), each once, with its own id, and each
+/// is acknowledged only once the store has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_that_arrive_together_are_stored_together() {
+    let h = harness(None).await;
+    let before = h.shared.world.lock().await.stats.commit.count;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let req = keyed_submission(&h, &format!("k{i}"));
+        let router = h.router.clone();
+        tasks.push(tokio::spawn(async move {
+            status_and_id(router.oneshot(req).await.unwrap()).await
+        }));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (status, v) = t.await.unwrap();
+        assert_eq!(status, 201, "{v}");
+        let id = v["id"].as_u64().unwrap();
+        // Acknowledged: the store has it, and so does the state.
+        assert!(h.shared.world.lock().await.jobs.contains_key(&id));
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 64, "every submission has its own id");
+    assert_eq!(h.stored_jobs().await, 64);
+    let commits = h.shared.world.lock().await.stats.commit.count - before;
+    assert!(commits < 64, "{commits} transactions for 64 submissions");
+    assert!(h.shared.world.lock().await.storing.is_empty());
+}
+
+/// A client that goes away while its submission is being stored: the job
+/// is stored once or not at all, and a retry with the same key finds it
+/// (told to wait while it is still being stored, never given a second job).
+#[tokio::test]
+async fn a_submission_whose_client_leaves_mid_request_is_stored_once() {
+    let h = harness(None).await;
+    let router = h.router.clone();
+    let mut first = Box::pin(router.oneshot(keyed_submission(&h, "gone")));
+    // Run it until it waits for the store, then drop it: the client left.
+    let polled = tokio::time::timeout(std::time::Duration::ZERO, &mut first).await;
+    assert!(polled.is_err(), "answered before the store could have it");
+    drop(first);
+    let mut answers = Vec::new();
+    let id = loop {
+        let (status, v) = status_and_id(
+            h.router
+                .clone()
+                .oneshot(keyed_submission(&h, "gone"))
+                .await
+                .unwrap(),
+        )
+        .await;
+        answers.push(status);
+        match status {
+            // 201: the first never reached the store; 200: it did.
+            200 | 201 => break v["id"].as_u64().unwrap(),
+            409 => {
+                assert_eq!(v["code"], "in_progress", "{v}");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            _ => panic!("{status}: {v}"),
+        }
+    };
+    assert_eq!(h.stored_jobs().await, 1, "answers {answers:?}");
+    assert!(h.shared.world.lock().await.jobs.contains_key(&id));
+}
+
 // ------------------------------------------------------------------ OpenAPI
 
 #[tokio::test]

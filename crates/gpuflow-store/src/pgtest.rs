@@ -56,6 +56,15 @@ impl TempPostgres {
     /// # Errors
     /// When it is installed but does not start; the message has its output.
     pub fn start() -> Result<Option<TempPostgres>, String> {
+        TempPostgres::start_with(false)
+    }
+
+    /// As [`TempPostgres::start`], with `fsync` on or off (tests run it
+    /// off; a benchmark of durable commits, on).
+    ///
+    /// # Errors
+    /// As [`TempPostgres::start`].
+    pub fn start_with(fsync: bool) -> Result<Option<TempPostgres>, String> {
         let Some(bin) = find_binaries() else {
             return Ok(None);
         };
@@ -98,8 +107,9 @@ impl TempPostgres {
         }
         let port = free_port().map_err(|e| e.to_string())?;
         let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50",
-            dir.display()
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=50",
+            dir.display(),
+            if fsync { "on" } else { "off" }
         );
         let out = pg_command(&bin, "pg_ctl")
             .arg("-D")

@@ -430,6 +430,14 @@ async fn submit(
             .idempotency
             .get(&(caller.user.name.clone(), k.clone()))
     {
+        if world.storing.contains(&id) {
+            return Err(ApiError::new(
+                409,
+                "in_progress",
+                format!("job {id}, submitted with this Idempotency-Key, is being stored; retry in a moment"),
+            )
+            .into());
+        }
         // A retry of a submission that was stored: the same job, not a second one.
         let state = world
             .summaries
@@ -545,13 +553,25 @@ async fn submit(
     for e in elements {
         change.job(e);
     }
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    // The ids are taken now; the records are stored with the submissions
+    // beside them, off the lock, and published once durable.
     world.next_job = last;
-    if let Some(k) = key {
-        world.idempotency.insert((caller.user.name.clone(), k), id);
+    world.storing.extend(id..=last);
+    let retry = key.map(|k| (caller.user.name.clone(), k));
+    if let Some(k) = &retry {
+        world.idempotency.insert(k.clone(), id);
     }
     drop(world);
-    shared.wake.notify_one();
+    if let Err(e) = crate::groupcommit::store(&shared, change).await {
+        let mut world = shared.world.lock().await;
+        if let Some(k) = retry {
+            world.idempotency.remove(&k);
+        }
+        for i in id..=last {
+            world.storing.remove(&i);
+        }
+        return Err(e.into());
+    }
     Ok((
         StatusCode::CREATED,
         Json(api::Submitted {
