@@ -3,6 +3,8 @@
 //! knows nothing of the scheduling core or the store; it only says what may be
 //! sent and what comes back.
 
+#![forbid(unsafe_code)]
+
 pub mod depend;
 pub mod error;
 pub mod job;

@@ -16,7 +16,7 @@ fn client() -> ureq::Agent {
         .into()
 }
 
-pub fn submit(
+pub(crate) fn submit(
     jobs: usize,
     clients: usize,
     store: &str,
@@ -279,7 +279,7 @@ fn h100_node(n: usize) -> gpuflow_api::Inventory {
 
 /// `gpuflow bench server-cycle`: nodes registered through the agent protocol,
 /// jobs submitted through the API (in-process), then timed cycles.
-pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Result<()> {
+pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Result<()> {
     if nodes == 0 || pending == 0 || cycles == 0 {
         bail!("--nodes, --pending and --cycles must be above 0");
     }
@@ -335,7 +335,7 @@ pub fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyhow::Resu
 }
 
 /// `gpuflow bench burst`: see `BenchCommand::Burst`.
-pub fn burst(nodes: usize, jobs: usize, limit_s: u64) -> anyhow::Result<()> {
+pub(crate) fn burst(nodes: usize, jobs: usize, limit_s: u64) -> anyhow::Result<()> {
     use gpuflow_api::Desired;
     if nodes == 0 || jobs == 0 {
         bail!("--nodes and --jobs must be above 0");
@@ -477,7 +477,7 @@ mod tower_service_call {
     use axum::http::Request;
     use tower::ServiceExt;
 
-    pub async fn call(
+    pub(super) async fn call(
         router: axum::Router,
         method: &str,
         path: &str,
@@ -508,7 +508,7 @@ mod tower_service_call {
 /// viewer of another team and as an admin; then submissions per second
 /// alone and with 16 readers of each kind (`why`, `ls` and `/metrics`;
 /// reports by another team's viewer; callers without a token).
-pub fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<()> {
+pub(crate) fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     if jobs == 0 || seconds == 0 || submissions == 0 {
         bail!("--jobs, --seconds and --submissions must be above 0");

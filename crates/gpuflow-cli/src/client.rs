@@ -10,7 +10,7 @@ use gpuflow_api as api;
 use serde_json::Value;
 
 #[derive(Clone, Copy, Default, PartialEq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Columns for a person (times as local times and ages).
     #[default]
     Table,
@@ -26,10 +26,10 @@ pub enum Format {
 static NO_HEADERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The server of `gpuflow up`, when nothing names another.
-pub const LOCAL_SERVER: &str = "http://127.0.0.1:7070";
+pub(crate) const LOCAL_SERVER: &str = "http://127.0.0.1:7070";
 
 #[derive(Args, Clone)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// The server [default: the context's, else $GPUFLOW_SERVER, else
     /// http://127.0.0.1:7070].
     #[arg(long, global = true)]
@@ -56,7 +56,7 @@ pub struct Conn {
 }
 
 #[derive(Subcommand)]
-pub enum JobCmd {
+pub(crate) enum JobCmd {
     /// A job's GPU use: each attempt's GPU-hours and utilisation, each
     /// task's utilisation and GPU memory, and what stands out (like jobstats).
     Stats { id: u64 },
@@ -239,7 +239,7 @@ pub enum JobCmd {
 
 /// `--watch`: show it again every `--interval` seconds.
 #[derive(Args, Clone, Copy)]
-pub struct Watch {
+pub(crate) struct Watch {
     /// Show it again every --interval seconds, until interrupted.
     #[arg(short = 'w', long)]
     watch: bool,
@@ -289,7 +289,7 @@ impl Watch {
 const ACTIVE: &str = "pending,held,suspended,admitted,starting,running,stopping";
 
 #[derive(Subcommand)]
-pub enum ServiceCmd {
+pub(crate) enum ServiceCmd {
     /// Services with their size, ready replicas and version.
     Ls,
     /// Create a service from a YAML or JSON file.
@@ -317,7 +317,7 @@ pub enum ServiceCmd {
 // Parsed once per run: the size of the `set` variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
-pub enum QueueCmd {
+pub(crate) enum QueueCmd {
     /// Queues with their guarantees, borrow limits, use and budgets.
     Ls {
         #[command(flatten)]
@@ -387,7 +387,7 @@ pub enum QueueCmd {
 }
 
 #[derive(Subcommand)]
-pub enum NodeCmd {
+pub(crate) enum NodeCmd {
     /// Nodes with their state, GPUs, CPU and memory allocated, and
     /// limits (`-o wide`: pool, labels and jobs too).
     Ls {
@@ -416,7 +416,7 @@ pub enum NodeCmd {
 }
 
 #[derive(Subcommand)]
-pub enum TeamCmd {
+pub(crate) enum TeamCmd {
     /// Teams and who their tasks run as.
     Ls,
     /// Create a team (admins).
@@ -457,7 +457,7 @@ pub enum TeamCmd {
 }
 
 #[derive(Subcommand)]
-pub enum ProjectCmd {
+pub(crate) enum ProjectCmd {
     /// Projects with their cost centres and what is left of their budgets.
     Ls,
     /// Create a project of a team (admins; team leads for their team).
@@ -492,7 +492,7 @@ pub enum ProjectCmd {
 }
 
 #[derive(Subcommand)]
-pub enum UserCmd {
+pub(crate) enum UserCmd {
     /// Users you may see, with their teams and roles.
     Ls,
     /// Create a user (admins; team leads for their team); then give them a
@@ -517,7 +517,7 @@ pub enum UserCmd {
 }
 
 #[derive(Subcommand)]
-pub enum TokenCmd {
+pub(crate) enum TokenCmd {
     /// Create a token for a user; it is printed once.
     Create {
         user: String,
@@ -532,7 +532,7 @@ pub enum TokenCmd {
 }
 
 #[derive(Subcommand)]
-pub enum ReportCmd {
+pub(crate) enum ReportCmd {
     /// Waits (p50, p95), outcomes, preemptions and lost GPU-hours of the
     /// jobs submitted in a range, by queue or kind.
     Jobs {
@@ -582,7 +582,7 @@ pub enum ReportCmd {
 }
 
 #[derive(Subcommand)]
-pub enum PriceCmd {
+pub(crate) enum PriceCmd {
     /// The price of a GPU-hour per model.
     Ls,
     /// Set the prices (admins): MODEL=PRICE per GPU-hour, `*` for the
@@ -596,7 +596,7 @@ pub enum PriceCmd {
 }
 
 #[derive(Subcommand)]
-pub enum EventCmd {
+pub(crate) enum EventCmd {
     /// Events, oldest first: submissions, admissions, preemptions, node
     /// changes, with their reasons.
     Ls {
@@ -677,7 +677,7 @@ fn time_arg(s: &str) -> Result<i64, String> {
 }
 
 #[derive(Subcommand)]
-pub enum ReservationCmd {
+pub(crate) enum ReservationCmd {
     /// Reserve nodes for a window (admins): for teams or users, whose jobs
     /// ask for it with `job submit --reservation NAME`, or for maintenance
     /// (no job runs). Others' jobs run there before it only if they end
@@ -722,7 +722,7 @@ pub enum ReservationCmd {
     Rm { name: String },
 }
 
-pub fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()> {
+pub(crate) fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         ReservationCmd::Create {
@@ -835,7 +835,7 @@ pub fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()> {
 }
 
 #[derive(Subcommand)]
-pub enum WebhookCmd {
+pub(crate) enum WebhookCmd {
     /// Have your jobs (or, for a team lead or an admin, a team's) POST
     /// their state changes to URL as JSON, signed with HMAC-SHA256 in
     /// X-Gpuflow-Signature; the secret is printed once.
@@ -862,7 +862,7 @@ pub enum WebhookCmd {
     Deliveries { id: String },
 }
 
-pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
+pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         WebhookCmd::Create {
@@ -976,7 +976,7 @@ pub fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
 
 /// An error in the command line (exit status 2), not in the request.
 #[derive(Debug)]
-pub struct Usage(pub String);
+pub(crate) struct Usage(pub String);
 
 impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1643,7 +1643,7 @@ fn eta_text(eta: Option<&Value>) -> String {
     }
 }
 
-pub fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
+pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
     // A pod on Kubernetes: asked of its cluster, no token needed.
     if let JobCmd::Why { id } = &cmd
         && let Some((ns, pod)) = id.split_once('/')
@@ -2163,7 +2163,7 @@ fn human(secs: u64) -> String {
     }
 }
 
-pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
+pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         QueueCmd::Ls { watch } => {
@@ -2407,7 +2407,7 @@ pub fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
+pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let (action, name) = match cmd {
         NodeCmd::Get { name, watch } => {
@@ -2522,7 +2522,7 @@ pub fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
+pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         TeamCmd::Ls => {
@@ -2620,7 +2620,7 @@ pub fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
+pub(crate) fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         ProjectCmd::Ls => {
@@ -2696,7 +2696,7 @@ pub fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
+pub(crate) fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let cmd_kind = match &cmd {
         UserCmd::Disable { .. } => "disable",
@@ -2758,7 +2758,7 @@ pub fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
+pub(crate) fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     match cmd {
         TokenCmd::Create { user, expires_in } => {
@@ -2807,7 +2807,7 @@ pub fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
+pub(crate) fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let EventCmd::Ls {
         job,
@@ -2940,7 +2940,7 @@ fn pct(v: &Value, scale: f64, digits: usize) -> String {
         .map_or("-".into(), |x| format!("{:.*}%", digits, x * scale))
 }
 
-pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
+pub(crate) fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let head = |cols: &[&str]| cols.iter().map(|c| c.to_string()).collect::<Vec<_>>();
     let mut csv = false;
@@ -3101,7 +3101,7 @@ pub fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
+pub(crate) fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let v = match cmd {
         PriceCmd::Ls => c.call("GET", "/v1/prices", None)?,
@@ -3240,7 +3240,7 @@ fn job_stats(j: &Value) -> String {
     out + "\n"
 }
 
-pub fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
+pub(crate) fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let show = |v: &Value| {
         let mut out = format!(
@@ -3366,7 +3366,7 @@ pub fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// A server that cannot be reached, or refuses the token.
-pub fn whoami(conn: &Conn) -> anyhow::Result<()> {
+pub(crate) fn whoami(conn: &Conn) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
     let v = c.call("GET", "/v1/whoami", None)?;
     let w: api::WhoAmI = serde_json::from_value(v.clone())

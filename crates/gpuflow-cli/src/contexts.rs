@@ -17,7 +17,7 @@ use crate::client::{Conn, Usage};
 /// The file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct File {
+pub(crate) struct File {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_context: Option<String>,
     #[serde(default)]
@@ -27,7 +27,7 @@ pub struct File {
 /// One named server and the credentials for it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct Context {
+pub(crate) struct Context {
     pub name: String,
     pub server: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,7 +41,7 @@ pub struct Context {
 }
 
 /// The file's path.
-pub fn path() -> PathBuf {
+pub(crate) fn path() -> PathBuf {
     if let Some(p) = std::env::var_os("GPUFLOW_CONFIG") {
         return PathBuf::from(p);
     }
@@ -57,7 +57,7 @@ impl File {
     ///
     /// # Errors
     /// A file that cannot be read or parsed, or that others may read.
-    pub fn load(path: &Path) -> anyhow::Result<File> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<File> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(File::default()),
@@ -89,7 +89,7 @@ impl File {
     ///
     /// # Errors
     /// A directory or file that cannot be written.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> anyhow::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
         if !dir.as_os_str().is_empty() && !dir.exists() {
             std::fs::DirBuilder::new()
@@ -113,7 +113,7 @@ impl File {
         Ok(())
     }
 
-    pub fn get(&self, name: &str) -> Option<&Context> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Context> {
         self.contexts.iter().find(|c| c.name == name)
     }
 
@@ -136,7 +136,7 @@ impl File {
 }
 
 /// A command's server, token and CA, and where each came from.
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub server: String,
     pub token: Option<String>,
     /// Where the token came from, said when the server refuses it.
@@ -155,7 +155,7 @@ pub struct Resolved {
 ///
 /// # Errors
 /// A context that does not exist, or a config file that cannot be read.
-pub fn resolve(conn: &Conn) -> anyhow::Result<Resolved> {
+pub(crate) fn resolve(conn: &Conn) -> anyhow::Result<Resolved> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let path = path();
     let file = File::load(&path)?;
@@ -227,7 +227,7 @@ pub fn resolve(conn: &Conn) -> anyhow::Result<Resolved> {
 }
 
 #[derive(Subcommand)]
-pub enum ConfigCmd {
+pub(crate) enum ConfigCmd {
     /// Make or change a context: a server and the token for it (read from
     /// the first line of stdin with --token-stdin, never from the command
     /// line).
@@ -274,7 +274,7 @@ fn valid_name(name: &str) -> anyhow::Result<()> {
 /// # Errors
 /// Bad names or URLs, a context that does not exist, a file that cannot be
 /// read or written.
-pub fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
     let path = path();
     let mut file = File::load(&path)?;
     match cmd {
@@ -640,7 +640,11 @@ fn browser_flow(
 /// # Errors
 /// A server without providers, a provider that cannot be reached or that
 /// refuses, a sign-in not completed in time.
-pub fn login(conn: &Conn, provider: Option<&str>, browser: Option<u16>) -> anyhow::Result<()> {
+pub(crate) fn login(
+    conn: &Conn,
+    provider: Option<&str>,
+    browser: Option<u16>,
+) -> anyhow::Result<()> {
     let path = path();
     let mut file = File::load(&path)?;
     // The context named may not exist yet: login makes it.

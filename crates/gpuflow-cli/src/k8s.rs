@@ -9,7 +9,7 @@ use gpuflow_k8s::scheduler::{Scheduler, Settings};
 // Parsed once at start: the size of `Run` does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
-pub enum K8sCmd {
+pub(crate) enum K8sCmd {
     /// Schedule the pods that set `schedulerName: gpuflow` in the cluster of
     /// the kubeconfig (or the pod's service account). Replicas elect a
     /// leader through a Lease; the others wait.
@@ -89,7 +89,7 @@ pub enum K8sCmd {
 }
 
 /// Why a pod waits, read from its cluster through the kubeconfig.
-pub fn why(ns: &str, pod: &str, scheduler_name: &str) -> anyhow::Result<String> {
+pub(crate) fn why(ns: &str, pod: &str, scheduler_name: &str) -> anyhow::Result<String> {
     let rt = tokio::runtime::Runtime::new()?;
     Ok(rt.block_on(async {
         let client = gpuflow_k8s::connect().await?;
@@ -97,7 +97,7 @@ pub fn why(ns: &str, pod: &str, scheduler_name: &str) -> anyhow::Result<String> 
     })?)
 }
 
-pub fn run(cmd: K8sCmd) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: K8sCmd) -> anyhow::Result<()> {
     match cmd {
         K8sCmd::Manifests {
             crd,

@@ -12,7 +12,7 @@ use clap::Args;
 use gpuflow_agent::gpu::Emulated;
 
 #[derive(Args, Clone)]
-pub struct ServerArgs {
+pub(crate) struct ServerArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "GPUFLOW_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
@@ -108,7 +108,7 @@ pub struct ServerArgs {
 }
 
 #[derive(Args, Clone)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     /// The server, e.g. http://10.0.0.1:7070.
     #[arg(long, env = "GPUFLOW_SERVER")]
     pub server: String,
@@ -129,7 +129,7 @@ pub struct AgentArgs {
 }
 
 #[derive(Args, Clone)]
-pub struct NodeArgs {
+pub(crate) struct NodeArgs {
     /// This node's name; default: the host name.
     #[arg(long)]
     pub node: Option<String>,
@@ -230,14 +230,14 @@ fn join_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> 
         .filter(|t| !t.is_empty()))
 }
 
-pub fn default_data_dir() -> PathBuf {
+pub(crate) fn default_data_dir() -> PathBuf {
     std::env::var_os("HOME").map_or_else(
         || PathBuf::from(".gpuflow"),
         |h| PathBuf::from(h).join(".gpuflow"),
     )
 }
 
-pub fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours for a person at a terminal, none in a log file.
@@ -250,7 +250,7 @@ pub fn init_logging() {
 
 /// `--disruption-budget`: GPU-hours, or none.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budget(pub Option<f64>);
+pub(crate) struct Budget(pub Option<f64>);
 
 fn parse_budget(v: &str) -> Result<Budget, String> {
     if v == "none" {
@@ -368,7 +368,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// `gpuflow server`: runs until interrupted.
-pub fn server(a: ServerArgs) -> anyhow::Result<()> {
+pub(crate) fn server(a: ServerArgs) -> anyhow::Result<()> {
     init_logging();
     let rt = runtime()?;
     rt.block_on(async {
@@ -399,7 +399,7 @@ pub fn server(a: ServerArgs) -> anyhow::Result<()> {
 }
 
 /// `gpuflow agent`: runs until interrupted; its tasks are stopped on exit.
-pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
+pub(crate) fn agent(a: AgentArgs) -> anyhow::Result<()> {
     init_logging();
     let data = default_data_dir();
     let join = join_token(a.join_token_file.as_deref())?.ok_or_else(|| {
@@ -431,7 +431,7 @@ fn ctrlc_flag(flag: Arc<AtomicBool>) -> anyhow::Result<()> {
 }
 
 #[derive(Args, Clone)]
-pub struct UpArgs {
+pub(crate) struct UpArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
@@ -440,7 +440,7 @@ pub struct UpArgs {
 
 /// `gpuflow up`: the server, embedded SQLite and a local agent (NVML, or four
 /// emulated GPUs where there is none) in one process.
-pub fn up(mut a: UpArgs) -> anyhow::Result<()> {
+pub(crate) fn up(mut a: UpArgs) -> anyhow::Result<()> {
     init_logging();
     let rt = runtime()?;
     // One machine, its own receivers: webhooks may call it.

@@ -56,7 +56,7 @@ fn path(id: u64, what: &str, task: Option<&str>, extra: &[(&str, String)]) -> St
 }
 
 /// Runs `command` beside job `id`'s task; its exit status.
-pub fn exec(
+pub(crate) fn exec(
     c: &Client,
     id: u64,
     task: Option<String>,
@@ -85,7 +85,7 @@ pub fn exec(
 }
 
 /// Follows job `id`'s task's output until the task ends or Ctrl-C.
-pub fn attach(c: &Client, id: u64, task: Option<String>) -> anyhow::Result<()> {
+pub(crate) fn attach(c: &Client, id: u64, task: Option<String>) -> anyhow::Result<()> {
     let p = path(id, "attach", task.as_deref(), &[]);
     relay(c, &p, false, false).map(|_| ())
 }

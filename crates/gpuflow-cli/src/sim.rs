@@ -15,13 +15,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::client::Usage;
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     Table,
     Json,
 }
 
 #[derive(Subcommand)]
-pub enum SimCommand {
+pub(crate) enum SimCommand {
     /// The FGD paper's fragmentation experiment on the Alibaba openb trace.
     ///
     /// The trace is the public alibaba/clusterdata `cluster-trace-gpu-v2023`
@@ -71,14 +71,14 @@ pub enum SimCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum Weighting {
+pub(crate) enum Weighting {
     Tasks,
     Gpus,
 }
 
 /// `gpuflow sim run` arguments.
 #[derive(clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Cluster file (TOML: node groups and team queues); default: the synthetic study's.
     #[arg(long)]
     cluster: Option<PathBuf>,
@@ -151,7 +151,7 @@ pub struct RunArgs {
 }
 
 #[derive(Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Pods bound per second by gpuflow on Kubernetes, against the in-process
     /// fake API server (watch caches, cycles, binding subresource): nodes of
     /// 8 GPUs, pending pods of one GPU (one in five CPU-only), all fitting.
@@ -334,7 +334,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: SimCommand) -> anyhow::Result<()> {
     match cmd {
         SimCommand::Run(a) => run_dynamic(a),
         SimCommand::Whatif(a) => crate::whatif::run(a),
@@ -672,7 +672,7 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
-pub fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
+pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Readers {
             jobs,

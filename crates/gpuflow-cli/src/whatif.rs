@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::client::{Client, Conn, Format};
 
 #[derive(Args)]
-pub struct WhatifArgs {
+pub(crate) struct WhatifArgs {
     /// A change, repeatable: NODESxGPUSxMODEL adds nodes (2x8xH100),
     /// -NODESxMODEL removes them (-1xH100), TEAM=MODEL:GPUS sets a team's
     /// guarantee (vision=H100:16).
@@ -36,7 +36,7 @@ pub struct WhatifArgs {
     conn: Conn,
 }
 
-pub fn run(a: WhatifArgs) -> anyhow::Result<()> {
+pub(crate) fn run(a: WhatifArgs) -> anyhow::Result<()> {
     let changes: Vec<Change> = a
         .changes
         .iter()

@@ -11,6 +11,7 @@
 //! Time is an input (the cycle's `now`), never read. It does not know about
 //! HTTP, storage, agents or Kubernetes; those are edges around it.
 
+#![forbid(unsafe_code)]
 // `Unplaced` is the explanation of a job that waits: ordinary data returned in
 // `Err`, not a rare failure, so it is not boxed.
 #![allow(clippy::result_large_err)]

@@ -16,6 +16,8 @@
 //! - [`fake`]: an in-process API server speaking the wire protocol, for
 //!   tests and the binding benchmark ([`bench`]).
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 
 pub use error::Error;

@@ -4,6 +4,8 @@
 //! is what production does. This crate reads files and writes reports; it
 //! installs no logger and draws no progress bars (callers pass a `tick`).
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod dynamic;
 pub mod dynreport;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_gpuflow");
-pub const JOIN: &str = "gfj_test_join_token";
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_gpuflow");
+pub(crate) const JOIN: &str = "gfj_test_join_token";
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -22,10 +22,10 @@ pub fn free_port() -> u16 {
 
 /// A child process stopped when dropped: SIGTERM (an agent then stops its
 /// tasks), SIGKILL after five seconds.
-pub struct Proc(pub Child);
+pub(crate) struct Proc(pub Child);
 
 impl Proc {
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let _ = Command::new("kill")
             .args([sig, &self.0.id().to_string()])
             .stderr(Stdio::null())
@@ -33,7 +33,7 @@ impl Proc {
     }
 
     /// SIGKILL now, as a crash.
-    pub fn crash(mut self) {
+    pub(crate) fn crash(mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -56,13 +56,13 @@ impl Drop for Proc {
 }
 
 /// Whether a process exists (and is not a zombie).
-pub fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }
 
-pub struct Server {
+pub(crate) struct Server {
     pub proc: Proc,
     pub url: String,
     pub port: u16,
@@ -70,13 +70,13 @@ pub struct Server {
 }
 
 /// Starts `gpuflow server` on `port` with fast timers; waits until it answers.
-pub fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
+pub(crate) fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
     server_nofile(dir, port, extra, None)
 }
 
 /// [`server`] started with this soft limit of open files (as systemd's
 /// default of 1,024), where given.
-pub fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>) -> Server {
+pub(crate) fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>) -> Server {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -139,7 +139,7 @@ pub fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>)
     s
 }
 
-pub fn admin_token(dir: &Path) -> String {
+pub(crate) fn admin_token(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("data/admin.token"))
         .unwrap()
         .trim()
@@ -147,17 +147,23 @@ pub fn admin_token(dir: &Path) -> String {
 }
 
 /// Starts `gpuflow agent` with emulated GPUs.
-pub fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
+pub(crate) fn agent(dir: &Path, url: &str, node: &str, gpus: &str) -> Proc {
     agent_env(dir, url, node, gpus, &[])
 }
 
 /// [`agent`] with more environment variables.
-pub fn agent_env(dir: &Path, url: &str, node: &str, gpus: &str, env: &[(&str, &str)]) -> Proc {
+pub(crate) fn agent_env(
+    dir: &Path,
+    url: &str,
+    node: &str,
+    gpus: &str,
+    env: &[(&str, &str)],
+) -> Proc {
     agent_with(dir, url, node, gpus, env, &[])
 }
 
 /// [`agent`] with more environment variables and arguments.
-pub fn agent_with(
+pub(crate) fn agent_with(
     dir: &Path,
     url: &str,
     node: &str,
@@ -197,12 +203,12 @@ pub fn agent_with(
 /// Starts `gpuflow up` on `data` with `--emulate gpus` and fast timers;
 /// waits until its API answers and its node has joined. Returns the process,
 /// a client and the admin token.
-pub fn up(data: &Path, port: u16, gpus: &str, env: &[(&str, &str)]) -> (Proc, Api, String) {
+pub(crate) fn up(data: &Path, port: u16, gpus: &str, env: &[(&str, &str)]) -> (Proc, Api, String) {
     up_with(data, port, &["--emulate", gpus], env)
 }
 
 /// [`up`] with other agent arguments than `--emulate` (e.g. `--nvml-lib`).
-pub fn up_with(
+pub(crate) fn up_with(
     data: &Path,
     port: u16,
     extra: &[&str],
@@ -238,7 +244,7 @@ pub fn up_with(
 }
 
 /// Calls `f` until it returns `Some`, failing the test after `limit`.
-pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
@@ -249,13 +255,13 @@ pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
-pub struct Api {
+pub(crate) struct Api {
     pub url: String,
     http: ureq::Agent,
 }
 
 impl Api {
-    pub fn new(url: &str) -> Api {
+    pub(crate) fn new(url: &str) -> Api {
         Api {
             url: url.to_string(),
             http: ureq::Agent::config_builder()
@@ -267,7 +273,7 @@ impl Api {
     }
 
     /// `(status, body)`; an unreachable server is status 0.
-    pub fn call(
+    pub(crate) fn call(
         &self,
         method: &str,
         path: &str,
@@ -277,7 +283,7 @@ impl Api {
         self.call_with(method, path, token, body, None)
     }
 
-    pub fn call_with(
+    pub(crate) fn call_with(
         &self,
         method: &str,
         path: &str,
@@ -319,13 +325,13 @@ impl Api {
         }
     }
 
-    pub fn get(&self, path: &str, token: &str) -> Value {
+    pub(crate) fn get(&self, path: &str, token: &str) -> Value {
         let (s, v) = self.call("GET", path, token, None);
         assert_eq!(s, 200, "GET {path}: {v}");
         v
     }
 
-    pub fn post_json(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+    pub(crate) fn post_json(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
         self.call(
             "POST",
             path,
@@ -334,7 +340,7 @@ impl Api {
         )
     }
 
-    pub fn submit_yaml(&self, token: &str, yaml: &str) -> (u16, Value) {
+    pub(crate) fn submit_yaml(&self, token: &str, yaml: &str) -> (u16, Value) {
         self.call(
             "POST",
             "/v1/jobs",
@@ -345,7 +351,7 @@ impl Api {
 
     /// The first node's limits, once its agent has registered (a minute at
     /// most).
-    pub fn node_limits(&self, token: &str) -> Value {
+    pub(crate) fn node_limits(&self, token: &str) -> Value {
         poll("the agent registers", Duration::from_secs(60), || {
             let nodes = self.get("/v1/nodes", token);
             nodes
@@ -355,12 +361,12 @@ impl Api {
         })
     }
 
-    pub fn job(&self, id: u64, token: &str) -> Value {
+    pub(crate) fn job(&self, id: u64, token: &str) -> Value {
         self.get(&format!("/v1/jobs/{id}"), token)
     }
 
     /// Polls until the job is in `state`.
-    pub fn wait_state(&self, id: u64, token: &str, state: &str, limit: Duration) -> Value {
+    pub(crate) fn wait_state(&self, id: u64, token: &str, state: &str, limit: Duration) -> Value {
         poll(&format!("job {id} to be {state}"), limit, || {
             let j = self.job(id, token);
             (j["state"] == state).then_some(j)
@@ -371,7 +377,7 @@ impl Api {
     /// Teams alpha and beta, each with a queue guaranteed one GPU and no
     /// `run_as` (each team's tasks run under a uid of its own); returns the
     /// member tokens of mallory (alpha) and victor (beta).
-    pub fn alpha_and_beta(&self, admin: &str) -> (String, String) {
+    pub(crate) fn alpha_and_beta(&self, admin: &str) -> (String, String) {
         for team in ["alpha", "beta"] {
             let (s, v) = self.post_json("/v1/teams", admin, &serde_json::json!({"name": team}));
             assert_eq!(s, 201, "{v}");
@@ -388,13 +394,19 @@ impl Api {
         )
     }
 
-    pub fn team_with_member(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
+    pub(crate) fn team_with_member(
+        &self,
+        admin: &str,
+        team: &str,
+        user: &str,
+        role: &str,
+    ) -> String {
         let (s, v) = self.post_json("/v1/teams", admin, &serde_json::json!({"name": team}));
         assert!(s == 201 || s == 409, "{v}");
         self.user_token(admin, team, user, role)
     }
 
-    pub fn user_token(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
+    pub(crate) fn user_token(&self, admin: &str, team: &str, user: &str, role: &str) -> String {
         let (s, v) = self.post_json(
             "/v1/users",
             admin,
@@ -408,7 +420,7 @@ impl Api {
 }
 
 /// A job spec in YAML.
-pub fn job_yaml(
+pub(crate) fn job_yaml(
     name: &str,
     queue: &str,
     kind: &str,

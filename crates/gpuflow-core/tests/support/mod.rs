@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use gpuflow_core::*;
 
 /// The fixture's lines as tokens, comments and blank lines dropped.
-pub fn token_lines(fixture: &str) -> Vec<Vec<&str>> {
+pub(crate) fn token_lines(fixture: &str) -> Vec<Vec<&str>> {
     fixture
         .lines()
         .map(|l| l.split('#').next().unwrap().trim())
@@ -31,7 +31,7 @@ pub fn token_lines(fixture: &str) -> Vec<Vec<&str>> {
 }
 
 /// A node state by its fixture name (anything else: ready).
-pub fn parse_node_state(v: &str) -> NodeState {
+pub(crate) fn parse_node_state(v: &str) -> NodeState {
     match v {
         "cordoned" => NodeState::Cordoned,
         "draining" => NodeState::Draining,
@@ -41,7 +41,7 @@ pub fn parse_node_state(v: &str) -> NodeState {
 }
 
 /// A GPU's health by its fixture name: `bad`, or healthy.
-pub fn parse_health(v: &str) -> GpuHealth {
+pub(crate) fn parse_health(v: &str) -> GpuHealth {
     if v == "bad" {
         GpuHealth::Unhealthy
     } else {
@@ -50,7 +50,7 @@ pub fn parse_health(v: &str) -> GpuHealth {
 }
 
 /// A `key=value` token split in two (the value empty when there is no `=`).
-pub fn kv(tok: &str) -> (&str, &str) {
+pub(crate) fn kv(tok: &str) -> (&str, &str) {
     tok.split_once('=').unwrap_or((tok, ""))
 }
 
@@ -85,7 +85,7 @@ fn parse_gpu(v: &str) -> GpuRequest {
     }
 }
 
-pub fn parse_node(id: u32, toks: &[&str]) -> Node {
+pub(crate) fn parse_node(id: u32, toks: &[&str]) -> Node {
     let name = toks[0];
     let mut node = Node::new(id, name, CpuMilli(64_000), MemMib(512 * 1024), Vec::new());
     let (mut count, mut model, mut gpumem) = (0usize, "H100".to_string(), 80u64);
@@ -155,7 +155,7 @@ pub fn parse_node(id: u32, toks: &[&str]) -> Node {
     node
 }
 
-pub fn parse_job(toks: &[&str]) -> Job {
+pub(crate) fn parse_job(toks: &[&str]) -> Job {
     let id: u64 = toks[0].parse().unwrap();
     let mut job = Job {
         id: JobId(id),
@@ -221,7 +221,7 @@ pub fn parse_job(toks: &[&str]) -> Job {
     job
 }
 
-pub fn render_pick(a: &Allocation) -> String {
+pub(crate) fn render_pick(a: &Allocation) -> String {
     match a.pick {
         GpuPick::None => String::new(),
         GpuPick::Whole(_) => {
@@ -277,7 +277,7 @@ fn render_usage(c: &Cluster) -> String {
 }
 
 /// Runs a fixture and renders what happened.
-pub fn run(fixture: &str) -> String {
+pub(crate) fn run(fixture: &str) -> String {
     let mut nodes = Vec::new();
     let mut steps: Vec<Vec<&str>> = Vec::new();
     let mut policy = Policy::gpuflow();
@@ -342,4 +342,4 @@ pub fn run(fixture: &str) -> String {
     out.push_str(&render_usage(placer.cluster()));
     out
 }
-pub mod sched;
+pub(crate) mod sched;

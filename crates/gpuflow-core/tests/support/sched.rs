@@ -157,7 +157,7 @@ fn parse_work(toks: &[&str], queues: &Queues, cfg: &Config) -> (Workload, BTreeM
 }
 
 /// Runs a fixture and renders each cycle's plan.
-pub fn run(fixture: &str) -> String {
+pub(crate) fn run(fixture: &str) -> String {
     let mut nodes = Vec::new();
     let mut queue_list: Vec<Queue> = Vec::new();
     let mut cfg = Config {

@@ -7,19 +7,19 @@ use gpuflow_k8s::fake::FakeApi;
 use gpuflow_k8s::scheduler::{Scheduler, Settings};
 use serde_json::{Value, json};
 
-pub async fn server() -> (FakeApi, kube::Client) {
+pub(crate) async fn server() -> (FakeApi, kube::Client) {
     let api = FakeApi::default();
     let addr = api.serve().await.expect("the fake serves");
     (api.clone(), client(addr))
 }
 
-pub fn client(addr: std::net::SocketAddr) -> kube::Client {
+pub(crate) fn client(addr: std::net::SocketAddr) -> kube::Client {
     let cfg = kube::Config::new(format!("http://{addr}").parse().expect("a url"));
     kube::Client::try_from(cfg).expect("a client")
 }
 
 /// Fast cycles, a short lease, no minimum runtime before preemption.
-pub fn settings(identity: &str) -> Settings {
+pub(crate) fn settings(identity: &str) -> Settings {
     let mut s = Settings {
         identity: identity.into(),
         interval: Duration::from_millis(100),
@@ -32,14 +32,14 @@ pub fn settings(identity: &str) -> Settings {
 }
 
 /// Runs a scheduler replica until the returned handle is aborted.
-pub fn start(client: &kube::Client, identity: &str) -> tokio::task::JoinHandle<()> {
+pub(crate) fn start(client: &kube::Client, identity: &str) -> tokio::task::JoinHandle<()> {
     let s = Scheduler::new(client.clone(), settings(identity));
     tokio::spawn(async move {
         let _ = s.run(std::future::pending()).await;
     })
 }
 
-pub fn node(name: &str, gpus: u32) -> Value {
+pub(crate) fn node(name: &str, gpus: u32) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {
@@ -53,7 +53,7 @@ pub fn node(name: &str, gpus: u32) -> Value {
     })
 }
 
-pub fn queue(name: &str, namespaces: &[&str], guaranteed: f64) -> Value {
+pub(crate) fn queue(name: &str, namespaces: &[&str], guaranteed: f64) -> Value {
     json!({
         "apiVersion": "gpuflow.io/v1alpha1", "kind": "GpuQueue",
         "metadata": {"name": name},
@@ -64,7 +64,7 @@ pub fn queue(name: &str, namespaces: &[&str], guaranteed: f64) -> Value {
 /// Two nodes of 4 GPUs, queues `team-a` (namespace `a`) and `team-b`
 /// (namespace `b`) guaranteed 4 each, and team-b's pods `b-0` and `b-1` of
 /// 4 GPUs each: once both are bound, team-b borrows team-a's GPUs.
-pub fn borrower_of_idle_gpus(api: &FakeApi) {
+pub(crate) fn borrower_of_idle_gpus(api: &FakeApi) {
     api.apply(node("n1", 4));
     api.apply(node("n2", 4));
     api.apply(queue("team-a", &["a"], 4.0));
@@ -74,7 +74,7 @@ pub fn borrower_of_idle_gpus(api: &FakeApi) {
 }
 
 /// A pod of gpuflow's asking for `gpus` whole GPUs.
-pub fn pod(ns: &str, name: &str, gpus: u32) -> Value {
+pub(crate) fn pod(ns: &str, name: &str, gpus: u32) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "labels": {}, "annotations": {}},
@@ -90,31 +90,31 @@ pub fn pod(ns: &str, name: &str, gpus: u32) -> Value {
 }
 
 /// `pod` in gang `gang` of `size` pods.
-pub fn member(ns: &str, name: &str, gpus: u32, gang: &str, size: usize) -> Value {
+pub(crate) fn member(ns: &str, name: &str, gpus: u32, gang: &str, size: usize) -> Value {
     let mut p = pod(ns, name, gpus);
     p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = json!(gang);
     p["metadata"]["annotations"]["gpuflow.io/gang-size"] = json!(size.to_string());
     p
 }
 
-pub fn with_class(mut p: Value, class: &str) -> Value {
+pub(crate) fn with_class(mut p: Value, class: &str) -> Value {
     p["metadata"]["annotations"]["gpuflow.io/class"] = json!(class);
     p
 }
 
-pub fn get_pod(api: &FakeApi, ns: &str, name: &str) -> Option<Value> {
+pub(crate) fn get_pod(api: &FakeApi, ns: &str, name: &str) -> Option<Value> {
     api.get("v1", "Pod", ns, name)
 }
 
 /// The node a pod is bound to.
-pub fn node_of(api: &FakeApi, ns: &str, name: &str) -> Option<String> {
+pub(crate) fn node_of(api: &FakeApi, ns: &str, name: &str) -> Option<String> {
     get_pod(api, ns, name)?["spec"]["nodeName"]
         .as_str()
         .map(str::to_string)
 }
 
 /// The message of a pod's `PodScheduled` condition.
-pub fn why(api: &FakeApi, ns: &str, name: &str) -> Option<String> {
+pub(crate) fn why(api: &FakeApi, ns: &str, name: &str) -> Option<String> {
     let p = get_pod(api, ns, name)?;
     p["status"]["conditions"]
         .as_array()?
@@ -125,7 +125,7 @@ pub fn why(api: &FakeApi, ns: &str, name: &str) -> Option<String> {
 }
 
 /// Waits up to `secs` for `cond`; panics with `what` otherwise.
-pub async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < until {
         if cond() {
@@ -137,7 +137,7 @@ pub async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// Successful bindings per pod.
-pub fn binds_per_pod(api: &FakeApi) -> std::collections::BTreeMap<String, usize> {
+pub(crate) fn binds_per_pod(api: &FakeApi) -> std::collections::BTreeMap<String, usize> {
     let mut out = std::collections::BTreeMap::new();
     for b in api.binds().into_iter().filter(|b| b.status == 201) {
         *out.entry(b.pod).or_default() += 1;
@@ -148,7 +148,7 @@ pub fn binds_per_pod(api: &FakeApi) -> std::collections::BTreeMap<String, usize>
 /// A node whose GPUs HAMi's device plugin shares: its registration lists
 /// `gpus` (UUID, memory in MiB), each split into 10 shares, and the node
 /// advertises the shares as `nvidia.com/gpu`.
-pub fn hami_node(name: &str, gpus: &[(&str, u64)]) -> Value {
+pub(crate) fn hami_node(name: &str, gpus: &[(&str, u64)]) -> Value {
     let mut n = node(name, 10 * gpus.len() as u32);
     let register: String = gpus
         .iter()
@@ -163,7 +163,7 @@ pub fn hami_node(name: &str, gpus: &[(&str, u64)]) -> Value {
 
 /// A pod of gpuflow's asking for a share of one GPU: `mem` MiB of its
 /// memory and `cores` percent of its compute (HAMi's resources).
-pub fn share_pod(ns: &str, name: &str, mem: u64, cores: u32) -> Value {
+pub(crate) fn share_pod(ns: &str, name: &str, mem: u64, cores: u32) -> Value {
     let mut p = with_class(pod(ns, name, 1), "notebook");
     p["spec"]["containers"][0]["resources"]["limits"] = json!({
         "nvidia.com/gpu": "1", "nvidia.com/gpumem": mem.to_string(),
@@ -174,7 +174,7 @@ pub fn share_pod(ns: &str, name: &str, mem: u64, cores: u32) -> Value {
 /// What a HAMi device plugin double saw: each allocation (pod, UUID, MiB,
 /// cores) and each breach of the protocol.
 #[derive(Default)]
-pub struct PluginLog {
+pub(crate) struct PluginLog {
     pub allocations: Vec<(String, String, u64, u32)>,
     pub breaches: Vec<String>,
 }
@@ -183,7 +183,7 @@ pub struct PluginLog {
 /// protocol goes: for a pod bound there and marked `allocating`, it checks
 /// that the node lock names the pod, takes the devices of the pod's
 /// decision, marks the pod `success` and unlocks the node.
-pub fn hami_plugin(
+pub(crate) fn hami_plugin(
     api: &FakeApi,
     node: &str,
 ) -> (

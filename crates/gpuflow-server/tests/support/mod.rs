@@ -14,7 +14,7 @@ use gpuflow_store::{EventQuery, Table};
 use serde_json::Value;
 use tower::ServiceExt;
 
-pub struct H {
+pub(crate) struct H {
     pub shared: Arc<Shared>,
     pub router: axum::Router,
     pub admin: String,
@@ -22,16 +22,16 @@ pub struct H {
     pub dir: tempfile::TempDir,
 }
 
-pub async fn harness(store: Option<String>) -> H {
+pub(crate) async fn harness(store: Option<String>) -> H {
     harness_on(store, |_| {}).await
 }
 
 /// A harness on SQLite with changed settings.
-pub async fn harness_with(f: impl FnOnce(&mut Config)) -> H {
+pub(crate) async fn harness_with(f: impl FnOnce(&mut Config)) -> H {
     harness_on(None, f).await
 }
 
-pub async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H {
+pub(crate) async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
     cfg.store_url = store;
@@ -47,7 +47,7 @@ pub async fn harness_on(store: Option<String>, f: impl FnOnce(&mut Config)) -> H
 }
 
 impl H {
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: &str,
         path: &str,
@@ -78,7 +78,13 @@ impl H {
         )
     }
 
-    pub async fn json(&self, method: &str, path: &str, token: &str, body: Value) -> (u16, Value) {
+    pub(crate) async fn json(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Value,
+    ) -> (u16, Value) {
         self.call(
             method,
             path,
@@ -89,12 +95,12 @@ impl H {
         .await
     }
 
-    pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         self.call("GET", path, Some(token), "application/json", vec![])
             .await
     }
 
-    pub async fn submit(&self, token: &str, queue: &str) -> (u16, Value) {
+    pub(crate) async fn submit(&self, token: &str, queue: &str) -> (u16, Value) {
         let spec = format!(
             "name: j\nqueue: {queue}\nkind: batch\ntasks:\n  - name: main\n    command: [sleep, '1']\n"
         );
@@ -109,7 +115,7 @@ impl H {
     }
 
     /// A job from a YAML spec, submitted by the admin; its id.
-    pub async fn submit_spec(&self, spec: String) -> u64 {
+    pub(crate) async fn submit_spec(&self, spec: String) -> u64 {
         let (s, v) = self
             .call(
                 "POST",
@@ -124,17 +130,17 @@ impl H {
     }
 
     /// A new pending job of a queue, submitted by the admin.
-    pub async fn job(&self, queue: &str) -> u64 {
+    pub(crate) async fn job(&self, queue: &str) -> u64 {
         let (s, v) = self.submit(&self.admin, queue).await;
         assert_eq!(s, 201, "{v}");
         v["id"].as_u64().unwrap()
     }
 
-    pub async fn stored_jobs(&self) -> usize {
+    pub(crate) async fn stored_jobs(&self) -> usize {
         self.shared.store.load(Table::Jobs).await.unwrap().len()
     }
 
-    pub async fn stored_events(&self) -> usize {
+    pub(crate) async fn stored_events(&self) -> usize {
         self.shared
             .store
             .events(&EventQuery {
@@ -147,7 +153,7 @@ impl H {
     }
 }
 
-pub async fn with_postgres(f: impl AsyncFnOnce(Option<String>)) {
+pub(crate) async fn with_postgres(f: impl AsyncFnOnce(Option<String>)) {
     match TempPostgres::start() {
         Ok(Some(pg)) => f(Some(pg.url.clone())).await,
         Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),

@@ -34,7 +34,7 @@ pub(crate) struct NodeView<'a> {
 
 impl NodeView<'_> {
     /// Whether a GPU is of a model the task accepts and inside the NVLink scope.
-    pub fn gpu_eligible(&self, g: &Gpu) -> bool {
+    pub(crate) fn gpu_eligible(&self, g: &Gpu) -> bool {
         (self.req.models.is_empty() || self.req.models.contains(&g.model))
             && self
                 .nvlink_scope
