@@ -308,15 +308,12 @@ fn group_alive(pgid: i32) -> bool {
     pgid > 0 && unsafe { libc::kill(-pgid, 0) } == 0
 }
 
-pub fn signal_number(name: &str) -> i32 {
-    match name {
-        "SIGINT" => libc::SIGINT,
-        "SIGUSR1" => libc::SIGUSR1,
-        "SIGUSR2" => libc::SIGUSR2,
-        "SIGHUP" => libc::SIGHUP,
-        "SIGQUIT" => libc::SIGQUIT,
-        _ => libc::SIGTERM,
-    }
+/// The signal named `name` (`SIGTERM`, `SIGUSR1`, …, as `signal(7)` names
+/// them); `None` when there is no such signal.
+pub fn signal_number(name: &str) -> Option<i32> {
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
 }
 
 impl Task {
@@ -425,6 +422,10 @@ impl Task {
         }
         let (log, checkpoint) = (task.log.clone(), task.checkpoint.clone());
         let result = (|| -> Result<Child, String> {
+            // A stop signal this machine does not know is refused, not
+            // replaced: the job asked for that one.
+            let stop_signal = signal_number(&t.stop_signal)
+                .ok_or_else(|| format!("unknown stop signal {:?}", t.stop_signal))?;
             let user = crate::user::resolve_task(crate::user::TaskUser {
                 run_as: t.run_as.as_deref(),
                 team_uid: t.team_uid,
@@ -597,7 +598,6 @@ impl Task {
                     procs.iter().map(AsRawFd::as_raw_fd).collect::<Vec<i32>>(),
                 )
             };
-            let stop_signal = signal_number(&t.stop_signal);
             // SAFETY: the closure runs in the forked child before exec and
             // calls only async-signal-safe functions (fork, write, setgroups,
             // setgid, setuid, chdir, umask, and the keeper's loop) on memory
@@ -745,7 +745,13 @@ impl Task {
             return false;
         }
         self.kill_at = Some(Instant::now() + grace);
-        self.signal(signal_number(signal));
+        // The stop goes ahead whatever the name: with SIGTERM, and said,
+        // when this machine does not know the one asked for.
+        let sig = signal_number(signal).unwrap_or_else(|| {
+            tracing::warn!(key = ?self.key, signal, "unknown stop signal; sending SIGTERM");
+            libc::SIGTERM
+        });
+        self.signal(sig);
         true
     }
 
@@ -1485,6 +1491,18 @@ mod tests {
 
     fn write(path: &Path, bytes: &[u8]) {
         std::fs::write(path, bytes).unwrap();
+    }
+
+    /// A signal name the old table did not list became SIGTERM without a
+    /// word; every signal is known by its name now, and a name that is no
+    /// signal is `None` (a task asking for it is refused).
+    #[test]
+    fn signals_are_known_by_name_and_an_unknown_one_is_not_sigterm() {
+        assert_eq!(signal_number("SIGUSR1"), Some(libc::SIGUSR1));
+        assert_eq!(signal_number("SIGTERM"), Some(libc::SIGTERM));
+        assert_eq!(signal_number("SIGWINCH"), Some(libc::SIGWINCH));
+        assert_eq!(signal_number("SIGBOGUS"), None);
+        assert_eq!(signal_number(""), None);
     }
 
     #[test]
