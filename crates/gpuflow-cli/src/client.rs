@@ -1093,19 +1093,17 @@ impl Client {
             }
         };
         let mut resp = resp.map_err(|e| {
-            let text = e.to_string();
-            // A TLS client talking to a plain HTTP server reads its answer
-            // as a corrupt TLS record.
-            if self.base.starts_with("https://")
-                && (text.contains("InvalidContentType") || text.contains("corrupt message"))
-            {
+            if self.base.starts_with("https://") && answered_in_plain_http(&e) {
                 anyhow!(
                     "the server at {} does not speak TLS: try {}",
                     self.base,
                     self.base.replacen("https://", "http://", 1)
                 )
             } else {
-                anyhow!("cannot reach the server at {}: {text}", self.base)
+                anyhow::Error::new(Unreachable {
+                    base: self.base.clone(),
+                    text: e.to_string(),
+                })
             }
         })?;
         let status = resp.status().as_u16();
@@ -1133,6 +1131,34 @@ impl Client {
         }
         serde_json::from_str(&text).context("the server sent something that is not JSON")
     }
+}
+
+/// The server could not be reached: no answer came (a connection, DNS or
+/// a timeout failed), so a request that carries an idempotency key may be
+/// sent again.
+#[derive(Debug)]
+pub(crate) struct Unreachable {
+    base: String,
+    text: String,
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot reach the server at {}: {}", self.base, self.text)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// Whether a TLS client's request failed because the server answered in
+/// plain HTTP: rustls reads that answer as a record that is no TLS.
+fn answered_in_plain_http(e: &ureq::Error) -> bool {
+    let tls = match e {
+        ureq::Error::Rustls(t) => Some(t),
+        ureq::Error::Io(io) => io.get_ref().and_then(|x| x.downcast_ref::<rustls::Error>()),
+        _ => None,
+    };
+    matches!(tls, Some(rustls::Error::InvalidMessage(_)))
 }
 
 /// A random key naming one submission.
@@ -1740,10 +1766,7 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             let mut wait = std::time::Duration::from_millis(500);
             let v = loop {
                 match c.call_with("POST", "/v1/jobs", Some((ct, body.clone())), Some(&key)) {
-                    Err(e)
-                        if e.to_string().starts_with("cannot reach")
-                            && wait < std::time::Duration::from_secs(8) =>
-                    {
+                    Err(e) if e.is::<Unreachable>() && wait < std::time::Duration::from_secs(8) => {
                         eprintln!("{e:#}; retrying in {} ms", wait.as_millis());
                         std::thread::sleep(wait);
                         wait *= 2;
@@ -3405,4 +3428,65 @@ pub(crate) fn whoami(conn: &Conn) -> anyhow::Result<()> {
         out
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn client(base: &str) -> Client {
+        Client {
+            http: gpuflow_agent::http_client(None, std::time::Duration::from_secs(5)).unwrap(),
+            base: base.into(),
+            token: "t".into(),
+            token_from: "a test".into(),
+            ca_cert: None,
+            context: None,
+        }
+    }
+
+    /// A server that is not there: typed as unreachable, which a submission
+    /// with an idempotency key retries (decided on the type, not the text).
+    #[test]
+    fn a_server_that_is_not_there_is_unreachable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = client(&format!("http://127.0.0.1:{port}"))
+            .call("GET", "/v1/nodes", None)
+            .unwrap_err();
+        assert!(e.is::<Unreachable>(), "{e:#}");
+        assert!(
+            e.to_string()
+                .starts_with("cannot reach the server at http://127.0.0.1:")
+        );
+    }
+
+    /// A plain HTTP server asked over TLS: said so, with the address to use,
+    /// and not taken for an unreachable one.
+    #[test]
+    fn a_plain_http_server_asked_over_tls_is_said_so() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut hello = [0u8; 512];
+                let _ = s.read(&mut hello);
+                let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+            }
+        });
+        let e = client(&format!("https://127.0.0.1:{port}"))
+            .call("GET", "/v1/nodes", None)
+            .unwrap_err();
+        assert!(!e.is::<Unreachable>(), "{e:#}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the server at https://127.0.0.1:{port} does not speak TLS: try http://127.0.0.1:{port}"
+            )
+        );
+    }
 }

@@ -527,7 +527,9 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
     let (provider, subject) = (link.provider.clone(), link.subject.clone());
     let renewed = tokio::task::spawn_blocking(move || {
         if rt.is_empty() {
-            return Err("the sign-in gave no refresh token: sign in again".to_string());
+            return Err(crate::oidc::RenewError::Refused(
+                "the sign-in gave no refresh token: sign in again".to_string(),
+            ));
         }
         oidc.renew(&provider, &subject, &rt, at)
     })
@@ -546,7 +548,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
         return Err(refusal(&Refused::Revoked(r.clone()), at).into());
     }
     match renewed {
-        Err(e) if e.starts_with("cannot reach") => {
+        Err(crate::oidc::RenewError::Unreachable(e)) => {
             tracing::warn!(provider = %link.provider, error = %e, "a session could not be renewed; it goes on as it was");
             let user = world
                 .users
@@ -567,7 +569,13 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
             ended.revoked = Some(revoked.clone());
             let mut change = crate::Change::default();
             change.batch.put.push(token_rec(&ended));
-            change.audit(at, &t.user, "session.end", &format!("user/{}", t.user), &e);
+            change.audit(
+                at,
+                &t.user,
+                "session.end",
+                &format!("user/{}", t.user),
+                e.to_string(),
+            );
             crate::commit(shared.store.as_ref(), &mut world, change).await?;
             world.tokens.insert(ended.hash.clone(), ended);
             let mut err = refusal(&Refused::Revoked(revoked), at);

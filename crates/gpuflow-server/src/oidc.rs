@@ -154,6 +154,27 @@ struct Disco {
     userinfo_endpoint: Option<String>,
 }
 
+/// Why a session was not renewed at its provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewError {
+    /// The provider could not be asked (not reached, or its discovery
+    /// document could not be read): the session goes on as it was and is
+    /// tried again later.
+    Unreachable(String),
+    /// The provider no longer renews it, or renewed it with what cannot be
+    /// used: the session ends.
+    Refused(String),
+}
+
+impl std::fmt::Display for RenewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RenewError::Unreachable(e) => write!(f, "cannot reach the provider: {e}"),
+            RenewError::Refused(e) => f.write_str(e),
+        }
+    }
+}
+
 /// A session renewed at its provider: the user's claims now.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Renewed {
@@ -368,12 +389,14 @@ impl Oidc {
         subject: &str,
         refresh_token: &str,
         now: u64,
-    ) -> Result<Renewed, String> {
+    ) -> Result<Renewed, RenewError> {
         let p = self
             .providers
             .iter()
             .find(|p| p.cfg.name == provider)
-            .ok_or_else(|| format!("provider {provider} is no longer configured"))?;
+            .ok_or_else(|| {
+                RenewError::Refused(format!("provider {provider} is no longer configured"))
+            })?;
         p.renew(subject, refresh_token, now, self)
     }
 
@@ -585,8 +608,9 @@ impl Provider {
         refresh_token: &str,
         now: u64,
         oidc: &Oidc,
-    ) -> Result<Renewed, String> {
-        let d = self.disco()?;
+    ) -> Result<Renewed, RenewError> {
+        use RenewError::{Refused, Unreachable};
+        let d = self.disco().map_err(Unreachable)?;
         let mut resp = http()
             .post(&d.token_endpoint)
             .send_form([
@@ -594,21 +618,21 @@ impl Provider {
                 ("refresh_token", refresh_token),
                 ("client_id", self.cfg.client_id.as_str()),
             ])
-            .map_err(|e| format!("cannot reach {}: {e}", d.token_endpoint))?;
+            .map_err(|e| Unreachable(format!("{}: {e}", d.token_endpoint)))?;
         let status = resp.status().as_u16();
         let t: serde_json::Value = resp.body_mut().read_json().unwrap_or_default();
         if status != 200 {
-            return Err(format!(
+            return Err(Refused(format!(
                 "{} no longer renews the sign-in ({})",
                 self.cfg.name,
                 t["error"].as_str().unwrap_or("refused")
-            ));
+            )));
         }
         let next = t["refresh_token"].as_str().map(str::to_string);
         if let Some(id) = t["id_token"].as_str() {
-            let id = oidc.verify(id, now).map_err(|e| e.message)?;
+            let id = oidc.verify(id, now).map_err(|e| Refused(e.message))?;
             if id.subject != subject {
-                return Err("the renewed ID token names another subject".into());
+                return Err(Refused("the renewed ID token names another subject".into()));
             }
             return Ok(Renewed {
                 username: id.username,
@@ -618,27 +642,30 @@ impl Provider {
         }
         let (Some(at), Some(ui)) = (t["access_token"].as_str(), d.userinfo_endpoint.as_deref())
         else {
-            return Err(format!(
+            return Err(Refused(format!(
                 "{} renewed the sign-in without an ID token or a user-info endpoint to read the groups from",
                 self.cfg.name
-            ));
+            )));
         };
         let mut resp = http()
             .get(ui)
             .header("Authorization", &format!("Bearer {at}"))
             .call()
-            .map_err(|e| format!("cannot reach {ui}: {e}"))?;
+            .map_err(|e| Unreachable(format!("{ui}: {e}")))?;
         if resp.status().as_u16() != 200 {
-            return Err(format!("{ui} answered HTTP {}", resp.status().as_u16()));
+            return Err(Refused(format!(
+                "{ui} answered HTTP {}",
+                resp.status().as_u16()
+            )));
         }
         let claims: BTreeMap<String, serde_json::Value> = resp
             .body_mut()
             .read_json()
-            .map_err(|e| format!("{ui}: {e}"))?;
+            .map_err(|e| Refused(format!("{ui}: {e}")))?;
         if claims.get("sub").and_then(|s| s.as_str()) != Some(subject) {
-            return Err(format!("{ui} names another subject"));
+            return Err(Refused(format!("{ui} names another subject")));
         }
-        let (username, groups) = self.user_of(&claims).map_err(|e| e.message)?;
+        let (username, groups) = self.user_of(&claims).map_err(|e| Refused(e.message))?;
         Ok(Renewed {
             username,
             groups,
@@ -780,6 +807,21 @@ mod tests {
             k.fetched = Some(Instant::now());
         }
         o
+    }
+
+    /// A provider that cannot be reached, whose discovery document the
+    /// server has not read yet (as after a restart): a session's renewal
+    /// is "could not ask", which keeps the session, not "refused", which
+    /// would end every session due for a recheck during an outage.
+    #[test]
+    fn a_provider_that_cannot_be_reached_does_not_refuse_a_renewal() {
+        let s = Settings::parse(
+            "providers:\n- name: corp\n  issuer: http://127.0.0.1:1/realm\n  client_id: gpuflow\n  rules:\n  - {group: ml, team: ml, role: member}\n",
+        )
+        .unwrap();
+        let o = Oidc::new(&s);
+        let e = o.renew("corp", "s-1", "rt", NOW).unwrap_err();
+        assert!(matches!(e, RenewError::Unreachable(_)), "{e}");
     }
 
     fn claims(over: serde_json::Value) -> serde_json::Value {
