@@ -521,7 +521,10 @@ async fn oidc_caller(
 /// renews it ends it (revoked "by provider NAME"); one that cannot be
 /// reached leaves it as it was, to be tried again at the next request.
 async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate::http::Error> {
-    let link = t.session.clone().expect("a session");
+    // Only sessions are rechecked; a token without one is unknown here.
+    let Some(link) = t.session.clone() else {
+        return Err(refusal(&Refused::Unknown, at).into());
+    };
     let oidc = shared.oidc.clone();
     let rt = link.refresh_token.clone().unwrap_or_default();
     let (provider, subject) = (link.provider.clone(), link.subject.clone());

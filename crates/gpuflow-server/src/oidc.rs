@@ -285,7 +285,10 @@ impl Oidc {
     ) -> Result<(Identity, Option<String>), ApiError> {
         let key = crate::auth::hash(&r.code);
         {
-            let mut codes = self.codes.lock().expect("codes lock");
+            let mut codes = self
+                .codes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             codes.retain(|_, t| t.elapsed() < CODE_KEPT);
             if codes.insert(key, Instant::now()).is_some() {
                 return Err(refused(
@@ -573,7 +576,12 @@ impl Provider {
     fn disco(&self) -> Result<Disco, String> {
         // Read without the lock held: a slow provider must not stall the
         // checks of tokens whose keys are known.
-        if let Some(d) = &self.keys.lock().expect("oidc keys lock").disco {
+        if let Some(d) = &self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .disco
+        {
             return Ok(d.clone());
         }
         let url = format!(
@@ -595,7 +603,10 @@ impl Provider {
                 .ok_or_else(|| format!("{url} has no token_endpoint"))?,
             userinfo_endpoint: s("userinfo_endpoint"),
         };
-        self.keys.lock().expect("oidc keys lock").disco = Some(disco.clone());
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .disco = Some(disco.clone());
         Ok(disco)
     }
 
@@ -676,7 +687,10 @@ impl Provider {
     /// The published key `kid` names, fetching the keys again (at most
     /// every [`REFETCH`]) when it is not among those known.
     fn key(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, ApiError> {
-        let mut keys = self.keys.lock().expect("oidc keys lock");
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let find = |set: &JwkSet| -> Option<DecodingKey> {
             let jwk = match kid {
                 Some(k) => set.find(k)?,
@@ -693,7 +707,10 @@ impl Provider {
             keys.fetched = Some(Instant::now());
             drop(keys);
             let fetched = self.fetch();
-            keys = self.keys.lock().expect("oidc keys lock");
+            keys = self
+                .keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             match fetched {
                 Ok(set) => keys.set = Some(set),
                 Err(e) => {

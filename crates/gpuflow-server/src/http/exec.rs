@@ -45,7 +45,10 @@ impl Sessions {
     /// The sessions node `node`'s agent has not been told of yet (each
     /// told once); those whose client gave up are forgotten.
     pub fn orders_for(&self, node: &str) -> Vec<api::SessionOrder> {
-        let mut open = self.open.lock().expect("sessions lock");
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         open.retain(|_, p| p.at.elapsed() < AGENT_WAIT && !p.agent.is_closed());
         open.values_mut()
             .filter(|p| p.node == node && !p.sent)
@@ -58,23 +61,29 @@ impl Sessions {
 
     fn open(&self, node: &str, order: api::SessionOrder) -> oneshot::Receiver<WebSocket> {
         let (tx, rx) = oneshot::channel();
-        self.open.lock().expect("sessions lock").insert(
-            order.session.clone(),
-            Pending {
-                node: node.into(),
-                order,
-                sent: false,
-                agent: tx,
-                at: Instant::now(),
-            },
-        );
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                order.session.clone(),
+                Pending {
+                    node: node.into(),
+                    order,
+                    sent: false,
+                    agent: tx,
+                    at: Instant::now(),
+                },
+            );
         rx
     }
 
     /// The way to hand session `id` its agent's socket, when it is open
     /// and on `node`.
     fn take(&self, id: &str, node: &str) -> Option<oneshot::Sender<WebSocket>> {
-        let mut open = self.open.lock().expect("sessions lock");
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if open.get(id).is_none_or(|p| p.node != node) {
             return None;
         }
