@@ -1384,6 +1384,25 @@ fn idle_gpus_on_a_node_the_job_may_not_use_do_not_count_for_its_estimate() {
     .assert_eq(&out);
 }
 
+/// A job that GPUs would hold but CPUs do not: its estimate is when the
+/// CPUs free (the running job's end), not "now".
+#[test]
+fn a_job_short_of_cpus_is_not_told_it_starts_now() {
+    let out = run("
+        node n1 gpus=8*H100 cpu=8
+        queue org H100=8
+        config backfill=off
+        run 2 queue=org gpu=whole:1 cpu=6 runtime=300 started=0
+        job 3 queue=org gpu=whole:1 cpu=4
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=300): on H100: main: needs 1 whole GPU (H100), 4 CPU: 1 node has too little free CPU
+    "#]]
+    .assert_eq(&out);
+}
+
 /// Consolidation: a job no node can take, though the free GPUs would hold
 /// it, starts once a running job that fits elsewhere moves; the cheapest
 /// to move goes (least work lost). Nothing moves when consolidation is off,

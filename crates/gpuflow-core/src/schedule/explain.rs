@@ -12,39 +12,67 @@ use crate::NodeId;
 pub(super) struct NodeSlots {
     /// The cycle's time: when idle GPUs have room.
     now: u64,
-    /// Idle whole GPUs per node (0 on nodes that take no new work).
-    idle: Vec<u32>,
-    /// (node, end, whole GPUs given back), by node then end.
-    frees: Vec<(u32, u64, u32)>,
+    /// Idle whole GPUs, free milli-CPUs and free MiB per node (none on
+    /// nodes that take no new work).
+    idle: Vec<Room>,
+    /// (node, end, what it gives back), by node then end.
+    frees: Vec<(u32, u64, Room)>,
     /// Each node's static shape, and a node of each shape (by shape id).
     shape: Vec<u32>,
     shape_node: Vec<Option<NodeId>>,
-    /// Per GPUs-per-task size and request (by placement's id; `None`: one
-    /// every node's shape admits): the moments each further task of that
-    /// size finds room on some node it may use, soonest first.
-    by_size: BTreeMap<(u32, Option<u32>), Vec<u64>>,
+    /// Per task size (whole GPUs, milli-CPUs, MiB) and request (by
+    /// placement's id; `None`: one every node's shape admits): the moments
+    /// each further task of that size finds room on some node it may use,
+    /// soonest first.
+    by_size: BTreeMap<(Room, Option<u32>), Vec<u64>>,
     /// The shapes each request may use (`None`: all).
     usable: rustc_hash::FxHashMap<u32, Option<Vec<bool>>>,
 }
 
+/// Whole GPUs, milli-CPUs and MiB of memory: what a node has free, gives
+/// back, or a task needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Room {
+    gpus: u32,
+    cpu: u64,
+    mem: u64,
+}
+
+impl Room {
+    fn add(&mut self, o: Room) {
+        self.gpus += o.gpus;
+        self.cpu += o.cpu;
+        self.mem += o.mem;
+    }
+
+    /// How many tasks of `size` fit in it (a size of 0 in a resource does
+    /// not bound).
+    fn holds(&self, size: Room) -> u64 {
+        let fit = |have: u64, need: u64| have.checked_div(need).unwrap_or(u64::MAX);
+        fit(u64::from(self.gpus), u64::from(size.gpus))
+            .min(fit(self.cpu, size.cpu))
+            .min(fit(self.mem, size.mem))
+    }
+}
+
 impl NodeSlots {
-    /// The moments a task of `gpus` whole GPUs of request `rid` (`None`:
-    /// one any node admits) finds room on nodes it may use, one per task,
-    /// soonest first: a node with `k` tasks' room at time t adds t to the
-    /// list `k` times in all.
-    fn moments(&mut self, gpus: u32, rid: Option<u32>) -> &[u64] {
+    /// The moments a task of `size` of request `rid` (`None`: one any node
+    /// admits) finds room on nodes it may use, one per task, soonest
+    /// first: a node with `k` tasks' room at time t adds t to the list `k`
+    /// times in all.
+    fn moments(&mut self, size: Room, rid: Option<u32>) -> &[u64] {
         let (now, idle, frees, shape) = (self.now, &self.idle, &self.frees, &self.shape);
         let usable = rid
             .and_then(|r| self.usable.get(&r))
             .and_then(Option::as_ref);
-        self.by_size.entry((gpus, rid)).or_insert_with(|| {
+        self.by_size.entry((size, rid)).or_insert_with(|| {
             let may = |n: usize| usable.is_none_or(|u| u[shape[n] as usize]);
             let mut out = Vec::new();
             // `frees` is by node, and every node is visited in order.
             let mut k = 0;
             for (n, &idle_now) in idle.iter().enumerate() {
                 let mut have = idle_now;
-                let mut room = have / gpus;
+                let mut room = have.holds(size);
                 let mine = may(n);
                 if mine {
                     out.extend(std::iter::repeat_n(now, room as usize));
@@ -52,8 +80,8 @@ impl NodeSlots {
                 while k < frees.len() && frees[k].0 as usize == n {
                     let (_, end, back) = frees[k];
                     k += 1;
-                    have += back;
-                    let more = have / gpus;
+                    have.add(back);
+                    let more = have.holds(size);
                     if mine {
                         out.extend(std::iter::repeat_n(end, (more - room) as usize));
                     }
@@ -94,8 +122,13 @@ impl NodeSlots {
                     (!u.iter().all(|&x| x)).then_some(u)
                 })
                 .is_some();
+            let size = Room {
+                gpus: count as u32,
+                cpu: g.request.cpu.0,
+                mem: g.request.mem.0,
+            };
             let when = self
-                .moments(count as u32, restricted.then_some(rid))
+                .moments(size, restricted.then_some(rid))
                 .get(g.replicas.max(1) as usize - 1)?;
             t = t.max(*when);
         }
@@ -360,9 +393,9 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// Each ready node's idle whole GPUs now and the whole GPUs its running
-    /// and just-admitted jobs give back at their known ends, for
-    /// [`NodeSlots::earliest`].
+    /// Each ready node's idle whole GPUs, free CPU and memory now, and what
+    /// its running and just-admitted jobs give back at their known ends,
+    /// for [`NodeSlots::earliest`].
     pub(super) fn node_slots(&self) -> NodeSlots {
         let cluster = self.snap.placer.cluster();
         // Only GPUs that can take work count, now or once given back:
@@ -384,28 +417,41 @@ impl<'a> Cycle<'a> {
                     .fold(0u64, |m, (i, _)| m | 1 << i)
             })
             .collect();
-        let idle: Vec<u32> = cluster
+        let idle: Vec<Room> = cluster
             .nodes()
             .iter()
             .zip(&usable)
             .map(|(n, &m)| {
-                cluster
-                    .usage(n.id)
-                    .gpus
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, u)| m >> i & 1 == 1 && u.mode == crate::cluster::GpuMode::Idle)
-                    .count() as u32
+                if n.state != crate::model::NodeState::Ready {
+                    return Room::default();
+                }
+                let u = cluster.usage(n.id);
+                Room {
+                    gpus: u
+                        .gpus
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, g)| m >> i & 1 == 1 && g.mode == crate::cluster::GpuMode::Idle)
+                        .count() as u32,
+                    cpu: n.cpu.0.saturating_sub(u.cpu),
+                    mem: n.mem.0.saturating_sub(u.mem),
+                }
             })
             .collect();
-        let mut frees: Vec<(u32, u64, u32)> = Vec::new();
+        let mut frees: Vec<(u32, u64, Room)> = Vec::new();
         let mut give_back = |end: u64, allocations: &[Allocation]| {
             for a in allocations {
-                if let crate::cluster::GpuPick::Whole(mask) = a.pick {
-                    let back = mask & usable.get(a.node.0 as usize).copied().unwrap_or(0);
-                    if back != 0 {
-                        frees.push((a.node.0, end.max(self.snap.now), back.count_ones()));
-                    }
+                let mask = match a.pick {
+                    crate::cluster::GpuPick::Whole(mask) => mask,
+                    _ => 0,
+                };
+                let back = Room {
+                    gpus: (mask & usable.get(a.node.0 as usize).copied().unwrap_or(0)).count_ones(),
+                    cpu: a.cpu.0,
+                    mem: a.mem.0,
+                };
+                if back != Room::default() {
+                    frees.push((a.node.0, end.max(self.snap.now), back));
                 }
             }
         };
