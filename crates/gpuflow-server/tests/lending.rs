@@ -312,3 +312,39 @@ async fn a_start_estimate_expects_the_users_recent_runtimes() {
         "expected within the hour (its user's jobs run about a second), not when the running job's 24 h run out: {w}"
     );
 }
+
+/// #35's walk-through: a job blocked on CPU was told "now (at the next
+/// cycle)" and did not start. Its node has GPUs free but not the CPUs it
+/// asks for until the running job's declared hour is over: the estimate
+/// says so, also for a job beyond the cycle's backfill reservations.
+#[tokio::test]
+async fn a_job_short_of_cpus_is_not_told_it_starts_now() {
+    let h = harness_with(|_| {}).await;
+    let token = two_teams(&h).await;
+    let spec = |cpu: u32| {
+        format!(
+            "name: c\nqueue: lend-q\nkind: batch\nmax_runtime_s: 3600\ntasks:\n  - name: main\n    command: [sleep, '1000']\n    resources: {{cpu: {cpu}, memory_mib: 1024, gpu: {{count: 1}}}}\n"
+        )
+    };
+    let running = h.submit_spec(spec(48)).await;
+    cycle(&h).await;
+    beat(&h, &token, &[running], "running").await;
+    assert_eq!(state(&h, running).await, "running");
+    // Five wait: the first four get backfill reservations (which see CPUs);
+    // the fifth's estimate comes from the list schedule and the nodes.
+    let mut waiting = 0;
+    for _ in 0..5 {
+        waiting = h.submit_spec(spec(32)).await;
+    }
+    cycle(&h).await;
+    assert_eq!(state(&h, waiting).await, "pending");
+    let w = why(&h, waiting).await;
+    assert!(w.to_string().contains("too little free CPU"), "{w}");
+    let eta = w["eta"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("an estimate: {w}"));
+    assert!(
+        eta >= gpuflow_server::now() + 3000,
+        "not before the running job's hour is over: {w}"
+    );
+}
