@@ -1371,16 +1371,6 @@ pub enum Breach {
     GpuMemory,
 }
 
-impl Breach {
-    /// The event kind it is recorded with.
-    pub fn event(self) -> &'static str {
-        match self {
-            Breach::Memory => "oom",
-            Breach::GpuMemory => "gpu-memory",
-        }
-    }
-}
-
 /// A task's use of its GPUs since it started, sampled by its agent
 /// (cumulative, so a lost heartbeat loses nothing).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuflow_api as api;
 
+use crate::event::EventKind;
 use crate::state::JobRec;
 
 /// What rows are keyed by.
@@ -594,7 +595,7 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
                 now,
                 None,
                 &team,
-                "budget-low",
+                EventKind::BudgetLow,
                 format!(
                     "{kind} {name} has used {:.0} % of its budget of {limit}{unit} this {}: {:.1}{unit} left",
                     100.0 * used / limit,

@@ -21,6 +21,7 @@ use gpuflow_api::{
 use gpuflow_core::cluster::{MAX_GPUS_PER_NODE, MAX_MIG_INSTANCES};
 
 use crate::auth::{hash, new_token};
+use crate::event::EventKind;
 use crate::http::{Error, parse_json};
 use crate::state::{NodeRec, World};
 use crate::{Change, Shared, commit, now};
@@ -175,7 +176,7 @@ pub async fn register(
                 at,
                 None,
                 "",
-                "node-registered",
+                EventKind::NodeRegistered,
                 format!("node {} registered again", n.name),
             );
             n
@@ -185,7 +186,7 @@ pub async fn register(
                 at,
                 None,
                 "",
-                "node-registered",
+                EventKind::NodeRegistered,
                 format!(
                     "node {} joined with {} GPUs{}",
                     req.node,
@@ -284,7 +285,7 @@ pub async fn heartbeat(
             at,
             None,
             "",
-            "node-back",
+            EventKind::NodeBack,
             format!("node {} is back", n.name),
         );
     }
@@ -302,7 +303,7 @@ pub async fn heartbeat(
                 at,
                 None,
                 "",
-                "gpu-unhealthy",
+                EventKind::GpuUnhealthy,
                 format!(
                     "GPU {} ({}) of node {name} takes no work and its jobs are requeued: {why}",
                     g.index, g.uuid
@@ -312,7 +313,7 @@ pub async fn heartbeat(
                 at,
                 None,
                 "",
-                "gpu-healthy",
+                EventKind::GpuHealthy,
                 format!(
                     "GPU {} ({}) of node {name} is healthy again",
                     g.index, g.uuid

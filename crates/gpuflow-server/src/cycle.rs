@@ -24,6 +24,7 @@ use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
 use gpuflow_core::request::{self, Constraints, GpuRequest, Job, TaskGroup, TaskRequest};
 use gpuflow_core::schedule::{self, Config, Running, Workload};
 
+use crate::event::EventKind;
 use crate::lifecycle;
 use crate::state::{Alloc, JobRec, World};
 use crate::{Change, Shared, commit, now};
@@ -139,13 +140,13 @@ pub async fn run_once_with(
         let Some(j) = e.job.and_then(|id| out.change.jobs.get(&id)) else {
             continue;
         };
-        match e.kind.as_str() {
-            "admitted" => counted.push((
+        match EventKind::from_name(&e.kind) {
+            Some(EventKind::Admitted) => counted.push((
                 true,
                 j.spec.queue.clone(),
                 (j.attempts == 1).then(|| (j.spec.kind.as_str(), t.saturating_sub(j.submitted_at))),
             )),
-            "preempted" => counted.push((false, j.spec.queue.clone(), None)),
+            Some(EventKind::Preempted) => counted.push((false, j.spec.queue.clone(), None)),
             _ => {}
         }
     }
@@ -583,7 +584,7 @@ impl Computed {
                     t,
                     Some(j.id),
                     &j.team,
-                    "no-limits",
+                    EventKind::NoLimits,
                     format!("runs on node {n} without CPU and memory limits: {note}"),
                 );
             }
@@ -896,7 +897,7 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
                 t,
                 None,
                 "",
-                "node-lost",
+                EventKind::NodeLost,
                 format!(
                     "node {} lost: no heartbeat for {} s",
                     n.name,
@@ -933,7 +934,7 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         }
     }
     for (j, kind) in jobs {
-        if kind == "lifetime-reached" {
+        if kind == EventKind::LifetimeReached {
             tracing::info!(job = j.id, team = %j.team, reason = %j.reason, "notebook reclaimed");
         }
         change.event(t, Some(j.id), &j.team, kind, j.reason.clone());
@@ -964,7 +965,7 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     }
     for (j, event) in idle {
         if let Some((kind, message)) = event {
-            if kind == "idle-stop" {
+            if kind == EventKind::IdleStop {
                 tracing::info!(job = j.id, team = %j.team, %message, "idle GPUs reclaimed");
             }
             change.event(t, Some(j.id), &j.team, kind, message);

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use gpuflow_api::{self as api, DepKind, Dependency, JobState};
 use serde::{Deserialize, Serialize};
 
+use crate::event::EventKind;
 use crate::state::{JobRec, World};
 
 /// A dependency not met yet: what it waits for of which job.
@@ -170,7 +171,7 @@ pub fn resolve(
 /// job with one that never can be met is cancelled or held, as its spec
 /// says. Each with the event to record, if any.
 #[must_use]
-pub fn settle(world: &World, t: u64) -> Vec<(JobRec, Option<(&'static str, String)>)> {
+pub fn settle(world: &World, t: u64) -> Vec<(JobRec, Option<(crate::event::EventKind, String)>)> {
     let mut out = Vec::new();
     for j in world.jobs.values() {
         if j.state != JobState::Pending || j.waits_on.is_empty() {
@@ -194,9 +195,12 @@ pub fn settle(world: &World, t: u64) -> Vec<(JobRec, Option<(&'static str, Strin
         let mut next = j.clone();
         next.waits_on = left;
         let event = if never.is_empty() {
-            next.waits_on
-                .is_empty()
-                .then(|| ("dependency-met", "its dependencies are met".to_string()))
+            next.waits_on.is_empty().then(|| {
+                (
+                    EventKind::DependencyMet,
+                    "its dependencies are met".to_string(),
+                )
+            })
         } else {
             let kind = crate::lifecycle::dependency_never_met(&mut next, &never.join("; "), t);
             Some((kind, next.reason.clone()))

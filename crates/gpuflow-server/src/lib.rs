@@ -14,6 +14,7 @@ pub mod agent;
 pub mod auth;
 pub mod cycle;
 pub mod depend;
+pub mod event;
 pub mod external;
 pub mod feasible;
 pub mod groupcommit;
@@ -248,16 +249,16 @@ impl Change {
         at: u64,
         job: Option<u64>,
         team: &str,
-        kind: &str,
+        kind: event::EventKind,
         message: impl Into<String>,
     ) {
         let message = message.into();
-        tracing::debug!(job, team, kind, %message, "event");
+        tracing::debug!(job, team, kind = kind.as_str(), %message, "event");
         self.batch.events.push(NewEvent {
             at,
             job,
             team: team.into(),
-            kind: kind.into(),
+            kind: kind.as_str().into(),
             message,
         });
     }

@@ -23,7 +23,7 @@ use gpuflow_api::{self as api, JobSpec, JobState, TaskPhase, TaskReport};
 use crate::state::{AfterStop, Alloc, JobRec, TaskState};
 
 /// The kind of the event a transition records.
-pub type Kind = &'static str;
+pub type Kind = crate::event::EventKind;
 
 /// A new job, pending, as submitted by `user` to a queue of `team`.
 pub fn submitted(
@@ -81,14 +81,14 @@ pub fn dependency_never_met(j: &mut JobRec, what: &str, at: u64) -> Kind {
             j.state = JobState::Cancelled;
             j.finished_at = Some(at);
             j.reason = format!("cancelled: its dependency can never be met ({what})");
-            "dependency-never-met"
+            Kind::DependencyNeverMet
         }
         api::OnUnmet::Hold => {
             j.state = JobState::Held;
             j.reason = format!(
                 "held: its dependency can never be met ({what}); an admin's release runs it without it"
             );
-            "held"
+            Kind::Held
         }
     }
 }
@@ -114,7 +114,7 @@ pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>, at: u64) -> Kind 
     let mut nodes: Vec<&str> = j.allocs.iter().map(|a| a.node.as_str()).collect();
     nodes.dedup();
     j.reason = format!("admitted to {} (attempt {})", nodes.join(", "), j.attempts);
-    "admitted"
+    Kind::Admitted
 }
 
 /// A cycle preempted the job for job `by`: it is signalled now and killed
@@ -129,7 +129,7 @@ pub fn preempt(j: &mut JobRec, by: u64, why: &str, kill_at: u64, lost_gpu_hours:
         "preempted by job {by}: {why}; signalled now, killed at {} ({lost_gpu_hours:.2} GPU-hours since the last checkpoint)",
         crate::when(kill_at)
     );
-    "preempted"
+    Kind::Preempted
 }
 
 /// Its node no longer holds its allocation: stopped and requeued. `None`
@@ -139,7 +139,7 @@ pub fn evict(j: &mut JobRec, at: u64, reason: &str) -> Option<Kind> {
         return None;
     }
     stop(j, at, AfterStop::Requeue, format!("evicted: {reason}"));
-    Some("evicted")
+    Some(Kind::Evicted)
 }
 
 /// A node it runs on is lost (its lease ran out): requeued, or, if it was
@@ -153,7 +153,7 @@ pub fn node_lost(j: &mut JobRec, node: &str, at: u64) -> Kind {
         j.state = JobState::Pending;
         j.reason = format!("{msg}; requeued");
     }
-    "requeued"
+    Kind::Requeued
 }
 
 /// Stops a job that ran past its max runtime; `None` when it has not.
@@ -173,7 +173,7 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
             AfterStop::Cancel,
             format!("reached its maximum lifetime of {max} s; stopped"),
         );
-        return Some("lifetime-reached");
+        return Some(Kind::LifetimeReached);
     }
     stop(
         j,
@@ -181,7 +181,7 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
         AfterStop::Timeout,
         format!("exceeded its max runtime of {max} s"),
     );
-    Some("stopping")
+    Some(Kind::Stopping)
 }
 
 /// The server holds a pending job that makes the scheduler fail; an admin
@@ -189,7 +189,7 @@ pub fn max_runtime(j: &mut JobRec, at: u64) -> Option<Kind> {
 pub fn set_aside(j: &mut JobRec, reason: &str) -> Kind {
     j.state = JobState::Held;
     j.reason = reason.to_string();
-    "held"
+    Kind::Held
 }
 
 /// What an owner or an admin asks of a job.
@@ -234,43 +234,43 @@ pub fn act(j: &mut JobRec, action: Action, who: &str, at: u64) -> Result<Kind, S
             j.state = JobState::Cancelled;
             j.finished_at = Some(at);
             j.reason = format!("cancelled by {who}");
-            "cancelled"
+            Kind::Cancelled
         }
         (Cancel, JobState::Stopping) => {
             j.after_stop = Some(AfterStop::Cancel);
             j.reason = format!("cancelled by {who}; stopping");
-            "stopping"
+            Kind::Stopping
         }
         (Cancel, _) => {
             stop(j, at, AfterStop::Cancel, format!("cancelled by {who}"));
-            "stopping"
+            Kind::Stopping
         }
         (Suspend, JobState::Pending) => {
             j.state = JobState::Suspended;
             j.reason = format!("suspended by {who}");
-            "suspended"
+            Kind::Suspended
         }
         (Suspend, s) if s.allocated() && s != JobState::Stopping => {
             stop(j, at, AfterStop::Suspend, format!("suspended by {who}"));
-            "stopping"
+            Kind::Stopping
         }
         (Suspend, _) => return Err("only pending or running jobs can be suspended".into()),
         (Resume, JobState::Suspended) => {
             j.state = JobState::Pending;
             j.reason = format!("resumed by {who}");
-            "resumed"
+            Kind::Resumed
         }
         (Resume, _) => return Err("only suspended jobs can be resumed".into()),
         (Hold, JobState::Pending) => {
             j.state = JobState::Held;
             j.reason = format!("held by {who}");
-            "held"
+            Kind::Held
         }
         (Hold, _) => return Err("only pending jobs can be held".into()),
         (Release, JobState::Held) => {
             j.state = JobState::Pending;
             j.reason = format!("released by {who}");
-            "released"
+            Kind::Released
         }
         (Release, _) => return Err("only held jobs can be released".into()),
     })
@@ -404,7 +404,13 @@ pub fn breaches(j: &JobRec, reports: &[&TaskReport]) -> Vec<(Kind, String)> {
                 .find(|t| t.group == r.group && t.index == r.index)
                 .is_none_or(|t| t.phase == TaskPhase::Running)
         })
-        .map(|(r, b)| (b.event(), r.message.clone()))
+        .map(|(r, b)| {
+            let kind = match b {
+                api::Breach::Memory => Kind::Oom,
+                api::Breach::GpuMemory => Kind::GpuMemory,
+            };
+            (kind, r.message.clone())
+        })
         .collect()
 }
 
@@ -428,7 +434,7 @@ pub fn image_events(j: &JobRec, next: &mut JobRec, reports: &[&TaskReport]) -> V
                 .iter()
                 .any(|t| t.group == r.group && t.index == r.index);
             if !told && !next.image_digests.contains_key(&r.group) {
-                out.push(("image-pulling", format!("pulling {name}")));
+                out.push((Kind::ImagePulling, format!("pulling {name}")));
             }
         } else if !img.error.is_empty() {
             let known = j
@@ -436,12 +442,15 @@ pub fn image_events(j: &JobRec, next: &mut JobRec, reports: &[&TaskReport]) -> V
                 .iter()
                 .any(|t| t.group == r.group && t.index == r.index && t.phase != TaskPhase::Running);
             if !known {
-                out.push(("image-failed", format!("cannot run {name}: {}", img.error)));
+                out.push((
+                    Kind::ImageFailed,
+                    format!("cannot run {name}: {}", img.error),
+                ));
             }
         } else if !img.digest.is_empty() && !next.image_digests.contains_key(&r.group) {
             next.image_digests.insert(r.group, img.digest.clone());
             out.push((
-                "image-pulled",
+                Kind::ImagePulled,
                 if img.pulled_mib > 0.0 {
                     format!(
                         "pulled {name} ({:.1} MiB in {:.1} s), digest {}",
@@ -467,12 +476,12 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
             let after = j.after_stop;
             finish_stop(j, at, &why);
             return Some(match (j.state, after) {
-                (JobState::Cancelled, _) => "cancelled",
-                (JobState::Failed, _) => "failed",
-                (JobState::Timeout, _) => "timeout",
-                (JobState::Suspended, _) => "suspended",
-                (_, Some(AfterStop::Retry)) => "retry",
-                _ => "requeued",
+                (JobState::Cancelled, _) => Kind::Cancelled,
+                (JobState::Failed, _) => Kind::Failed,
+                (JobState::Timeout, _) => Kind::Timeout,
+                (JobState::Suspended, _) => Kind::Suspended,
+                (_, Some(AfterStop::Retry)) => Kind::Retry,
+                _ => Kind::Requeued,
             });
         }
         return None;
@@ -510,9 +519,9 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
             let why = j.reason.clone();
             finish_stop(j, at, &why);
-            return Some(if retry { "retry" } else { "failed" });
+            return Some(if retry { Kind::Retry } else { Kind::Failed });
         }
-        return Some("stopping");
+        return Some(Kind::Stopping);
     }
     // A task stopped on its node without the server's order (its agent
     // stopped or crashed, the node's lease ran out): this attempt is over
@@ -526,9 +535,9 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         if j.tasks.iter().filter(|t| done(t.phase)).count() >= total {
             let why = j.reason.clone();
             finish_stop(j, at, &why);
-            return Some("requeued");
+            return Some(Kind::Requeued);
         }
-        return Some("stopping");
+        return Some(Kind::Stopping);
     }
     let exited = j
         .tasks
@@ -542,7 +551,7 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         close_held(j, at);
         j.last_tasks = j.task_views();
         j.allocs.clear();
-        return Some("succeeded");
+        return Some(Kind::Succeeded);
     }
     let running = j
         .tasks
@@ -553,13 +562,13 @@ fn settle(j: &mut JobRec, at: u64) -> Option<Kind> {
         j.state = JobState::Running;
         j.started_at.get_or_insert(at);
         j.reason = format!("{total} task{} running", if total == 1 { "" } else { "s" });
-        return Some("running");
+        return Some(Kind::Running);
     }
     if running > 0 && j.state == JobState::Admitted {
         j.state = JobState::Starting;
         j.started_at.get_or_insert(at);
         j.reason = format!("{running} of {total} tasks started");
-        return Some("starting");
+        return Some(Kind::Starting);
     }
     None
 }
@@ -619,7 +628,10 @@ pub fn idle(j: &mut JobRec, t: u64) -> Option<(Kind, String)> {
         } else {
             format!(" in {} s unless its GPUs get busy", policy.warn_s)
         };
-        return Some(("idle-warning", format!("idle: {measured}; {action}{when}")));
+        return Some((
+            Kind::IdleWarning,
+            format!("idle: {measured}; {action}{when}"),
+        ));
     };
     if policy.action == api::IdleAction::Notify || t < warned + policy.warn_s {
         return None;
@@ -636,7 +648,7 @@ pub fn idle(j: &mut JobRec, t: u64) -> Option<(Kind, String)> {
         format!("idle: {measured}; {what} by its idle policy"),
     );
     j.idle_warned_at = None;
-    Some(("idle-stop", j.reason.clone()))
+    Some((Kind::IdleStop, j.reason.clone()))
 }
 
 /// Tells a job to stop; it keeps its GPUs until its tasks are gone.

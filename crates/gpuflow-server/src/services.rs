@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use gpuflow_api::{self as api, JobState};
 
 use crate::Change;
+use crate::event::EventKind;
 use crate::state::{JobRec, ServiceRec, ServiceRef, World};
 
 /// Whether a replica serves: running, and its readiness check passes (or
@@ -124,7 +125,7 @@ pub fn reconcile(world: &World, t: u64) -> Change {
                 t,
                 Some(j.id),
                 &svc.team,
-                "submitted",
+                EventKind::Submitted,
                 format!(
                     "replica of service {} (version {})",
                     svc.spec.name, svc.version

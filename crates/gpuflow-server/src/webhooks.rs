@@ -72,13 +72,14 @@ impl WebhookRec {
     /// The name it is notified of a job event `kind` by, if any: the most
     /// specific it asked for (a failed job is `fail`, else `end`).
     fn wants(&self, kind: &str) -> Option<&'static str> {
-        let names: &[&'static str] = match kind {
-            "running" => &["begin"],
-            "succeeded" | "cancelled" | "dependency-never-met" => &["end"],
-            "failed" => &["fail", "end"],
-            "timeout" => &["timeout", "end"],
-            "preempted" => &["preempted"],
-            "requeued" => &["requeued"],
+        use crate::event::EventKind as K;
+        let names: &[&'static str] = match K::from_name(kind) {
+            Some(K::Running) => &["begin"],
+            Some(K::Succeeded | K::Cancelled | K::DependencyNeverMet) => &["end"],
+            Some(K::Failed) => &["fail", "end"],
+            Some(K::Timeout) => &["timeout", "end"],
+            Some(K::Preempted) => &["preempted"],
+            Some(K::Requeued) => &["requeued"],
             _ => &[],
         };
         let all = self.events.iter().any(|e| e == "all");
@@ -118,7 +119,9 @@ impl World {
             return;
         }
         for e in events {
-            if e.kind == "budget-low" {
+            if crate::event::EventKind::from_name(&e.kind)
+                == Some(crate::event::EventKind::BudgetLow)
+            {
                 self.notify_team(e);
                 continue;
             }

@@ -34,7 +34,7 @@ fn check(yaml: &str, script: &str, want: Expect) {
     for line in script.lines().map(str::trim).filter(|l| !l.is_empty()) {
         at += 10;
         let w: Vec<&str> = line.split_whitespace().collect();
-        let kind: Result<Option<&str>, String> = match w[..] {
+        let kind: Result<Option<gpuflow_server::event::EventKind>, String> = match w[..] {
             ["admit", node] => {
                 let n = j.task_count();
                 let allocs = (0..n)

@@ -1,6 +1,7 @@
 //! Jobs: submit (and test-only), list, get, why, logs, and the owners' and admins' actions.
 
 use super::*;
+use crate::event::EventKind;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -536,7 +537,7 @@ async fn submit(
             ),
             None => format!("submitted by {} to queue {}", e.user, e.spec.queue),
         };
-        change.event(at, Some(e.id), &team, "submitted", what);
+        change.event(at, Some(e.id), &team, EventKind::Submitted, what);
     }
     change.audit(
         at,
@@ -1062,7 +1063,7 @@ async fn submit_batch(
             t,
             Some(j.id),
             &j.team,
-            "submitted",
+            EventKind::Submitted,
             format!(
                 "submitted by {} to queue {} (in a batch)",
                 j.user, j.spec.queue

@@ -2,6 +2,7 @@
 //! idle while work that fits them waits.
 
 use super::*;
+use crate::event::EventKind;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -139,7 +140,7 @@ async fn node_action(
             at,
             None,
             "",
-            "node-clear",
+            EventKind::NodeClear,
             format!(
                 "the GPU health marks of node {name} were cleared by {}",
                 caller.user.name
@@ -155,7 +156,7 @@ async fn node_action(
             at,
             None,
             "",
-            "node-replace",
+            EventKind::NodeReplace,
             format!(
                 "node {name} released for replacement by {}; its work is requeued",
                 caller.user.name
@@ -184,7 +185,12 @@ async fn node_action(
             ),
             _ => format!("node {name} {action}ed by {}", caller.user.name),
         };
-        change.event(at, None, "", &format!("node-{action}"), what);
+        let kind = match state {
+            NodeState::Draining => EventKind::NodeDrain,
+            NodeState::Cordoned => EventKind::NodeCordon,
+            _ => EventKind::NodeUncordon,
+        };
+        change.event(at, None, "", kind, what);
     }
     change.audit(
         at,

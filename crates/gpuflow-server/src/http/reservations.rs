@@ -3,6 +3,7 @@
 //! everyone sees them.
 
 use super::*;
+use crate::event::EventKind;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -140,7 +141,7 @@ async fn create(
         t,
         None,
         "",
-        "reservation-created",
+        EventKind::ReservationCreated,
         format!(
             "{} on {} from {} to {}",
             r.purpose(),

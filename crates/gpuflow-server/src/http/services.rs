@@ -3,6 +3,7 @@
 //! replicas are jobs the cycle's `services::reconcile` keeps in step.
 
 use super::*;
+use crate::event::EventKind;
 use crate::state::{ServiceRec, service_rec};
 
 pub(super) fn router() -> Router<Arc<Shared>> {
@@ -113,7 +114,7 @@ async fn create_service(
         at,
         None,
         &team,
-        "service-created",
+        EventKind::ServiceCreated,
         format!(
             "service {} created by {} with {} replicas",
             svc.spec.name, caller.user.name, svc.spec.replicas
@@ -170,7 +171,7 @@ async fn patch_service(
         at,
         None,
         &next.team,
-        "service-changed",
+        EventKind::ServiceChanged,
         format!(
             "service {name} changed by {}: {} replicas, version {}",
             caller.user.name, next.spec.replicas, next.version
@@ -224,7 +225,7 @@ async fn delete_service(
         at,
         None,
         &team,
-        "service-deleted",
+        EventKind::ServiceDeleted,
         format!("service {name} deleted by {who}"),
     );
     change.audit(at, &who, "service.delete", &format!("service/{name}"), "");
