@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand, ValueEnum};
 use gpuflow_api as api;
 use serde_json::Value;
@@ -1116,15 +1116,18 @@ impl Client {
         }
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         if status >= 400 {
-            let msg = serde_json::from_str::<api::ApiError>(&text).map_or(text, |e| e.message);
-            if status == 401 {
-                bail!(
-                    "{msg} (HTTP 401; the token came from {}, for {})",
-                    self.token_from,
-                    self.base
-                );
+            let (code, message) = match serde_json::from_str::<api::ApiError>(&text) {
+                Ok(e) => (e.code, e.message),
+                Err(_) => (String::new(), text),
+            };
+            let whence = (status == 401).then(|| (self.token_from.clone(), self.base.clone()));
+            return Err(Refusal {
+                status,
+                code,
+                message,
+                whence,
             }
-            bail!("{msg} (HTTP {status})");
+            .into());
         }
         if text.is_empty() {
             return Ok(Value::Null);
@@ -1149,6 +1152,32 @@ impl std::fmt::Display for Unreachable {
 }
 
 impl std::error::Error for Unreachable {}
+
+/// The server answered with an error: its HTTP status and the API's
+/// `{code, message}` (the code is empty when the body was not the API's).
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) status: u16,
+    pub(crate) code: String,
+    pub(crate) message: String,
+    /// For a 401: where the token came from, and the server it went to.
+    whence: Option<(String, String)>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.whence {
+            Some((from, base)) => write!(
+                f,
+                "{} (HTTP {}; the token came from {from}, for {base})",
+                self.message, self.status
+            ),
+            None => write!(f, "{} (HTTP {})", self.message, self.status),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
 
 /// Whether a TLS client's request failed because the server answered in
 /// plain HTTP: rustls reads that answer as a record that is no TLS.
@@ -1766,7 +1795,14 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             let mut wait = std::time::Duration::from_millis(500);
             let v = loop {
                 match c.call_with("POST", "/v1/jobs", Some((ct, body.clone())), Some(&key)) {
-                    Err(e) if e.is::<Unreachable>() && wait < std::time::Duration::from_secs(8) => {
+                    // Not reached, or the first try is still being stored:
+                    // the same key again.
+                    Err(e)
+                        if (e.is::<Unreachable>()
+                            || e.downcast_ref::<Refusal>()
+                                .is_some_and(|r| r.code == "in_progress"))
+                            && wait < std::time::Duration::from_secs(8) =>
+                    {
                         eprintln!("{e:#}; retrying in {} ms", wait.as_millis());
                         std::thread::sleep(wait);
                         wait *= 2;
@@ -3462,6 +3498,40 @@ mod tests {
         assert!(
             e.to_string()
                 .starts_with("cannot reach the server at http://127.0.0.1:")
+        );
+    }
+
+    /// A refusal carries the API's code (a submission still being stored is
+    /// `in_progress`, which the CLI retries with the same key) and reads as
+    /// before: the message and the status.
+    #[test]
+    fn a_refusal_keeps_the_apis_code_and_reads_as_the_message() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut req = [0u8; 4096];
+                let _ = s.read(&mut req);
+                let body = r#"{"code":"in_progress","message":"job 7 is being stored; retry in a moment"}"#;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let e = client(&format!("http://127.0.0.1:{port}"))
+            .call(
+                "POST",
+                "/v1/jobs",
+                Some(("application/yaml", b"x".to_vec())),
+            )
+            .unwrap_err();
+        let r = e.downcast_ref::<Refusal>().expect("a refusal");
+        assert_eq!((r.status, r.code.as_str()), (409, "in_progress"));
+        assert_eq!(
+            e.to_string(),
+            "job 7 is being stored; retry in a moment (HTTP 409)"
         );
     }
 
