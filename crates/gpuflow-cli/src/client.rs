@@ -1683,11 +1683,12 @@ fn start_of(j: &Value) -> String {
     }
 }
 
-/// An estimated start in words: "unknown" without one (running work
-/// declares no max runtime), "now" when it is due.
+/// An estimated start in words: "unknown" without one (the reasons said
+/// before it tell why it waits; the server gives no cause for the lack of
+/// an estimate, so none is guessed here), "now" when it is due.
 fn eta_text(eta: Option<&Value>) -> String {
     let Some(e) = eta.and_then(Value::as_u64) else {
-        return "unknown (the work it waits for declares no max runtime)".into();
+        return "unknown".into();
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

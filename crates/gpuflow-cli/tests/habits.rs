@@ -865,6 +865,35 @@ fn a_webhook_tells_a_receiver_when_a_job_begins_and_ends() {
     assert!(!cli(&["webhook", "ls"]).contains(&url));
 }
 
+/// #35's walk-through: a job without an estimate was told "unknown (the
+/// work it waits for declares no max runtime)" though nothing ran without
+/// one. The CLI guessed a cause; it now says "unknown" and the reasons
+/// (here: its queue is held) say why it waits.
+#[test]
+fn a_job_without_an_estimate_is_not_given_an_invented_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &api.url, "--token", &admin]);
+        let (code, out, err) = gpuflow(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    cli(&["queue", "set", "default", "--state", "held"]);
+    let out = cli(&["job", "submit", "--wrap", "true", "-o", "json"]);
+    let id = serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let why = poll("why says the queue is held", LONG, || {
+        let out = cli(&["job", "why", &id]);
+        out.contains("held").then_some(out)
+    });
+    assert!(why.contains("estimated start: unknown"), "{why}");
+    assert!(!why.contains("max runtime"), "{why}");
+}
+
 /// `gpuflow reservation` as `scontrol create reservation` is used for a
 /// maintenance window: jobs stay off the node, `job why` says until when,
 /// `node ls` shows it, and deleting it lets the job start.
