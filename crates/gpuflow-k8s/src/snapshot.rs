@@ -242,7 +242,7 @@ fn gpus(n: &KNode, topo: &TopologyLabels) -> Vec<Gpu> {
     let whole = quantity_of(alloc, GPU)
         .and_then(quantity::count)
         .unwrap_or(0)
-        .min(64);
+        .min(MAX_GPUS as u64);
     let nvlink = labels.get(&topo.nvlink).cloned();
     let mut out: Vec<Gpu> = (0..whole)
         .map(|_| {
@@ -313,7 +313,7 @@ fn time_sliced(n: &KNode, model: &str, mem: u64, labels: &BTreeMap<String, Strin
         );
         return Vec::new();
     }
-    (0..(shared / replicas).min(64))
+    (0..(shared / replicas).min(MAX_GPUS as u64))
         .map(|_| {
             let mut g = Gpu::plain(model, MemMib(mem));
             g.time_slices = replicas.min(u16::MAX as u64) as u16;
