@@ -1139,19 +1139,12 @@ impl Client {
 /// The server could not be reached: no answer came (a connection, DNS or
 /// a timeout failed), so a request that carries an idempotency key may be
 /// sent again.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach the server at {base}: {text}")]
 pub(crate) struct Unreachable {
     base: String,
     text: String,
 }
-
-impl std::fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "cannot reach the server at {}: {}", self.base, self.text)
-    }
-}
-
-impl std::error::Error for Unreachable {}
 
 /// The server answered with an error: its HTTP status and the API's
 /// `{code, message}` (the code is empty when the body was not the API's).

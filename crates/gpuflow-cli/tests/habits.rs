@@ -596,13 +596,7 @@ fn cancelling_another_teams_job_says_so_once() {
 fn job_ls_collapses_an_arrays_pending_elements_and_shows_when_jobs_start() {
     let dir = tempfile::tempdir().unwrap();
     let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "2xemu-gpu", &[]);
-    let cli = |args: &[&str]| {
-        let mut all = args.to_vec();
-        all.extend(["--server", &api.url, "--token", &admin]);
-        let (code, out, err) = gpuflow(&all);
-        assert_eq!(code, Some(0), "{args:?}: {err}");
-        out
-    };
+    let cli = |args: &[&str]| ok(&api, &admin, args);
     let spec = format!(
         "{}max_runtime_s: 600\narray: 0-9\n",
         job_yaml("sweep", "default", "batch", 1, "sleep 300", 1)
@@ -826,13 +820,7 @@ fn a_webhook_tells_a_receiver_when_a_job_begins_and_ends() {
             let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
         }
     });
-    let cli = |args: &[&str]| {
-        let mut all = args.to_vec();
-        all.extend(["--server", &api.url, "--token", &admin]);
-        let (code, out, err) = gpuflow(&all);
-        assert_eq!(code, Some(0), "{args:?}: {err}");
-        out
-    };
+    let cli = |args: &[&str]| ok(&api, &admin, args);
     let url = format!("http://127.0.0.1:{port}/hook");
     let out = cli(&["webhook", "create", &url, "--events", "begin,end"]);
     assert!(out.contains("secret"), "{out}");
@@ -873,13 +861,7 @@ fn a_webhook_tells_a_receiver_when_a_job_begins_and_ends() {
 fn a_job_without_an_estimate_is_not_given_an_invented_cause() {
     let dir = tempfile::tempdir().unwrap();
     let (_up, api, admin) = up(&dir.path().join("data"), free_port(), "1xemu-gpu", &[]);
-    let cli = |args: &[&str]| {
-        let mut all = args.to_vec();
-        all.extend(["--server", &api.url, "--token", &admin]);
-        let (code, out, err) = gpuflow(&all);
-        assert_eq!(code, Some(0), "{args:?}: {err}");
-        out
-    };
+    let cli = |args: &[&str]| ok(&api, &admin, args);
     cli(&["queue", "set", "default", "--state", "held"]);
     let out = cli(&["job", "submit", "--wrap", "true", "-o", "json"]);
     let id = serde_json::from_str::<serde_json::Value>(&out).unwrap()["id"]
@@ -905,13 +887,7 @@ fn a_maintenance_reservation_holds_a_node_until_it_is_removed() {
         .as_str()
         .unwrap()
         .to_string();
-    let cli = |args: &[&str]| {
-        let mut all = args.to_vec();
-        all.extend(["--server", &api.url, "--token", &admin]);
-        let (code, out, err) = gpuflow(&all);
-        assert_eq!(code, Some(0), "{args:?}: {err}");
-        out
-    };
+    let cli = |args: &[&str]| ok(&api, &admin, args);
     let out = cli(&[
         "reservation",
         "create",
@@ -941,6 +917,15 @@ fn a_maintenance_reservation_holds_a_node_until_it_is_removed() {
     assert!(cli(&["node", "ls"]).contains("+reserved"));
     cli(&["reservation", "rm", "fix"]);
     api.wait_state(id, &admin, "succeeded", LONG);
+}
+
+/// `gpuflow ARGS` against `api` as `token`, which must succeed: its output.
+fn ok(api: &Api, token: &str, args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--server", &api.url, "--token", token]);
+    let (code, out, err) = gpuflow(&all);
+    assert_eq!(code, Some(0), "{args:?}: {err}");
+    out
 }
 
 /// `gpuflow` with `env` set (and GPUFLOW_TOKEN, GPUFLOW_SERVER and

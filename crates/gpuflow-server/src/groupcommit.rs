@@ -9,8 +9,9 @@
 
 use std::sync::{Arc, Weak};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc, oneshot};
 
+use crate::state::World;
 use crate::{Change, ServerError, Shared};
 
 /// The most submissions one transaction stores.
@@ -22,11 +23,13 @@ struct Waiting {
     done: oneshot::Sender<Result<(), String>>,
 }
 
+type Queue = Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>;
+
 /// The queue of submissions to store, served by one task
 /// ([`GroupCommit::start`]).
 pub struct GroupCommit {
     tx: mpsc::UnboundedSender<Waiting>,
-    rx: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Waiting>>>,
+    rx: std::sync::Mutex<Option<Queue>>,
 }
 
 impl Default for GroupCommit {
@@ -34,49 +37,84 @@ impl Default for GroupCommit {
         let (tx, rx) = mpsc::unbounded_channel();
         GroupCommit {
             tx,
-            rx: std::sync::Mutex::new(Some(rx)),
+            rx: std::sync::Mutex::new(Some(Arc::new(Mutex::new(rx)))),
         }
     }
 }
 
 impl GroupCommit {
     /// Starts the task that stores the queued submissions, on the current
-    /// tokio runtime. It holds the shared state weakly and ends with it.
+    /// tokio runtime, supervised: one that panics is logged and started
+    /// again on the same queue. It holds the shared state weakly and ends
+    /// with it.
     pub fn start(shared: &Arc<Shared>) {
-        let rx = shared
+        let queue = shared
             .submissions
             .rx
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(rx) = rx {
-            tokio::spawn(serve(Arc::downgrade(shared), rx));
-        }
+        let Some(queue) = queue else {
+            return;
+        };
+        let weak = Arc::downgrade(shared);
+        tokio::spawn(async move {
+            while let Err(e) = tokio::spawn(serve(weak.clone(), queue.clone())).await {
+                tracing::error!(error = %e, "the group commit task failed; started again");
+            }
+        });
     }
 }
 
 /// Stores `change` (new records only: no other writer knows them yet)
 /// with the submissions that wait beside it, and publishes it to the
-/// shared state once the store has it. The caller holds no lock.
+/// shared state once the store has it. The caller holds no lock. A
+/// submission that is not stored keeps nothing in memory: its ids leave
+/// [`World::storing`] and its idempotency key is forgotten.
 ///
 /// # Errors
-/// When the store refused the transaction: nothing of it was kept.
+/// When the store refused the transaction (nothing of it was kept), or
+/// the task that stores submissions is gone.
 pub async fn store(shared: &Shared, change: Change) -> Result<(), ServerError> {
+    let held: Vec<(u64, String, Option<String>)> = change
+        .jobs
+        .values()
+        .map(|j| (j.id, j.user.clone(), j.idempotency_key.clone()))
+        .collect();
     let (done, answer) = oneshot::channel();
-    let stopped = || ServerError::Cycle("the server is stopping".into());
-    shared
-        .submissions
-        .tx
-        .send(Waiting { change, done })
-        .map_err(|_| stopped())?;
-    match answer.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ServerError::Io(std::io::Error::other(e))),
-        Err(_) => Err(stopped()),
+    let sent = shared.submissions.tx.send(Waiting { change, done });
+    match (sent, answer.await) {
+        (Ok(()), Ok(Ok(()))) => Ok(()),
+        // The task answered: it has forgotten the submission already.
+        (Ok(()), Ok(Err(e))) => Err(ServerError::Io(std::io::Error::other(e))),
+        _ => {
+            let held = held
+                .iter()
+                .map(|(id, u, k)| (*id, u.as_str(), k.as_deref()));
+            forget(&mut *shared.world.lock().await, held);
+            Err(ServerError::Stopping)
+        }
     }
 }
 
-async fn serve(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+/// Takes back what submitted jobs that were not stored hold in memory:
+/// their ids in [`World::storing`] and their idempotency keys, so that a
+/// retry submits again.
+/// `jobs`: (id, user, idempotency key).
+fn forget<'a>(world: &mut World, jobs: impl IntoIterator<Item = (u64, &'a str, Option<&'a str>)>) {
+    for (id, user, key) in jobs {
+        world.storing.remove(&id);
+        if let Some(k) = key {
+            let key = (user.to_string(), k.to_string());
+            if world.idempotency.get(&key) == Some(&id) {
+                world.idempotency.remove(&key);
+            }
+        }
+    }
+}
+
+async fn serve(shared: Weak<Shared>, queue: Queue) {
+    let mut rx = queue.lock().await;
     while let Some(first) = rx.recv().await {
         let mut group = vec![first];
         while group.len() < MAX_GROUP
@@ -106,19 +144,12 @@ async fn serve(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
         for (jobs, nodes, events, done) in parts {
             match &stored {
                 Ok(()) => crate::publish(&mut world, jobs, nodes, &events),
-                Err(_) => {
-                    // Nothing was kept: a retry with the same key submits
-                    // again, whether or not its handler still waits.
-                    for j in &jobs {
-                        world.storing.remove(&j.id);
-                        if let Some(k) = &j.idempotency_key {
-                            let key = (j.user.clone(), k.clone());
-                            if world.idempotency.get(&key) == Some(&j.id) {
-                                world.idempotency.remove(&key);
-                            }
-                        }
-                    }
-                }
+                // Nothing was kept, whether or not its handler still waits.
+                Err(_) => forget(
+                    &mut world,
+                    jobs.iter()
+                        .map(|j| (j.id, j.user.as_str(), j.idempotency_key.as_deref())),
+                ),
             }
             answers.push(done);
         }

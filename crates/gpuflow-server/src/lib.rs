@@ -51,6 +51,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("the scheduling cycle's computation failed: {0}")]
     Cycle(String),
+    #[error("the server is stopping")]
+    Stopping,
 }
 
 /// Server settings.

@@ -155,24 +155,17 @@ struct Disco {
 }
 
 /// Why a session was not renewed at its provider.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
     /// The provider could not be asked (not reached, or its discovery
     /// document could not be read): the session goes on as it was and is
     /// tried again later.
+    #[error("cannot reach the provider: {0}")]
     Unreachable(String),
     /// The provider no longer renews it, or renewed it with what cannot be
     /// used: the session ends.
+    #[error("{0}")]
     Refused(String),
-}
-
-impl std::fmt::Display for RenewError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RenewError::Unreachable(e) => write!(f, "cannot reach the provider: {e}"),
-            RenewError::Refused(e) => f.write_str(e),
-        }
-    }
 }
 
 /// A session renewed at its provider: the user's claims now.

@@ -59,21 +59,27 @@ async fn team(h: &H, name: &str) -> std::collections::BTreeMap<&'static str, Str
     assert_eq!(s, 201, "{v}");
     let mut out = std::collections::BTreeMap::new();
     for role in ["team-lead", "member", "viewer"] {
-        let user = format!("{name}-{role}");
-        let (s, v) = h
-            .json(
-                "POST",
-                "/v1/users",
-                a,
-                json!({"name": user, "team": name, "role": role}),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
-        let (s, v) = h.json("POST", "/v1/tokens", a, json!({"user": user})).await;
-        assert_eq!(s, 201, "{v}");
-        out.insert(role, v["token"].as_str().unwrap().to_string());
+        out.insert(role, user(h, &format!("{name}-{role}"), name, role).await);
     }
     out
+}
+
+/// A user `name` of `team` with `role`, made by the admin: its token.
+async fn user(h: &H, name: &str, team: &str, role: &str) -> String {
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/users",
+            &h.admin,
+            json!({"name": name, "team": team, "role": role}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h
+        .json("POST", "/v1/tokens", &h.admin, json!({"user": name}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    v["token"].as_str().unwrap().to_string()
 }
 
 #[tokio::test]
@@ -1437,25 +1443,7 @@ async fn a_member_acts_on_their_own_jobs_and_a_lead_on_the_teams() {
     let h = harness(None).await;
     let alpha = team(&h, "alpha").await;
     let beta = team(&h, "beta").await;
-    let (s, v) = h
-        .json(
-            "POST",
-            "/v1/users",
-            &h.admin,
-            json!({"name": "alpha-other", "team": "alpha", "role": "member"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = h
-        .json(
-            "POST",
-            "/v1/tokens",
-            &h.admin,
-            json!({"user": "alpha-other"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let other = v["token"].as_str().unwrap().to_string();
+    let other = user(&h, "alpha-other", "alpha", "member").await;
     let mut ids = vec![];
     for _ in 0..3 {
         let (s, v) = h.submit(&alpha["member"], "alpha-q").await;

@@ -558,21 +558,11 @@ async fn submit(
     // beside them, off the lock, and published once durable.
     world.next_job = last;
     world.storing.extend(id..=last);
-    let retry = key.map(|k| (caller.user.name.clone(), k));
-    if let Some(k) = &retry {
-        world.idempotency.insert(k.clone(), id);
+    if let Some(k) = key {
+        world.idempotency.insert((caller.user.name.clone(), k), id);
     }
     drop(world);
-    if let Err(e) = crate::groupcommit::store(&shared, change).await {
-        let mut world = shared.world.lock().await;
-        if let Some(k) = retry {
-            world.idempotency.remove(&k);
-        }
-        for i in id..=last {
-            world.storing.remove(&i);
-        }
-        return Err(e.into());
-    }
+    crate::groupcommit::store(&shared, change).await?;
     Ok((
         StatusCode::CREATED,
         Json(api::Submitted {
