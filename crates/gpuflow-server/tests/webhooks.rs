@@ -442,12 +442,21 @@ async fn a_budget_past_its_taper_point_is_notified_once_a_period() {
     let id = submit(&h, &tok["ana"], "ml-q").await;
     gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
     report(&h, &node, id, None).await;
-    // It has held its GPU for most of an hour: 0.9 of the budget.
-    h.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from -= 3240;
+    // It has held its GPU for most of an hour: 0.9 of the budget. Counted
+    // at least an hour into the day (UTC), so that the hour never falls
+    // partly in the day before: run in the first hour after midnight, the
+    // budget saw only the minutes since then and was not past its taper.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs();
+        .as_secs()
+        .max(
+            gpuflow_server::accounting::period_start(
+                gpuflow_api::BudgetPeriod::Day,
+                gpuflow_server::now(),
+            ) + 3600,
+        );
+    h.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from = now - 3240;
     gpuflow_server::accounting::refresh_budgets(&h.shared, now)
         .await
         .unwrap();
