@@ -651,8 +651,9 @@ fn a_job_that_passes_budgets_waits_its_patience_first() {
     // either job's loss. The notebook of a (a protected class) and the
     // training job of b (below its share) would pass it, but bind
     // themselves to it until they have waited the patience (an hour from
-    // their submission at t=0): at t=1000 both wait and say until when; at
-    // t=3600 both reclaim.
+    // their submission at t=0): at t=1000 both wait, say until when, and
+    // are told they start when the patience ends and their victims' grace
+    // runs out; at t=3600 both reclaim.
     let out = run(&borrowed_pair(
         "patience=3600 underserved_pass=1.0",
         "usage a 10\nusage b 1\nusage c 10",
@@ -661,11 +662,11 @@ fn a_job_that_passes_budgets_waits_its_patience_first() {
     .replace("cycle 1000", "cycle 1000\ncycle 3599\ncycle 3600"));
     expect![[r#"
         cycle t=1000
-          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
-          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#1 in queue, eta t=3630): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
         cycle t=3599
-          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
-          pending job 2 (#1 in queue, eta unknown): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#1 in queue, eta t=3630): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
         cycle t=3600
           preempt job 10 for job 2 (Reclaim): signal now, kill at t=3630, loses 1.00 GPU-h
           preempt job 11 for job 1 (Reclaim): signal now, kill at t=3630, loses 1.00 GPU-h
@@ -673,6 +674,35 @@ fn a_job_that_passes_budgets_waits_its_patience_first() {
           nominate n1 for job 1 from t=3630
           pending job 1 (#1 in queue, eta t=3630): waiting for 1 preempted job(s) to stop
           pending job 2 (#1 in queue, eta t=3630): waiting for 1 preempted job(s) to stop
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn a_patient_jobs_estimate_is_the_end_of_its_patience_not_of_the_borrowers() {
+    // As above, but c's borrowed jobs declare 20,000 s and a grace of 120 s:
+    // GPUs would free at t=20000, but the notebook reclaims at t=3600
+    // (once it has waited the patience), so it starts when c's jobs have
+    // had their grace, at t=3720; before, its estimate said t=20000. b's
+    // training job, paced by its large history, takes back its guarantee
+    // as c's jobs end, at t=20000; before, "unknown" (it was counted as
+    // held back by its own queue's quota, whose jobs free nothing).
+    let out = run(&borrowed_pair(
+        "patience=3600 underserved_pass=1.0",
+        "usage a 10\nusage b 100\nusage c 10",
+        "notebook",
+    )
+    .replace("started=0", "started=0 runtime=20000 grace=120")
+    .replace("cycle 1000", "cycle 1000\ncycle 3600"));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta t=3720): within queue a's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#1 in queue, eta t=20000): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.26 of its share of recent GPU-hours against 2.49 for queue b: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+        cycle t=3600
+          preempt job 10 for job 1 (Reclaim): signal now, kill at t=3720, loses 1.00 GPU-h
+          nominate n1 for job 1 from t=3720
+          pending job 1 (#1 in queue, eta t=3720): waiting for 1 preempted job(s) to stop
+          pending job 2 (#1 in queue, eta t=20000): within queue b's guarantee of 1 H100 GPUs (it would hold 1), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.30 of its share of recent GPU-hours against 2.46 for queue b: a reclaim never deepens that imbalance, so this job waits for GPUs to free
     "#]]
     .assert_eq(&out);
 }

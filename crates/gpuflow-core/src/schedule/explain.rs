@@ -178,15 +178,29 @@ impl<'a> Cycle<'a> {
         // Some node turned it away for what it holds now.
         const BY_PLACE: u8 = 32;
         let mut flags = vec![0u8; self.snap.pending.len()];
-        for (f, r) in flags.iter_mut().zip(&self.out.reasons) {
+        // Jobs that take victims past disruption budgets once they have
+        // waited their patience: (job, when the victims are killed then).
+        let mut patient: rustc_hash::FxHashMap<usize, u64> = Default::default();
+        let mut graces = None;
+        for (i, (f, r)) in flags.iter_mut().zip(&self.out.reasons).enumerate() {
+            if let Some(at) = r.iter().find_map(|x| match x {
+                PendingReason::BudgetPatience { at, .. } => Some(*at),
+                _ => None,
+            }) {
+                let graces = graces.get_or_insert_with(|| self.longest_graces());
+                patient.insert(i, at + self.grace_of_blocked(graces, r));
+            }
             let mut placed_nowhere = None;
             for x in r {
                 *f |= match x {
                     PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
                         BY_USER
                     }
+                    // Within its guarantee, it takes back what borrowers
+                    // free: it waits for the cluster's frees, not its
+                    // queue's.
+                    PendingReason::GuaranteeLent { .. } => 0,
                     PendingReason::Quota { .. }
-                    | PendingReason::GuaranteeLent { .. }
                     | PendingReason::NotWithinGuarantee { .. }
                     | PendingReason::NoLease { .. } => BY_QUOTA,
                     PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
@@ -270,7 +284,15 @@ impl<'a> Cycle<'a> {
             // Held back by its queue's quota (or a user's limit), it takes
             // capacity only as its own queue frees it: not from those behind;
             // in a held queue, none.
-            let takes = flag & (BY_QUOTA | BY_USER | HELD) == 0;
+            let mut takes = flag & (BY_QUOTA | BY_USER | HELD) == 0;
+            // One that preempts once its patience ends takes what frees
+            // before then, and nothing after: it starts on its victims.
+            let patience_end = patient.get(&i).copied();
+            if let Some(end) = patience_end
+                && all.when(milli, false).is_none_or(|t| t > end)
+            {
+                takes = false;
+            }
             let mut t = all.when(milli, takes);
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known
@@ -323,6 +345,9 @@ impl<'a> Cycle<'a> {
                     Some(e) if expecting && !nominated => Some(e.min(start_at)),
                     _ => Some(start_at),
                 };
+            }
+            if let Some(end) = patience_end {
+                t = Some(t.map_or(end, |t| t.min(end)));
             }
             eta[i] = t.unwrap_or(NO_ETA);
             // What it took comes back when it is expected to end.
@@ -484,6 +509,35 @@ impl<'a> Cycle<'a> {
             by_size: BTreeMap::new(),
             usable: Default::default(),
         }
+    }
+
+    /// The longest grace of each queue's running jobs.
+    fn longest_graces(&self) -> rustc_hash::FxHashMap<QueueId, u64> {
+        let mut m: rustc_hash::FxHashMap<QueueId, u64> = Default::default();
+        for r in self.snap.running {
+            let g = m.entry(r.work.queue).or_default();
+            *g = (*g).max(r.work.grace);
+        }
+        m
+    }
+
+    /// How long the victims of a job that a disruption budget holds back
+    /// (`reasons`) take to stop once it passes the budget: the longest
+    /// grace of that queue's running jobs (`graces`).
+    fn grace_of_blocked(
+        &self,
+        graces: &rustc_hash::FxHashMap<QueueId, u64>,
+        reasons: &[PendingReason],
+    ) -> u64 {
+        reasons
+            .iter()
+            .find_map(|x| match x {
+                PendingReason::DisruptionBudget { queue, .. }
+                | PendingReason::DisruptionCount { queue, .. } => self.snap.queues.by_name(queue),
+                _ => None,
+            })
+            .and_then(|q| graces.get(&q).copied())
+            .unwrap_or(0)
     }
 
     /// A running job's known end: its kill time once told to stop, else its
