@@ -47,7 +47,9 @@ use crate::task::{Key, Task};
 /// Agent settings.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `http://host:port` of the server.
+    /// `http://host:port` of the server; several, separated by commas,
+    /// for a leader and its standbys (the agent moves on to the next when
+    /// one does not answer).
     pub server: String,
     pub join_token: String,
     /// The node's name; default: the host name.
@@ -239,26 +241,78 @@ fn cpu_and_memory() -> (u64, u64) {
     (cpus * 1000, mem_kib / 1024)
 }
 
+/// The servers' addresses (a leader and its standbys), tried in turn.
 struct Client {
     http: ureq::Agent,
-    base: String,
+    bases: Vec<String>,
+    /// The one asked now; the next after one does not answer.
+    at: std::cell::Cell<usize>,
 }
 
 impl Client {
+    /// `servers`: one address, or several separated by commas.
+    fn new(http: ureq::Agent, servers: &str) -> Client {
+        let bases = servers
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        Client {
+            http,
+            bases,
+            at: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The server asked now.
+    fn base(&self) -> &str {
+        self.bases
+            .get(self.at.get() % self.bases.len().max(1))
+            .map_or("", String::as_str)
+    }
+
+    /// The next server is asked from now on: this one does not answer, or
+    /// cannot write (a standby, or a leader that was deposed).
+    fn move_on(&self, why: &str) {
+        if self.bases.len() > 1 {
+            let from = self.base().to_string();
+            self.at.set((self.at.get() + 1) % self.bases.len());
+            tracing::info!(%from, why, server = %self.base(), "trying the next server");
+        }
+    }
+
     fn post<B: serde::Serialize, R: for<'de> serde::Deserialize<'de>>(
         &self,
         path: &str,
         token: &str,
         body: &B,
     ) -> anyhow::Result<Result<R, (u16, String)>> {
-        let mut resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("Authorization", format!("Bearer {token}"))
-            .send_json(body)
-            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        // Each server in turn, once, until one answers.
+        let mut tries = 0;
+        let mut resp = loop {
+            let base = self.base().to_string();
+            let sent = self
+                .http
+                .post(format!("{base}{path}"))
+                .header("Authorization", format!("Bearer {token}"))
+                .send_json(body);
+            match sent {
+                Ok(r) => break r,
+                Err(e) => {
+                    self.move_on(&format!("no answer: {e}"));
+                    tries += 1;
+                    if tries >= self.bases.len() {
+                        return Err(e)
+                            .with_context(|| format!("cannot reach the server at {base}"));
+                    }
+                }
+            }
+        };
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if status >= 500 {
+            self.move_on(&format!("{status}: {}", message(&text)));
+        }
         if status >= 300 {
             return Ok(Err((status, text)));
         }
@@ -400,10 +454,10 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             }
         }
     }
-    let client = Client {
-        http: http_client(cfg.ca_cert.as_deref(), Duration::from_secs(10))?,
-        base: cfg.server.trim_end_matches('/').to_string(),
-    };
+    let client = Client::new(
+        http_client(cfg.ca_cert.as_deref(), Duration::from_secs(10))?,
+        &cfg.server,
+    );
     let (cpu_milli, memory_mib) = cpu_and_memory();
     // The installation's uid block on this node, once registered: its
     // first uid, reported with the limits, and the claim held meanwhile.
@@ -486,7 +540,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                                 uid_base_now.set(Some(base));
                             }
                             renew(sent, r.lease_s);
-                            tracing::info!(node = %cfg.node, server = %client.base, "registered");
+                            tracing::info!(node = %cfg.node, server = %client.base(), "registered");
                             interval = Duration::from_secs(r.heartbeat_s.clamp(1, 60));
                             write_node_token(&cfg.work_dir, &r.node_token);
                             node_token = Some(r.node_token.clone());
@@ -561,7 +615,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     soon = reconcile(&mut tasks, &d, &cfg.work_dir, &launch);
                     if let Some(token) = &node_token {
                         let ctx = session::Context {
-                            base: client.base.clone(),
+                            base: client.base().to_string(),
                             token: token.clone(),
                             ca_cert: cfg.ca_cert.clone(),
                         };

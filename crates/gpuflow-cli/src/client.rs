@@ -31,7 +31,8 @@ pub(crate) const LOCAL_SERVER: &str = "http://127.0.0.1:7070";
 #[derive(Args, Clone)]
 pub(crate) struct Conn {
     /// The server [default: the context's, else $GPUFLOW_SERVER, else
-    /// http://127.0.0.1:7070].
+    /// http://127.0.0.1:7070]; a leader and its standbys separated by
+    /// commas (the next is tried when no connection to one opens).
     #[arg(long, global = true)]
     pub server: Option<String>,
     /// API token [default: the context's, else $GPUFLOW_TOKEN, else the
@@ -1013,9 +1014,29 @@ pub(crate) fn server_url(server: &str) -> anyhow::Result<String> {
     .into())
 }
 
+/// Each of a comma-separated list of servers (a leader and its standbys),
+/// as [`server_url`].
+pub(crate) fn server_urls(servers: &str) -> anyhow::Result<Vec<String>> {
+    servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(server_url)
+        .collect::<anyhow::Result<Vec<_>>>()
+        .and_then(|v| {
+            if v.is_empty() {
+                Err(Usage(format!("--server {servers:?} names no server")).into())
+            } else {
+                Ok(v)
+            }
+        })
+}
+
 pub(crate) struct Client {
     http: ureq::Agent,
-    pub(crate) base: String,
+    /// The servers, a leader and its standbys; `at` is the one asked now.
+    bases: Vec<String>,
+    at: std::cell::Cell<usize>,
     pub(crate) token: String,
     /// Where the token came from, said when the server refuses it.
     pub(crate) token_from: String,
@@ -1046,12 +1067,18 @@ impl Client {
                 r.ca_cert.as_deref(),
                 std::time::Duration::from_secs(30),
             )?,
-            base: server_url(&r.server)?,
+            bases: server_urls(&r.server)?,
+            at: std::cell::Cell::new(0),
             token,
             token_from,
             ca_cert: r.ca_cert,
             context: r.context,
         })
+    }
+
+    /// The server asked now: the first that answered.
+    pub(crate) fn base(&self) -> &str {
+        &self.bases[self.at.get() % self.bases.len()]
     }
 
     pub(crate) fn call(
@@ -1063,6 +1090,51 @@ impl Client {
         self.call_with(method, path, body, None)
     }
 
+    /// Sends one request to the server asked now; when no connection to it
+    /// opens (nothing was sent: a standby does not listen), to the next.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&(&str, Vec<u8>)>,
+        key: Option<&str>,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut tries = 0;
+        loop {
+            let url = format!("{}{path}", self.base());
+            let auth = format!("Bearer {}", self.token);
+            let resp = match (method, body) {
+                ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
+                ("DELETE", _) => self.http.delete(&url).header("Authorization", &auth).call(),
+                (m, b) => {
+                    let mut req = match m {
+                        "PATCH" => self.http.patch(&url),
+                        "PUT" => self.http.put(&url),
+                        _ => self.http.post(&url),
+                    }
+                    .header("Authorization", &auth);
+                    if let Some(k) = key {
+                        req = req.header("Idempotency-Key", k);
+                    }
+                    match b {
+                        Some((ct, bytes)) => req.header("Content-Type", *ct).send(&bytes[..]),
+                        None => req.send_empty(),
+                    }
+                }
+            };
+            let unopened = match &resp {
+                Err(ureq::Error::ConnectionFailed | ureq::Error::HostNotFound) => true,
+                Err(ureq::Error::Io(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+                _ => false,
+            };
+            tries += 1;
+            if !unopened || tries >= self.bases.len() {
+                return resp;
+            }
+            self.at.set((self.at.get() + 1) % self.bases.len());
+        }
+    }
+
     /// A call with an optional `Idempotency-Key`.
     fn call_with(
         &self,
@@ -1071,37 +1143,18 @@ impl Client {
         body: Option<(&str, Vec<u8>)>,
         key: Option<&str>,
     ) -> anyhow::Result<Value> {
-        let url = format!("{}{path}", self.base);
-        let auth = format!("Bearer {}", self.token);
-        let resp = match (method, body) {
-            ("GET", _) => self.http.get(&url).header("Authorization", &auth).call(),
-            ("DELETE", _) => self.http.delete(&url).header("Authorization", &auth).call(),
-            (m, b) => {
-                let mut req = match m {
-                    "PATCH" => self.http.patch(&url),
-                    "PUT" => self.http.put(&url),
-                    _ => self.http.post(&url),
-                }
-                .header("Authorization", &auth);
-                if let Some(k) = key {
-                    req = req.header("Idempotency-Key", k);
-                }
-                match b {
-                    Some((ct, bytes)) => req.header("Content-Type", ct).send(&bytes[..]),
-                    None => req.send_empty(),
-                }
-            }
-        };
+        let resp = self.send(method, path, body.as_ref(), key);
         let mut resp = resp.map_err(|e| {
-            if self.base.starts_with("https://") && answered_in_plain_http(&e) {
+            let base = self.base();
+            if base.starts_with("https://") && answered_in_plain_http(&e) {
                 anyhow!(
                     "the server at {} does not speak TLS: try {}",
-                    self.base,
-                    self.base.replacen("https://", "http://", 1)
+                    base,
+                    base.replacen("https://", "http://", 1)
                 )
             } else {
                 anyhow::Error::new(Unreachable {
-                    base: self.base.clone(),
+                    base: base.to_string(),
                     text: e.to_string(),
                 })
             }
@@ -1120,7 +1173,8 @@ impl Client {
                 Ok(e) => (e.code, e.message),
                 Err(_) => (String::new(), text),
             };
-            let whence = (status == 401).then(|| (self.token_from.clone(), self.base.clone()));
+            let whence =
+                (status == 401).then(|| (self.token_from.clone(), self.base().to_string()));
             return Err(Refusal {
                 status,
                 code,
@@ -1873,7 +1927,7 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
         JobCmd::Get { id, watch } => {
             watch.run(|| {
                 let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
-                print(conn.output, &v, |j| job_text(j, &c.base));
+                print(conn.output, &v, |j| job_text(j, c.base()));
                 Ok(())
             })?;
         }
@@ -3449,7 +3503,7 @@ pub(crate) fn whoami(conn: &Conn) -> anyhow::Result<()> {
             "user:        {}\nteam:        {team}\nrole:        {}\nsigned in:   {how}\nexpires:     {expires}\nserver:      {}\ncredentials: {}\n",
             w.user,
             w.role.as_str(),
-            c.base,
+            c.base(),
             c.token_from,
         );
         if let Some(ctx) = &c.context {
@@ -3468,7 +3522,8 @@ mod tests {
     fn client(base: &str) -> Client {
         Client {
             http: gpuflow_agent::http_client(None, std::time::Duration::from_secs(5)).unwrap(),
-            base: base.into(),
+            bases: server_urls(base).unwrap(),
+            at: std::cell::Cell::new(0),
             token: "t".into(),
             token_from: "a test".into(),
             ca_cert: None,
@@ -3527,6 +3582,49 @@ mod tests {
             e.to_string(),
             "job 7 is being stored; retry in a moment (HTTP 409)"
         );
+    }
+
+    /// Several servers (a leader and its standbys): a request goes to the
+    /// next when no connection to one opens, and later ones start there.
+    /// Not after an answer: a refusal is the leader's word.
+    #[test]
+    fn a_server_that_does_not_listen_is_passed_for_the_next() {
+        let gone = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for (i, s) in l.incoming().enumerate().take(2) {
+                let Ok(mut s) = s else { continue };
+                let mut req = [0u8; 4096];
+                let _ = s.read(&mut req);
+                let (status, body) = if i == 0 {
+                    ("200 OK", r#"{"nodes":1}"#)
+                } else {
+                    ("403 Forbidden", r#"{"code":"forbidden","message":"no"}"#)
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let c = client(&format!("http://127.0.0.1:{gone}, http://127.0.0.1:{port}"));
+        let v = c.call("GET", "/v1/nodes", None).unwrap();
+        assert_eq!(v["nodes"], 1);
+        assert_eq!(c.base(), format!("http://127.0.0.1:{port}"));
+        let e = c.call("GET", "/v1/nodes", None).unwrap_err();
+        assert_eq!(e.downcast_ref::<Refusal>().map(|r| r.status), Some(403));
+        assert_eq!(c.base(), format!("http://127.0.0.1:{port}"));
+        assert!(
+            server_urls("http://a:1,b:2").is_err(),
+            "each needs a scheme"
+        );
+        assert!(server_urls(" , ").is_err(), "at least one");
     }
 
     /// A plain HTTP server asked over TLS: said so, with the address to use,

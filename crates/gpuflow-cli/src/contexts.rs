@@ -286,7 +286,7 @@ pub(crate) fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
         } => {
             valid_name(&name)?;
             if let Some(s) = &server {
-                crate::client::server_url(s)?;
+                crate::client::server_urls(s)?;
             }
             let token = if token_stdin {
                 let mut line = String::new();

@@ -22,6 +22,17 @@ pub(crate) struct ServerArgs {
     /// `postgres://USER@HOST:PORT/DB` for PostgreSQL; default: SQLite in the data directory.
     #[arg(long, env = "GPUFLOW_STORE")]
     pub store: Option<String>,
+    /// On PostgreSQL, servers that share the store lead by a lease of this
+    /// many seconds: one leads, the others wait as standbys and take over
+    /// when its lease lapses (0: this server assumes it is the only one).
+    /// Running jobs keep running through a takeover while it is shorter
+    /// than --node-timeout.
+    #[arg(long, default_value_t = 10)]
+    pub lease_ttl: u64,
+    /// The URL standbys name for this server while it leads (default: the
+    /// listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
     /// A file holding the token agents join with (or set GPUFLOW_JOIN_TOKEN);
     /// default: generated once, kept in the data directory. Never on the
     /// command line, which every process of the machine can read.
@@ -109,7 +120,8 @@ pub(crate) struct ServerArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct AgentArgs {
-    /// The server, e.g. http://10.0.0.1:7070.
+    /// The server, e.g. http://10.0.0.1:7070; a leader and its standbys
+    /// separated by commas (the agent moves on when one does not answer).
     #[arg(long, env = "GPUFLOW_SERVER")]
     pub server: String,
     /// A file holding the join token (the server's `join.token`), or set
@@ -268,6 +280,12 @@ fn parse_budget(v: &str) -> Result<Budget, String> {
 fn server_config(a: &ServerArgs) -> anyhow::Result<gpuflow_server::Config> {
     let mut c = gpuflow_server::Config::new(a.listen, a.data_dir.clone());
     c.store_url = a.store.clone();
+    let postgres = a
+        .store
+        .as_deref()
+        .is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"));
+    c.lease_ttl_s = (postgres && a.lease_ttl > 0).then_some(a.lease_ttl);
+    c.advertise = a.advertise.clone();
     c.join_token = join_token(a.join_token_file.as_deref())?;
     c.node_timeout_s = a.node_timeout.max(1);
     c.heartbeat_s = a.heartbeat.clamp(1, 60);
@@ -391,10 +409,22 @@ pub(crate) fn server(a: ServerArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot wait for Ctrl-C")?;
-        Ok(())
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("cannot wait for SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => {
+                r.context("cannot wait for Ctrl-C")?;
+                running.release().await;
+                Ok(())
+            }
+            _ = term.recv() => {
+                running.release().await;
+                Ok(())
+            }
+            () = running.deposed() => Err(anyhow!(
+                "this server lost its leadership lease (another server took over, or the database was out of reach for the lease's term); it stops, and may be started again as a standby"
+            )),
+        }
     })
 }
 

@@ -93,7 +93,7 @@ pub(crate) fn attach(c: &Client, id: u64, task: Option<String>) -> anyhow::Resul
 /// The session's loop: output to stdout and stderr, input (when `input`)
 /// from stdin, size changes (when `resize`); the command's exit status.
 fn relay(c: &Client, path: &str, input: bool, resize: bool) -> anyhow::Result<i32> {
-    let mut ws = gpuflow_agent::session::connect(&c.base, path, &c.token, c.ca_cert.as_deref())
+    let mut ws = gpuflow_agent::session::connect(c.base(), path, &c.token, c.ca_cert.as_deref())
         .map_err(|e| anyhow!("{e}"))?;
     ws.get_ref()
         .tcp()

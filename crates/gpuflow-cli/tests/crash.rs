@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,43 +13,6 @@ use common::*;
 use serde_json::Value;
 
 const JOBS: usize = 300;
-
-fn spec(i: usize) -> String {
-    let gpu = match i % 3 {
-        0 => "{mode: fraction, fraction: 0.25}",
-        1 => "{count: 1}",
-        _ => "{count: 2}",
-    };
-    format!(
-        "name: job-{i}\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sh, -c, 'sleep 0.{}']\n    resources: {{cpu: 0.01, memory_mib: 16, gpu: {gpu}}}\n",
-        i % 5
-    )
-}
-
-/// Checks that no GPU is held twice: whole GPUs by one task, shares within
-/// one GPU (finished jobs, which show their tasks as they ended, hold none).
-fn check_no_double_allocation(jobs: &Value) {
-    let mut whole: BTreeSet<(String, u64)> = BTreeSet::new();
-    let mut shared: BTreeMap<(String, u64), u64> = BTreeMap::new();
-    for j in jobs.as_array().unwrap().iter().filter(|j| {
-        !["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or(""))
-    }) {
-        for t in j["tasks"].as_array().unwrap() {
-            let node = t["node"].as_str().unwrap().to_string();
-            for g in t["gpus"].as_array().unwrap() {
-                let key = (node.clone(), g.as_u64().unwrap());
-                match t.get("milli").and_then(Value::as_u64) {
-                    Some(m) => *shared.entry(key).or_default() += m,
-                    None => assert!(whole.insert(key.clone()), "GPU {key:?} allocated twice"),
-                }
-            }
-        }
-    }
-    for (k, m) in &shared {
-        assert!(!whole.contains(k), "GPU {k:?} both whole and shared");
-        assert!(*m <= 1000, "GPU {k:?} shared beyond its capacity: {m}");
-    }
-}
 
 #[test]
 fn kill_9_while_submitting_loses_and_duplicates_nothing() {
@@ -63,27 +25,7 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
     let admin = admin_token(dir.path());
 
     // A long job that must survive the crash untouched.
-    let (_, v) = api.submit_yaml(
-        &admin,
-        &job_yaml(
-            "survivor",
-            "default",
-            "training",
-            1,
-            "echo $$ > pid; sleep 600",
-            1,
-        ),
-    );
-    let survivor = v["id"].as_u64().unwrap();
-    api.wait_state(survivor, &admin, "running", Duration::from_secs(60));
-    let pid_file = dir
-        .path()
-        .join(format!("work-n1/job-{survivor}/a1-g0-i0/pid"));
-    let pid: u32 = poll(
-        "the survivor writes its pid",
-        Duration::from_secs(30),
-        || std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok(),
-    );
+    let (survivor, pid) = survivor(&api, &admin, dir.path());
 
     // Submit from another thread, through the crash.
     let acked: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
@@ -103,7 +45,7 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
                         "POST",
                         "/v1/jobs",
                         &admin,
-                        Some(("application/yaml", spec(i).as_bytes())),
+                        Some(("application/yaml", crash_spec(i).as_bytes())),
                         Some(&key),
                     );
                     // Paced, so that the crash lands in the middle of the stream.
@@ -136,23 +78,7 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
 
     // Every acknowledged job is there once, under its id; nothing is duplicated.
     let all = api.get("/v1/jobs?limit=1000", &admin);
-    let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for j in all.as_array().unwrap() {
-        by_name
-            .entry(j["name"].as_str().unwrap().to_string())
-            .or_default()
-            .push(j["id"].as_u64().unwrap());
-    }
-    for (name, ids) in &by_name {
-        assert_eq!(ids.len(), 1, "{name} stored {} times", ids.len());
-    }
-    for (i, id) in &acked {
-        assert_eq!(
-            by_name.get(&format!("job-{i}")),
-            Some(&vec![*id]),
-            "acknowledged job-{i} (id {id}) lost"
-        );
-    }
+    check_acknowledged_once(&all, &acked);
 
     // No GPU allocated twice, now and while the backlog drains.
     let done = |jobs: &Value| {

@@ -19,6 +19,7 @@ pub mod external;
 pub mod feasible;
 pub mod groupcommit;
 pub mod http;
+pub mod leader;
 pub mod lifecycle;
 pub mod listen;
 pub mod oidc;
@@ -123,6 +124,13 @@ pub struct Config {
     /// Requests a second one address may send without a valid token (0:
     /// no limit).
     pub rate_anonymous: u32,
+    /// Several servers share the store: lead by a lease of this many
+    /// seconds ([`leader`]), or wait as a standby until it lapses; `None`:
+    /// this server is the only one (SQLite in its data directory).
+    pub lease_ttl_s: Option<u64>,
+    /// The address standbys and the lease name for this server (default:
+    /// `listen`).
+    pub advertise: Option<String>,
     /// Tests of the server's supervision only: a fault injected into every
     /// scheduling computation (see [`Fault`]).
     #[doc(hidden)]
@@ -152,6 +160,8 @@ impl Config {
             listen,
             data_dir,
             store_url: None,
+            lease_ttl_s: None,
+            advertise: None,
             join_token: None,
             heartbeat_s: 2,
             node_timeout_s: 30,
@@ -217,6 +227,8 @@ pub struct Shared {
     pub oidc: Arc<oidc::Oidc>,
     /// Submissions waiting to be stored together ([`groupcommit`]).
     pub submissions: groupcommit::GroupCommit,
+    /// This server's leadership lease, when servers share the store.
+    pub lease: Option<Arc<leader::Lease>>,
 }
 
 /// Seconds since the Unix epoch: the server's clock, read only at the edge.
@@ -422,6 +434,33 @@ pub struct Running {
     pub shared: Arc<Shared>,
 }
 
+impl Running {
+    /// Returns once this server has lost its leadership lease (never when
+    /// it has none): it must stop, as its writes are refused.
+    pub async fn deposed(&self) {
+        match &self.shared.lease {
+            Some(lease) => loop {
+                let woken = lease.lost_notify.notified();
+                if lease.lost() {
+                    return;
+                }
+                woken.await;
+            },
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Hands the lease on at a clean stop, so that a standby takes over
+    /// at once instead of after the lease's term.
+    pub async fn release(&self) {
+        if let Some(lease) = &self.shared.lease
+            && let Err(e) = self.shared.store.release_lease(lease.token).await
+        {
+            tracing::warn!(error = %e, "cannot hand the lease on; a standby takes over when it lapses");
+        }
+    }
+}
+
 /// The state a server runs on, before it listens.
 pub struct Opened {
     pub shared: Arc<Shared>,
@@ -489,6 +528,20 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
     let store = gpuflow_store::open(&url)
         .await
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+    // A standby waits here, before it reads anything, until the leader's
+    // lease lapses; from then on its commits carry its token.
+    let lease = match cfg.lease_ttl_s {
+        Some(ttl) => {
+            let addr = cfg
+                .advertise
+                .clone()
+                .unwrap_or_else(|| cfg.listen.to_string());
+            Some(Arc::new(
+                leader::acquire(store.as_ref(), &leader::holder_name(), &addr, ttl.max(1)).await,
+            ))
+        }
+        None => None,
+    };
     let mut world = World::load(store.as_ref())
         .await
         .context("cannot load the state")?;
@@ -517,6 +570,7 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
         sessions: Default::default(),
         oidc,
         submissions: Default::default(),
+        lease,
     });
     groupcommit::GroupCommit::start(&shared);
     Ok(Opened {
@@ -594,6 +648,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             )
         }
     };
+    if let Some(lease) = &shared.lease {
+        tokio::spawn(leader::keep(shared.store.clone(), lease.clone()));
+    }
     tokio::spawn(cycle::run_loop(shared.clone()));
     tokio::spawn(accounting::budget_loop(shared.clone()));
     tokio::spawn(webhooks::run_loop(shared.clone()));

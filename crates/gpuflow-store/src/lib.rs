@@ -28,6 +28,12 @@ pub enum StoreError {
     BadUrl(String),
     #[error("database error")]
     Db(#[from] sqlx::Error),
+    /// The database did not answer in time.
+    #[error("the database did not answer within {waited_ms} ms")]
+    Unanswered { waited_ms: u64 },
+    /// This server's leadership lease was taken over: its writes are refused.
+    #[error("refused: this server's leadership (token {token}) was taken over by another server")]
+    Fenced { token: u64 },
     #[error("migration {version} failed")]
     Migration {
         version: i64,
@@ -156,6 +162,19 @@ pub struct EventQuery {
     pub newest: bool,
 }
 
+/// Who holds the leadership lease of a store that several servers share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// The holder's name (unique per server process).
+    pub holder: String,
+    /// The address the holder serves at, for followers to point to.
+    pub addr: String,
+    /// Taken anew by each leader, one more than the last: the fencing token.
+    pub token: u64,
+    /// Seconds until the lease lapses unless renewed (negative: lapsed).
+    pub expires_in: i64,
+}
+
 /// Durable state. Implementations commit a [`Batch`] atomically.
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -195,6 +214,43 @@ pub trait Store: Send + Sync {
     /// On a database error; then nothing of the batch is stored.
     async fn commit(&self, batch: &Batch) -> Result<(), StoreError>;
 
+    /// Takes the leadership lease for `ttl_s` seconds of the database's
+    /// clock when no one holds it or its holder let it lapse: `Ok(token)`,
+    /// one more than the last leader's; else `Err` with who holds it.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn acquire_lease(
+        &self,
+        holder: &str,
+        addr: &str,
+        ttl_s: u64,
+    ) -> Result<Result<u64, Leader>, StoreError>;
+
+    /// Extends the lease of `token` by `ttl_s` seconds from now: `false`
+    /// when another server has taken it over.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn renew_lease(&self, token: u64, ttl_s: u64) -> Result<bool, StoreError>;
+
+    /// Lets the lease of `token` lapse now (a clean stop), if it still holds.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn release_lease(&self, token: u64) -> Result<(), StoreError>;
+
+    /// The lease's holder, if any server ever took it.
+    ///
+    /// # Errors
+    /// On a database error.
+    async fn leader(&self) -> Result<Option<Leader>, StoreError>;
+
+    /// From now on every commit carries `token` and is refused
+    /// ([`StoreError::Fenced`]), storing nothing, once another server has
+    /// taken the lease: a deposed leader cannot write.
+    fn fence(&self, token: u64);
+
     /// Events in sequence order.
     ///
     /// # Errors
@@ -219,6 +275,8 @@ pub trait Store: Send + Sync {
 pub struct SqlStore {
     pool: AnyPool,
     backend: &'static str,
+    /// The leadership token every commit carries ([`Store::fence`]).
+    fence: std::sync::OnceLock<u64>,
 }
 
 /// Opens (creating a SQLite file when needed) and migrates a store.
@@ -279,6 +337,16 @@ impl SqlStore {
             .map_err(StoreError::from)
     }
 
+    /// The database's clock in Unix seconds, as SQL: leases are timed by
+    /// the one clock every server shares.
+    fn db_now(&self) -> &'static str {
+        if self.backend == "sqlite" {
+            "CAST(strftime('%s', 'now') AS BIGINT)"
+        } else {
+            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS BIGINT)"
+        }
+    }
+
     /// See [`open`].
     ///
     /// # Errors
@@ -313,7 +381,11 @@ impl SqlStore {
             .connect_with(opts)
             .await?;
         migrate::run(&pool, backend).await?;
-        Ok(SqlStore { pool, backend })
+        Ok(SqlStore {
+            pool,
+            backend,
+            fence: std::sync::OnceLock::new(),
+        })
     }
 }
 
@@ -370,6 +442,17 @@ impl Store for SqlStore {
             return Ok(());
         }
         let mut tx = self.pool.begin().await?;
+        if let Some(&token) = self.fence.get() {
+            // Locks the lease's row until the commit: a takeover waits for
+            // it, and a commit after a takeover finds another token.
+            let held = sqlx::query("UPDATE leader SET token = token WHERE id = 1 AND token = $1")
+                .bind(token as i64)
+                .execute(&mut *tx)
+                .await?;
+            if held.rows_affected() != 1 {
+                return Err(StoreError::Fenced { token });
+            }
+        }
         for r in &batch.put {
             let sql = format!(
                 "INSERT INTO {} (key, team, state, doc) VALUES ($1, $2, $3, $4) \
@@ -431,6 +514,81 @@ impl Store for SqlStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn acquire_lease(
+        &self,
+        holder: &str,
+        addr: &str,
+        ttl_s: u64,
+    ) -> Result<Result<u64, Leader>, StoreError> {
+        let now = self.db_now();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO leader (id, holder, addr, token, expires) VALUES (1, '', '', 0, 0) ON CONFLICT (id) DO NOTHING",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let sql = format!(
+            "UPDATE leader SET holder = $1, addr = $2, token = token + 1, expires = {now} + $3 WHERE id = 1 AND expires < {now}"
+        );
+        let took = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(holder)
+            .bind(addr)
+            .bind(ttl_s.min(i64::MAX as u64) as i64)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let leader = self
+            .leader()
+            .await?
+            .ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+        if took.rows_affected() == 1 && leader.holder == holder {
+            Ok(Ok(leader.token))
+        } else {
+            Ok(Err(leader))
+        }
+    }
+
+    async fn renew_lease(&self, token: u64, ttl_s: u64) -> Result<bool, StoreError> {
+        let now = self.db_now();
+        let sql = format!("UPDATE leader SET expires = {now} + $1 WHERE id = 1 AND token = $2");
+        let r = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(ttl_s.min(i64::MAX as u64) as i64)
+            .bind(token as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn release_lease(&self, token: u64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE leader SET expires = 0 WHERE id = 1 AND token = $1")
+            .bind(token as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn leader(&self) -> Result<Option<Leader>, StoreError> {
+        let now = self.db_now();
+        let sql = format!("SELECT holder, addr, token, expires - {now} FROM leader WHERE id = 1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(Leader {
+                holder: r.try_get(0)?,
+                addr: r.try_get(1)?,
+                token: r.try_get::<i64, _>(2)? as u64,
+                expires_in: r.try_get(3)?,
+            })
+        })
+        .transpose()
+        .map_err(|e: sqlx::Error| StoreError::from(e))
+    }
+
+    fn fence(&self, token: u64) {
+        let _ = self.fence.set(token);
     }
 
     async fn events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {

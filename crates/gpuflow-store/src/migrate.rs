@@ -31,6 +31,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "CREATE TABLE logs (seq {ID}, job BIGINT NOT NULL, attempt BIGINT NOT NULL, grp BIGINT NOT NULL, idx BIGINT NOT NULL, stream TEXT NOT NULL, offset_bytes BIGINT NOT NULL, text TEXT NOT NULL);
      CREATE INDEX logs_job ON logs (job, attempt, seq)",
     ),
+    (
+        4,
+        "CREATE TABLE leader (id BIGINT PRIMARY KEY, holder TEXT NOT NULL, addr TEXT NOT NULL, token BIGINT NOT NULL, expires BIGINT NOT NULL)",
+    ),
 ];
 
 pub(crate) async fn run(pool: &AnyPool, backend: &str) -> Result<(), StoreError> {
@@ -45,6 +49,14 @@ pub(crate) async fn run(pool: &AnyPool, backend: &str) -> Result<(), StoreError>
     for &(version, sql) in MIGRATIONS {
         let fail = |source| StoreError::Migration { version, source };
         let mut tx = pool.begin().await.map_err(fail)?;
+        if backend == "postgres" {
+            // Servers that start together on one database migrate one at
+            // a time.
+            sqlx::query("SELECT pg_advisory_xact_lock(7426539)")
+                .execute(&mut *tx)
+                .await
+                .map_err(fail)?;
+        }
         let done: Option<i64> =
             sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = $1")
                 .bind(version)

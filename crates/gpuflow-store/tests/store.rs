@@ -236,3 +236,80 @@ async fn unknown_url_is_refused() {
     let e = SqlStore::open("mysql://x").await.err().unwrap();
     assert!(e.to_string().contains("sqlite://"), "{e}");
 }
+
+/// Two servers on one database: one holds the lease, the other waits; once
+/// the holder lets it lapse the other takes it with a larger token, and the
+/// deposed holder's commits are refused and store nothing.
+async fn lease(a: &dyn Store, b: &dyn Store) {
+    let first = a.acquire_lease("a", "http://a", 30).await.unwrap().unwrap();
+    a.fence(first);
+    let held = b
+        .acquire_lease("b", "http://b", 30)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (held.holder.as_str(), held.addr.as_str()),
+        ("a", "http://a")
+    );
+    assert!(held.expires_in > 20, "{held:?}");
+    let mut batch = Batch::default();
+    batch.put.push(rec(Table::Jobs, "00000010", "a", "{}"));
+    a.commit(&batch).await.unwrap();
+    assert!(a.renew_lease(first, 30).await.unwrap());
+    // The holder stops renewing: a lease of 0 s lapses at once.
+    assert!(a.renew_lease(first, 0).await.unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let second = b.acquire_lease("b", "http://b", 30).await.unwrap().unwrap();
+    assert!(second > first, "{second} > {first}");
+    b.fence(second);
+    let mut late = Batch::default();
+    late.put.push(rec(Table::Jobs, "00000011", "a", "{}"));
+    let e = a.commit(&late).await.unwrap_err();
+    assert!(
+        matches!(e, gpuflow_store::StoreError::Fenced { token } if token == first),
+        "{e}"
+    );
+    assert!(
+        !a.renew_lease(first, 30).await.unwrap(),
+        "it is not a's to renew"
+    );
+    let keys: Vec<String> = b
+        .load(Table::Jobs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert!(keys.contains(&"00000010".to_string()), "{keys:?}");
+    assert!(!keys.contains(&"00000011".to_string()), "{keys:?}");
+    b.commit(&late).await.unwrap();
+    // A clean stop hands the lease on at once.
+    b.release_lease(second).await.unwrap();
+    let third = a.acquire_lease("a", "http://a", 30).await.unwrap().unwrap();
+    assert_eq!(third, second + 1);
+}
+
+#[tokio::test]
+async fn sqlite_lease_fences_a_deposed_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("gpuflow.db").display());
+    let a = SqlStore::open(&url).await.unwrap();
+    let b = SqlStore::open(&url).await.unwrap();
+    lease(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_fences_a_deposed_leader() {
+    let pg = match TempPostgres::start() {
+        Ok(Some(pg)) => pg,
+        Ok(None) => {
+            eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let a = SqlStore::open(&pg.url).await.unwrap();
+    let b = SqlStore::open(&pg.url).await.unwrap();
+    lease(&a, &b).await;
+}

@@ -77,6 +77,20 @@ pub(crate) fn server(dir: &Path, port: u16, extra: &[&str]) -> Server {
 /// [`server`] started with this soft limit of open files (as systemd's
 /// default of 1,024), where given.
 pub(crate) fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>) -> Server {
+    let s = server_spawn(dir, port, extra, nofile);
+    let url = s.url.clone();
+    poll("the server answers", Duration::from_secs(30), || {
+        ureq::get(format!("{url}/v1/openapi.json"))
+            .call()
+            .ok()
+            .map(|_| ())
+    });
+    s
+}
+
+/// [`server_nofile`] without waiting for it to answer (a standby does not
+/// until it leads).
+pub(crate) fn server_spawn(dir: &Path, port: u16, extra: &[&str], nofile: Option<u64>) -> Server {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -90,17 +104,19 @@ pub(crate) fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Optio
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(dir.join("data"))
-        .args([
-            "--min-runtime",
-            "0",
-            "--cycle-ms",
-            "200",
-            "--heartbeat",
-            "1",
-            "--node-timeout",
-            "6",
-        ])
+        .arg(dir.join("data"));
+    // Fast timers, unless `extra` sets them otherwise.
+    for pair in [
+        ["--min-runtime", "0"],
+        ["--cycle-ms", "200"],
+        ["--heartbeat", "1"],
+        ["--node-timeout", "6"],
+    ] {
+        if !extra.contains(&pair[0]) {
+            child.args(pair);
+        }
+    }
+    child
         .args(extra)
         .env("RUST_LOG", "info")
         .env("GPUFLOW_JOIN_TOKEN", JOIN)
@@ -123,20 +139,39 @@ pub(crate) fn server_nofile(dir: &Path, port: u16, extra: &[&str], nofile: Optio
         }
     }
     let child = child.spawn().unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    let s = Server {
+    Server {
         proc: Proc(child),
-        url: url.clone(),
+        url: format!("http://127.0.0.1:{port}"),
         port,
         dir: dir.to_path_buf(),
-    };
-    poll("the server answers", Duration::from_secs(30), || {
-        ureq::get(format!("{url}/v1/openapi.json"))
-            .call()
-            .ok()
-            .map(|_| ())
-    });
-    s
+    }
+}
+
+/// Checks that no GPU is held twice among `jobs` (a `/v1/jobs` listing):
+/// whole GPUs by one task, shares within one GPU (finished jobs, which
+/// show their tasks as they ended, hold none).
+pub(crate) fn check_no_double_allocation(jobs: &Value) {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut whole: BTreeSet<(String, u64)> = BTreeSet::new();
+    let mut shared: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for j in jobs.as_array().unwrap().iter().filter(|j| {
+        !["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or(""))
+    }) {
+        for t in j["tasks"].as_array().unwrap() {
+            let node = t["node"].as_str().unwrap().to_string();
+            for g in t["gpus"].as_array().unwrap() {
+                let key = (node.clone(), g.as_u64().unwrap());
+                match t.get("milli").and_then(Value::as_u64) {
+                    Some(m) => *shared.entry(key).or_default() += m,
+                    None => assert!(whole.insert(key.clone()), "GPU {key:?} allocated twice"),
+                }
+            }
+        }
+    }
+    for (k, m) in &shared {
+        assert!(!whole.contains(k), "GPU {k:?} both whole and shared");
+        assert!(*m <= 1000, "GPU {k:?} shared beyond its capacity: {m}");
+    }
 }
 
 pub(crate) fn admin_token(dir: &Path) -> String {
@@ -431,4 +466,66 @@ pub(crate) fn job_yaml(
     format!(
         "name: {name}\nqueue: {queue}\nkind: {kind}\ncheckpoint: {{grace_s: {grace}}}\ntasks:\n  - name: main\n    command: [sh, -c, {script:?}]\n    resources: {{cpu: 0.1, memory_mib: 64, gpu: {{count: {gpus}}}}}\n"
     )
+}
+
+/// One of the jobs the crash tests submit: `job-{i}`, a short task on a
+/// quarter, one or two GPUs.
+pub(crate) fn crash_spec(i: usize) -> String {
+    let gpu = match i % 3 {
+        0 => "{mode: fraction, fraction: 0.25}",
+        1 => "{count: 1}",
+        _ => "{count: 2}",
+    };
+    format!(
+        "name: job-{i}\nqueue: default\nkind: batch\ntasks:\n  - name: main\n    command: [sh, -c, 'sleep 0.{}']\n    resources: {{cpu: 0.01, memory_mib: 16, gpu: {gpu}}}\n",
+        i % 5
+    )
+}
+
+/// A long training job that must run through a crash untouched, on node
+/// `n1` of an agent working in `dir`: its id and its process's pid once it
+/// runs.
+pub(crate) fn survivor(api: &Api, admin: &str, dir: &Path) -> (u64, u32) {
+    let (_, v) = api.submit_yaml(
+        admin,
+        &job_yaml(
+            "survivor",
+            "default",
+            "training",
+            1,
+            "echo $$ > pid; sleep 600",
+            1,
+        ),
+    );
+    let id = v["id"].as_u64().unwrap();
+    api.wait_state(id, admin, "running", Duration::from_secs(60));
+    let pid_file = dir.join(format!("work-n1/job-{id}/a1-g0-i0/pid"));
+    let pid = poll(
+        "the survivor writes its pid",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok(),
+    );
+    (id, pid)
+}
+
+/// Checks that every job of `all` (a `/v1/jobs` listing) is stored once by
+/// name, and every acknowledged `(i, id)` is there as `job-{i}` under `id`.
+pub(crate) fn check_acknowledged_once(all: &Value, acked: &[(usize, u64)]) {
+    let mut by_name: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for j in all.as_array().unwrap() {
+        by_name
+            .entry(j["name"].as_str().unwrap().to_string())
+            .or_default()
+            .push(j["id"].as_u64().unwrap());
+    }
+    for (name, ids) in &by_name {
+        assert_eq!(ids.len(), 1, "{name} stored {} times", ids.len());
+    }
+    for (i, id) in acked {
+        assert_eq!(
+            by_name.get(&format!("job-{i}")),
+            Some(&vec![*id]),
+            "acknowledged job-{i} (id {id}) lost"
+        );
+    }
 }
