@@ -297,6 +297,14 @@ impl Client {
                 .header("Authorization", format!("Bearer {token}"))
                 .send_json(body);
             match sent {
+                // A standby does nothing: the next server, at once.
+                Ok(r) if r.headers().contains_key("x-gpuflow-standby") => {
+                    self.move_on("a standby");
+                    tries += 1;
+                    if tries >= self.bases.len() {
+                        break r;
+                    }
+                }
                 Ok(r) => break r,
                 Err(e) => {
                     self.move_on(&format!("no answer: {e}"));

@@ -1014,6 +1014,10 @@ pub(crate) fn server_url(server: &str) -> anyhow::Result<String> {
     .into())
 }
 
+/// The header of a standby server's answers (the server's
+/// `leader::STANDBY_HEADER`).
+const STANDBY_HEADER: &str = "x-gpuflow-standby";
+
 /// Each of a comma-separated list of servers (a leader and its standbys),
 /// as [`server_url`].
 pub(crate) fn server_urls(servers: &str) -> anyhow::Result<Vec<String>> {
@@ -1091,7 +1095,7 @@ impl Client {
     }
 
     /// Sends one request to the server asked now; when no connection to it
-    /// opens (nothing was sent: a standby does not listen), to the next.
+    /// opens (nothing was sent) or a standby answers, to the next.
     fn send(
         &self,
         method: &str,
@@ -1122,9 +1126,11 @@ impl Client {
                     }
                 }
             };
+            // Nothing was sent, or a standby answered (it does nothing).
             let unopened = match &resp {
                 Err(ureq::Error::ConnectionFailed | ureq::Error::HostNotFound) => true,
                 Err(ureq::Error::Io(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+                Ok(r) => r.headers().contains_key(STANDBY_HEADER),
                 _ => false,
             };
             tries += 1;
@@ -3585,10 +3591,11 @@ mod tests {
     }
 
     /// Several servers (a leader and its standbys): a request goes to the
-    /// next when no connection to one opens, and later ones start there.
-    /// Not after an answer: a refusal is the leader's word.
+    /// next when no connection to one opens or a standby answers, and later
+    /// ones start there. Not after the leader's answer: a refusal is its
+    /// word.
     #[test]
-    fn a_server_that_does_not_listen_is_passed_for_the_next() {
+    fn a_server_that_does_not_listen_or_stands_by_is_passed_for_the_next() {
         let gone = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -3613,7 +3620,24 @@ mod tests {
                 );
             }
         });
-        let c = client(&format!("http://127.0.0.1:{gone}, http://127.0.0.1:{port}"));
+        // A standby answers, but does nothing: passed as well.
+        let standby = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let standby_port = standby.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = standby.accept() {
+                let mut req = [0u8; 4096];
+                let _ = s.read(&mut req);
+                let body = r#"{"code":"standby","message":"this server is a standby"}"#;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 503 Service Unavailable\r\nx-gpuflow-standby: 1\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let c = client(&format!(
+            "http://127.0.0.1:{gone}, http://127.0.0.1:{standby_port},http://127.0.0.1:{port}"
+        ));
         let v = c.call("GET", "/v1/nodes", None).unwrap();
         assert_eq!(v["nodes"], 1);
         assert_eq!(c.base(), format!("http://127.0.0.1:{port}"));

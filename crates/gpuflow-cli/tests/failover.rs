@@ -62,7 +62,7 @@ fn answers(url: &str) -> bool {
 }
 
 /// Submits jobs `range` until each is acknowledged, always with its key, to
-/// whichever of `urls` answers (a standby does not listen).
+/// whichever of `urls` leads (a standby answers 503).
 fn submitter(
     urls: Vec<String>,
     admin: String,
@@ -114,8 +114,12 @@ fn a_standby_takes_over_from_a_leader_killed_under_load() {
         answers(&urls[0]).then_some(())
     });
     servers[1] = Some(member(&dirs[1], ports[1], &pg.url));
-    std::thread::sleep(Duration::from_secs(1));
-    assert!(!answers(&urls[1]), "the second server waits as a standby");
+    // The second waits as a standby: it answers, with who leads.
+    let (status, v) = poll("the standby answers", Duration::from_secs(30), || {
+        let (s, v) = Api::new(&urls[1]).call("GET", "/v1/jobs", "any", None);
+        (s == 503 && v["message"].as_str()?.contains(&urls[0])).then_some((s, v))
+    });
+    assert_eq!((status, v["code"].as_str()), (503, Some("standby")), "{v}");
     let admin = admin_token(&dirs[0]);
     let _agent = agent(root.path(), &urls.join(","), "n1", "8");
     let api = Api::new(&urls[0]);
@@ -187,7 +191,7 @@ fn a_standby_takes_over_from_a_leader_killed_under_load() {
     assert_eq!(j["state"], "running", "{j}");
     assert!(alive(pid), "the survivor's process died");
 
-    // The CLI follows the leader: the standby named first does not answer.
+    // The CLI follows the leader past the standby named first.
     let out = std::process::Command::new(BIN)
         .args(["job", "get", &survivor.to_string(), "--server"])
         .arg(format!("{},{}", urls[1 - leader], urls[leader]))

@@ -53,7 +53,13 @@ pub fn holder_name() -> String {
 /// Waits until this server holds the lease (at once when no one does, or
 /// when its holder let it lapse), then fences the store with its token.
 /// A busy lease or a database that does not answer is waited out.
-pub async fn acquire(store: &dyn Store, holder: &str, addr: &str, ttl_s: u64) -> Lease {
+pub async fn acquire(
+    store: &dyn Store,
+    holder: &str,
+    addr: &str,
+    ttl_s: u64,
+    standby: impl Fn(&gpuflow_store::Leader),
+) -> Lease {
     let mut told = None;
     loop {
         match store.acquire_lease(holder, addr, ttl_s).await {
@@ -68,6 +74,7 @@ pub async fn acquire(store: &dyn Store, holder: &str, addr: &str, ttl_s: u64) ->
                 };
             }
             Ok(Err(leader)) => {
+                standby(&leader);
                 if told.as_ref() != Some(&leader.token) {
                     tracing::info!(
                         leader = %leader.holder,
@@ -135,4 +142,55 @@ pub async fn keep(store: Arc<dyn Store>, lease: Arc<Lease>) {
             }
         }
     }
+}
+
+/// The header a standby's answers carry: clients given several servers
+/// move on to the next.
+pub const STANDBY_HEADER: &str = "x-gpuflow-standby";
+
+/// What a standby answers while it waits: 503 with code `standby`, the
+/// leader's address in the message and in `X-Gpuflow-Leader`,
+/// [`STANDBY_HEADER`] and `Retry-After`.
+pub fn standby_router(
+    leader: tokio::sync::watch::Receiver<Option<gpuflow_store::Leader>>,
+) -> axum::Router {
+    use axum::response::IntoResponse;
+    axum::Router::new().fallback(move || {
+        let leader = leader.borrow().clone();
+        async move {
+            let (message, addr) = match leader {
+                Some(l) if l.expires_in >= 0 => (
+                    format!(
+                        "this server is a standby: the leader is {} (its lease runs {} s more unless renewed); ask it, or wait for this one to take over",
+                        l.addr, l.expires_in
+                    ),
+                    l.addr,
+                ),
+                Some(l) => (
+                    format!(
+                        "this server is a standby, taking over from {} whose lease lapsed; retry in a moment",
+                        l.addr
+                    ),
+                    l.addr,
+                ),
+                None => (
+                    "this server is a standby, waiting for the leadership lease; retry in a moment"
+                        .to_string(),
+                    String::new(),
+                ),
+            };
+            let mut r = (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(gpuflow_api::ApiError::new(503, "standby", message)),
+            )
+                .into_response();
+            let h = r.headers_mut();
+            h.insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            h.insert(STANDBY_HEADER, axum::http::HeaderValue::from_static("1"));
+            if let Ok(v) = axum::http::HeaderValue::from_str(&addr) {
+                h.insert("x-gpuflow-leader", v);
+            }
+            r
+        }
+    })
 }

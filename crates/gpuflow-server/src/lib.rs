@@ -476,6 +476,18 @@ pub struct Opened {
 /// # Errors
 /// On a store that does not open or a data directory that cannot be written.
 pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
+    open_with(cfg, |_| {}).await
+}
+
+/// [`open`], telling `standby` who leads each time that changes while this
+/// server waits for the lease (with [`Config::lease_ttl_s`]).
+///
+/// # Errors
+/// As [`open`].
+pub async fn open_with(
+    cfg: Config,
+    standby: impl Fn(&gpuflow_store::Leader),
+) -> anyhow::Result<Opened> {
     use anyhow::Context;
     // The database, its WAL (job environments) and the token files are the
     // server's alone: files it creates are 0600, the directory 0700, and
@@ -537,7 +549,14 @@ pub async fn open(cfg: Config) -> anyhow::Result<Opened> {
                 .clone()
                 .unwrap_or_else(|| cfg.listen.to_string());
             Some(Arc::new(
-                leader::acquire(store.as_ref(), &leader::holder_name(), &addr, ttl.max(1)).await,
+                leader::acquire(
+                    store.as_ref(),
+                    &leader::holder_name(),
+                    &addr,
+                    ttl.max(1),
+                    standby,
+                )
+                .await,
             ))
         }
         None => None,
@@ -589,65 +608,52 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     use anyhow::Context;
     let listen = cfg.listen;
     let tls = cfg.tls.clone();
-    let opened = open(cfg).await?;
     let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    let shared = opened.shared;
-    let app = http::router(shared.clone());
     // The listener's defences (listen.rs): a bound on connections within
     // the open-file limit, header and idle timeouts.
     let nofile = listen::raise_nofile();
     let most = listen::max_connections(nofile);
     tracing::info!(nofile, max_connections = most, "connection limits");
-    // Serves `app` with the listener's timeouts (a macro: the two servers'
-    // acceptors are of different types).
-    macro_rules! serve {
-        ($server:expr, $scheme:literal) => {{
-            let mut server = $server;
-            server
-                .http_builder()
-                .http1()
-                .header_read_timeout(Some(listen::HEADER_TIMEOUT));
-            let server = server.first_request_timeout(listen::HEADER_TIMEOUT);
-            tokio::spawn(async move {
-                let app = app.into_make_service_with_connect_info::<SocketAddr>();
-                if let Err(e) = server.serve(app).await {
-                    tracing::error!(error = %e, "{} server stopped", $scheme);
-                }
-            });
-            $scheme
-        }};
-    }
-    let scheme = match tls {
-        None => {
-            serve!(
-                axum_server::from_tcp(listener)?.map(|a| listen::Limited::new(a, most)),
-                "http"
+    // A standby answers every request with who leads until it leads.
+    let standby = match cfg.lease_ttl_s {
+        Some(_) => {
+            let (seen, watch) = tokio::sync::watch::channel(None);
+            let handle = axum_server::Handle::new();
+            let task = serve(
+                listener.try_clone()?,
+                leader::standby_router(watch),
+                tls.as_ref(),
+                most,
+                handle.clone(),
             )
+            .await?;
+            Some((seen, handle, task))
         }
-        Some((cert, key)) => {
-            // One crypto provider for the whole process (ring, as kube and sqlx use).
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&cert, &key)
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot load the TLS certificate {} or key {}",
-                        cert.display(),
-                        key.display()
-                    )
-                })?;
-            serve!(
-                axum_server::from_tcp(listener)?.map(|a| {
-                    axum_server::tls_rustls::RustlsAcceptor::new(config)
-                        .acceptor(listen::Limited::new(a, most))
-                }),
-                "https"
-            )
-        }
+        None => None,
     };
+    let opened = open_with(cfg, |l| {
+        if let Some((seen, ..)) = &standby {
+            seen.send_replace(Some(l.clone()));
+        }
+    })
+    .await?;
+    if let Some((_, handle, task)) = standby {
+        handle.shutdown();
+        let _ = task.1.await;
+    }
+    let shared = opened.shared;
+    let app = http::router(shared.clone());
+    let (scheme, _) = serve(
+        listener,
+        app,
+        tls.as_ref(),
+        most,
+        axum_server::Handle::new(),
+    )
+    .await?;
     if let Some(lease) = &shared.lease {
         tokio::spawn(leader::keep(shared.store.clone(), lease.clone()));
     }
@@ -671,6 +677,64 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         new_admin_token: opened.new_admin_token,
         join_token: opened.join_token,
         shared,
+    })
+}
+
+/// Serves `app` on `listener` (HTTPS with `tls`: certificate and key
+/// files) with the listener's timeouts and at most `most` connections, until
+/// `handle` shuts it down: the scheme and the serving task.
+async fn serve(
+    listener: std::net::TcpListener,
+    app: axum::Router,
+    tls: Option<&(PathBuf, PathBuf)>,
+    most: usize,
+    handle: axum_server::Handle<SocketAddr>,
+) -> anyhow::Result<(&'static str, tokio::task::JoinHandle<()>)> {
+    use anyhow::Context;
+    // Serves with the listener's timeouts (a macro: the two servers'
+    // acceptors are of different types).
+    macro_rules! serve {
+        ($server:expr, $scheme:literal) => {{
+            let mut server = $server.handle(handle);
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(Some(listen::HEADER_TIMEOUT));
+            let server = server.first_request_timeout(listen::HEADER_TIMEOUT);
+            let task = tokio::spawn(async move {
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
+                if let Err(e) = server.serve(app).await {
+                    tracing::error!(error = %e, "{} server stopped", $scheme);
+                }
+            });
+            ($scheme, task)
+        }};
+    }
+    Ok(match tls {
+        None => serve!(
+            axum_server::from_tcp(listener)?.map(|a| listen::Limited::new(a, most)),
+            "http"
+        ),
+        Some((cert, key)) => {
+            // One crypto provider for the whole process (ring, as kube and sqlx use).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot load the TLS certificate {} or key {}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
+            serve!(
+                axum_server::from_tcp(listener)?.map(|a| {
+                    axum_server::tls_rustls::RustlsAcceptor::new(config)
+                        .acceptor(listen::Limited::new(a, most))
+                }),
+                "https"
+            )
+        }
     })
 }
 
