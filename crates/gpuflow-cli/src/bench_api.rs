@@ -382,7 +382,7 @@ pub(crate) fn burst(nodes: usize, jobs: usize, limit_s: u64) -> anyhow::Result<(
     let held = |w: &gpuflow_server::state::World| -> (u64, u64) {
         let (mut alloc, mut run) = (0u64, 0u64);
         for j in w.jobs.values() {
-            let g = gpuflow_server::cycle::quota_milli(&j.spec) / 1000;
+            let g = gpuflow_server::convert::quota_milli(&j.spec) / 1000;
             if j.state.allocated() {
                 alloc += g;
             }

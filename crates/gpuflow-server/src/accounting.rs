@@ -664,7 +664,7 @@ pub fn recorded(
             .spec
             .tasks
             .iter()
-            .map(|g| (crate::cycle::task_request(g).gpu, g.replicas))
+            .map(|g| (crate::convert::task_request(g).gpu, g.replicas))
             .filter(|(r, _)| !matches!(r, GpuRequest::None))
             .collect();
         let Some((ask, _)) = asks.first() else {

@@ -6,17 +6,10 @@
 use std::collections::BTreeMap;
 
 use gpuflow_api::{self as api, DepKind, Dependency, JobState};
-use serde::{Deserialize, Serialize};
 
 use crate::event::EventKind;
+pub use crate::state::Wait;
 use crate::state::{JobRec, World};
-
-/// A dependency not met yet: what it waits for of which job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Wait {
-    pub kind: DepKind,
-    pub job: u64,
-}
 
 impl Wait {
     fn term(&self) -> String {

@@ -10,7 +10,7 @@
 use gpuflow_api::{self as api, JobSpec, job::TopologyLevel};
 use gpuflow_core::request::GpuRequest;
 
-use crate::cycle::task_request;
+use crate::convert::task_request;
 use crate::state::World;
 
 /// Why no node could ever hold `spec`, naming what the cluster has; `None`

@@ -10,8 +10,7 @@
 //! asks `gpuflow-core`.
 
 pub mod accounting;
-pub mod agent;
-pub mod auth;
+pub mod convert;
 pub mod cycle;
 pub mod depend;
 pub mod event;
@@ -26,7 +25,9 @@ pub mod oidc;
 pub mod openapi;
 pub mod output;
 pub mod ratelimit;
+pub mod secret;
 pub mod services;
+pub mod snapshot;
 pub mod state;
 pub mod webhooks;
 
@@ -564,7 +565,8 @@ pub async fn open_with(
     let mut world = World::load(store.as_ref())
         .await
         .context("cannot load the state")?;
-    let (new_admin_token, join_token) = auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
+    let (new_admin_token, join_token) =
+        http::auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
     world.prune_finished(now(), cfg.keep_finished_s);
     // Heartbeats missed while the server was down say nothing about the
     // nodes: every node gets a full timeout to report in again.

@@ -99,7 +99,7 @@ pub fn admit(j: &mut JobRec, flavor: &str, allocs: Vec<Alloc>, at: u64) -> Kind 
     j.flavor = flavor.to_string();
     j.attempts += 1;
     j.allocs = allocs;
-    let gpu_milli = crate::cycle::quota_milli(&j.spec);
+    let gpu_milli = crate::convert::quota_milli(&j.spec);
     if gpu_milli > 0 {
         j.held.push(crate::state::Held {
             attempt: j.attempts,

@@ -276,7 +276,7 @@ impl Oidc {
         r: &gpuflow_api::CodeRequest,
         now: u64,
     ) -> Result<(Identity, Option<String>), ApiError> {
-        let key = crate::auth::hash(&r.code);
+        let key = crate::secret::hash(&r.code);
         {
             let mut codes = self
                 .codes

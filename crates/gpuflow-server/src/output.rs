@@ -16,24 +16,12 @@ use std::collections::BTreeMap;
 
 use gpuflow_api::TaskReport;
 use gpuflow_store::LogPiece;
-use serde::{Deserialize, Serialize};
 
+pub use crate::state::Mark;
 use crate::state::{JobRec, LOG_ATTEMPTS, log_key};
 
 /// The end of each stream kept in the job's record.
 pub const TAIL: usize = 16 * 1024;
-
-/// How far one task's stream reached.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mark {
-    /// The node that ships it.
-    pub node: String,
-    /// Bytes of the stream received.
-    pub end: u64,
-    /// Bytes of it in the store's log: a prefix, since nothing after a
-    /// piece over the job's limit is stored.
-    pub kept: u64,
-}
 
 /// Folds a report's output into `j` (of its current attempt only; from
 /// `node` only if the task runs there or `node` shipped its output

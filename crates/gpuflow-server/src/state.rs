@@ -240,7 +240,7 @@ pub struct JobRec {
     /// How far each task's stream reached and how much of it is stored,
     /// `attempt/group/index/out|err` → mark (the kept attempts only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub log_marks: BTreeMap<String, crate::output::Mark>,
+    pub log_marks: BTreeMap<String, Mark>,
     /// Bytes of output stored for it, counted against the job log limit.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub log_kept: u64,
@@ -275,7 +275,7 @@ pub struct JobRec {
     /// Its dependencies not met yet (`spec.dependency` resolved to jobs at
     /// submission); each leaves as it is met ([`crate::depend`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub waits_on: Vec<crate::depend::Wait>,
+    pub waits_on: Vec<Wait>,
 }
 
 /// Adds a point to a utilisation history; a full history merges its points
@@ -710,7 +710,7 @@ pub struct World {
     /// Inference services by name.
     pub services: BTreeMap<String, ServiceRec>,
     /// Webhooks, their queued notifications and delivery logs.
-    pub hooks: crate::webhooks::Hooks,
+    pub hooks: Hooks,
     /// Budgets said to be low, by `queue/NAME` or `project/NAME`, with the
     /// period they were said in.
     pub budget_warned: BTreeMap<String, u64>,
@@ -1019,7 +1019,7 @@ impl World {
                 w.reservations.insert(v.name.clone(), v);
             }
             if r.key.starts_with("webhook/") {
-                let h: crate::webhooks::WebhookRec = parse(&r)?;
+                let h: WebhookRec = parse(&r)?;
                 w.hooks.by_id.insert(h.id.clone(), h);
             }
         }
@@ -1168,7 +1168,7 @@ impl World {
                 let Some(group) = j.spec.tasks.get(a.group as usize) else {
                     continue;
                 };
-                let ask = crate::cycle::task_request(group).gpu;
+                let ask = crate::convert::task_request(group).gpu;
                 let (mode, milli, profile) = match &ask {
                     gpuflow_core::request::GpuRequest::None => continue,
                     gpuflow_core::request::GpuRequest::Whole { .. } => ("whole", 1000, None),
@@ -1216,6 +1216,116 @@ impl World {
     pub fn is_admin(u: &api::User) -> bool {
         u.role == Role::Admin
     }
+}
+
+// Records that the modules acting on them (output, depend, webhooks)
+// define their behaviour for; kept here so that the state depends on none
+// of them.
+
+/// How far one task's stream reached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    /// The node that ships it.
+    pub node: String,
+    /// Bytes of the stream received.
+    pub end: u64,
+    /// Bytes of it in the store's log: a prefix, since nothing after a
+    /// piece over the job's limit is stored.
+    pub kept: u64,
+}
+
+/// A dependency not met yet: what it waits for of which job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    pub kind: gpuflow_api::DepKind,
+    pub job: u64,
+}
+
+/// A stored webhook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WebhookRec {
+    pub id: String,
+    /// Where it POSTs (empty for mail).
+    pub url: String,
+    /// Where it mails instead (absent in records written before mail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mail: Option<String>,
+    pub events: Vec<String>,
+    /// The team whose jobs it reports; with `user`, that user's jobs in it
+    /// (in any team when empty: an admin of no team).
+    pub team: String,
+    /// Whose jobs; `None`: the team's.
+    pub user: Option<String>,
+    pub secret: String,
+    pub created_by: String,
+    pub created_at: u64,
+}
+
+impl WebhookRec {
+    pub fn view(&self, with_secret: bool) -> gpuflow_api::WebhookView {
+        gpuflow_api::WebhookView {
+            id: self.id.clone(),
+            url: (!self.url.is_empty()).then(|| self.url.clone()),
+            mail: self.mail.clone(),
+            events: self.events.clone(),
+            team: self.team.clone(),
+            user: self.user.clone(),
+            created_by: self.created_by.clone(),
+            created_at: self.created_at,
+            secret: with_secret.then(|| self.secret.clone()),
+        }
+    }
+
+    pub fn record(&self) -> gpuflow_store::Record {
+        put(
+            gpuflow_store::Table::Meta,
+            &format!("webhook/{}", self.id),
+            &self.team,
+            "",
+            self,
+        )
+    }
+
+    /// The name it is notified of a job event `kind` by, if any: the most
+    /// specific it asked for (a failed job is `fail`, else `end`).
+    pub(crate) fn wants(&self, kind: &str) -> Option<&'static str> {
+        use crate::event::EventKind as K;
+        let names: &[&'static str] = match K::from_name(kind) {
+            Some(K::Running) => &["begin"],
+            Some(K::Succeeded | K::Cancelled | K::DependencyNeverMet) => &["end"],
+            Some(K::Failed) => &["fail", "end"],
+            Some(K::Timeout) => &["timeout", "end"],
+            Some(K::Preempted) => &["preempted"],
+            Some(K::Requeued) => &["requeued"],
+            _ => &[],
+        };
+        let all = self.events.iter().any(|e| e == "all");
+        names
+            .iter()
+            .copied()
+            .find(|n| all || self.events.iter().any(|e| e == n))
+    }
+}
+
+/// A notification waiting to be sent.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    pub hook: String,
+    pub delivery: u64,
+    pub event: String,
+    pub job: u64,
+    pub body: String,
+    pub attempt: u32,
+    pub due: std::time::Instant,
+}
+
+/// Webhooks and what they have to send.
+#[derive(Default)]
+pub struct Hooks {
+    pub by_id: BTreeMap<String, WebhookRec>,
+    pub outbox: std::collections::VecDeque<Outgoing>,
+    pub log: BTreeMap<String, std::collections::VecDeque<gpuflow_api::Delivery>>,
+    pub seq: u64,
 }
 
 #[cfg(test)]

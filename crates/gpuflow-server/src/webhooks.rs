@@ -7,109 +7,21 @@
 //! due, off the state lock. A notification queued when the server stops is
 //! not sent (the log says what was).
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuflow_api as api;
 use gpuflow_store::NewEvent;
 use hmac::{KeyInit, Mac};
-use serde::{Deserialize, Serialize};
 
 use crate::Shared;
 use crate::state::World;
+pub use crate::state::{Hooks, Outgoing, WebhookRec};
 
 /// Attempts per notification.
 pub const ATTEMPTS: u32 = 5;
 /// Attempts kept in each webhook's log.
 const LOG: usize = 100;
-
-/// A stored webhook.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct WebhookRec {
-    pub id: String,
-    /// Where it POSTs (empty for mail).
-    pub url: String,
-    /// Where it mails instead (absent in records written before mail).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mail: Option<String>,
-    pub events: Vec<String>,
-    /// The team whose jobs it reports; with `user`, that user's jobs in it
-    /// (in any team when empty: an admin of no team).
-    pub team: String,
-    /// Whose jobs; `None`: the team's.
-    pub user: Option<String>,
-    pub secret: String,
-    pub created_by: String,
-    pub created_at: u64,
-}
-
-impl WebhookRec {
-    pub fn view(&self, with_secret: bool) -> api::WebhookView {
-        api::WebhookView {
-            id: self.id.clone(),
-            url: (!self.url.is_empty()).then(|| self.url.clone()),
-            mail: self.mail.clone(),
-            events: self.events.clone(),
-            team: self.team.clone(),
-            user: self.user.clone(),
-            created_by: self.created_by.clone(),
-            created_at: self.created_at,
-            secret: with_secret.then(|| self.secret.clone()),
-        }
-    }
-
-    pub fn record(&self) -> gpuflow_store::Record {
-        crate::state::put(
-            gpuflow_store::Table::Meta,
-            &format!("webhook/{}", self.id),
-            &self.team,
-            "",
-            self,
-        )
-    }
-
-    /// The name it is notified of a job event `kind` by, if any: the most
-    /// specific it asked for (a failed job is `fail`, else `end`).
-    fn wants(&self, kind: &str) -> Option<&'static str> {
-        use crate::event::EventKind as K;
-        let names: &[&'static str] = match K::from_name(kind) {
-            Some(K::Running) => &["begin"],
-            Some(K::Succeeded | K::Cancelled | K::DependencyNeverMet) => &["end"],
-            Some(K::Failed) => &["fail", "end"],
-            Some(K::Timeout) => &["timeout", "end"],
-            Some(K::Preempted) => &["preempted"],
-            Some(K::Requeued) => &["requeued"],
-            _ => &[],
-        };
-        let all = self.events.iter().any(|e| e == "all");
-        names
-            .iter()
-            .copied()
-            .find(|n| all || self.events.iter().any(|e| e == n))
-    }
-}
-
-/// A notification waiting to be sent.
-#[derive(Clone, Debug)]
-pub struct Outgoing {
-    pub hook: String,
-    pub delivery: u64,
-    pub event: String,
-    pub job: u64,
-    pub body: String,
-    pub attempt: u32,
-    pub due: Instant,
-}
-
-/// Webhooks and what they have to send.
-#[derive(Default)]
-pub struct Hooks {
-    pub by_id: BTreeMap<String, WebhookRec>,
-    pub outbox: VecDeque<Outgoing>,
-    pub log: BTreeMap<String, VecDeque<api::Delivery>>,
-    pub seq: u64,
-}
 
 impl World {
     /// Queues a notification for each webhook that asked for one of these

@@ -501,7 +501,7 @@ async fn run_ops(ops: Vec<Op>) {
             .jobs
             .values()
             .filter(|j| j.state.allocated() && j.spec.queue == "t")
-            .map(|j| gpuflow_server::cycle::quota_milli(&j.spec))
+            .map(|j| gpuflow_server::convert::quota_milli(&j.spec))
             .sum();
         assert!(
             held <= 2000,

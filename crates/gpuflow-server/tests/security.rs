@@ -976,7 +976,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                 // Never the caller's own last means of calling: keep the harness working.
                 if tokens
                     .values()
-                    .any(|t| gpuflow_server::auth::hash(t).starts_with(&id))
+                    .any(|t| gpuflow_server::secret::hash(t).starts_with(&id))
                 {
                     continue;
                 }

@@ -20,7 +20,8 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::auth::{Caller, hash, new_token};
+use crate::http::auth::Caller;
+use crate::secret::{hash, new_token};
 use crate::{Change, commit, now};
 
 /// How long a session waits for its agent to connect.
@@ -343,7 +344,7 @@ async fn agent_side(
             "the node token is not valid: register again",
         ))
     };
-    let token = crate::auth::bearer(&headers).ok_or_else(unauthenticated)?;
+    let token = crate::http::auth::bearer(&headers).ok_or_else(unauthenticated)?;
     let node = {
         let world = shared.world.lock().await;
         world.node_by_token.get(&hash(token)).cloned()

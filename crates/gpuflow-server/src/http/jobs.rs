@@ -343,7 +343,7 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
         let milli: u64 = spec
             .tasks
             .iter()
-            .map(|g| crate::cycle::task_request(g).gpu.quota_milli() * u64::from(g.replicas))
+            .map(|g| crate::convert::task_request(g).gpu.quota_milli() * u64::from(g.replicas))
             .sum();
         if milli as f64 > most * 1000.0 {
             return Err(ApiError::bad_request(
@@ -492,7 +492,7 @@ async fn submit(
         }
         // The cycle the server would run now, with this job in it, on a
         // snapshot; nothing is stored and no id is used up.
-        let trial = crate::cycle::Trial::take(&world, at, &shared.cfg);
+        let trial = crate::snapshot::Trial::take(&world, at, &shared.cfg);
         drop(world);
         let _turn = shared.diagnoses.acquire().await;
         let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
@@ -727,9 +727,11 @@ async fn why(
                 // worked out once per cycle.
                 let d = match world.diagnosed.get(&id) {
                     Some(found) => Err(found.clone()),
-                    None if world.unreached.contains(&id) => {
-                        Ok(crate::cycle::Trial::take(&world, crate::now(), &shared.cfg))
-                    }
+                    None if world.unreached.contains(&id) => Ok(crate::snapshot::Trial::take(
+                        &world,
+                        crate::now(),
+                        &shared.cfg,
+                    )),
                     None => Err(None),
                 };
                 (w, Some(d))

@@ -114,7 +114,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
                 .held
                 .last()
                 .filter(|h| h.to.is_none())
-                .map_or_else(|| crate::cycle::quota_milli(&j.spec), |h| h.gpu_milli);
+                .map_or_else(|| crate::convert::quota_milli(&j.spec), |h| h.gpu_milli);
         }
     }
     // The cluster's GPUs per model (nodes not lost): what a guarantee of

@@ -6,6 +6,8 @@
 //! `{code, message}` naming the problem; a store failure gets a bare 500 and
 //! one log line. Job transitions are the lifecycle's (`lifecycle.rs`).
 
+pub mod agent;
+pub mod auth;
 mod clusters;
 mod events;
 pub mod exec;
@@ -40,7 +42,8 @@ use gpuflow_api::{
 };
 use serde::Serialize;
 
-use crate::auth::{Caller, hash, new_token};
+use crate::http::auth::Caller;
+use crate::secret::{hash, new_token};
 use crate::state::{
     JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
 };
@@ -125,11 +128,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         // A heartbeat carries every task of a node: it may be larger.
         .route(
             "/v1/agent/register",
-            post(crate::agent::register).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+            post(crate::http::agent::register).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
         )
         .route(
             "/v1/agent/heartbeat",
-            post(crate::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+            post(crate::http::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
         )
         .fallback(|| async {
             Error(ApiError::not_found(
@@ -231,7 +234,7 @@ async fn anonymous_rate(
         .get(axum::http::header::AUTHORIZATION)
         .is_none()
     {
-        let ip = crate::auth::client_ip(req.extensions());
+        let ip = crate::http::auth::client_ip(req.extensions());
         if let Err(e) = shared.rates.anonymous(ip) {
             return Error(e).into_response();
         }

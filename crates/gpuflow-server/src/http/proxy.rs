@@ -20,7 +20,7 @@ use axum::http::{HeaderValue, Uri, header};
 use axum::routing::any;
 use hyper_util::rt::TokioIo;
 
-use crate::auth::{Caller, bearer, caller_of};
+use crate::http::auth::{Caller, bearer, caller_of};
 
 /// The cookie `proxy-session` sets.
 const COOKIE: &str = "gpuflow_proxy";
@@ -173,7 +173,7 @@ async fn proxy(
     Path(params): Path<BTreeMap<String, String>>,
     mut req: Request,
 ) -> Result<Response, Error> {
-    let ip = crate::auth::client_ip(req.extensions());
+    let ip = crate::http::auth::client_ip(req.extensions());
     let token = token_of(req.headers());
     let caller = caller_of(&shared, token.as_deref(), ip).await?;
     let id = super::jobs::job_id(params.get("id").map_or("", String::as_str))?;

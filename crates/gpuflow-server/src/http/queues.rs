@@ -43,7 +43,7 @@ async fn list_queues(
         if j.state.allocated() {
             *used
                 .entry((j.spec.queue.as_str(), j.flavor.as_str()))
-                .or_default() += crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+                .or_default() += crate::convert::quota_milli(&j.spec) as f64 / 1000.0;
         }
         let Some(v) = out.get_mut(j.spec.queue.as_str()) else {
             continue;
@@ -54,7 +54,7 @@ async fn list_queues(
         if j.state.allocated() {
             v.running += 1;
             *v.used.entry(j.flavor.clone()).or_default() +=
-                crate::cycle::quota_milli(&j.spec) as f64 / 1000.0;
+                crate::convert::quota_milli(&j.spec) as f64 / 1000.0;
         }
     }
     let guaranteed = |queue: &str, flavor: &str| -> f64 {

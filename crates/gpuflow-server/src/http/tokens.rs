@@ -198,7 +198,7 @@ const SESSION_MAX_S: u64 = 30 * 86_400;
 /// identity provider. (Requests without a token are within the address's
 /// rate already: the router's layer counts them.)
 fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::net::IpAddr, Error> {
-    let ip = crate::auth::client_ip(ext);
+    let ip = crate::http::auth::client_ip(ext);
     if !shared.oidc.enabled() {
         return Err(ApiError::not_found(
             "this server has no identity provider (gpuflow server --oidc-config): sign in with an API token",
@@ -221,7 +221,7 @@ async fn create_session(
     let ip = sign_in_gate(&shared, &ext)?;
     let r: api::SessionRequest = json_body(body, shared.cfg.max_body_bytes)?;
     let at = now();
-    let id = crate::auth::verified_id_token(&shared, &r.id_token, ip, at).await?;
+    let id = crate::http::auth::verified_id_token(&shared, &r.id_token, ip, at).await?;
     open_session(&shared, id, r.refresh_token, at).await
 }
 
@@ -258,8 +258,8 @@ async fn open_session(
         subject: id.subject.clone(),
     };
     let mut world = shared.world.lock().await;
-    let user =
-        crate::auth::sign_in(shared, &mut world, &identity, &id.username, granted, at).await?;
+    let user = crate::http::auth::sign_in(shared, &mut world, &identity, &id.username, granted, at)
+        .await?;
     let token = new_token("gfs");
     let rec = TokenRec {
         hash: hash(&token),

@@ -96,8 +96,8 @@ async fn create(
         .into());
     }
     let at = now();
-    let secret = crate::auth::new_token("whsec");
-    let id = crate::auth::new_token("wh")[3..19].to_string();
+    let secret = crate::secret::new_token("whsec");
+    let id = crate::secret::new_token("wh")[3..19].to_string();
     let mut events = spec.events.clone();
     events.sort();
     events.dedup();

@@ -20,14 +20,14 @@ use gpuflow_api::{
 };
 use gpuflow_core::cluster::{MAX_GPUS_PER_NODE, MAX_MIG_INSTANCES};
 
-use crate::auth::{hash, new_token};
 use crate::event::EventKind;
 use crate::http::{Error, parse_json};
+use crate::secret::{hash, new_token};
 use crate::state::{NodeRec, World};
 use crate::{Change, Shared, commit, now};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
-    crate::auth::bearer(headers)
+    crate::http::auth::bearer(headers)
         .map(str::to_string)
         .ok_or_else(|| {
             ApiError::new(

@@ -9,25 +9,10 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use gpuflow_api::{ApiError, Role, Team, User};
 use gpuflow_store::{Record, Store, Table};
-use sha2::{Digest, Sha256};
 
+use crate::secret::{hash, new_token};
 use crate::state::{Refused, TokenRec, World, team_rec, token_rec, user_rec};
 use crate::{Config, Shared, now};
-
-/// A new random token with a recognisable prefix.
-pub fn new_token(prefix: &str) -> String {
-    let mut bytes = [0u8; 24];
-    getrandom::fill(&mut bytes).expect("the OS random source works");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}_{hex}")
-}
-
-pub fn hash(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// On a new installation: the `admin` user and its token, the `default` team
 /// and queue, and the join token. Returns the admin token when created and the

@@ -1,0 +1,789 @@
+//! The committed state as the scheduling core's input ([`Snapshot`]), and a
+//! [`Trial`] of it for checks that must not change anything. Rebuilt each
+//! cycle from the committed state, so it never drifts from the store.
+
+use std::collections::BTreeMap;
+
+use gpuflow_api::{self as api, JobState, NodeState};
+use gpuflow_core::cluster::{Allocation, Cluster};
+use gpuflow_core::ids::{CpuMilli, JobId, MemMib, NodeId, TaskId};
+use gpuflow_core::mix::{MixWeighting, WorkloadMix};
+use gpuflow_core::model::{self, Gpu, Node};
+use gpuflow_core::placement::Placer;
+use gpuflow_core::policy::Policy;
+use gpuflow_core::queue::{FlavorQuota, Queue, QueueId, Queues, UserLimits};
+use gpuflow_core::request::{self, Constraints, Job, TaskGroup, TaskRequest};
+use gpuflow_core::schedule::{self, Config, Running, Workload};
+
+use crate::convert::{classes, config, milli, task_request};
+use crate::state::{JobRec, World};
+
+/// Projects whose budget is spent: what happens to their pending jobs,
+/// and why in words.
+pub(crate) type Spent = BTreeMap<String, (api::WhenExhausted, String)>;
+
+pub(crate) fn spent_projects(world: &World, t: u64) -> Spent {
+    world
+        .projects
+        .values()
+        .filter_map(|p| {
+            let b = p.budget.as_ref()?;
+            let u = crate::accounting::budget_use(b, world.project_budget_used.get(&p.name), t);
+            if !u.exhausted {
+                return None;
+            }
+            let next = crate::accounting::period_start(b.period, u.period_start + 31 * 86_400);
+            let renews = crate::when(next);
+            let amount = match b.cost {
+                Some(c) => format!("{c} {}", world.prices.currency).trim_end().to_string(),
+                None => format!("{} GPU-hours", b.limit()),
+            };
+            let period = match b.period {
+                api::BudgetPeriod::Day => "day",
+                api::BudgetPeriod::Week => "week",
+                api::BudgetPeriod::Month => "month",
+            };
+            let effect = match b.when_exhausted {
+                api::WhenExhausted::StopAdmitting => "its jobs start no new work",
+                api::WhenExhausted::StopBorrowing => {
+                    "its jobs may not borrow beyond their queue's guarantee"
+                }
+            };
+            Some((
+                p.name.clone(),
+                (
+                    b.when_exhausted,
+                    format!(
+                        "project {}'s budget of {amount} a {period} is used up ({effect}); it renews at {renews}",
+                        p.name
+                    ),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// Holds a job to its project's spent budget: `Some(reason)` when it may
+/// not start at all; a job of a project that may not borrow (pending or
+/// running: together they are held to the queue's guarantee) gets its
+/// class's twin that may not.
+pub(crate) fn budget_gate(j: &JobRec, work: &mut Workload, spent: &Spent) -> Option<String> {
+    let (when, reason) = spent.get(j.spec.project.as_deref()?)?;
+    match when {
+        api::WhenExhausted::StopAdmitting => Some(reason.clone()),
+        api::WhenExhausted::StopBorrowing => {
+            let base = schedule::default_classes().len();
+            if work.class < base {
+                work.class += base;
+            }
+            None
+        }
+    }
+}
+
+/// A snapshot of the committed state to examine without changing anything:
+/// taken under the lock, examined without it (off the async runtime), by
+/// `why`'s diagnosis and by test-only submissions.
+pub struct Trial {
+    snap: Snapshot,
+    history: schedule::History,
+    cfg: Config,
+    t: u64,
+}
+
+impl Trial {
+    /// Takes the snapshot (the only part that needs the state lock).
+    pub fn take(world: &World, t: u64, server: &crate::Config) -> Trial {
+        let snap = snapshot(world, t);
+        let history = world.history.to_core(&snap.queues);
+        Trial {
+            snap,
+            history,
+            cfg: config(server),
+            t,
+        }
+    }
+
+    /// Every reason pending job `id` would wait for if its turn came now
+    /// (`gpuflow_core::schedule::diagnose`), in words; empty when it would
+    /// start. `None` when the core is not asked about it (not pending, or
+    /// blocked before scheduling).
+    pub fn diagnose(mut self, id: u64) -> Option<Vec<String>> {
+        let reasons = schedule::diagnose(
+            gpuflow_core::schedule::Snapshot {
+                now: self.t,
+                placer: &mut self.snap.placer,
+                queues: &mut self.snap.queues,
+                running: &self.snap.running,
+                pending: &self.snap.pending,
+                cfg: &self.cfg,
+            },
+            &self.history,
+            JobId(id),
+        )?;
+        Some(reasons.iter().map(|r| r.describe(self.t)).collect())
+    }
+
+    /// The cycle the server would run now with `candidate` (not stored)
+    /// among the pending jobs: where it would start, or why it would wait.
+    pub fn test_only(mut self, candidate: &JobRec) -> api::TestOnly {
+        let classes = classes();
+        if let Some(mut w) = workload(candidate, &self.snap.queues, &classes) {
+            if let Some(reason) = budget_gate(candidate, &mut w, &self.snap.spent) {
+                return api::TestOnly {
+                    would_start: false,
+                    nodes: vec![],
+                    reasons: vec![reason],
+                    eta: None,
+                };
+            }
+            self.snap.pending.push(w);
+        }
+        let plan = self.snap.schedule(self.t, &mut self.history, &self.cfg);
+        let job = JobId(candidate.id);
+        if let Some((_, _, placement)) = plan.admitted.iter().find(|(id, _, _)| *id == job) {
+            let mut nodes: Vec<String> = placement
+                .iter()
+                .map(|a| self.snap.node_names[a.node.0 as usize].clone())
+                .collect();
+            nodes.dedup();
+            return api::TestOnly {
+                would_start: true,
+                nodes,
+                reasons: vec![],
+                eta: Some(self.t),
+            };
+        }
+        let pending = plan.pending.iter().find(|p| p.job == job);
+        api::TestOnly {
+            would_start: false,
+            nodes: vec![],
+            reasons: pending.map_or_else(Vec::new, |p| {
+                p.reasons.iter().map(|r| r.describe(self.t)).collect()
+            }),
+            eta: pending.and_then(|p| p.eta),
+        }
+    }
+}
+
+/// The committed state as the core sees it.
+#[derive(Clone)]
+pub struct Snapshot {
+    pub placer: Placer,
+    pub queues: Queues,
+    pub running: Vec<Running>,
+    pub pending: Vec<Workload>,
+    pub node_names: Vec<String>,
+    /// Pending jobs the core is not asked about, with the reason.
+    pub blocked: Vec<(u64, api::Why)>,
+    /// Allocated jobs whose allocation no longer fits their node: (job,
+    /// node, reason).
+    pub evicted: Vec<(u64, String, String)>,
+    /// Tests only: a fault injected before the core runs.
+    pub fault: Option<crate::Fault>,
+    /// Projects whose budget is spent.
+    pub spent: Spent,
+}
+
+impl Snapshot {
+    /// The core's cycle on this snapshot.
+    pub(crate) fn schedule(
+        &mut self,
+        t: u64,
+        history: &mut schedule::History,
+        cfg: &Config,
+    ) -> schedule::Plan {
+        if let Some(fault) = &self.fault {
+            let ids: Vec<u64> = self.pending.iter().map(|w| w.job.id.0).collect();
+            (fault.0)(&ids);
+        }
+        schedule::schedule(
+            gpuflow_core::schedule::Snapshot {
+                now: t,
+                placer: &mut self.placer,
+                queues: &mut self.queues,
+                running: &self.running,
+                pending: &self.pending,
+                cfg,
+            },
+            history,
+        )
+    }
+}
+
+/// Each GPU's NVLink island on its node, as the smallest index of the GPUs
+/// it reaches over NVLink directly or through others (connected
+/// components of the peer lists, taken both ways); `None` for a GPU with no
+/// NVLink peer.
+pub(crate) fn nvlink_islands(inv: &api::Inventory) -> Vec<Option<usize>> {
+    let n = inv.gpus.len();
+    let mut root: Vec<usize> = (0..n).collect();
+    fn find(root: &mut [usize], mut i: usize) -> usize {
+        while root[i] != i {
+            root[i] = root[root[i]];
+            i = root[i];
+        }
+        i
+    }
+    let mut linked = vec![false; n];
+    for (i, g) in inv.gpus.iter().enumerate() {
+        for &j in &g.nvlink {
+            let j = j as usize;
+            if j < n && j != i {
+                linked[i] = true;
+                linked[j] = true;
+                let (a, b) = (find(&mut root, i), find(&mut root, j));
+                root[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    (0..n)
+        .map(|i| linked[i].then(|| find(&mut root, i)))
+        .collect()
+}
+
+/// Builds the core's view. Rebuilt each cycle: cheap at the sizes a single
+/// server runs, and never out of step with the committed state.
+///
+/// Committed allocations are never treated as free: one that no longer fits
+/// its node (the node reports less memory, a GPU vanished) keeps what it
+/// could claim, its node takes no new work in this snapshot, and the job is
+/// listed in `evicted` so the cycle stops and requeues it with the reason.
+pub fn snapshot(world: &World, t: u64) -> Snapshot {
+    let mut shrunk = std::collections::BTreeSet::new();
+    loop {
+        let snap = snapshot_with(world, t, &shrunk);
+        let before = shrunk.len();
+        shrunk.extend(snap.evicted.iter().map(|(_, node, _)| node.clone()));
+        if shrunk.len() == before {
+            return snap;
+        }
+    }
+}
+
+pub(crate) fn snapshot_with(
+    world: &World,
+    t: u64,
+    shrunk: &std::collections::BTreeSet<String>,
+) -> Snapshot {
+    // Nodes, in name order; the core's node id is the index.
+    let node_names: Vec<String> = world.nodes.keys().cloned().collect();
+    let node_id: BTreeMap<&str, NodeId> = node_names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), NodeId(i as u32)))
+        .collect();
+    let mut nodes = Vec::new();
+    let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, n) in world.nodes.values().enumerate() {
+        let inv = &n.inventory;
+        let islands = nvlink_islands(inv);
+        let gpus: Vec<Gpu> = inv
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| {
+                let mut gpu = Gpu::plain(&g.model, MemMib(g.memory_mib));
+                // An unhealthy GPU takes no new work.
+                if g.unhealthy.is_some() {
+                    gpu.health = model::GpuHealth::Unhealthy;
+                }
+                gpu.numa = g.numa.map_or(0, |n| n.min(u8::MAX as u32) as u8);
+                gpu.nvlink = islands[gi].map(|k| format!("{}/nvl{k}", n.name));
+                // A GPU in MIG mode is allocated by instance, whole.
+                gpu.mig = g
+                    .mig
+                    .iter()
+                    .map(|m| model::MigInstance {
+                        profile: m.profile.clone(),
+                        mem: MemMib(m.memory_mib),
+                    })
+                    .collect();
+                gpu
+            })
+            .collect();
+        let mut node = Node::new(
+            i as u32,
+            &n.name,
+            CpuMilli(inv.cpu_milli),
+            MemMib(inv.memory_mib),
+            gpus,
+        );
+        node.pool = if inv.pool.is_empty() {
+            "default".into()
+        } else {
+            inv.pool.clone()
+        };
+        node.labels = inv.labels.clone();
+        // A reservation not over keeps its nodes: only its jobs (while it
+        // is open) and jobs that end before it starts tolerate it.
+        for r in world.reservations.values().filter(|r| r.end > t) {
+            if r.nodes.contains(&n.name) {
+                let key = reservation_key(&r.name);
+                node.taints.push(model::Taint {
+                    key: key.clone(),
+                    value: String::new(),
+                });
+                node.labels.insert(key, "1".into());
+            }
+        }
+        // Topology from the agent's labels (`--label rack=r1 --label block=b1`).
+        node.rack = inv.labels.get("rack").cloned();
+        node.block = inv.labels.get("block").cloned();
+        node.state = match n.state {
+            _ if shrunk.contains(&n.name) => model::NodeState::Cordoned,
+            NodeState::Ready => model::NodeState::Ready,
+            NodeState::Cordoned => model::NodeState::Cordoned,
+            NodeState::Draining => model::NodeState::Draining,
+            NodeState::Lost => model::NodeState::Lost,
+        };
+        if n.state != NodeState::Lost {
+            for g in &inv.gpus {
+                *capacity.entry(g.model.clone()).or_default() += 1000;
+            }
+        }
+        nodes.push(node);
+    }
+    let aside = set_aside_queues(world);
+    let queues = build_queues(world, &capacity, &aside, t);
+    let cluster = Cluster::new(nodes).expect("node ids are their indices");
+    // The placement keeps room for the shapes of the work that waits
+    // (docs/benchmarks.md, "The placement's mix is what waits"); each
+    // replica of a task group counts, as the pods of a gang would.
+    let requests: Vec<(TaskRequest, u32)> = world
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending)
+        .flat_map(|j| j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)))
+        .collect();
+    let mix = WorkloadMix::from_counted(
+        requests.iter().map(|(r, n)| (r, *n)),
+        MixWeighting::Tasks,
+        1.0,
+    );
+    let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
+    let mut queues = queues;
+    let classes = classes();
+    let spent = spent_projects(world, t);
+    let singles = crate::depend::Singles::of(world);
+    // Arrays with a limit: how many elements hold resources now; pending
+    // elements go to the core, in id order, only up to the limit.
+    let mut array_slots: BTreeMap<u64, u32> = BTreeMap::new();
+    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+        if let Some(a) = &j.array {
+            *array_slots.entry(a.id).or_default() += 1;
+        }
+    }
+    let mut running = Vec::new();
+    let mut pending = Vec::new();
+    let mut blocked = Vec::new();
+    let mut evicted = Vec::new();
+    for j in world.jobs.values() {
+        let work = workload(j, &queues, &classes).map(|mut w| {
+            w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
+            w
+        });
+        if j.state.allocated() {
+            // GPUs are found by UUID: one the node no longer reports evicts
+            // the job; one that moved in the inventory is followed.
+            let mut gone = None;
+            let allocations: Vec<Allocation> = j
+                .allocs
+                .iter()
+                .filter_map(|a| {
+                    let node = *node_id.get(a.node.as_str())?;
+                    let inv = &world.nodes[&a.node].inventory;
+                    let pick = match a.current_pick(inv) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            gone.get_or_insert((a.node.clone(), e));
+                            return None;
+                        }
+                    };
+                    // Work on a GPU that turned unhealthy is stopped and
+                    // requeued; the GPU stays held until it is gone.
+                    if let Some(why) = a.unhealthy_gpu(inv) {
+                        gone.get_or_insert((a.node.clone(), why));
+                    }
+                    Some(Allocation {
+                        task: TaskId {
+                            job: JobId(j.id),
+                            group: a.group,
+                            index: a.index,
+                        },
+                        node,
+                        cpu: CpuMilli(a.cpu_milli),
+                        mem: MemMib(a.mem_mib),
+                        gpu: task_request(&j.spec.tasks[a.group as usize]).gpu,
+                        pick: pick.into(),
+                    })
+                })
+                .collect();
+            // An evicted job counts in its queue's quota until it is gone,
+            // as a stopping one does: its GPUs are not free yet.
+            let charge = |queues: &mut Queues| {
+                if let Some(work) = &work
+                    && !j.flavor.is_empty()
+                {
+                    queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
+                }
+            };
+            if let Some((node, reason)) = gone {
+                // What it still holds elsewhere stays held until it stops.
+                let _ = placer.apply(&allocations);
+                tracing::warn!(job = j.id, %reason, "evicting");
+                charge(&mut queues);
+                evicted.push((j.id, node, reason));
+                continue;
+            }
+            if let Err(a) = placer.apply(&allocations) {
+                let node = node_names[a.node.0 as usize].clone();
+                let inv = &world.nodes[&node].inventory;
+                let reason = format!(
+                    "node {node} no longer holds its allocation: it reports {} GPUs, {} milli-CPU and {} MiB",
+                    inv.gpus.len(),
+                    inv.cpu_milli,
+                    inv.memory_mib
+                );
+                tracing::warn!(job = j.id, task = %a.task, %reason, "evicting");
+                charge(&mut queues);
+                evicted.push((j.id, node, reason));
+                continue;
+            }
+            // A running job whose queue is gone still holds its GPUs (applied
+            // above); it is just not the core's to preempt.
+            let Some(mut work) = work else {
+                continue;
+            };
+            // Running work goes on whatever its project's budget says; it
+            // only counts as the project's.
+            let _ = budget_gate(j, &mut work, &spent);
+            if !j.flavor.is_empty() {
+                queues.charge(work.queue, &j.flavor, work.gpu_milli() as i64);
+            }
+            running.push(Running {
+                work,
+                flavor: j.flavor.clone(),
+                allocations,
+                started: j.started_at.unwrap_or(t),
+                last_checkpoint: j.last_checkpoint,
+                stopping_at: (j.state == JobState::Stopping).then(|| j.kill_at.unwrap_or(t)),
+            });
+        } else if j.state == JobState::Pending {
+            let Some(mut work) = work else {
+                let reason = match aside.get(&j.spec.queue) {
+                    Some(r) => format!("queue {:?} is set aside: {r}", j.spec.queue),
+                    None => format!("queue {:?} does not exist (any more)", j.spec.queue),
+                };
+                blocked.push((j.id, why(j, reason)));
+                continue;
+            };
+            if let Some(nb) = j.not_before.filter(|&nb| nb > t) {
+                blocked.push((
+                    j.id,
+                    why(
+                        j,
+                        format!("retrying after a failure; not before {}", crate::when(nb)),
+                    ),
+                ));
+                continue;
+            }
+            if let Some(reason) = crate::depend::reason(world, j, &singles) {
+                blocked.push((j.id, why(j, reason)));
+                continue;
+            }
+            if let Err(w) = reservations(world, j, &mut work, t) {
+                blocked.push((j.id, w));
+                continue;
+            }
+            // A task in an image runs only where the node can run images.
+            if j.spec.tasks.iter().any(|g| g.image.is_some()) {
+                work.job
+                    .constraints
+                    .node_selector
+                    .insert(api::OCI_LABEL.into(), "true".into());
+            }
+            if let Some(reason) = budget_gate(j, &mut work, &spent) {
+                blocked.push((j.id, why(j, reason)));
+                continue;
+            }
+            if let (Some(a), Some(limit)) = (
+                &j.array,
+                j.spec.array.as_deref().and_then(api::ArraySpec::limit_of),
+            ) {
+                let taken = array_slots.entry(a.id).or_default();
+                if *taken >= limit {
+                    blocked.push((
+                        j.id,
+                        why(
+                            j,
+                            format!(
+                                "array {} runs at most {limit} elements at once (%{limit}); the next starts when one ends",
+                                a.id
+                            ),
+                        ),
+                    ));
+                    continue;
+                }
+                *taken += 1;
+            }
+            pending.push(work);
+        }
+    }
+    Snapshot {
+        placer,
+        queues,
+        running,
+        pending,
+        node_names,
+        blocked,
+        evicted,
+        fault: None,
+        spent,
+    }
+}
+
+/// The taint and label key of reservation `name` on its nodes.
+pub(crate) fn reservation_key(name: &str) -> String {
+    format!("gpuflow.io/reservation-{name}")
+}
+
+/// What reservations let pending job `j` do: its own, once open, keeps it
+/// on that reservation's nodes; others' nodes take it only if it ends
+/// before they start. A job waiting for its reservation to open, or whose
+/// reservation is gone, is held back with the reason.
+pub(crate) fn reservations(
+    world: &World,
+    j: &JobRec,
+    work: &mut Workload,
+    t: u64,
+) -> Result<(), api::Why> {
+    let c = &mut work.job.constraints;
+    for r in world.reservations.values().filter(|r| r.end > t) {
+        let mine = j.spec.reservation.as_deref() == Some(r.name.as_str());
+        let ends_before = j
+            .spec
+            .max_runtime_s
+            .is_some_and(|m| !r.open(t) && t.saturating_add(m) <= r.start);
+        if (mine && r.open(t)) || (!mine && ends_before) {
+            c.tolerations.push(reservation_key(&r.name));
+        }
+        if mine && r.open(t) {
+            c.node_selector.insert(reservation_key(&r.name), "1".into());
+        }
+    }
+    let Some(name) = &j.spec.reservation else {
+        return Ok(());
+    };
+    let reason = match world.reservations.get(name) {
+        None => format!(
+            "its reservation {name:?} no longer exists: cancel it, or submit it again without one"
+        ),
+        Some(r) if r.end <= t => format!(
+            "its reservation {name:?} ended at {}: cancel it, or submit it again without one",
+            crate::when(r.end)
+        ),
+        Some(r) if r.start > t => {
+            let mut w = why(
+                j,
+                format!(
+                    "waits for its reservation {name:?} to open at {} (on {})",
+                    crate::when(r.start),
+                    r.nodes.join(", ")
+                ),
+            );
+            w.eta = Some(r.start);
+            return Err(w);
+        }
+        Some(_) => return Ok(()),
+    };
+    Err(why(j, reason))
+}
+
+pub(crate) fn why(j: &JobRec, reason: String) -> api::Why {
+    api::Why {
+        id: j.id,
+        state: j.state,
+        summary: reason.clone(),
+        reasons: vec![reason],
+        position: None,
+        eta: None,
+    }
+}
+
+/// Why each queue that cannot be scheduled is set aside (a broken parent
+/// chain, a tree deeper than [`api::MAX_QUEUE_DEPTH`], a spec that no longer
+/// validates), by name. The edge refuses such queues; this guards the cycle
+/// against stored state from older versions or bugs, so one bad queue never
+/// stops scheduling for everyone else.
+pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for q in world.queues.values() {
+        if let Err(e) = q.validate() {
+            out.insert(
+                q.name.clone(),
+                format!("its spec is invalid ({})", e.message),
+            );
+            continue;
+        }
+        let mut name = q.name.as_str();
+        let mut depth = 1;
+        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+            depth += 1;
+            if !world.queues.contains_key(p) {
+                out.insert(
+                    q.name.clone(),
+                    format!("its parent queue {p:?} does not exist"),
+                );
+                break;
+            }
+            if depth > api::MAX_QUEUE_DEPTH {
+                out.insert(
+                    q.name.clone(),
+                    format!(
+                        "the queue tree above it is deeper than {} levels (or loops)",
+                        api::MAX_QUEUE_DEPTH
+                    ),
+                );
+                break;
+            }
+            name = p;
+        }
+    }
+    // Below a set-aside queue, everything is set aside too (the walks above
+    // ended within MAX_QUEUE_DEPTH for every queue not yet in `out`).
+    let mut below = BTreeMap::new();
+    for q in world.queues.values().filter(|q| !out.contains_key(&q.name)) {
+        let mut p = q.parent.as_deref();
+        while let Some(name) = p {
+            if out.contains_key(name) {
+                below.insert(
+                    q.name.clone(),
+                    format!("its ancestor queue {name:?} is set aside"),
+                );
+                break;
+            }
+            p = world.queues.get(name).and_then(|q| q.parent.as_deref());
+        }
+    }
+    out.extend(below);
+    out
+}
+
+/// The queue tree, parents before children, with quotas in milli-GPU.
+/// Queues set aside (see [`set_aside_queues`]) are left out, with their
+/// subtrees, so their jobs wait with that reason. Budgets stand as they
+/// do at `t`.
+pub(crate) fn build_queues(
+    world: &World,
+    capacity: &BTreeMap<String, u64>,
+    aside: &BTreeMap<String, String>,
+    t: u64,
+) -> Queues {
+    let depth = |name: &str| {
+        let mut name = name;
+        let mut d = 0;
+        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+            d += 1;
+            name = p;
+        }
+        d
+    };
+    let mut specs: Vec<&api::QueueSpec> = world
+        .queues
+        .values()
+        .filter(|q| !aside.contains_key(&q.name))
+        .collect();
+    specs.sort_by_key(|q| (depth(&q.name), q.name.clone()));
+    let index: BTreeMap<&str, QueueId> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.name.as_str(), QueueId(i as u32)))
+        .collect();
+    let list = specs
+        .iter()
+        .map(|s| {
+            let mut q = Queue::new(
+                &s.name,
+                s.parent.as_deref().and_then(|p| index.get(p).copied()),
+            );
+            q.weight = s.weight;
+            q.state = match s.state {
+                api::QueueState::Open => gpuflow_core::queue::QueueState::Open,
+                api::QueueState::Held => gpuflow_core::queue::QueueState::Held,
+                api::QueueState::Draining => gpuflow_core::queue::QueueState::Draining,
+            };
+            q.set_quotas(capacity.keys(), &s.quotas, |qs| FlavorQuota {
+                guaranteed: milli(qs.guaranteed),
+                borrow_limit: qs.borrow_limit.map(milli),
+                lend_limit: qs.lend_limit.map(milli),
+                cap: qs.cap.map(milli),
+            });
+            q.user_limits = UserLimits {
+                max_gpu_milli: s.user_limits.max_gpus.map(milli),
+                max_running: s.user_limits.max_running,
+            };
+            q.budget = s
+                .budget
+                .as_ref()
+                .map(|b| crate::accounting::core_budget(b, world.budget_used.get(&s.name), t));
+            q
+        })
+        .collect();
+    // Set-aside queues are gone, so every parent left is built before its
+    // children; should that ever not hold, no queue is scheduled this cycle
+    // rather than the loop stopping.
+    Queues::new(list, capacity.clone()).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "the queue tree does not build; no queue is scheduled this cycle");
+        Queues::new(Vec::new(), capacity.clone()).expect("an empty tree builds")
+    })
+}
+
+pub(crate) fn workload(
+    j: &JobRec,
+    queues: &Queues,
+    classes: &[schedule::PriorityClass],
+) -> Option<Workload> {
+    let queue = queues.by_name(&j.spec.queue)?;
+    let class = classes
+        .iter()
+        .position(|c| c.name == j.spec.class())
+        .unwrap_or(2);
+    let constraints = Constraints {
+        topology: j.spec.topology.as_ref().map(|t| request::Topology {
+            level: match t.level {
+                gpuflow_api::job::TopologyLevel::Node => request::TopologyLevel::Node,
+                gpuflow_api::job::TopologyLevel::Nvlink => request::TopologyLevel::NvLink,
+                gpuflow_api::job::TopologyLevel::Rack => request::TopologyLevel::Rack,
+                gpuflow_api::job::TopologyLevel::Block => request::TopologyLevel::Block,
+            },
+            required: t.required,
+        }),
+        spread: j.spec.kind == api::Kind::Inference,
+        ..Constraints::default()
+    };
+    Some(Workload {
+        job: Job {
+            id: JobId(j.id),
+            groups: j
+                .spec
+                .tasks
+                .iter()
+                .map(|g| TaskGroup {
+                    name: g.name.clone(),
+                    replicas: g.replicas,
+                    request: task_request(g),
+                })
+                .collect(),
+            constraints,
+        },
+        queue,
+        user: j.user.clone(),
+        class,
+        priority: j.spec.priority,
+        submitted: j.submitted_at,
+        max_runtime: j.spec.max_runtime_s,
+        grace: j.spec.checkpoint.grace_s,
+        expected_runtime: None,
+    })
+}
