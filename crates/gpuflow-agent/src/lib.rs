@@ -187,35 +187,15 @@ fn save_records(tasks: &BTreeMap<Key, Task>, dir: &std::path::Path, last: &mut V
     }
 }
 
-/// An HTTP client trusting `ca_cert` (PEM) when given.
+/// The API's HTTP agent, trusting `ca_cert` where given.
 ///
 /// # Errors
-/// When the file cannot be read or holds no certificate.
+/// A CA file that cannot be read or holds no certificate.
 pub fn http_client(
     ca_cert: Option<&std::path::Path>,
     timeout: Duration,
 ) -> anyhow::Result<ureq::Agent> {
-    let mut b = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false);
-    if let Some(path) = ca_cert {
-        let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        if certs.is_empty() {
-            bail!("{} holds no PEM certificate", path.display());
-        }
-        b = b.tls_config(
-            ureq::tls::TlsConfig::builder()
-                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-                .build(),
-        );
-    }
-    Ok(b.build().into())
+    gpuflow_client::http_client(ca_cert, timeout).map_err(anyhow::Error::msg)
 }
 
 /// The host name, or `node` when it cannot be read.
@@ -241,44 +221,25 @@ fn cpu_and_memory() -> (u64, u64) {
     (cpus * 1000, mem_kib / 1024)
 }
 
-/// The servers' addresses (a leader and its standbys), tried in turn.
+/// The servers (a leader and its standbys), asked in turn: the next when
+/// no connection to one opens, a standby answers, or one fails (5xx: a
+/// leader that was deposed).
 struct Client {
-    http: ureq::Agent,
-    bases: Vec<String>,
-    /// The one asked now; the next after one does not answer.
-    at: std::cell::Cell<usize>,
+    api: gpuflow_client::Client,
 }
 
 impl Client {
     /// `servers`: one address, or several separated by commas.
-    fn new(http: ureq::Agent, servers: &str) -> Client {
-        let bases = servers
-            .split(',')
-            .map(|b| b.trim().trim_end_matches('/').to_string())
-            .filter(|b| !b.is_empty())
-            .collect();
-        Client {
-            http,
-            bases,
-            at: std::cell::Cell::new(0),
-        }
+    fn new(http: ureq::Agent, servers: &str) -> anyhow::Result<Client> {
+        let bases = gpuflow_client::server_urls(servers).map_err(|e| anyhow::anyhow!(e.0))?;
+        Ok(Client {
+            api: gpuflow_client::Client::new(http, bases, String::new()),
+        })
     }
 
     /// The server asked now.
     fn base(&self) -> &str {
-        self.bases
-            .get(self.at.get() % self.bases.len().max(1))
-            .map_or("", String::as_str)
-    }
-
-    /// The next server is asked from now on: this one does not answer, or
-    /// cannot write (a standby, or a leader that was deposed).
-    fn move_on(&self, why: &str) {
-        if self.bases.len() > 1 {
-            let from = self.base().to_string();
-            self.at.set((self.at.get() + 1) % self.bases.len());
-            tracing::info!(%from, why, server = %self.base(), "trying the next server");
-        }
+        self.api.base()
     }
 
     fn post<B: serde::Serialize, R: for<'de> serde::Deserialize<'de>>(
@@ -287,39 +248,24 @@ impl Client {
         token: &str,
         body: &B,
     ) -> anyhow::Result<Result<R, (u16, String)>> {
-        // Each server in turn, once, until one answers.
-        let mut tries = 0;
-        let mut resp = loop {
-            let base = self.base().to_string();
-            let sent = self
-                .http
-                .post(format!("{base}{path}"))
-                .header("Authorization", format!("Bearer {token}"))
-                .send_json(body);
-            match sent {
-                // A standby does nothing: the next server, at once.
-                Ok(r) if r.headers().contains_key("x-gpuflow-standby") => {
-                    self.move_on("a standby");
-                    tries += 1;
-                    if tries >= self.bases.len() {
-                        break r;
-                    }
-                }
-                Ok(r) => break r,
-                Err(e) => {
-                    self.move_on(&format!("no answer: {e}"));
-                    tries += 1;
-                    if tries >= self.bases.len() {
-                        return Err(e)
-                            .with_context(|| format!("cannot reach the server at {base}"));
-                    }
-                }
-            }
-        };
+        let bytes = serde_json::to_vec(body)?;
+        let base = self.base().to_string();
+        let mut resp = self
+            .api
+            .send_as(
+                token,
+                "POST",
+                path,
+                Some(("application/json", &bytes)),
+                None,
+            )
+            .with_context(|| format!("cannot reach the server at {base}"))?;
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         if status >= 500 {
-            self.move_on(&format!("{status}: {}", message(&text)));
+            let from = self.base().to_string();
+            self.api.move_on();
+            tracing::info!(%from, why = %message(&text), server = %self.base(), "trying the next server");
         }
         if status >= 300 {
             return Ok(Err((status, text)));
@@ -465,7 +411,7 @@ pub fn run(cfg: Config, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let client = Client::new(
         http_client(cfg.ca_cert.as_deref(), Duration::from_secs(10))?,
         &cfg.server,
-    );
+    )?;
     let (cpu_milli, memory_mib) = cpu_and_memory();
     // The installation's uid block on this node, once registered: its
     // first uid, reported with the limits, and the claim held meanwhile.

@@ -395,7 +395,8 @@ pub(crate) fn run(cmd: ConfigCmd) -> anyhow::Result<()> {
 
 /// An agent for an identity provider's endpoints.
 fn idp_http(ca: Option<&Path>) -> anyhow::Result<ureq::Agent> {
-    gpuflow_agent::http_client(ca, std::time::Duration::from_secs(30))
+    gpuflow_client::http_client(ca, std::time::Duration::from_secs(30))
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// POSTs a form to an OAuth endpoint: (status, JSON answer).
