@@ -1270,29 +1270,27 @@ fn s(v: &Value) -> String {
 /// instance or time slice at its share; for a job that has not run, what
 /// its spec asks for (a MIG profile or a time slice by name, as their
 /// share depends on the node).
-fn gpus_of(j: &Value) -> String {
-    let held = j["ledger"]
-        .as_array()
-        .and_then(|l| l.last())
-        .and_then(|h| h["gpus"].as_f64());
+fn gpus_of(j: &api::Job) -> String {
+    let held = j.ledger.last().map(|h| h.gpus);
     let mut n = 0.0;
     let mut shared = Vec::new();
-    for t in j["spec"]["tasks"].as_array().into_iter().flatten() {
-        let g = &t["resources"]["gpu"];
-        if g.is_null() {
+    for t in &j.spec.tasks {
+        let Some(g) = &t.resources.gpu else {
             continue;
-        }
-        let replicas = t["replicas"].as_f64().unwrap_or(1.0);
-        let times = if replicas == 1.0 {
+        };
+        let replicas = f64::from(t.replicas);
+        let times = if t.replicas == 1 {
             String::new()
         } else {
             format!("{replicas}x")
         };
-        match g["mode"].as_str().unwrap_or("whole") {
-            "whole" => n += g["count"].as_f64().unwrap_or(1.0) * replicas,
-            "fraction" => n += g["fraction"].as_f64().unwrap_or(0.0) * replicas,
-            "mig" => shared.push(format!("{times}{}", s(&g["profile"]))),
-            _ => shared.push(format!("{times}slice")),
+        match g.mode {
+            api::GpuMode::Whole => n += f64::from(g.count.unwrap_or(1)) * replicas,
+            api::GpuMode::Fraction => n += g.fraction.unwrap_or(0.0) * replicas,
+            api::GpuMode::Mig => {
+                shared.push(format!("{times}{}", g.profile.as_deref().unwrap_or("-")));
+            }
+            api::GpuMode::TimeSlice => shared.push(format!("{times}slice")),
         }
     }
     if let Some(h) = held {
@@ -1316,12 +1314,12 @@ fn gpu_number(n: f64) -> String {
 }
 
 /// How long a job has run: from its start to its end, or to now.
-fn elapsed(j: &Value) -> String {
-    let Some(start) = j["started_at"].as_i64() else {
+fn elapsed(j: &api::Job) -> String {
+    let Some(start) = j.started_at else {
         return "-".into();
     };
-    let end = j["finished_at"].as_i64().unwrap_or_else(unix_now);
-    age_of(end - start)
+    let end = j.finished_at.map_or_else(unix_now, |f| f as i64);
+    age_of(end - start as i64)
 }
 
 /// A path segment with what a URL does not take as it is escaped.
@@ -1523,15 +1521,16 @@ fn node_text(n: &Value) -> String {
 
 /// `job ls`'s table. Pending elements of one array are one row, as
 /// Slurm's squeue shows them (`10_[30-199]`), unless `expand`.
-fn job_rows(v: &Value, wide: bool, expand: bool) -> String {
-    let jobs: Vec<&Value> = v.as_array().into_iter().flatten().collect();
+fn job_rows(jobs: &[api::Job], wide: bool, expand: bool) -> String {
     // Rows in the answer's order: a job, or an array's pending elements.
-    let mut groups: Vec<Vec<&Value>> = Vec::new();
+    let mut groups: Vec<Vec<&api::Job>> = Vec::new();
     let mut at: std::collections::BTreeMap<u64, usize> = Default::default();
     for j in jobs {
-        let array = j["array"]["id"]
-            .as_u64()
-            .filter(|_| !expand && j["state"] == "pending");
+        let array = j
+            .array
+            .as_ref()
+            .map(|a| a.id)
+            .filter(|_| !expand && j.state == api::JobState::Pending);
         match array.and_then(|a| at.get(&a)) {
             Some(&g) => groups[g].push(j),
             None => {
@@ -1544,45 +1543,39 @@ fn job_rows(v: &Value, wide: bool, expand: bool) -> String {
     }
     let rows = groups
         .into_iter()
-        .map(|g| {
+        .filter_map(|g| {
             // The group's first element (lowest index) speaks for it.
-            let j = *g
+            let j = *g.iter().min_by_key(|j| j.id)?;
+            let nodes: Vec<String> = j
+                .tasks
                 .iter()
-                .min_by_key(|j| j["id"].as_u64().unwrap_or(0))
-                .expect("a group has a job");
-            let nodes: Vec<String> = j["tasks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| s(&t["node"]))
+                .map(|t| t.node.clone())
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            let (id, name) = match (g.len(), j["array"]["index"].as_u64()) {
-                (1, Some(i)) => (s(&j["id"]), format!("{}[{i}]", s(&j["name"]))),
-                (1, None) => (s(&j["id"]), s(&j["name"])),
+            let (id, name) = match (g.len(), &j.array) {
+                (1, Some(a)) => (j.id.to_string(), format!("{}[{}]", j.name, a.index)),
+                (1, None) => (j.id.to_string(), j.name.clone()),
                 (_, _) => {
                     let indices: Vec<u64> = g
                         .iter()
-                        .filter_map(|e| e["array"]["index"].as_u64())
+                        .filter_map(|e| e.array.as_ref().map(|a| u64::from(a.index)))
                         .collect();
                     let list = index_ranges(indices);
-                    (
-                        format!("{}_[{list}]", s(&j["array"]["id"])),
-                        format!("{}[{list}]", s(&j["name"])),
-                    )
+                    let array = j.array.as_ref().map_or(j.id, |a| a.id);
+                    (format!("{array}_[{list}]"), format!("{}[{list}]", j.name))
                 }
             };
             let mut row = vec![
                 id,
                 name,
-                s(&j["user"]),
-                s(&j["team"]),
-                s(&j["queue"]),
-                s(&j["spec"]["kind"]),
+                j.user.clone(),
+                j.team.clone(),
+                j.queue.clone(),
+                j.spec.kind.as_str().to_string(),
                 gpus_of(j),
-                s(&j["state"]),
-                ago(&j["submitted_at"]),
+                j.state.as_str().to_string(),
+                age_of(unix_now() - j.submitted_at as i64),
                 elapsed(j),
                 start_of(j),
             ];
@@ -1592,10 +1585,10 @@ fn job_rows(v: &Value, wide: bool, expand: bool) -> String {
                 } else {
                     nodes.join(",")
                 });
-                row.push(local(&j["submitted_at"]));
+                row.push(local(&Value::from(j.submitted_at)));
             }
-            row.push(s(&j["reason"]));
-            row
+            row.push(j.reason.clone());
+            Some(row)
         })
         .collect();
     let mut head = vec![
@@ -1631,9 +1624,10 @@ fn index_ranges(mut v: Vec<u64>) -> String {
 
 /// When a job started (local time, the date only when not today), or for
 /// a pending job when it is expected to ("in 12m"; "-" when unknown).
-fn start_of(j: &Value) -> String {
+fn start_of(j: &api::Job) -> String {
     use chrono::TimeZone;
-    if let Some(t) = j["started_at"].as_i64() {
+    if let Some(t) = j.started_at {
+        let t = t as i64;
         let Some(t) = chrono::Local.timestamp_opt(t, 0).single() else {
             return "-".into();
         };
@@ -1644,7 +1638,7 @@ fn start_of(j: &Value) -> String {
         };
         return t.format(fmt).to_string();
     }
-    match j["eta"].as_i64() {
+    match j.eta.map(|e| e as i64) {
         Some(e) if e <= unix_now() => "now".into(),
         Some(e) => format!("in {}", age_of(e - unix_now())),
         None => "-".into(),
@@ -1837,10 +1831,9 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             let wide = conn.output == Format::Wide;
             watch.run(|| {
                 let v = c.call("GET", &path, None)?;
-                print(conn.output, &v, |v| {
-                    job_rows(v, wide, expand || array.is_some())
-                });
-                Ok(())
+                print_as(conn.output, &path, v, |jobs: &Vec<api::Job>| {
+                    job_rows(jobs, wide, expand || array.is_some())
+                })
             })?;
         }
         JobCmd::Get { id, watch } => {
@@ -1865,8 +1858,9 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             crate::session::attach(&c, id, task)?;
         }
         JobCmd::Stats { id } => {
-            let v = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
-            print(conn.output, &v, job_stats);
+            let path = format!("/v1/jobs/{id}");
+            let v = c.call("GET", &path, None)?;
+            print_as(conn.output, &path, v, job_stats)?;
         }
         JobCmd::Why { id } => {
             let id: u64 = id.parse().map_err(|_| {
@@ -2046,13 +2040,6 @@ fn logs(
 /// A job in words; `base`: the server's address, for its proxied ports.
 fn job_text(j: &api::Job, base: &str) -> String {
     let at = |t: u64| local(&Value::from(t));
-    let ran = match j.started_at {
-        None => "-".into(),
-        Some(start) => {
-            let end = j.finished_at.map_or_else(unix_now, |f| f as i64);
-            age_of(end - start as i64)
-        }
-    };
     let mut out = format!(
         "job {} {} ({}) in queue {} of team {}, by {}\nstate: {} — {}\nsubmitted {} ({} ago), ran {}\nattempts: {}, preemptions: {}\n",
         j.id,
@@ -2065,7 +2052,7 @@ fn job_text(j: &api::Job, base: &str) -> String {
         j.reason,
         at(j.submitted_at),
         age_of(unix_now() - j.submitted_at as i64),
-        ran,
+        elapsed(j),
         j.attempts,
         j.preemptions
     );
@@ -3166,23 +3153,22 @@ pub(crate) fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
 }
 
 /// `job stats`: a job's ledger and its tasks' sampled GPU use, with flags.
-fn job_stats(j: &Value) -> String {
-    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
-    let ledger: Vec<&Value> = j["ledger"].as_array().into_iter().flatten().collect();
-    let held: f64 = ledger.iter().map(|h| f(&h["gpu_hours"])).sum();
-    let sampled: Vec<(f64, f64)> = ledger
+fn job_stats(j: &api::Job) -> String {
+    let held: f64 = j.ledger.iter().map(|h| h.gpu_hours).sum();
+    let sampled: Vec<(f64, f64)> = j
+        .ledger
         .iter()
-        .filter_map(|h| Some((f(&h["gpu_hours"]), h["util_pct"].as_f64()?)))
+        .filter_map(|h| Some((h.gpu_hours, h.util_pct?)))
         .collect();
     let used: f64 = sampled.iter().map(|(g, u)| g * u / 100.0).sum();
     let sampled_hours: f64 = sampled.iter().map(|(g, _)| g).sum();
     let mut out = format!(
         "job {} ({}, team {}, {}): {} attempt(s), {held:.2} GPU-hours held",
-        s(&j["id"]),
-        s(&j["name"]),
-        s(&j["team"]),
-        s(&j["state"]),
-        s(&j["attempts"])
+        j.id,
+        j.name,
+        j.team,
+        j.state.as_str(),
+        j.attempts
     );
     if sampled_hours > 0.0 {
         out += &format!(
@@ -3193,23 +3179,20 @@ fn job_stats(j: &Value) -> String {
     out += "\n\n";
     out += &columns(
         &["attempt", "gpus", "model", "gpu-hours", "util"],
-        ledger
+        j.ledger
             .iter()
             .map(|h| {
                 vec![
-                    s(&h["attempt"]),
-                    s(&h["gpus"]),
-                    s(&h["model"]),
-                    format!("{:.2}", f(&h["gpu_hours"])),
-                    h["util_pct"]
-                        .as_f64()
-                        .map_or("-".into(), |u| format!("{u:.1}%")),
+                    h.attempt.to_string(),
+                    Value::from(h.gpus).to_string(),
+                    h.model.clone(),
+                    format!("{:.2}", h.gpu_hours),
+                    h.util_pct.map_or("-".into(), |u| format!("{u:.1}%")),
                 ]
             })
             .collect(),
     );
-    let tasks: Vec<&Value> = j["tasks"].as_array().into_iter().flatten().collect();
-    if !tasks.is_empty() {
+    if !j.tasks.is_empty() {
         out += "\n";
         out += &columns(
             &[
@@ -3222,20 +3205,20 @@ fn job_stats(j: &Value) -> String {
                 "peak",
                 "samples",
             ],
-            tasks
+            j.tasks
                 .iter()
                 .map(|t| {
-                    let u = &t["usage"];
-                    let dash = |x: String| if u.is_null() { "-".into() } else { x };
+                    let u = t.usage.as_ref();
+                    let dash = |f: &dyn Fn(&api::TaskUsage) -> String| u.map_or("-".into(), f);
                     vec![
-                        format!("{}/{}", s(&t["group"]), s(&t["index"])),
-                        s(&t["node"]),
-                        s(&t["gpus"]),
-                        dash(format!("{}%", s(&u["gpu_util_pct"]))),
-                        dash(format!("{:.1}%", f(&u["gpu_util_avg_pct"]))),
-                        dash(format!("{} MiB", s(&u["gpu_memory_mib"]))),
-                        dash(format!("{} MiB", s(&u["gpu_memory_peak_mib"]))),
-                        dash(s(&u["samples"])),
+                        format!("{}/{}", t.group, t.index),
+                        t.node.clone(),
+                        serde_json::to_string(&t.gpus).unwrap_or_default(),
+                        dash(&|u| format!("{}%", u.gpu_util_pct)),
+                        dash(&|u| format!("{:.1}%", u.gpu_util_avg_pct)),
+                        dash(&|u| format!("{} MiB", u.gpu_memory_mib)),
+                        dash(&|u| format!("{} MiB", u.gpu_memory_peak_mib)),
+                        dash(&|u| u.samples.to_string()),
                     ]
                 })
                 .collect(),
@@ -3249,13 +3232,14 @@ fn job_stats(j: &Value) -> String {
             used / sampled_hours * 100.0
         ));
     }
-    for t in &tasks {
-        let u = &t["usage"];
-        if u["samples"].as_u64().unwrap_or(0) > 0 && f(&u["gpu_memory_peak_mib"]) == 0.0 {
+    for t in &j.tasks {
+        if t.usage
+            .as_ref()
+            .is_some_and(|u| u.samples > 0 && u.gpu_memory_peak_mib == 0)
+        {
             flags.push(format!(
                 "task {}/{} never held GPU memory: does it use its GPU?",
-                s(&t["group"]),
-                s(&t["index"])
+                t.group, t.index
             ));
         }
     }
