@@ -1330,8 +1330,7 @@ fn urlencoding_path(s: &str) -> String {
 }
 
 /// A node's CPU (cores) and memory (GiB) allocated of what it has.
-fn node_alloc(n: &Value) -> (String, String) {
-    let inv = &n["inventory"];
+fn node_alloc(n: &api::NodeView) -> (String, String) {
     let cores = |m: u64| {
         let c = m as f64 / 1000.0;
         if c == c.trunc() {
@@ -1344,13 +1343,13 @@ fn node_alloc(n: &Value) -> (String, String) {
     (
         format!(
             "{}/{}",
-            cores(n["cpu_allocated_milli"].as_u64().unwrap_or(0)),
-            cores(inv["cpu_milli"].as_u64().unwrap_or(0))
+            cores(n.cpu_allocated_milli),
+            cores(n.inventory.cpu_milli)
         ),
         format!(
             "{}/{}Gi",
-            gib(n["memory_allocated_mib"].as_u64().unwrap_or(0)),
-            gib(inv["memory_mib"].as_u64().unwrap_or(0))
+            gib(n.memory_allocated_mib),
+            gib(n.inventory.memory_mib)
         ),
     )
 }
@@ -1358,34 +1357,30 @@ fn node_alloc(n: &Value) -> (String, String) {
 /// A node's state; a draining node with no job left is "drained", as
 /// Slurm says (a drain that is not done says how many jobs are left); a
 /// node in a reservation says so.
-fn node_state(n: &Value) -> String {
-    let jobs = n["job_count"].as_u64().unwrap_or(0);
-    let state = match n["state"].as_str() {
-        Some("draining") if jobs == 0 => "drained".into(),
-        Some("draining") => format!("draining ({jobs} jobs left)"),
-        _ => s(&n["state"]),
+fn node_state(n: &api::NodeView) -> String {
+    let jobs = n.job_count;
+    let state = match n.state {
+        api::NodeState::Draining if jobs == 0 => "drained".into(),
+        api::NodeState::Draining => format!("draining ({jobs} jobs left)"),
+        s => s.as_str().to_string(),
     };
-    let reserved = n["reservations"].as_array().map_or(0, Vec::len);
-    if reserved > 0 {
-        format!("{state}+reserved")
-    } else {
+    if n.reservations.is_empty() {
         state
+    } else {
+        format!("{state}+reserved")
     }
 }
 
 /// The MIG layout of a node's GPUs in MIG mode: `0:1g.10gb+3g.40gb`.
-fn mig_of(n: &Value) -> String {
-    let l: Vec<String> = n["inventory"]["gpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|g| {
-            let m: Vec<String> = g["mig"]
-                .as_array()?
-                .iter()
-                .map(|m| s(&m["profile"]))
-                .collect();
-            (!m.is_empty()).then(|| format!("{}:{}", s(&g["index"]), m.join("+")))
+fn mig_of(n: &api::NodeView) -> String {
+    let l: Vec<String> = n
+        .inventory
+        .gpus
+        .iter()
+        .filter(|g| !g.mig.is_empty())
+        .map(|g| {
+            let m: Vec<&str> = g.mig.iter().map(|m| m.profile.as_str()).collect();
+            format!("{}:{}", g.index, m.join("+"))
         })
         .collect();
     if l.is_empty() {
@@ -1395,19 +1390,18 @@ fn mig_of(n: &Value) -> String {
     }
 }
 
-fn pool_of(n: &Value) -> &str {
-    n["inventory"]["pool"]
-        .as_str()
+fn pool_of(n: &api::NodeView) -> &str {
+    Some(n.inventory.pool.as_str())
         .filter(|p| !p.is_empty())
         .unwrap_or("default")
 }
 
-fn labels_of(n: &Value) -> String {
-    let l: Vec<String> = n["inventory"]["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={}", s(v)))
+fn labels_of(n: &api::NodeView) -> String {
+    let l: Vec<String> = n
+        .inventory
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
         .collect();
     if l.is_empty() {
         "-".into()
@@ -1417,12 +1411,9 @@ fn labels_of(n: &Value) -> String {
 }
 
 /// The jobs on a node the caller may see, and how many others there are.
-fn node_jobs(n: &Value) -> String {
-    let seen: Vec<String> = n["jobs"].as_array().into_iter().flatten().map(s).collect();
-    let others = n["job_count"]
-        .as_u64()
-        .unwrap_or(0)
-        .saturating_sub(seen.len() as u64);
+fn node_jobs(n: &api::NodeView) -> String {
+    let seen: Vec<String> = n.jobs.iter().map(u64::to_string).collect();
+    let others = u64::from(n.job_count).saturating_sub(seen.len() as u64);
     match (seen.is_empty(), others) {
         (true, 0) => "-".into(),
         (_, 0) => seen.join(","),
@@ -1432,83 +1423,75 @@ fn node_jobs(n: &Value) -> String {
 }
 
 /// `node get`: a node and each of its GPUs.
-fn node_text(n: &Value) -> String {
-    let inv = &n["inventory"];
+fn node_text(n: &api::NodeView) -> String {
+    let inv = &n.inventory;
     let (cpu, mem) = node_alloc(n);
     let pool = pool_of(n);
+    let heartbeat = Value::from(n.last_heartbeat);
     let mut out = format!(
         "node {}: {}\n  cpu {cpu} cores allocated, memory {mem}\n  pool {pool}, labels {}\n  jobs {}\n  last heartbeat {} ({} ago){}\n",
-        s(&n["name"]),
+        n.name,
         node_state(n),
         labels_of(n),
         node_jobs(n),
-        local(&n["last_heartbeat"]),
-        ago(&n["last_heartbeat"]),
-        if inv["emulated"] == true {
+        local(&heartbeat),
+        ago(&heartbeat),
+        if inv.emulated {
             "\n  GPUs emulated (no NVML)"
         } else {
             ""
         },
     );
-    for r in n["reservations"].as_array().into_iter().flatten() {
-        out += &format!("  reservation {}\n", s(r));
+    for r in &n.reservations {
+        out += &format!("  reservation {r}\n");
     }
-    let holders: Vec<&Value> = n["holders"].as_array().into_iter().flatten().collect();
-    let util: std::collections::BTreeMap<u64, String> = n["gpus_now"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|g| Some((g["index"].as_u64()?, format!("{}%", s(&g["util_pct"])))))
+    // Samples name their GPU by UUID.
+    let util: std::collections::BTreeMap<&str, String> = n
+        .gpus_now
+        .iter()
+        .map(|g| (g.uuid.as_str(), format!("{}%", g.util_pct)))
         .collect();
-    let rows = inv["gpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows = inv
+        .gpus
+        .iter()
         .map(|g| {
-            let i = g["index"].as_u64().unwrap_or(0);
-            let mig: Vec<String> = g["mig"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| s(&m["profile"]))
-                .collect();
-            let held: Vec<String> = holders
+            let mig: Vec<&str> = g.mig.iter().map(|m| m.profile.as_str()).collect();
+            let held: Vec<String> = n
+                .holders
                 .iter()
-                .filter(|h| h["gpu"].as_u64() == Some(i))
+                .filter(|h| h.gpu == g.index)
                 .map(|h| {
-                    let who = match h["job"].as_u64() {
+                    let who = match h.job {
                         Some(j) => format!("job {j}"),
                         None => "other team".into(),
                     };
-                    match h["mode"].as_str() {
-                        Some("whole") => who,
-                        Some("mig") => format!("{who} ({})", s(&h["profile"])),
-                        _ => format!(
-                            "{who} ({} {:.2})",
-                            s(&h["mode"]),
-                            h["milli"].as_f64().unwrap_or(0.0) / 1000.0
-                        ),
+                    match h.mode.as_str() {
+                        "whole" => who,
+                        "mig" => format!("{who} ({})", h.profile.as_deref().unwrap_or("-")),
+                        mode => format!("{who} ({mode} {:.2})", f64::from(h.milli) / 1000.0),
                     }
                 })
                 .collect();
             vec![
-                i.to_string(),
-                s(&g["model"]),
-                format!("{}Gi", g["memory_mib"].as_u64().unwrap_or(0) / 1024),
+                g.index.to_string(),
+                g.model.clone(),
+                format!("{}Gi", g.memory_mib / 1024),
                 if mig.is_empty() {
                     "-".into()
                 } else {
                     mig.join(",")
                 },
-                g["unhealthy"]
-                    .as_str()
+                g.unhealthy
+                    .as_ref()
                     .map_or("ok".into(), |u| format!("UNHEALTHY: {u}")),
                 if held.is_empty() {
                     "free".into()
                 } else {
                     held.join(", ")
                 },
-                util.get(&i).cloned().unwrap_or_else(|| "-".into()),
+                util.get(g.uuid.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -2429,8 +2412,7 @@ pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
             let path = format!("/v1/nodes/{}", urlencoding_path(&name));
             watch.run(|| {
                 let v = c.call("GET", &path, None)?;
-                print(conn.output, &v, node_text);
-                Ok(())
+                print_as(conn.output, &path, v, node_text)
             })?;
             return Ok(());
         }
@@ -2438,61 +2420,45 @@ pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
             let wide = conn.output == Format::Wide;
             watch.run(|| {
                 let v = c.call("GET", "/v1/nodes", None)?;
-                print(conn.output, &v, |v| {
-                    let rows = v
-                        .as_array()
-                        .into_iter()
-                        .flatten()
+                print_as(conn.output, "/v1/nodes", v, |nodes: &Vec<api::NodeView>| {
+                    let rows = nodes
+                        .iter()
                         .map(|n| {
-                            let gpus = n["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-                            let model = n["inventory"]["gpus"]
-                                .get(0)
-                                .map_or("-".into(), |g| s(&g["model"]));
-                            let emu = if n["inventory"]["emulated"].as_bool() == Some(true) {
+                            let gpus = n.inventory.gpus.len();
+                            let model = n.inventory.gpus.first().map_or("-", |g| g.model.as_str());
+                            let emu = if n.inventory.emulated {
                                 " (emulated)"
                             } else {
                                 ""
                             };
-                            let sick = n["inventory"]["gpus"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .filter(|g| g["unhealthy"].is_string())
+                            let sick = n
+                                .inventory
+                                .gpus
+                                .iter()
+                                .filter(|g| g.unhealthy.is_some())
                                 .count();
                             let sick = if sick > 0 {
                                 format!(", {sick} UNHEALTHY")
                             } else {
                                 String::new()
                             };
-                            let busy = n["gpus_now"].as_array().filter(|g| !g.is_empty()).map_or(
-                                "-".to_string(),
-                                |g| {
-                                    let avg = g
-                                        .iter()
-                                        .filter_map(|x| x["util_pct"].as_u64())
-                                        .sum::<u64>()
-                                        / g.len() as u64;
-                                    format!("{avg}%")
-                                },
-                            );
-                            let used = n["gpus_in_use"].as_array().map_or(0, Vec::len);
+                            let busy = if n.gpus_now.is_empty() {
+                                "-".to_string()
+                            } else {
+                                let sum: u64 =
+                                    n.gpus_now.iter().map(|x| u64::from(x.util_pct)).sum();
+                                format!("{}%", sum / n.gpus_now.len() as u64)
+                            };
+                            let used = n.gpus_in_use.len();
                             let (cpu, mem) = node_alloc(n);
-                            let l = &n["inventory"]["limits"];
-                            let limits = match l["cgroup"].as_str() {
-                                Some(v) if !v.is_empty() => format!(
-                                    "cgroup {v}: {}",
-                                    l["controllers"]
-                                        .as_array()
-                                        .into_iter()
-                                        .flatten()
-                                        .map(s)
-                                        .collect::<Vec<_>>()
-                                        .join(",")
-                                ),
-                                _ => format!("NONE ({})", s(&l["note"])),
+                            let l = &n.inventory.limits;
+                            let limits = if l.cgroup.is_empty() {
+                                format!("NONE ({})", if l.note.is_empty() { "-" } else { &l.note })
+                            } else {
+                                format!("cgroup {}: {}", l.cgroup, l.controllers.join(","))
                             };
                             let mut row = vec![
-                                s(&n["name"]),
+                                n.name.clone(),
                                 node_state(n),
                                 format!("{gpus} × {model}{emu}{sick}"),
                                 format!("{used}/{gpus}"),
@@ -2519,8 +2485,7 @@ pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                         head.extend(["pool", "labels", "mig", "jobs"]);
                     }
                     columns(&head, rows)
-                });
-                Ok(())
+                })
             })?;
             return Ok(());
         }
@@ -2530,11 +2495,11 @@ pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
         NodeCmd::Replace { name } => ("replace", name),
         NodeCmd::Clear { name } => ("clear", name),
     };
-    let v = c.call("POST", &format!("/v1/nodes/{name}/{action}"), None)?;
-    print(conn.output, &v, |n| {
-        format!("node {} is {}\n", s(&n["name"]), node_state(n))
-    });
-    Ok(())
+    let path = format!("/v1/nodes/{name}/{action}");
+    let v = c.call("POST", &path, None)?;
+    print_as(conn.output, &path, v, |n: &api::NodeView| {
+        format!("node {} is {}\n", n.name, node_state(n))
+    })
 }
 
 pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
@@ -3547,6 +3512,33 @@ mod tests {
             "each needs a scheme"
         );
         assert!(server_urls(" , ").is_err(), "at least one");
+    }
+
+    /// `node get` shows each GPU's utilisation as its agent last sampled it.
+    /// The samples carry the GPU's UUID, not its index: read by field name,
+    /// the column was "-" whatever the agent sent.
+    #[test]
+    fn node_get_shows_each_gpus_sampled_utilisation() {
+        let n = serde_json::json!({
+            "name": "n1", "state": "ready", "last_heartbeat": 1, "gpus_in_use": [],
+            "inventory": {"cpu_milli": 8000, "memory_mib": 16384, "emulated": false,
+                "gpus": [
+                    {"index": 0, "uuid": "GPU-a", "model": "H100", "memory_mib": 81920},
+                    {"index": 1, "uuid": "GPU-b", "model": "H100", "memory_mib": 81920}
+                ]},
+            "gpus_now": [{"uuid": "GPU-b", "util_pct": 77, "memory_util_pct": 5, "memory_used_mib": 1024}]
+        });
+        let text = node_text(&serde_json::from_value(n).unwrap());
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with(['0', '1'])).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(
+            rows[0].trim_end().ends_with('-'),
+            "GPU 0 has no sample: {text}"
+        );
+        assert!(
+            rows[1].trim_end().ends_with("77%"),
+            "GPU 1 was sampled at 77 %: {text}"
+        );
     }
 
     /// A plain HTTP server asked over TLS: said so, with the address to use,
