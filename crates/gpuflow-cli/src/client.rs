@@ -1256,6 +1256,12 @@ pub(crate) fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
+/// A typed field as its JSON reads in a table (an enum by its name, a
+/// float as JSON writes it).
+fn text_of<T: serde::Serialize>(x: &T) -> String {
+    s(&serde_json::to_value(x).unwrap_or(Value::Null))
+}
+
 fn s(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -1754,20 +1760,19 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
                     other => break other?,
                 }
             };
-            print(conn.output, &v, |v| match v["array"].as_object() {
-                Some(a) => {
-                    let (id, n) = (
-                        a["id"].as_u64().unwrap_or(0),
-                        a["index"].as_u64().unwrap_or(0),
-                    );
-                    format!(
-                        "array {id} submitted: {n} jobs, {id}-{} ({})\n",
-                        id + n.saturating_sub(1),
-                        s(&v["state"])
-                    )
+            print_as(conn.output, "/v1/jobs", v, |v: &api::Submitted| {
+                match &v.array {
+                    Some(a) => {
+                        let (id, n) = (a.id, u64::from(a.index));
+                        format!(
+                            "array {id} submitted: {n} jobs, {id}-{} ({})\n",
+                            id + n.saturating_sub(1),
+                            v.state.as_str()
+                        )
+                    }
+                    None => format!("job {} submitted ({})\n", v.id, v.state.as_str()),
                 }
-                None => format!("job {} submitted ({})\n", s(&v["id"]), s(&v["state"])),
-            });
+            })?;
         }
         JobCmd::Ls {
             state,
@@ -1875,15 +1880,14 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             stream,
         } => return logs(&c, conn.output, id, (tail, attempt, follow), &stream),
         JobCmd::Cancel { array: Some(a), .. } => {
-            let v = c.call("POST", &format!("/v1/arrays/{a}/cancel"), None)?;
-            print(conn.output, &v, |v| {
+            let path = format!("/v1/arrays/{a}/cancel");
+            let v = c.call("POST", &path, None)?;
+            print_as(conn.output, &path, v, |v: &api::ArrayCancelled| {
                 format!(
                     "array {}: {} cancelled, {} stopping\n",
-                    s(&v["id"]),
-                    s(&v["cancelled"]),
-                    s(&v["stopping"])
+                    v.id, v.cancelled, v.stopping
                 )
-            });
+            })?;
         }
         JobCmd::Cancel {
             ids,
@@ -2007,12 +2011,9 @@ fn logs(
                 .unwrap_or(text.len());
             seen.insert(task, text[keep..].to_string());
         }
-        let job = c.call("GET", &format!("/v1/jobs/{id}"), None)?;
-        if job["state"]
-            .as_str()
-            .and_then(api::JobState::parse)
-            .is_some_and(api::JobState::finished)
-        {
+        let path = format!("/v1/jobs/{id}");
+        let job: api::Job = gpuflow_client::read(&path, c.call("GET", &path, None)?)?;
+        if job.state.finished() {
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -2105,13 +2106,12 @@ fn cancel(
         if let Some(u) = &user {
             q.append_pair("user", u);
         }
-        let v = c.call("GET", &format!("/v1/jobs?{}", q.finish()), None)?;
+        let path = format!("/v1/jobs?{}", q.finish());
+        let jobs: Vec<api::Job> = gpuflow_client::read(&path, c.call("GET", &path, None)?)?;
         targets.extend(
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .filter(|j| name.as_ref().is_none_or(|n| j["name"] == n.as_str()))
-                .filter_map(|j| j["id"].as_u64()),
+            jobs.iter()
+                .filter(|j| name.as_ref().is_none_or(|n| j.name == *n))
+                .map(|j| j.id),
         );
         if targets.is_empty() {
             eprintln!("no active job matches");
@@ -2141,16 +2141,11 @@ fn cancel(
 }
 
 fn job_action(c: &Client, output: Format, action: &str, id: u64) -> anyhow::Result<()> {
-    let v = c.call("POST", &format!("/v1/jobs/{id}/{action}"), None)?;
-    print(output, &v, |j| {
-        format!(
-            "job {}: {} — {}\n",
-            s(&j["id"]),
-            s(&j["state"]),
-            s(&j["reason"])
-        )
-    });
-    Ok(())
+    let path = format!("/v1/jobs/{id}/{action}");
+    let v = c.call("POST", &path, None)?;
+    print_as(output, &path, v, |j: &api::Job| {
+        format!("job {}: {} — {}\n", j.id, j.state.as_str(), j.reason)
+    })
 }
 
 fn human(secs: u64) -> String {
@@ -2167,79 +2162,72 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
         QueueCmd::Ls { watch } => {
             watch.run(|| {
                 let v = c.call("GET", "/v1/queues", None)?;
-                print(conn.output, &v, |v| {
-                    let rows = v
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|q| {
-                            let quotas = q["quotas"]
-                                .as_object()
-                                .map(|m| {
-                                    m.iter()
-                                        .map(|(f, x)| quota_text(f, x))
-                                        .collect::<Vec<_>>()
-                                        .join(" ")
-                                })
-                                .unwrap_or_default();
-                            let used = q["used"]
-                                .as_object()
-                                .map(|m| {
-                                    m.iter()
-                                        .map(|(f, x)| format!("{f}:{}", s(x)))
-                                        .collect::<Vec<_>>()
-                                        .join(",")
-                                })
-                                .unwrap_or_default();
-                            vec![
-                                s(&q["name"]),
-                                s(&q["team"]),
-                                s(&q.get("parent").cloned().unwrap_or(Value::Null)),
-                                s(&q["weight"]),
-                                s(&q["state"]),
-                                quotas,
-                                used,
-                                s(&q["running"]),
-                                s(&q["pending"]),
-                                budget_left(&q["budget"], q.get("budget_use")),
-                                q["borrowers"]
-                                    .as_array()
+                print_as(
+                    conn.output,
+                    "/v1/queues",
+                    v,
+                    |queues: &Vec<api::QueueView>| {
+                        let rows = queues
+                            .iter()
+                            .map(|q| {
+                                let quotas = q
+                                    .spec
+                                    .quotas
+                                    .iter()
+                                    .map(|(f, x)| quota_text(f, x))
+                                    .collect::<Vec<_>>()
+                                    .join(" ");
+                                let used = q
+                                    .used
+                                    .iter()
+                                    .map(|(f, x)| format!("{f}:{}", Value::from(*x)))
+                                    .collect::<Vec<_>>()
+                                    .join(",");
+                                let borrowers = q
+                                    .borrowers
+                                    .iter()
                                     .map(|b| {
-                                        b.iter()
-                                            .map(|b| {
-                                                format!(
-                                                    "{}:{}:{}",
-                                                    s(&b["queue"]),
-                                                    s(&b["flavor"]),
-                                                    s(&b["gpus"])
-                                                )
-                                            })
-                                            .collect::<Vec<_>>()
-                                            .join(" ")
+                                        format!("{}:{}:{}", b.queue, b.flavor, Value::from(b.gpus))
                                     })
-                                    .filter(|t| !t.is_empty())
-                                    .unwrap_or_else(|| "-".into()),
-                            ]
-                        })
-                        .collect();
-                    columns(
-                        &[
-                            "name",
-                            "team",
-                            "parent",
-                            "weight",
-                            "state",
-                            "guaranteed",
-                            "used",
-                            "running",
-                            "pending",
-                            "budget left",
-                            "borrowing its gpus",
-                        ],
-                        rows,
-                    )
-                });
-                Ok(())
+                                    .collect::<Vec<_>>()
+                                    .join(" ");
+                                vec![
+                                    q.spec.name.clone(),
+                                    q.spec.team.clone(),
+                                    q.spec.parent.clone().unwrap_or_else(|| "-".into()),
+                                    Value::from(q.spec.weight).to_string(),
+                                    text_of(&q.spec.state),
+                                    quotas,
+                                    used,
+                                    q.running.to_string(),
+                                    q.pending.to_string(),
+                                    budget_left(q.spec.budget.as_ref(), q.budget_use.as_ref()),
+                                    if borrowers.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        borrowers
+                                    },
+                                ]
+                            })
+                            .collect();
+                        columns(
+                            &[
+                                "name",
+                                "team",
+                                "parent",
+                                "weight",
+                                "state",
+                                "guaranteed",
+                                "used",
+                                "running",
+                                "pending",
+                                "budget left",
+                                "borrowing its gpus",
+                            ],
+                            rows,
+                        )
+                    },
+                )
             })?;
         }
         QueueCmd::Create { file } => {
@@ -2605,23 +2593,31 @@ pub(crate) fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
     match cmd {
         ProjectCmd::Ls => {
             let v = c.call("GET", "/v1/projects", None)?;
-            print(conn.output, &v, |v| {
-                columns(
-                    &["name", "team", "cost centre", "budget left"],
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|p| {
-                            vec![
-                                s(&p["name"]),
-                                s(&p["team"]),
-                                s(p.get("cost_centre").unwrap_or(&Value::Null)),
-                                budget_left(&p["budget"], p.get("budget_use")),
-                            ]
-                        })
-                        .collect(),
-                )
-            });
+            print_as(
+                conn.output,
+                "/v1/projects",
+                v,
+                |v: &Vec<api::ProjectView>| {
+                    columns(
+                        &["name", "team", "cost centre", "budget left"],
+                        v.iter()
+                            .map(|p| {
+                                let cc = &p.project.cost_centre;
+                                vec![
+                                    p.project.name.clone(),
+                                    p.project.team.clone(),
+                                    if cc.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        cc.clone()
+                                    },
+                                    budget_left(p.project.budget.as_ref(), p.budget_use.as_ref()),
+                                ]
+                            })
+                            .collect(),
+                    )
+                },
+            )?;
         }
         ProjectCmd::Create {
             name,
@@ -2634,13 +2630,12 @@ pub(crate) fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
                 "/v1/projects",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |p| {
+            print_as(conn.output, "/v1/projects", v, |p: &api::ProjectView| {
                 format!(
                     "project {} of team {} created\n",
-                    s(&p["name"]),
-                    s(&p["team"])
+                    p.project.name, p.project.team
                 )
-            });
+            })?;
         }
         ProjectCmd::Budget {
             name,
@@ -2664,13 +2659,13 @@ pub(crate) fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
                 &format!("/v1/projects/{name}"),
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |p| {
+            print_as(conn.output, "/v1/projects", v, |p: &api::ProjectView| {
                 format!(
                     "project {}: budget {}\n",
-                    s(&p["name"]),
-                    budget_left(&p["budget"], p.get("budget_use"))
+                    p.project.name,
+                    budget_left(p.project.budget.as_ref(), p.budget_use.as_ref())
                 )
-            });
+            })?;
         }
     }
     Ok(())
@@ -2878,36 +2873,36 @@ struct Report {
 /// A flavor's quota: `H100:8+4` (8 guaranteed, 4 more may be borrowed),
 /// `+any` when borrowing is unlimited, `^16` a cap; `all` for a guarantee
 /// of the whole cluster.
-fn quota_text(flavor: &str, q: &Value) -> String {
-    let g = q["guaranteed"].as_f64().unwrap_or(0.0);
+fn quota_text(flavor: &str, q: &api::QuotaSpec) -> String {
+    let g = q.guaranteed;
     let g = if g >= 1e6 {
         "all".to_string()
     } else {
         format!("{g}")
     };
-    let borrow = match q["borrow_limit"].as_f64() {
+    let borrow = match q.borrow_limit {
         Some(b) => format!("+{b}"),
         None => "+any".into(),
     };
-    let cap = q["cap"].as_f64().map_or(String::new(), |c| format!("^{c}"));
+    let cap = q.cap.map_or(String::new(), |c| format!("^{c}"));
     format!("{flavor}:{g}{borrow}{cap}")
 }
 
 /// What is left of a budget: `12.5 of 100 GPU-h/month`, `SPENT` once
 /// used up; `-` without one.
-fn budget_left(spec: &Value, used: Option<&Value>) -> String {
-    let Some(b) = used else {
+fn budget_left(spec: Option<&api::BudgetSpec>, used: Option<&api::BudgetUse>) -> String {
+    let (Some(spec), Some(b)) = (spec, used) else {
         return "-".into();
     };
-    let (limit, unit) = match spec["cost"].as_f64() {
+    let (limit, unit) = match spec.cost {
         Some(c) => (c, ""),
-        None => (spec["gpu_hours"].as_f64().unwrap_or(0.0), " GPU-h"),
+        None => (spec.gpu_hours.unwrap_or(0.0), " GPU-h"),
     };
     format!(
         "{:.1} of {limit}{unit}/{}{}",
-        b["left"].as_f64().unwrap_or(0.0),
-        s(&spec["period"]),
-        if b["exhausted"] == true { " SPENT" } else { "" }
+        b.left,
+        text_of(&spec.period),
+        if b.exhausted { " SPENT" } else { "" }
     )
 }
 
@@ -3539,6 +3534,33 @@ mod tests {
             rows[1].trim_end().ends_with("77%"),
             "GPU 1 was sampled at 77 %: {text}"
         );
+    }
+
+    /// Quotas and budgets read from the API's types as the tables wrote
+    /// them from JSON: `H100:4+2^8`, "all" for an unbounded guarantee, a
+    /// budget's period by its API name.
+    #[test]
+    fn quotas_and_budgets_read_as_before() {
+        let q: api::QuotaSpec = serde_json::from_value(
+            serde_json::json!({"guaranteed": 4, "borrow_limit": 2, "cap": 8}),
+        )
+        .unwrap();
+        assert_eq!(quota_text("H100", &q), "H100:4+2^8");
+        let all: api::QuotaSpec =
+            serde_json::from_value(serde_json::json!({"guaranteed": 1e9})).unwrap();
+        assert_eq!(quota_text("A100", &all), "A100:all+any");
+        let spec: api::BudgetSpec =
+            serde_json::from_value(serde_json::json!({"gpu_hours": 100, "period": "month"}))
+                .unwrap();
+        let used: api::BudgetUse = serde_json::from_value(serde_json::json!({
+            "period_start": 0, "unit": "gpu-hours", "used": 100, "left": 0, "weight_factor": 0.1, "exhausted": true
+        }))
+        .unwrap();
+        assert_eq!(
+            budget_left(Some(&spec), Some(&used)),
+            "0.0 of 100 GPU-h/month SPENT"
+        );
+        assert_eq!(budget_left(Some(&spec), None), "-");
     }
 
     /// A plain HTTP server asked over TLS: said so, with the address to use,
