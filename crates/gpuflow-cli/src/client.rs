@@ -2860,16 +2860,6 @@ pub(crate) fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
     })
 }
 
-/// A report's table: its columns and how one row of the answer reads.
-struct Report {
-    path: &'static str,
-    query: Vec<(&'static str, String)>,
-    /// Where the rows are in the answer (`None`: the answer is the rows).
-    rows_at: Option<&'static str>,
-    head: Vec<String>,
-    row: fn(&Value) -> Vec<String>,
-}
-
 /// A flavor's quota: `H100:8+4` (8 guaranteed, 4 more may be borrowed),
 /// `+any` when borrowing is unlimited, `^16` a cap; `all` for a guarantee
 /// of the whole cluster.
@@ -2906,65 +2896,58 @@ fn budget_left(spec: Option<&api::BudgetSpec>, used: Option<&api::BudgetUse>) ->
     )
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    format!("{:.*}", digits, v.as_f64().unwrap_or(0.0))
-}
-
-fn pct(v: &Value, scale: f64, digits: usize) -> String {
-    v.as_f64()
-        .map_or("-".into(), |x| format!("{:.*}%", digits, x * scale))
-}
-
 pub(crate) fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let head = |cols: &[&str]| cols.iter().map(|c| c.to_string()).collect::<Vec<_>>();
-    let mut csv = false;
-    let r = match cmd {
+    let out = conn.output;
+    let num = |x: f64, digits: usize| format!("{x:.digits$}");
+    let pct = |x: Option<f64>, scale: f64, digits: usize| {
+        x.map_or("-".into(), |x| format!("{:.*}%", digits, x * scale))
+    };
+    match cmd {
         ReportCmd::Usage {
             by,
             period,
             from,
             to,
-            csv: as_csv,
+            csv,
         } => {
-            csv = as_csv;
             let mut query = vec![("by", by.clone()), ("period", period), ("from", from)];
             query.extend(to.map(|t| ("to", t)));
-            Report {
-                path: "/v1/reports/usage",
-                query,
-                rows_at: Some("rows"),
-                head: head(&[
-                    &by,
-                    "from",
-                    "gpu-hours",
-                    "used",
-                    "efficiency",
-                    "cost",
-                    "jobs",
-                ]),
-                row: |r| {
-                    let t = r["period_start"].as_u64().unwrap_or(0);
+            let head = [
+                by.as_str(),
+                "from",
+                "gpu-hours",
+                "used",
+                "efficiency",
+                "cost",
+                "jobs",
+            ];
+            show_report(
+                &c,
+                out,
+                csv,
+                "/v1/reports/usage",
+                &query,
+                &head,
+                |u: api::UsageReport| u.rows,
+                |r: &api::UsageRow| {
                     vec![
-                        s(&r["key"]),
+                        r.key.clone(),
                         humantime::format_rfc3339_seconds(
-                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.period_start),
                         )
                         .to_string(),
-                        num(&r["gpu_hours"], 2),
-                        num(&r["used_gpu_hours"], 2),
-                        pct(&r["efficiency"], 100.0, 0),
-                        num(&r["cost"], 2),
-                        s(&r["jobs"]),
+                        num(r.gpu_hours, 2),
+                        num(r.used_gpu_hours, 2),
+                        pct(r.efficiency, 100.0, 0),
+                        num(r.cost, 2),
+                        r.jobs.to_string(),
                     ]
                 },
-            }
+            )
         }
-        ReportCmd::Advice { from } => Report {
-            path: "/v1/reports/advice",
-            query: vec![("from", from)],
-            rows_at: None,
-            head: head(&[
+        ReportCmd::Advice { from } => {
+            let head = [
                 "id",
                 "name",
                 "team",
@@ -2973,65 +2956,75 @@ pub(crate) fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
                 "util",
                 "instead",
                 "saving/month",
-            ]),
-            row: |a| {
-                vec![
-                    s(&a["id"]),
-                    s(&a["name"]),
-                    s(&a["team"]),
-                    s(&a["model"]),
-                    format!("{} MiB", s(&a["peak_gpu_memory_mib"])),
-                    pct(&a["util_pct"], 1.0, 0),
-                    s(&a["instead"]),
-                    format!("{} {}", num(&a["saving_per_month"], 2), s(&a["currency"]))
-                        .trim()
-                        .to_string(),
-                ]
-            },
-        },
+            ];
+            show_report(
+                &c,
+                out,
+                false,
+                "/v1/reports/advice",
+                &[("from", from)],
+                &head,
+                |v: Vec<api::Advice>| v,
+                |a: &api::Advice| {
+                    vec![
+                        a.id.to_string(),
+                        a.name.clone(),
+                        a.team.clone(),
+                        a.model.clone(),
+                        format!("{} MiB", a.peak_gpu_memory_mib),
+                        pct(Some(a.util_pct), 1.0, 0),
+                        a.instead.clone(),
+                        format!("{} {}", num(a.saving_per_month, 2), a.currency)
+                            .trim()
+                            .to_string(),
+                    ]
+                },
+            )
+        }
         ReportCmd::Jobs { by, from, to } => {
             let mut query = vec![("by", by.clone()), ("from", from)];
             query.extend(to.map(|t| ("to", t)));
-            Report {
-                path: "/v1/reports/jobs",
-                query,
-                rows_at: None,
-                head: head(&[
-                    &by,
-                    "submitted",
-                    "started",
-                    "wait p50",
-                    "wait p95",
-                    "succeeded",
-                    "failed",
-                    "cancelled",
-                    "failure rate",
-                    "preemptions",
-                    "lost gpu-h",
-                ]),
-                row: |r| {
-                    let secs = |x: &Value| x.as_u64().map_or("-".into(), |s| format!("{s} s"));
+            let head = [
+                by.as_str(),
+                "submitted",
+                "started",
+                "wait p50",
+                "wait p95",
+                "succeeded",
+                "failed",
+                "cancelled",
+                "failure rate",
+                "preemptions",
+                "lost gpu-h",
+            ];
+            show_report(
+                &c,
+                out,
+                false,
+                "/v1/reports/jobs",
+                &query,
+                &head,
+                |v: Vec<api::JobsRow>| v,
+                |r: &api::JobsRow| {
+                    let secs = |x: Option<u64>| x.map_or("-".into(), |s| format!("{s} s"));
                     vec![
-                        s(&r["key"]),
-                        s(&r["submitted"]),
-                        s(&r["started"]),
-                        secs(&r["wait_p50_s"]),
-                        secs(&r["wait_p95_s"]),
-                        s(&r["succeeded"]),
-                        s(&r["failed"]),
-                        s(&r["cancelled"]),
-                        pct(&r["failure_rate"], 100.0, 0),
-                        s(&r["preemptions"]),
-                        num(&r["lost_gpu_hours"], 2),
+                        r.key.clone(),
+                        r.submitted.to_string(),
+                        r.started.to_string(),
+                        secs(r.wait_p50_s),
+                        secs(r.wait_p95_s),
+                        r.succeeded.to_string(),
+                        r.failed.to_string(),
+                        r.cancelled.to_string(),
+                        pct(r.failure_rate, 100.0, 0),
+                        r.preemptions.to_string(),
+                        num(r.lost_gpu_hours, 2),
                     ]
                 },
-            }
+            )
         }
-        ReportCmd::Idle { below, held_for } => Report {
-            path: "/v1/reports/low-utilization",
-            query: vec![("below_pct", below.to_string()), ("for", held_for)],
-            rows_at: None,
-            head: head(&[
+        ReportCmd::Idle { below, held_for } => {
+            let head = [
                 "id",
                 "name",
                 "team",
@@ -3040,39 +3033,70 @@ pub(crate) fn report(conn: &Conn, cmd: ReportCmd) -> anyhow::Result<()> {
                 "gpus",
                 "util",
                 "gpu-hours",
-            ]),
-            row: |j| {
-                vec![
-                    s(&j["id"]),
-                    s(&j["name"]),
-                    s(&j["team"]),
-                    s(&j["user"]),
-                    s(&j["kind"]),
-                    s(&j["gpus"]),
-                    pct(&j["util_pct"], 1.0, 1),
-                    num(&j["gpu_hours"], 2),
-                ]
-            },
-        },
-    };
+            ];
+            let query = [("below_pct", below.to_string()), ("for", held_for)];
+            show_report(
+                &c,
+                out,
+                false,
+                "/v1/reports/low-utilization",
+                &query,
+                &head,
+                |v: Vec<api::LowUse>| v,
+                |j: &api::LowUse| {
+                    vec![
+                        j.id.to_string(),
+                        j.name.clone(),
+                        j.team.clone(),
+                        j.user.clone(),
+                        j.kind.as_str().to_string(),
+                        Value::from(j.gpus).to_string(),
+                        pct(Some(j.util_pct), 1.0, 1),
+                        num(j.gpu_hours, 2),
+                    ]
+                },
+            )
+        }
+    }
+}
+
+/// A report from the API: its rows (`rows` of the answer, read as the
+/// API's type), as a table, CSV (`csv`), or the server's JSON or YAML.
+#[allow(clippy::too_many_arguments)]
+fn show_report<R: serde::de::DeserializeOwned, T>(
+    c: &Client,
+    output: Format,
+    csv: bool,
+    path: &str,
+    query: &[(&str, String)],
+    head: &[&str],
+    rows: impl FnOnce(R) -> Vec<T>,
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
     let mut q = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in &r.query {
+    for (k, v) in query {
         q.append_pair(k, v);
     }
-    let v = c.call("GET", &format!("{}?{}", r.path, q.finish()), None)?;
-    let list = r.rows_at.map_or(&v, |k| &v[k]);
-    let rows: Vec<Vec<String>> = list.as_array().into_iter().flatten().map(r.row).collect();
-    let head: Vec<&str> = r.head.iter().map(String::as_str).collect();
+    let path = format!("{path}?{}", q.finish());
+    let v = c.call("GET", &path, None)?;
+    if !csv && matches!(output, Format::Json | Format::Yaml) {
+        print(output, &v, |_| String::new());
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows(gpuflow_client::read(&path, v)?)
+        .iter()
+        .map(row)
+        .collect();
     if csv {
         let mut w = csv::Writer::from_writer(std::io::stdout());
-        w.write_record(&head)?;
-        for row in rows {
-            w.write_record(row)?;
+        w.write_record(head)?;
+        for r in table {
+            w.write_record(r)?;
         }
         w.flush()?;
         return Ok(());
     }
-    print(conn.output, &v, |_| columns(&head, rows));
+    print!("{}", columns(head, table));
     Ok(())
 }
 
