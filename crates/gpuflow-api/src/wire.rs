@@ -306,6 +306,20 @@ pub struct Hold {
     pub util_pct: Option<f64>,
 }
 
+/// A job's output (`GET /v1/jobs/{id}/logs`): each task's stdout and
+/// stderr, by `group/index`, of its latest attempt and of every kept one.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct JobLogs {
+    pub id: u64,
+    /// The latest attempt's tasks: `name/index` → its stdout.
+    pub tasks: BTreeMap<String, String>,
+    /// Every kept attempt (the last five), by attempt number.
+    pub attempts: BTreeMap<u32, BTreeMap<String, String>>,
+    /// As `tasks` and `attempts`, for stderr.
+    pub stderr: BTreeMap<String, String>,
+    pub stderr_attempts: BTreeMap<u32, BTreeMap<String, String>>,
+}
+
 /// The answer to "why is my job not running".
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Why {

@@ -562,9 +562,9 @@ pub(crate) fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::
         if s != 201 {
             bail!("array refused: {s} {v}");
         }
-        let id = serde_json::from_str::<serde_json::Value>(&v)?["id"]
-            .as_u64()
-            .context("an array's id")?;
+        let id = serde_json::from_str::<gpuflow_api::Submitted>(&v)
+            .context("an array's id")?
+            .id;
         let (s, v) = call("POST", &format!("/arrays/{id}/cancel"), Some(&admin), "");
         if s != 200 {
             bail!("cancel refused: {s} {v}");
@@ -594,10 +594,9 @@ pub(crate) fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::
         if s != 201 {
             bail!("token: {s} {v}");
         }
-        Ok(serde_json::from_str::<serde_json::Value>(&v)?["token"]
-            .as_str()
+        Ok(serde_json::from_str::<gpuflow_api::TokenCreated>(&v)
             .context("a token")?
-            .to_string())
+            .token)
     };
     let viewer = token_for("other-viewer")?;
     let reader_admin = token_for("admin")?;

@@ -762,64 +762,58 @@ pub(crate) fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()
                 "/v1/reservations",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |r| {
-                format!(
-                    "reservation {} on {}, {} to {}\n",
-                    s(&r["name"]),
-                    r["nodes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(s)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    local(&r["start"]),
-                    local(&r["end"])
-                )
-            });
+            print_as(
+                conn.output,
+                "/v1/reservations",
+                v,
+                |r: &api::Reservation| {
+                    format!(
+                        "reservation {} on {}, {} to {}\n",
+                        r.name,
+                        r.nodes.join(","),
+                        local_at(r.start),
+                        local_at(r.end)
+                    )
+                },
+            )?;
         }
         ReservationCmd::Ls => {
             let v = c.call("GET", "/v1/reservations", None)?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|r| {
-                        let list = |k: &str| -> String {
-                            r[k].as_array()
-                                .into_iter()
-                                .flatten()
-                                .map(s)
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        };
-                        let state = match (r["start"].as_i64(), r["end"].as_i64()) {
-                            (_, Some(e)) if e <= unix_now() => "ended",
-                            (Some(st), _) if st > unix_now() => "upcoming",
-                            _ => "open",
-                        };
-                        let who = if r["maintenance"] == true {
-                            "maintenance".to_string()
-                        } else {
-                            [list("teams"), list("users")]
-                                .into_iter()
-                                .filter(|x| !x.is_empty())
-                                .collect::<Vec<_>>()
-                                .join(" ")
-                        };
-                        vec![
-                            s(&r["name"]),
-                            state.into(),
-                            local(&r["start"]),
-                            local(&r["end"]),
-                            list("nodes"),
-                            who,
-                        ]
-                    })
-                    .collect();
-                columns(&["name", "state", "start", "end", "nodes", "for"], rows)
-            });
+            print_as(
+                conn.output,
+                "/v1/reservations",
+                v,
+                |v: &Vec<api::Reservation>| {
+                    let rows = v
+                        .iter()
+                        .map(|r| {
+                            let state = match (r.start as i64, r.end as i64) {
+                                (_, e) if e <= unix_now() => "ended",
+                                (st, _) if st > unix_now() => "upcoming",
+                                _ => "open",
+                            };
+                            let who = if r.maintenance {
+                                "maintenance".to_string()
+                            } else {
+                                [r.teams.join(","), r.users.join(",")]
+                                    .into_iter()
+                                    .filter(|x| !x.is_empty())
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            };
+                            vec![
+                                r.name.clone(),
+                                state.into(),
+                                local_at(r.start),
+                                local_at(r.end),
+                                r.nodes.join(","),
+                                who,
+                            ]
+                        })
+                        .collect();
+                    columns(&["name", "state", "start", "end", "nodes", "for"], rows)
+                },
+            )?;
         }
         ReservationCmd::Rm { name } => {
             c.call(
@@ -887,48 +881,40 @@ pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                 "/v1/webhooks",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |h| {
+            print_as(conn.output, "/v1/webhooks", v, |h: &api::WebhookView| {
                 format!(
                     "webhook {} created for {}'s jobs: {}\nsecret (shown once; verify X-Gpuflow-Signature, sha256= HMAC of the body): {}\n",
-                    s(&h["id"]),
-                    h["user"]
-                        .as_str()
-                        .map_or_else(|| format!("team {}", s(&h["team"])), str::to_string),
-                    h["url"].as_str().or(h["mail"].as_str()).unwrap_or_default(),
-                    s(&h["secret"])
+                    h.id,
+                    h.user.clone().unwrap_or_else(|| format!("team {}", h.team)),
+                    h.url.as_deref().or(h.mail.as_deref()).unwrap_or_default(),
+                    h.secret.as_deref().unwrap_or("-")
                 )
-            });
+            })?;
         }
         WebhookCmd::Ls => {
             let v = c.call("GET", "/v1/webhooks", None)?;
-            print(conn.output, &v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|h| {
-                        vec![
-                            s(&h["id"]),
-                            h["user"]
-                                .as_str()
-                                .map_or_else(|| format!("team {}", s(&h["team"])), str::to_string),
-                            h["events"]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .map(s)
-                                .collect::<Vec<_>>()
-                                .join(","),
-                            h["url"]
-                                .as_str()
-                                .map(str::to_string)
-                                .or_else(|| h["mail"].as_str().map(|m| format!("mail {m}")))
-                                .unwrap_or_default(),
-                        ]
-                    })
-                    .collect();
-                columns(&["id", "jobs of", "events", "to"], rows)
-            });
+            print_as(
+                conn.output,
+                "/v1/webhooks",
+                v,
+                |v: &Vec<api::WebhookView>| {
+                    let rows = v
+                        .iter()
+                        .map(|h| {
+                            vec![
+                                h.id.clone(),
+                                h.user.clone().unwrap_or_else(|| format!("team {}", h.team)),
+                                h.events.join(","),
+                                h.url
+                                    .clone()
+                                    .or_else(|| h.mail.as_ref().map(|m| format!("mail {m}")))
+                                    .unwrap_or_default(),
+                            ]
+                        })
+                        .collect();
+                    columns(&["id", "jobs of", "events", "to"], rows)
+                },
+            )?;
         }
         WebhookCmd::Rm { id } => {
             c.call(
@@ -941,25 +927,20 @@ pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
             }
         }
         WebhookCmd::Deliveries { id } => {
-            let v = c.call(
-                "GET",
-                &format!("/v1/webhooks/{}/deliveries", urlencoding_path(&id)),
-                None,
-            )?;
-            print(conn.output, &v, |v| {
+            let path = format!("/v1/webhooks/{}/deliveries", urlencoding_path(&id));
+            let v = c.call("GET", &path, None)?;
+            print_as(conn.output, &path, v, |v: &Vec<api::Delivery>| {
                 let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
+                    .iter()
                     .map(|d| {
                         vec![
-                            s(&d["delivery"]),
-                            local(&d["at"]),
-                            s(&d["event"]),
-                            s(&d["job"]),
-                            s(&d["attempt"]),
-                            s(&d.get("status").cloned().unwrap_or(Value::Null)),
-                            s(&d["outcome"]),
+                            d.delivery.to_string(),
+                            local_at(d.at),
+                            d.event.clone(),
+                            d.job.to_string(),
+                            d.attempt.to_string(),
+                            d.status.map_or_else(|| "-".into(), |x| x.to_string()),
+                            d.outcome.clone(),
                         ]
                     })
                     .collect();
@@ -969,7 +950,7 @@ pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                     ],
                     rows,
                 )
-            });
+            })?;
         }
     }
     Ok(())
@@ -1197,6 +1178,11 @@ fn print(format: Format, v: &Value, table: impl FnOnce(&Value) -> String) {
 }
 
 /// A Unix time as a person reads it: local date and time.
+fn local_at(t: u64) -> String {
+    local(&Value::from(t))
+}
+
+/// [`local_at`] of a JSON value ("-" when it is not a time).
 fn local(v: &Value) -> String {
     use chrono::TimeZone;
     v.as_i64()
@@ -1914,24 +1900,22 @@ fn logs(
     stream: &str,
 ) -> anyhow::Result<()> {
     // Each task's stdout, then (labelled) its stderr, as asked.
-    let texts = |v: &Value| -> anyhow::Result<Vec<(String, String)>> {
+    let texts = |v: &api::JobLogs| -> anyhow::Result<Vec<(String, String)>> {
         let mut out = Vec::new();
+        let none = std::collections::BTreeMap::new();
         for (latest, all, label) in [
-            ("tasks", "attempts", ""),
-            ("stderr", "stderr_attempts", " (stderr)"),
+            (&v.tasks, &v.attempts, ""),
+            (&v.stderr, &v.stderr_attempts, " (stderr)"),
         ] {
             if (stream == "stdout" && !label.is_empty()) || (stream == "stderr" && label.is_empty())
             {
                 continue;
             }
             let m = match attempt {
-                None => &v[latest],
+                None => latest,
                 Some(a) => {
-                    if v["attempts"][a.to_string()].is_null() {
-                        let kept: Vec<String> = v["attempts"]
-                            .as_object()
-                            .map(|o| o.keys().cloned().collect())
-                            .unwrap_or_default();
+                    if !v.attempts.contains_key(&a) {
+                        let kept: Vec<String> = v.attempts.keys().map(u32::to_string).collect();
                         return Err(Usage(format!(
                             "--attempt {a}: no output kept for it; kept: {}",
                             if kept.is_empty() {
@@ -1942,22 +1926,21 @@ fn logs(
                         ))
                         .into());
                     }
-                    &v[all][a.to_string()]
+                    all.get(&a).unwrap_or(&none)
                 }
             };
             out.extend(
-                m.as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, t)| (format!("{k}{label}"), t.as_str().unwrap_or("").to_string()))
+                m.iter()
+                    .map(|(k, t)| (format!("{k}{label}"), t.clone()))
                     .filter(|(_, t)| label.is_empty() || !t.is_empty()),
             );
         }
         Ok(out)
     };
-    let v = c.call("GET", &format!("/v1/jobs/{id}/logs"), None)?;
+    let path = format!("/v1/jobs/{id}/logs");
+    let v = c.call("GET", &path, None)?;
     if !follow {
-        let tasks = texts(&v)?;
+        let tasks = texts(&gpuflow_client::read(&path, v.clone())?)?;
         print(output, &v, |_| {
             let mut out = String::new();
             for (task, text) in &tasks {
@@ -1983,7 +1966,8 @@ fn logs(
     use std::io::Write;
     let mut seen: std::collections::BTreeMap<String, String> = Default::default();
     loop {
-        let v = c.call("GET", &format!("/v1/jobs/{id}/logs?tail_bytes=65536"), None)?;
+        let path = format!("/v1/jobs/{id}/logs?tail_bytes=65536");
+        let v: api::JobLogs = gpuflow_client::read(&path, c.call("GET", &path, None)?)?;
         for (task, text) in texts(&v)? {
             let before = seen.get(&task).cloned().unwrap_or_default();
             let new = match text.find(before.as_str()).filter(|_| !before.is_empty()) {
@@ -2236,9 +2220,9 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 "/v1/queues",
                 Some(("application/json", as_json(&file)?)),
             )?;
-            print(conn.output, &v, |q| {
-                format!("queue {} created\n", s(&q["name"]))
-            });
+            print_as(conn.output, "/v1/queues", v, |q: &api::QueueSpec| {
+                format!("queue {} created\n", q.name)
+            })?;
         }
         QueueCmd::Set {
             name,
@@ -2261,14 +2245,12 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
             let mut patch = serde_json::Map::new();
             // The queue as it is: the API replaces quotas and user limits
             // as wholes, so what is not named stays.
-            let current = || -> anyhow::Result<Value> {
-                let queues = c.call("GET", "/v1/queues", None)?;
+            let current = || -> anyhow::Result<api::QueueView> {
+                let queues: Vec<api::QueueView> =
+                    gpuflow_client::read("/v1/queues", c.call("GET", "/v1/queues", None)?)?;
                 queues
-                    .as_array()
                     .into_iter()
-                    .flatten()
-                    .find(|x| x["name"] == name.as_str())
-                    .cloned()
+                    .find(|x| x.spec.name == name)
                     .ok_or_else(|| anyhow!("queue {name:?} not found"))
             };
             let limit = |flag: &str, v: &str| -> anyhow::Result<Value> {
@@ -2288,10 +2270,7 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 ("--cap", "cap", cap),
             ];
             if user_max_gpus.is_some() || user_max_running.is_some() {
-                let mut l = current()?["user_limits"].clone();
-                if !l.is_object() {
-                    l = serde_json::json!({});
-                }
+                let mut l = serde_json::to_value(current()?.spec.user_limits)?;
                 if let Some(v) = user_max_gpus {
                     l["max_gpus"] = limit("--user-max-gpus", &v)?;
                 }
@@ -2336,10 +2315,10 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 // the queue's own, so that the guarantees and limits named
                 // change and everything else (the other settings, the other
                 // flavors) stays.
-                let mut m = current()?["quotas"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default();
+                let mut m = match serde_json::to_value(current()?.spec.quotas)? {
+                    Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
                 for part in quota.iter().flat_map(|q| q.split(',')) {
                     let (f, g) = part
                         .split_once('=')
@@ -2379,9 +2358,9 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                 &format!("/v1/queues/{name}"),
                 Some(("application/json", serde_json::to_vec(&patch)?)),
             )?;
-            print(conn.output, &v, |q| {
-                format!("queue {} updated\n", s(&q["name"]))
-            });
+            print_as(conn.output, "/v1/queues", v, |q: &api::QueueSpec| {
+                format!("queue {} updated\n", q.name)
+            })?;
         }
         QueueCmd::Delete { name } => {
             c.call("DELETE", &format!("/v1/queues/{name}"), None)?;
@@ -2495,16 +2474,9 @@ pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
     match cmd {
         TeamCmd::Ls => {
             let v = c.call("GET", "/v1/teams", None)?;
-            print(conn.output, &v, |v| {
-                columns(
-                    &["name"],
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|t| vec![s(&t["name"])])
-                        .collect(),
-                )
-            });
+            print_as(conn.output, "/v1/teams", v, |v: &Vec<api::Team>| {
+                columns(&["name"], v.iter().map(|t| vec![t.name.clone()]).collect())
+            })?;
         }
         TeamCmd::Create { name, run_as } => {
             let mut body = serde_json::json!({ "name": name });
@@ -2516,9 +2488,9 @@ pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
                 "/v1/teams",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |t| {
-                format!("team {} created\n", s(&t["name"]))
-            });
+            print_as(conn.output, "/v1/teams", v, |t: &api::Team| {
+                format!("team {} created\n", t.name)
+            })?;
         }
         TeamCmd::Set {
             name,
@@ -2571,18 +2543,18 @@ pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
                 &format!("/v1/teams/{name}"),
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |t| {
+            print_as(conn.output, "/v1/teams", v, |t: &api::Team| {
                 format!(
                     "team {}: tasks run as {}; {}\n",
-                    s(&t["name"]),
-                    t["run_as"].as_str().unwrap_or("the agents' default"),
-                    if t["shared_control"].as_bool() == Some(true) {
+                    t.name,
+                    t.run_as.as_deref().unwrap_or("the agents' default"),
+                    if t.shared_control {
                         "members act on each other's jobs"
                     } else {
                         "members act on their own jobs only"
                     }
                 )
-            });
+            })?;
         }
     }
     Ok(())
@@ -2680,23 +2652,22 @@ pub(crate) fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
     match cmd {
         UserCmd::Ls => {
             let v = c.call("GET", "/v1/users", None)?;
-            print(conn.output, &v, |v| {
+            print_as(conn.output, "/v1/users", v, |v: &Vec<api::User>| {
                 columns(
                     &["name", "team", "role", "state"],
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
+                    v.iter()
                         .map(|u| {
-                            let state = if u["disabled"] == true {
-                                "disabled"
-                            } else {
-                                "enabled"
-                            };
-                            vec![s(&u["name"]), s(&u["team"]), s(&u["role"]), state.into()]
+                            let state = if u.disabled { "disabled" } else { "enabled" };
+                            vec![
+                                u.name.clone(),
+                                u.team.clone(),
+                                u.role.as_str().to_string(),
+                                state.into(),
+                            ]
                         })
                         .collect(),
                 )
-            });
+            })?;
         }
         UserCmd::Create { name, team, role } => {
             let body = serde_json::json!({"name": name, "team": team, "role": role});
@@ -2705,9 +2676,9 @@ pub(crate) fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
                 "/v1/users",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |u| {
-                format!("user {} ({}) created\n", s(&u["name"]), s(&u["role"]))
-            });
+            print_as(conn.output, "/v1/users", v, |u: &api::User| {
+                format!("user {} ({}) created\n", u.name, u.role.as_str())
+            })?;
         }
         UserCmd::Disable { name } | UserCmd::Enable { name } => {
             let verb = if matches!(cmd_kind, "disable") {
@@ -2716,18 +2687,18 @@ pub(crate) fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
                 "enable"
             };
             let v = c.call("POST", &format!("/v1/users/{name}/{verb}"), None)?;
-            print(conn.output, &v, |u| {
-                format!("user {} {verb}d\n", s(&u["name"]))
-            });
+            print_as(conn.output, "/v1/users", v, |u: &api::User| {
+                format!("user {} {verb}d\n", u.name)
+            })?;
         }
         UserCmd::Signout { name } => {
             let v = c.call("POST", &format!("/v1/users/{name}/signout"), None)?;
-            print(conn.output, &v, |u| {
+            print_as(conn.output, "/v1/users", v, |u: &api::User| {
                 format!(
                     "user {}: sign-ins until now are refused; they sign in again\n",
-                    s(&u["name"])
+                    u.name
                 )
-            });
+            })?;
         }
     }
     Ok(())
@@ -2746,31 +2717,27 @@ pub(crate) fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
                 "/v1/tokens",
                 Some(("application/json", serde_json::to_vec(&body)?)),
             )?;
-            print(conn.output, &v, |t| format!("{}\n", s(&t["token"])));
+            print_as(conn.output, "/v1/tokens", v, |t: &api::TokenCreated| {
+                format!("{}\n", t.token)
+            })?;
         }
         TokenCmd::Ls => {
             let v = c.call("GET", "/v1/tokens", None)?;
-            print(conn.output, &v, |v| {
+            print_as(conn.output, "/v1/tokens", v, |v: &Vec<api::TokenView>| {
                 columns(
                     &["id", "user", "created", "expires"],
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
+                    v.iter()
                         .map(|t| {
                             vec![
-                                s(&t["id"]),
-                                s(&t["user"]),
-                                local(&t["created_at"]),
-                                if t["expires_at"].is_null() {
-                                    "never".into()
-                                } else {
-                                    local(&t["expires_at"])
-                                },
+                                t.id.clone(),
+                                t.user.clone(),
+                                local_at(t.created_at),
+                                t.expires_at.map_or_else(|| "never".into(), local_at),
                             ]
                         })
                         .collect(),
                 )
-            });
+            })?;
         }
         TokenCmd::Revoke { id } => {
             c.call("DELETE", &format!("/v1/tokens/{id}"), None)?;
@@ -2823,23 +2790,25 @@ pub(crate) fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
         if first && let Some(n) = &newest {
             q.push(n.clone());
         }
-        let v = c.call("GET", &format!("/v1/events?{}", q.join("&")), None)?;
+        let path = format!("/v1/events?{}", q.join("&"));
+        let v = c.call("GET", &path, None)?;
+        let events: Vec<api::Event> = gpuflow_client::read(&path, v.clone())?;
         let list = v.as_array().cloned().unwrap_or_default();
-        if let Some(seq) = list.last().and_then(|e| e["seq"].as_i64()) {
-            last = Some(seq);
+        if let Some(e) = events.last() {
+            last = Some(e.seq);
         }
-        if !first && list.is_empty() {
+        if !first && events.is_empty() {
             return Ok(());
         }
-        let rows: Vec<Vec<String>> = list
+        let rows: Vec<Vec<String>> = events
             .iter()
             .map(|e| {
                 vec![
-                    s(&e["seq"]),
-                    local(&e["at"]),
-                    s(&e.get("job").cloned().unwrap_or(Value::Null)),
-                    s(&e["kind"]),
-                    s(&e["message"]),
+                    e.seq.to_string(),
+                    local_at(e.at),
+                    e.job.map_or_else(|| "-".into(), |j| j.to_string()),
+                    e.kind.clone(),
+                    e.message.clone(),
                 ]
             })
             .collect();
@@ -3123,17 +3092,21 @@ pub(crate) fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
             )?
         }
     };
-    print(conn.output, &v, |v| {
-        let cur = s(&v["currency"]);
-        let rows = v["gpu_hour"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(m, p)| vec![m.clone(), format!("{} {cur}", s(p)).trim().to_string()])
+    print_as(conn.output, "/v1/prices", v, |v: &api::Prices| {
+        let rows = v
+            .gpu_hour
+            .iter()
+            .map(|(m, p)| {
+                vec![
+                    m.clone(),
+                    format!("{} {}", Value::from(*p), v.currency)
+                        .trim()
+                        .to_string(),
+                ]
+            })
             .collect();
         columns(&["model", "per gpu-hour"], rows)
-    });
-    Ok(())
+    })
 }
 
 /// `job stats`: a job's ledger and its tasks' sampled GPU use, with flags.
@@ -3238,48 +3211,32 @@ fn job_stats(j: &api::Job) -> String {
 
 pub(crate) fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
     let c = Client::new(conn)?;
-    let show = |v: &Value| {
+    let show = |v: &api::ServiceView| {
         let mut out = format!(
             "service {} of team {} in queue {}: {} of {} replicas ready, version {}\n",
-            s(&v["name"]),
-            s(&v["team"]),
-            s(&v["queue"]),
-            s(&v["ready"]),
-            s(&v["replicas"]),
-            s(&v["version"])
+            v.spec.name, v.team, v.spec.queue, v.ready, v.spec.replicas, v.version
         );
-        let rows = v["members"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let rows = v
+            .members
+            .iter()
             .map(|m| {
                 vec![
-                    s(&m["job"]),
-                    s(&m["version"]),
-                    s(&m["state"]),
-                    s(&m.get("node").cloned().unwrap_or(Value::Null)),
-                    s(&m.get("port").cloned().unwrap_or(Value::Null)),
-                    if m["ready"] == true {
-                        "yes".into()
-                    } else {
-                        "no".into()
-                    },
+                    m.job.to_string(),
+                    m.version.to_string(),
+                    m.state.as_str().to_string(),
+                    m.node.clone().unwrap_or_else(|| "-".into()),
+                    m.port.map_or_else(|| "-".into(), |p| p.to_string()),
+                    if m.ready { "yes".into() } else { "no".into() },
                 ]
             })
             .collect();
         out += &columns(&["job", "version", "state", "node", "port", "ready"], rows);
-        let ends: Vec<String> = v["endpoints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(s)
-            .collect();
         out += &format!(
             "endpoints: {}\n",
-            if ends.is_empty() {
+            if v.endpoints.is_empty() {
                 "none yet".into()
             } else {
-                ends.join(" ")
+                v.endpoints.join(" ")
             }
         );
         out
@@ -3294,38 +3251,41 @@ pub(crate) fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
     match cmd {
         ServiceCmd::Ls => {
             let v = c.call("GET", "/v1/services", None)?;
-            print(conn.output, &v, |v| {
-                columns(
-                    &[
-                        "name",
-                        "team",
-                        "queue",
-                        "replicas",
-                        "ready",
-                        "version",
-                        "endpoints",
-                    ],
-                    v.as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|x| {
-                            vec![
-                                s(&x["name"]),
-                                s(&x["team"]),
-                                s(&x["queue"]),
-                                s(&x["replicas"]),
-                                s(&x["ready"]),
-                                s(&x["version"]),
-                                x["endpoints"]
-                                    .as_array()
-                                    .map(|e| e.iter().map(s).collect::<Vec<_>>().join(","))
-                                    .filter(|e| !e.is_empty())
-                                    .unwrap_or_else(|| "-".into()),
-                            ]
-                        })
-                        .collect(),
-                )
-            });
+            print_as(
+                conn.output,
+                "/v1/services",
+                v,
+                |v: &Vec<api::ServiceView>| {
+                    columns(
+                        &[
+                            "name",
+                            "team",
+                            "queue",
+                            "replicas",
+                            "ready",
+                            "version",
+                            "endpoints",
+                        ],
+                        v.iter()
+                            .map(|x| {
+                                vec![
+                                    x.spec.name.clone(),
+                                    x.team.clone(),
+                                    x.spec.queue.clone(),
+                                    x.spec.replicas.to_string(),
+                                    x.ready.to_string(),
+                                    x.version.to_string(),
+                                    if x.endpoints.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        x.endpoints.join(",")
+                                    },
+                                ]
+                            })
+                            .collect(),
+                    )
+                },
+            )?;
         }
         ServiceCmd::Create { file } => {
             let v = c.call(
@@ -3333,20 +3293,20 @@ pub(crate) fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
                 "/v1/services",
                 Some(("application/json", as_json(&file)?)),
             )?;
-            print(conn.output, &v, show);
+            print_as(conn.output, "/v1/services", v, show)?;
         }
         ServiceCmd::Get { name } => {
             let v = c.call("GET", &format!("/v1/services/{name}"), None)?;
-            print(conn.output, &v, show);
+            print_as(conn.output, "/v1/services", v, show)?;
         }
         ServiceCmd::Scale { name, replicas } => {
             let v = patch(&name, serde_json::json!({ "replicas": replicas }))?;
-            print(conn.output, &v, show);
+            print_as(conn.output, "/v1/services", v, show)?;
         }
         ServiceCmd::Update { name, file } => {
             let task: Value = serde_json::from_slice(&as_json(&file)?)?;
             let v = patch(&name, serde_json::json!({ "task": task }))?;
-            print(conn.output, &v, show);
+            print_as(conn.output, "/v1/services", v, show)?;
         }
         ServiceCmd::Delete { name } => {
             c.call("DELETE", &format!("/v1/services/{name}"), None)?;

@@ -427,7 +427,7 @@ fn device_flow(
         "{}/.well-known/openid-configuration",
         p.issuer.trim_end_matches('/')
     );
-    let disco: serde_json::Value = http
+    let disco: Discovery = http
         .get(&disco_url)
         .call()
         .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", p.name))?
@@ -435,8 +435,8 @@ fn device_flow(
         .read_json()
         .with_context(|| format!("{disco_url} is not a discovery document"))?;
     let (Some(device_ep), Some(token_ep)) = (
-        disco["device_authorization_endpoint"].as_str(),
-        disco["token_endpoint"].as_str(),
+        disco.device_authorization_endpoint.as_deref(),
+        disco.token_endpoint.as_deref(),
     ) else {
         anyhow::bail!(
             "{} offers no device authorization endpoint (RFC 8628) in {disco_url}: the CLI signs in by the device flow",
@@ -448,21 +448,21 @@ fn device_flow(
         device_ep,
         &[("client_id", &p.client_id), ("scope", &p.scopes)],
     )?;
-    let (Some(device_code), Some(user_code)) = (d["device_code"].as_str(), d["user_code"].as_str())
-    else {
+    let device: DeviceAuthorization = serde_json::from_value(d.clone()).unwrap_or_default();
+    let (Some(device_code), Some(user_code)) = (device.device_code, device.user_code) else {
         anyhow::bail!("{} refused the sign-in (HTTP {status}): {d}", p.name);
     };
-    let verify = d["verification_uri"].as_str().unwrap_or_default();
+    let verify = device.verification_uri.unwrap_or_default();
     eprintln!(
         "To sign in through {}, open {verify} and enter the code {user_code}",
         p.name
     );
-    if let Some(full) = d["verification_uri_complete"].as_str() {
+    if let Some(full) = device.verification_uri_complete {
         eprintln!("(or open {full})");
     }
-    let mut interval = d["interval"].as_u64().unwrap_or(5).max(1);
+    let mut interval = device.interval.unwrap_or(5).max(1);
     let deadline = std::time::Instant::now()
-        + std::time::Duration::from_secs(d["expires_in"].as_u64().unwrap_or(600));
+        + std::time::Duration::from_secs(device.expires_in.unwrap_or(600));
     let tokens = loop {
         if std::time::Instant::now() >= deadline {
             anyhow::bail!(
@@ -475,14 +475,15 @@ fn device_flow(
             token_ep,
             &[
                 ("grant_type", "urn:ietf:params:oauth:grant-type:device_code"),
-                ("device_code", device_code),
+                ("device_code", &device_code),
                 ("client_id", &p.client_id),
             ],
         )?;
+        let reply: TokenReply = serde_json::from_value(t.clone()).unwrap_or_default();
         if status == 200 {
-            break t;
+            break reply;
         }
-        match t["error"].as_str() {
+        match reply.error.as_deref() {
             Some("authorization_pending") => {}
             Some("slow_down") => interval += 5,
             Some("access_denied") => anyhow::bail!("the sign-in was refused at {}", p.name),
@@ -492,7 +493,7 @@ fn device_flow(
             _ => anyhow::bail!("{} answered the sign-in with HTTP {status}: {t}", p.name),
         }
     };
-    let Some(id_token) = tokens["id_token"].as_str() else {
+    let Some(id_token) = tokens.id_token else {
         anyhow::bail!(
             "{} gave no ID token: its client {:?} must allow the openid scope",
             p.name,
@@ -507,7 +508,7 @@ fn device_flow(
         &format!("{server}/v1/auth/sessions"),
         serde_json::json!({
             "id_token": id_token,
-            "refresh_token": tokens["refresh_token"].as_str(),
+            "refresh_token": tokens.refresh_token,
         }),
     )
 }
@@ -519,14 +520,41 @@ fn session_of(http: &ureq::Agent, url: &str, body: serde_json::Value) -> anyhow:
         .send_json(body)
         .map_err(|e| anyhow::anyhow!("cannot reach the server at {url}: {e}"))?;
     let status = resp.status().as_u16();
-    let v: serde_json::Value = resp.body_mut().read_json().unwrap_or_default();
-    match v["token"].as_str().filter(|_| status == 201) {
-        Some(t) => Ok(t.to_string()),
-        None => anyhow::bail!(
-            "the server refused the sign-in: {} (HTTP {status})",
-            v["message"].as_str().unwrap_or("no reason given")
-        ),
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    if status == 201
+        && let Ok(t) = serde_json::from_str::<gpuflow_api::TokenCreated>(&text)
+    {
+        return Ok(t.token);
     }
+    let why = serde_json::from_str::<gpuflow_api::ApiError>(&text)
+        .map_or_else(|_| "no reason given".to_string(), |e| e.message);
+    anyhow::bail!("the server refused the sign-in: {why} (HTTP {status})")
+}
+
+/// What the CLI reads of a provider's discovery document.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Discovery {
+    device_authorization_endpoint: Option<String>,
+    token_endpoint: Option<String>,
+}
+
+/// A provider's answer to a device authorization request (RFC 8628).
+#[derive(Debug, Default, serde::Deserialize)]
+struct DeviceAuthorization {
+    device_code: Option<String>,
+    user_code: Option<String>,
+    verification_uri: Option<String>,
+    verification_uri_complete: Option<String>,
+    interval: Option<u64>,
+    expires_in: Option<u64>,
+}
+
+/// A provider's token endpoint answer: the tokens, or an OAuth error.
+#[derive(Debug, Default, serde::Deserialize)]
+struct TokenReply {
+    id_token: Option<String>,
+    refresh_token: Option<String>,
+    error: Option<String>,
 }
 
 /// The authorization code flow with PKCE through the user's browser, back

@@ -796,17 +796,6 @@ async fn why(
     }
     Ok(Json(w))
 }
-#[derive(Serialize)]
-struct Logs {
-    id: u64,
-    /// The latest attempt's tasks: `name/index` → its stdout.
-    tasks: BTreeMap<String, String>,
-    /// Every kept attempt (the last five), by attempt number.
-    attempts: BTreeMap<u32, BTreeMap<String, String>>,
-    /// As `tasks` and `attempts`, for stderr.
-    stderr: BTreeMap<String, String>,
-    stderr_attempts: BTreeMap<u32, BTreeMap<String, String>>,
-}
 
 /// A job's output, each task's stdout and stderr per attempt: all of it the
 /// server keeps (up to the job log limit, then each stream's last 16 KiB),
@@ -816,7 +805,7 @@ async fn logs(
     caller: Caller,
     Path(id): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
-) -> Reply<Logs> {
+) -> Reply<api::JobLogs> {
     let id = job_id(&id)?;
     let number = |k: &str| -> Result<Option<u64>, Error> {
         q.get(k)
@@ -870,7 +859,7 @@ async fn logs(
         .next_back()
         .cloned()
         .unwrap_or_default();
-    Ok(Json(Logs {
+    Ok(Json(api::JobLogs {
         id,
         tasks,
         attempts,
