@@ -1085,6 +1085,33 @@ impl Client {
     }
 }
 
+/// Submits a job, sent again with the same idempotency `key` while no
+/// server answers or the first try is still being stored (`in_progress`):
+/// after `first`, then twice as long each time, four times in all; then
+/// the error stands. The job is stored once however often it is sent.
+fn submit_once(
+    c: &Client,
+    ct: &str,
+    body: &[u8],
+    key: &str,
+    first: std::time::Duration,
+) -> anyhow::Result<Value> {
+    use backon::{BlockingRetryable, ExponentialBuilder};
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(first)
+        .with_factor(2.0)
+        .with_max_times(4);
+    (|| c.call_with("POST", "/v1/jobs", Some((ct, body.to_vec())), Some(key)))
+        .retry(backoff)
+        .when(|e| {
+            unreachable(e)
+                || e.downcast_ref::<Refusal>()
+                    .is_some_and(|r| r.code == "in_progress")
+        })
+        .notify(|e, wait| eprintln!("{e:#}; retrying in {} ms", wait.as_millis()))
+        .call()
+}
+
 /// Whether `e` says no server answered: a request that carries an
 /// idempotency key may be sent again.
 pub(crate) fn unreachable(e: &anyhow::Error) -> bool {
@@ -1728,24 +1755,7 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             // Retried on connection failures with one idempotency key: the job
             // is stored once however often it is sent.
             let key = idempotency_key();
-            let mut wait = std::time::Duration::from_millis(500);
-            let v = loop {
-                match c.call_with("POST", "/v1/jobs", Some((ct, body.clone())), Some(&key)) {
-                    // Not reached, or the first try is still being stored:
-                    // the same key again.
-                    Err(e)
-                        if (unreachable(&e)
-                            || e.downcast_ref::<Refusal>()
-                                .is_some_and(|r| r.code == "in_progress"))
-                            && wait < std::time::Duration::from_secs(8) =>
-                    {
-                        eprintln!("{e:#}; retrying in {} ms", wait.as_millis());
-                        std::thread::sleep(wait);
-                        wait *= 2;
-                    }
-                    other => break other?,
-                }
-            };
+            let v = submit_once(&c, ct, &body, &key, std::time::Duration::from_millis(500))?;
             print_as(conn.output, "/v1/jobs", v, |v: &api::Submitted| {
                 match &v.array {
                     Some(a) => {
@@ -3517,6 +3527,60 @@ mod tests {
         assert!(
             rows[1].trim_end().ends_with("77%"),
             "GPU 1 was sampled at 77 %: {text}"
+        );
+    }
+
+    /// A submission still being stored (`409 in_progress`) is sent again
+    /// with the same key until it is acknowledged; a refusal of another
+    /// kind is not retried.
+    #[test]
+    fn a_submission_in_progress_is_sent_again_with_its_key() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let keys = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = keys.clone();
+        std::thread::spawn(move || {
+            for (i, s) in l.incoming().enumerate().take(4) {
+                let Ok(mut s) = s else { continue };
+                let mut req = [0u8; 8192];
+                let n = s.read(&mut req).unwrap_or(0);
+                let text = String::from_utf8_lossy(&req[..n]).to_lowercase();
+                let key = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("idempotency-key: "))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                seen.lock().unwrap().push(key);
+                let (status, body) = match i {
+                    0 | 1 => (
+                        "409 Conflict",
+                        r#"{"code":"in_progress","message":"job 7 is being stored"}"#,
+                    ),
+                    2 => ("201 Created", r#"{"id":7,"state":"pending"}"#),
+                    _ => (
+                        "400 Bad Request",
+                        r#"{"code":"invalid_spec","message":"no"}"#,
+                    ),
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let c = client(&format!("http://127.0.0.1:{port}"));
+        let ms = std::time::Duration::from_millis(10);
+        let v = submit_once(&c, "application/yaml", b"x", "k-1", ms).unwrap();
+        assert_eq!(v["id"], 7);
+        assert_eq!(*keys.lock().unwrap(), ["k-1", "k-1", "k-1"]);
+        let e = submit_once(&c, "application/yaml", b"x", "k-2", ms).unwrap_err();
+        assert_eq!(e.downcast_ref::<Refusal>().map(|r| r.status), Some(400));
+        assert_eq!(
+            keys.lock().unwrap().len(),
+            4,
+            "a plain refusal is not sent again"
         );
     }
 
