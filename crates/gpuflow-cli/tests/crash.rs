@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,37 +28,7 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
 
     // Submit from another thread, through the crash.
     let acked: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
-    let failed = Arc::new(AtomicUsize::new(0));
-    let submitter = {
-        let (acked, failed, url, admin) =
-            (acked.clone(), failed.clone(), url.clone(), admin.clone());
-        std::thread::spawn(move || {
-            let api = Api::new(&url);
-            for i in 0..JOBS {
-                // Each job is sent until acknowledged, always with its key, as
-                // `gpuflow job submit` does: a retry of a stored submission must
-                // not store a second job.
-                let key = format!("key-{i}");
-                loop {
-                    let (s, v) = api.call_with(
-                        "POST",
-                        "/v1/jobs",
-                        &admin,
-                        Some(("application/yaml", crash_spec(i).as_bytes())),
-                        Some(&key),
-                    );
-                    // Paced, so that the crash lands in the middle of the stream.
-                    std::thread::sleep(Duration::from_millis(5));
-                    if s == 201 || s == 200 {
-                        acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
-                        break;
-                    }
-                    failed.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        })
-    };
+    let submitter = submitter(vec![url.clone()], admin.clone(), 0..JOBS, acked.clone());
     poll(
         "a hundred acknowledged submissions",
         Duration::from_secs(120),
@@ -68,12 +37,9 @@ fn kill_9_while_submitting_loses_and_duplicates_nothing() {
     srv.proc.crash();
     std::thread::sleep(Duration::from_millis(500));
     let srv = server(dir.path(), port, &[]);
-    submitter.join().unwrap();
+    let failed = submitter.join().unwrap();
     let acked = acked.lock().unwrap().clone();
-    assert!(
-        failed.load(Ordering::Relaxed) > 0,
-        "the crash happened while submitting"
-    );
+    assert!(failed > 0, "the crash happened while submitting");
     assert_eq!(acked.len(), JOBS, "every job was acknowledged in the end");
 
     // Every acknowledged job is there once, under its id; nothing is duplicated.

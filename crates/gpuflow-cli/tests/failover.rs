@@ -61,44 +61,6 @@ fn answers(url: &str) -> bool {
     ureq::get(format!("{url}/v1/openapi.json")).call().is_ok()
 }
 
-/// Submits jobs `range` until each is acknowledged, always with its key, to
-/// whichever of `urls` leads (a standby answers 503).
-fn submitter(
-    urls: Vec<String>,
-    admin: String,
-    range: std::ops::Range<usize>,
-    acked: Arc<Mutex<Vec<(usize, u64)>>>,
-) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        let apis: Vec<Api> = urls.iter().map(|u| Api::new(u)).collect();
-        let mut at = 0;
-        let mut refused = 0;
-        for i in range {
-            let key = format!("key-{i}");
-            loop {
-                let (s, v) = apis[at].call_with(
-                    "POST",
-                    "/v1/jobs",
-                    &admin,
-                    Some(("application/yaml", crash_spec(i).as_bytes())),
-                    Some(&key),
-                );
-                std::thread::sleep(Duration::from_millis(5));
-                if s == 201 || s == 200 {
-                    acked.lock().unwrap().push((i, v["id"].as_u64().unwrap()));
-                    break;
-                }
-                refused += 1;
-                if s == 0 || s >= 500 {
-                    at = (at + 1) % apis.len();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        refused
-    })
-}
-
 #[test]
 fn a_standby_takes_over_from_a_leader_killed_under_load() {
     let Some(pg) = postgres() else { return };

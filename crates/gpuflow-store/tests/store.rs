@@ -213,16 +213,23 @@ async fn sqlite_store() {
     assert_eq!(again.load(Table::Jobs).await.unwrap().len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_store() {
-    let pg = match TempPostgres::start() {
-        Ok(Some(pg)) => pg,
-        Ok(None) => {
-            eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
-            return;
+/// A throwaway PostgreSQL; `None`, with the reason printed, where it is not
+/// installed.
+fn postgres() -> Option<TempPostgres> {
+    match TempPostgres::start() {
+        Ok(pg) => {
+            if pg.is_none() {
+                eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
+            }
+            pg
         }
         Err(e) => panic!("{e}"),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store() {
+    let Some(pg) = postgres() else { return };
     let store = SqlStore::open(&pg.url).await.unwrap();
     assert_eq!(store.backend(), "postgres");
     suite(&store).await;
@@ -301,14 +308,7 @@ async fn sqlite_lease_fences_a_deposed_leader() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lease_fences_a_deposed_leader() {
-    let pg = match TempPostgres::start() {
-        Ok(Some(pg)) => pg,
-        Ok(None) => {
-            eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(pg) = postgres() else { return };
     let a = SqlStore::open(&pg.url).await.unwrap();
     let b = SqlStore::open(&pg.url).await.unwrap();
     lease(&a, &b).await;

@@ -183,15 +183,21 @@ impl<'a> Cycle<'a> {
         let mut patient: rustc_hash::FxHashMap<usize, u64> = Default::default();
         let mut graces = None;
         for (i, (f, r)) in flags.iter_mut().zip(&self.out.reasons).enumerate() {
-            if let Some(at) = r.iter().find_map(|x| match x {
-                PendingReason::BudgetPatience { at, .. } => Some(*at),
-                _ => None,
-            }) {
-                let graces = graces.get_or_insert_with(|| self.longest_graces());
-                patient.insert(i, at + self.grace_of_blocked(graces, r));
-            }
             let mut placed_nowhere = None;
+            // The first patience and disruption budget among its reasons.
+            let mut patience_at = None;
+            let mut budget_of: Option<&str> = None;
             for x in r {
+                match x {
+                    PendingReason::BudgetPatience { at, .. } => {
+                        patience_at.get_or_insert(*at);
+                    }
+                    PendingReason::DisruptionBudget { queue, .. }
+                    | PendingReason::DisruptionCount { queue, .. } => {
+                        budget_of.get_or_insert(queue);
+                    }
+                    _ => {}
+                }
                 *f |= match x {
                     PendingReason::UserGpuLimit { .. } | PendingReason::UserRunningLimit { .. } => {
                         BY_USER
@@ -218,6 +224,10 @@ impl<'a> Cycle<'a> {
                 Some(true) => *f |= NOWHERE,
                 Some(false) => *f |= BY_PLACE,
                 None => {}
+            }
+            if let Some(at) = patience_at {
+                let graces = graces.get_or_insert_with(|| self.longest_graces());
+                patient.insert(i, at + self.grace_of_blocked(graces, budget_of));
             }
         }
         for &i in &self.out.admitted_idx {
@@ -521,21 +531,16 @@ impl<'a> Cycle<'a> {
         m
     }
 
-    /// How long the victims of a job that a disruption budget holds back
-    /// (`reasons`) take to stop once it passes the budget: the longest
-    /// grace of that queue's running jobs (`graces`).
+    /// How long the victims of a job that the disruption budget of queue
+    /// `queue` holds back take to stop once it passes the budget: the
+    /// longest grace of that queue's running jobs (`graces`).
     fn grace_of_blocked(
         &self,
         graces: &rustc_hash::FxHashMap<QueueId, u64>,
-        reasons: &[PendingReason],
+        queue: Option<&str>,
     ) -> u64 {
-        reasons
-            .iter()
-            .find_map(|x| match x {
-                PendingReason::DisruptionBudget { queue, .. }
-                | PendingReason::DisruptionCount { queue, .. } => self.snap.queues.by_name(queue),
-                _ => None,
-            })
+        queue
+            .and_then(|q| self.snap.queues.by_name(q))
             .and_then(|q| graces.get(&q).copied())
             .unwrap_or(0)
     }
