@@ -18,38 +18,56 @@ use crate::{Change, ServerError, Shared};
 const MAX_GROUP: usize = 512;
 
 /// One submission waiting to be stored, and who waits for it.
-struct Waiting {
+pub struct Waiting {
     change: Change,
     done: oneshot::Sender<Result<(), String>>,
 }
 
-type Queue = Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>;
+/// What a queue's task reads from: shared, so that a task started again
+/// after a panic goes on with the same queue.
+pub(crate) type Receiver<T> = Arc<Mutex<mpsc::UnboundedReceiver<T>>>;
+
+/// Work for one task that serves it in groups (submissions to store,
+/// heartbeats to fold in), each with who waits for its answer.
+pub struct Queue<T> {
+    tx: mpsc::UnboundedSender<T>,
+    rx: std::sync::Mutex<Option<Receiver<T>>>,
+}
 
 /// The queue of submissions to store, served by one task
 /// ([`GroupCommit::start`]).
-pub struct GroupCommit {
-    tx: mpsc::UnboundedSender<Waiting>,
-    rx: std::sync::Mutex<Option<Queue>>,
-}
+pub type GroupCommit = Queue<Waiting>;
 
-impl Default for GroupCommit {
-    fn default() -> GroupCommit {
+impl<T> Default for Queue<T> {
+    fn default() -> Queue<T> {
         let (tx, rx) = mpsc::unbounded_channel();
-        GroupCommit {
+        Queue {
             tx,
             rx: std::sync::Mutex::new(Some(Arc::new(Mutex::new(rx)))),
         }
     }
 }
 
-impl GroupCommit {
-    /// Starts the task that stores the queued submissions, on the current
-    /// tokio runtime, supervised: one that panics is logged and started
-    /// again on the same queue. It holds the shared state weakly and ends
-    /// with it.
-    pub fn start(shared: &Arc<Shared>) {
-        let queue = shared
-            .submissions
+impl<T: Send + 'static> Queue<T> {
+    /// Queues `item`; gives it back when the task that serves the queue
+    /// is gone.
+    pub(crate) fn send(&self, item: T) -> Result<(), T> {
+        self.tx.send(item).map_err(|e| e.0)
+    }
+
+    /// Starts `serve` on the queue, on the current tokio runtime,
+    /// supervised: one that panics is logged and started again on the
+    /// same queue. It holds the shared state weakly and ends with it. A
+    /// queue is served once: later calls do nothing.
+    pub(crate) fn serve<F>(
+        &self,
+        shared: &Arc<Shared>,
+        what: &'static str,
+        serve: fn(Weak<Shared>, Receiver<T>) -> F,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let queue = self
             .rx
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -60,9 +78,27 @@ impl GroupCommit {
         let weak = Arc::downgrade(shared);
         tokio::spawn(async move {
             while let Err(e) = tokio::spawn(serve(weak.clone(), queue.clone())).await {
-                tracing::error!(error = %e, "the group commit task failed; started again");
+                tracing::error!(error = %e, task = what, "a queue's task failed; started again");
             }
         });
+    }
+}
+
+/// `first` and what waits behind it, `max` at most.
+pub(crate) fn group<T>(rx: &mut mpsc::UnboundedReceiver<T>, first: T, max: usize) -> Vec<T> {
+    let mut group = vec![first];
+    while group.len() < max
+        && let Ok(w) = rx.try_recv()
+    {
+        group.push(w);
+    }
+    group
+}
+
+impl GroupCommit {
+    /// Starts the task that stores the queued submissions.
+    pub fn start(shared: &Arc<Shared>) {
+        shared.submissions.serve(shared, "group commit", serve);
     }
 }
 
@@ -82,11 +118,11 @@ pub async fn store(shared: &Shared, change: Change) -> Result<(), ServerError> {
         .map(|j| (j.id, j.user.clone(), j.idempotency_key.clone()))
         .collect();
     let (done, answer) = oneshot::channel();
-    let sent = shared.submissions.tx.send(Waiting { change, done });
-    match (sent, answer.await) {
-        (Ok(()), Ok(Ok(()))) => Ok(()),
+    let sent = shared.submissions.send(Waiting { change, done });
+    match (sent.is_ok(), answer.await) {
+        (true, Ok(Ok(()))) => Ok(()),
         // The task answered: it has forgotten the submission already.
-        (Ok(()), Ok(Err(e))) => Err(ServerError::Io(std::io::Error::other(e))),
+        (true, Ok(Err(e))) => Err(ServerError::Io(std::io::Error::other(e))),
         _ => {
             let held = held
                 .iter()
@@ -113,15 +149,10 @@ fn forget<'a>(world: &mut World, jobs: impl IntoIterator<Item = (u64, &'a str, O
     }
 }
 
-async fn serve(shared: Weak<Shared>, queue: Queue) {
+async fn serve(shared: Weak<Shared>, queue: Receiver<Waiting>) {
     let mut rx = queue.lock().await;
     while let Some(first) = rx.recv().await {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP
-            && let Ok(w) = rx.try_recv()
-        {
-            group.push(w);
-        }
+        let group = group(&mut rx, first, MAX_GROUP);
         let Some(shared) = shared.upgrade() else {
             return;
         };

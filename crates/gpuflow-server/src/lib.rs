@@ -228,6 +228,8 @@ pub struct Shared {
     pub oidc: Arc<oidc::Oidc>,
     /// Submissions waiting to be stored together ([`groupcommit`]).
     pub submissions: groupcommit::GroupCommit,
+    /// Heartbeats waiting to be folded in together ([`http::agent`]).
+    pub beats: groupcommit::Queue<http::agent::Beat>,
     /// This server's leadership lease, when servers share the store.
     pub lease: Option<Arc<leader::Lease>>,
 }
@@ -255,6 +257,18 @@ pub struct Change {
 }
 
 impl Change {
+    /// Adds `other`'s records and entries (a record of both: `other`'s).
+    pub fn merge(&mut self, other: Change) {
+        let Change { jobs, nodes, batch } = other;
+        self.jobs.extend(jobs);
+        self.nodes.extend(nodes);
+        self.batch.put.extend(batch.put);
+        self.batch.delete.extend(batch.delete);
+        self.batch.events.extend(batch.events);
+        self.batch.audit.extend(batch.audit);
+        self.batch.logs.extend(batch.logs);
+    }
+
     pub fn job(&mut self, j: JobRec) {
         self.jobs.insert(j.id, j);
     }
@@ -591,9 +605,11 @@ pub async fn open_with(
         sessions: Default::default(),
         oidc,
         submissions: Default::default(),
+        beats: Default::default(),
         lease,
     });
     groupcommit::GroupCommit::start(&shared);
+    http::agent::start_beats(&shared);
     Ok(Opened {
         shared,
         new_admin_token,

@@ -1739,3 +1739,93 @@ async fn a_job_that_fits_elsewhere_moves_so_that_a_job_no_node_takes_starts() {
         check_no_gpu_held_twice(&h).await;
     }
 }
+
+/// One node's heartbeat reporting its desired tasks running, as a request.
+async fn beat_running(h: &H, node: &str, token: &str, desired: &Value) -> (u16, Value) {
+    let tasks: Vec<Value> = desired["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| json!({"job": t["job"], "attempt": t["attempt"], "group": t["group"], "index": t["index"], "phase": "running"}))
+        .collect();
+    let uuids = [format!("GPU-{node}-0")];
+    let inv = inventory(&[uuids[0].as_str()], 65536);
+    h.json(
+        "POST",
+        "/v1/agent/heartbeat",
+        token,
+        json!({"node": node, "inventory": inv, "tasks": tasks}),
+    )
+    .await
+}
+
+/// Heartbeats are folded in together, many to a transaction. Two nodes of
+/// one gang that report at the same moment each count: the second is not
+/// made against the job as it was before the first (which would drop the
+/// first's report), and an agent that goes away before its answer still
+/// has its report kept.
+#[tokio::test]
+async fn heartbeats_that_arrive_together_each_count() {
+    let h = harness(None).await;
+    let mut tokens = Vec::new();
+    for node in ["n1", "n2"] {
+        let uuid = format!("GPU-{node}-0");
+        tokens.push(register(&h, node, inventory(&[uuid.as_str()], 65536)).await);
+    }
+    let spec = "name: g\nqueue: default\ntasks:\n  - name: w\n    replicas: 2\n    command: [train]\n    resources: {gpu: {count: 1}}\n";
+    let gang = h.submit_spec(spec.into()).await;
+    cycle(&h).await;
+    let mut desired = Vec::new();
+    for (node, token) in ["n1", "n2"].iter().zip(&tokens) {
+        let (s, v) = beat_running(&h, node, token, &json!({"tasks": []})).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["tasks"].as_array().unwrap().len(), 1, "{v}");
+        desired.push(v);
+    }
+    let (a, b) = tokio::join!(
+        beat_running(&h, "n1", &tokens[0], &desired[0]),
+        beat_running(&h, "n2", &tokens[1], &desired[1]),
+    );
+    assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+    let (_, job) = h.get(&format!("/v1/jobs/{gang}"), &h.admin).await;
+    assert_eq!(job_state(&job), "running", "{job}");
+
+    // The gang's tasks exit on both nodes; n1's agent hangs up at once.
+    let report = |node: &str, token: &str, d: &Value| {
+        let tasks: Vec<Value> = d["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| json!({"job": t["job"], "attempt": t["attempt"], "group": t["group"], "index": t["index"], "phase": "exited", "exit_code": 0}))
+            .collect();
+        let uuid = format!("GPU-{node}-0");
+        let body =
+            json!({"node": node, "inventory": inventory(&[uuid.as_str()], 65536), "tasks": tasks});
+        let req = axum::http::Request::builder()
+            .method("POST")
+            .uri("/v1/agent/heartbeat")
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        h.router.clone().oneshot(req)
+    };
+    let gone = report("n1", &tokens[0], &desired[0]);
+    // Polled until it waits for its answer, then dropped.
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(50), gone).await;
+    let (s, v) = h
+        .json(
+            "POST",
+            "/v1/agent/heartbeat",
+            &tokens[1],
+            json!({"node": "n2", "inventory": inventory(&["GPU-n2-0"], 65536), "tasks": [
+                {"job": gang, "attempt": 1, "group": desired[1]["tasks"][0]["group"], "index": desired[1]["tasks"][0]["index"], "phase": "exited", "exit_code": 0}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, job) = h.get(&format!("/v1/jobs/{gang}"), &h.admin).await;
+    assert_eq!(job_state(&job), "succeeded", "{job}");
+    // The agent that hung up is answered on its next heartbeat.
+    let (s, v) = beat_running(&h, "n1", &tokens[0], &json!({"tasks": []})).await;
+    assert_eq!(s, 200, "{v}");
+}

@@ -14,6 +14,7 @@
 mod migrate;
 pub mod pgtest;
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -43,7 +44,7 @@ pub enum StoreError {
 }
 
 /// The tables of records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Table {
     Teams,
     Users,
@@ -271,6 +272,51 @@ pub trait Store: Send + Sync {
     async fn logs(&self, job: u64, attempt: Option<u32>) -> Result<Vec<LogPiece>, StoreError>;
 }
 
+/// Rows one statement writes at most: 256 rows of at most 7 values stay
+/// far below SQLite's (32,766) and PostgreSQL's (65,535) bound on a
+/// statement's parameters.
+const ROWS_PER_STATEMENT: usize = 256;
+
+/// `($1, $2), ($3, $4)` for `rows` rows of `cols` values.
+fn placeholders(rows: usize, cols: usize) -> String {
+    let mut out = String::with_capacity(rows * cols * 5);
+    for r in 0..rows {
+        if r > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&format!("${}", r * cols + c + 1));
+        }
+        out.push(')');
+    }
+    out
+}
+
+/// A batch's puts by table, each key once with its last record: what
+/// upserting them one after another would leave. (One statement may not
+/// upsert a key twice on PostgreSQL.)
+fn latest_puts(put: &[Record]) -> Vec<(Table, Vec<&Record>)> {
+    let mut last: HashMap<(Table, &str), usize> = HashMap::with_capacity(put.len());
+    for (i, r) in put.iter().enumerate() {
+        last.insert((r.table, r.key.as_str()), i);
+    }
+    let mut by_table: Vec<(Table, Vec<&Record>)> = Vec::new();
+    for (i, r) in put.iter().enumerate() {
+        if last[&(r.table, r.key.as_str())] != i {
+            continue;
+        }
+        match by_table.iter_mut().find(|(t, _)| *t == r.table) {
+            Some((_, rows)) => rows.push(r),
+            None => by_table.push((r.table, vec![r])),
+        }
+    }
+    by_table
+}
+
 /// The SQL store, over SQLite or PostgreSQL.
 pub struct SqlStore {
     pool: AnyPool,
@@ -453,19 +499,23 @@ impl Store for SqlStore {
                 return Err(StoreError::Fenced { token });
             }
         }
-        for r in &batch.put {
-            let sql = format!(
-                "INSERT INTO {} (key, team, state, doc) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
-                r.table.name()
-            );
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(&r.key)
-                .bind(&r.team)
-                .bind(&r.state)
-                .bind(&r.doc)
-                .execute(&mut *tx)
-                .await?;
+        // Many rows a statement: each statement is a round trip to the
+        // database (or to SQLite's worker thread), which dominated the
+        // commit of a cycle that admits thousands of jobs.
+        for (table, rows) in latest_puts(&batch.put) {
+            for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                let sql = format!(
+                    "INSERT INTO {} (key, team, state, doc) VALUES {} \
+                     ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
+                    table.name(),
+                    placeholders(chunk.len(), 4)
+                );
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for r in chunk {
+                    q = q.bind(&r.key).bind(&r.team).bind(&r.state).bind(&r.doc);
+                }
+                q.execute(&mut *tx).await?;
+            }
         }
         for (t, key) in &batch.delete {
             let sql = format!("DELETE FROM {} WHERE key = $1", t.name());
@@ -474,43 +524,56 @@ impl Store for SqlStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        for e in &batch.events {
-            sqlx::query(
-                "INSERT INTO events (at, job, team, kind, message) VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(e.at as i64)
-            .bind(e.job.map(|j| j as i64))
-            .bind(&e.team)
-            .bind(&e.kind)
-            .bind(&e.message)
-            .execute(&mut *tx)
-            .await?;
+        // Rows of one statement take their sequence numbers in order.
+        for chunk in batch.events.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO events (at, job, team, kind, message) VALUES {}",
+                placeholders(chunk.len(), 5)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for e in chunk {
+                q = q
+                    .bind(e.at as i64)
+                    .bind(e.job.map(|j| j as i64))
+                    .bind(&e.team)
+                    .bind(&e.kind)
+                    .bind(&e.message);
+            }
+            q.execute(&mut *tx).await?;
         }
-        for a in &batch.audit {
-            sqlx::query(
-                "INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(a.at as i64)
-            .bind(&a.actor)
-            .bind(&a.action)
-            .bind(&a.target)
-            .bind(&a.detail)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in batch.audit.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO audit (at, actor, action, target, detail) VALUES {}",
+                placeholders(chunk.len(), 5)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for a in chunk {
+                q = q
+                    .bind(a.at as i64)
+                    .bind(&a.actor)
+                    .bind(&a.action)
+                    .bind(&a.target)
+                    .bind(&a.detail);
+            }
+            q.execute(&mut *tx).await?;
         }
-        for l in &batch.logs {
-            sqlx::query(
-                "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(l.job as i64)
-            .bind(i64::from(l.attempt))
-            .bind(i64::from(l.group))
-            .bind(i64::from(l.index))
-            .bind(&l.stream)
-            .bind(l.offset as i64)
-            .bind(&l.text)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in batch.logs.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES {}",
+                placeholders(chunk.len(), 7)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for l in chunk {
+                q = q
+                    .bind(l.job as i64)
+                    .bind(i64::from(l.attempt))
+                    .bind(i64::from(l.group))
+                    .bind(i64::from(l.index))
+                    .bind(&l.stream)
+                    .bind(l.offset as i64)
+                    .bind(&l.text);
+            }
+            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())

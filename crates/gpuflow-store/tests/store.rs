@@ -198,6 +198,49 @@ async fn suite(store: &dyn Store) {
             "a failed batch stored a record"
         );
     }
+
+    // A large batch, written many rows a statement: every record, a key
+    // put twice keeping its last record (what upserting one after another
+    // leaves; PostgreSQL refuses one statement that upserts a key twice),
+    // and events in their order across statements.
+    let seen = store
+        .events(&EventQuery {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len();
+    let mut big = Batch::default();
+    for i in 0..700 {
+        big.put.push(rec(
+            Table::Nodes,
+            &format!("n{i:04}"),
+            "",
+            &format!("{{\"v\":{i}}}"),
+        ));
+        big.events.push(event(1000 + i, "a", "heartbeat"));
+        if i == 5 {
+            big.put
+                .push(rec(Table::Nodes, "n0003", "", "{\"v\":\"last\"}"));
+        }
+    }
+    big.put.push(rec(Table::Teams, "t", "t", "{}"));
+    store.commit(&big).await.unwrap();
+    let nodes = store.load(Table::Nodes).await.unwrap();
+    assert_eq!(nodes.len(), 700);
+    assert_eq!(nodes[3].doc, "{\"v\":\"last\"}");
+    assert_eq!(nodes[699].doc, "{\"v\":699}");
+    assert_eq!(store.load(Table::Teams).await.unwrap().len(), 1);
+    let events = store
+        .events(&EventQuery {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let jobs: Vec<u64> = events[seen..].iter().filter_map(|e| e.event.job).collect();
+    assert_eq!(jobs, (1000..1700).collect::<Vec<u64>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

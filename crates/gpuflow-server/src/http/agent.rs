@@ -7,8 +7,8 @@
 //! attempt (a run that was requeued meanwhile) are ignored, and the agent
 //! stops such tasks because they are no longer in its desired list.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Weak};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -20,7 +20,10 @@ use gpuflow_api::{
 };
 use gpuflow_core::cluster::{MAX_GPUS_PER_NODE, MAX_MIG_INSTANCES};
 
+use tokio::sync::oneshot;
+
 use crate::event::EventKind;
+use crate::groupcommit::{Receiver, group};
 use crate::http::{Error, parse_json};
 use crate::secret::{hash, new_token};
 use crate::state::{NodeRec, World};
@@ -237,17 +240,13 @@ pub async fn heartbeat(
     request: axum::extract::Request,
 ) -> Result<Json<Desired>, Error> {
     let t = token(request.headers())?;
+    let token_hash = hash(&t);
     let name = {
         let world = shared.world.lock().await;
-        world.node_by_token.get(&hash(&t)).cloned()
+        world.node_by_token.get(&token_hash).cloned()
     };
     let Some(name) = name else {
-        return Err(ApiError::new(
-            401,
-            "unauthenticated",
-            "the node token is not valid: register again",
-        )
-        .into());
+        return Err(not_registered());
     };
     let body = read_body(request.into_body(), AGENT_BODY_LIMIT).await?;
     let hb: Heartbeat = parse_json(&body)?;
@@ -259,24 +258,133 @@ pub async fn heartbeat(
         ))
         .into());
     }
-    let mut world = shared.world.lock().await;
-    let Some(node) = world.nodes.get(&name).cloned() else {
-        return Err(ApiError::new(
-            401,
-            "unauthenticated",
-            "the node token is not valid: register again",
-        )
-        .into());
+    let (done, answer) = oneshot::channel();
+    let beat = Beat {
+        name,
+        token_hash,
+        hb,
+        done,
     };
-    if hash(&t) != node.token_hash {
-        return Err(ApiError::new(
-            401,
-            "unauthenticated",
-            "the node token is not valid: register again",
-        )
-        .into());
+    if shared.beats.send(beat).is_err() {
+        return Err(crate::ServerError::Stopping.into());
     }
-    let at = now();
+    match answer.await {
+        Ok(reply) => reply.map(Json),
+        Err(_) => Err(crate::ServerError::Stopping.into()),
+    }
+}
+
+fn not_registered() -> Error {
+    ApiError::new(
+        401,
+        "unauthenticated",
+        "the node token is not valid: register again",
+    )
+    .into()
+}
+
+/// The most heartbeats folded into one transaction.
+const MAX_BEATS: usize = 1024;
+
+/// A heartbeat that passed its checks, waiting to be folded in.
+pub struct Beat {
+    name: String,
+    token_hash: String,
+    hb: Heartbeat,
+    done: oneshot::Sender<Result<Desired, Error>>,
+}
+
+/// Starts the task that folds heartbeats in ([`serve_beats`]).
+pub fn start_beats(shared: &Arc<Shared>) {
+    shared.beats.serve(shared, "heartbeats", serve_beats);
+}
+
+/// Folds queued heartbeats in, many to a transaction: with the state lock
+/// held, each heartbeat's change is made against what is stored, the
+/// changes are committed together (one disk flush for all, where each
+/// had its own), then published, and each agent gets its desired tasks.
+/// A heartbeat that touches a node or a job that an earlier one of the
+/// group changes waits for the next group, so that it reads the stored
+/// result (two nodes of one gang, an agent that sent twice).
+async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
+    let mut rx = queue.lock().await;
+    let mut later: Vec<Beat> = Vec::new();
+    loop {
+        let beats = if later.is_empty() {
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            group(&mut rx, first, MAX_BEATS)
+        } else {
+            std::mem::take(&mut later)
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut world = shared.world.lock().await;
+        let at = now();
+        let mut all = Change::default();
+        let (mut nodes, mut jobs) = (HashSet::new(), HashSet::new());
+        let mut folded = Vec::with_capacity(beats.len());
+        let mut changed_jobs = false;
+        for beat in beats {
+            let touched: Vec<u64> = world
+                .jobs_on(&beat.name)
+                .map(|j| j.id)
+                .chain(beat.hb.tasks.iter().map(|t| t.job))
+                .collect();
+            if nodes.contains(&beat.name) || touched.iter().any(|j| jobs.contains(j)) {
+                later.push(beat);
+                continue;
+            }
+            match fold(&shared, &mut world, &beat, at) {
+                Ok((change, changed)) => {
+                    nodes.insert(beat.name.clone());
+                    jobs.extend(touched);
+                    all.merge(change);
+                    changed_jobs |= changed;
+                    folded.push(beat);
+                }
+                Err(e) => {
+                    let _ = beat.done.send(Err(e));
+                }
+            }
+        }
+        let stored = commit(shared.store.as_ref(), &mut world, all).await;
+        if let Err(e) = &stored {
+            tracing::error!(error = ?e, beats = folded.len(), "heartbeats were not stored");
+        }
+        for beat in folded {
+            let reply = match &stored {
+                Ok(()) => Ok(reply(&shared, &world, &beat.name, at)),
+                Err(_) => Err(ApiError::new(
+                    500,
+                    "internal",
+                    "internal error; the server log has the details",
+                )
+                .into()),
+            };
+            // An agent that went away no longer waits.
+            let _ = beat.done.send(reply);
+        }
+        drop(world);
+        if changed_jobs {
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// One heartbeat's change against `world`, and whether a job changed
+/// state. Only the node's liveness is written to memory at once (it is
+/// not stored every time).
+fn fold(shared: &Shared, world: &mut World, beat: &Beat, at: u64) -> Result<(Change, bool), Error> {
+    let (name, hb) = (&beat.name, &beat.hb);
+    let Some(node) = world.nodes.get(name).cloned() else {
+        return Err(not_registered());
+    };
+    if beat.token_hash != node.token_hash {
+        return Err(not_registered());
+    }
     let mut change = Change::default();
     let mut n = node;
     if n.state == NodeState::Lost {
@@ -335,31 +443,32 @@ pub async fn heartbeat(
     n.last_heartbeat = at;
     // Heartbeat times are not events; store the node only when something else
     // changed or every tenth of the timeout, to keep write load low.
-    let stale = at >= world.nodes[&name].last_heartbeat + shared.cfg.node_timeout_s / 4;
+    let stale = at >= world.nodes[name].last_heartbeat + shared.cfg.node_timeout_s / 4;
     if inventory_changed || !change.batch.events.is_empty() || stale {
         change.nodes.insert(name.clone(), n);
-    } else if let Some(live) = world.nodes.get_mut(&name) {
+    } else if let Some(live) = world.nodes.get_mut(name) {
         live.last_heartbeat = at;
         live.gpus_now = gpus_now;
     }
     let changed_jobs = apply_reports(
-        &world,
-        &name,
+        world,
+        name,
         &hb.tasks,
         (at, shared.cfg.job_log_bytes),
         &mut change,
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
-    if changed_jobs {
-        shared.wake.notify_one();
-    }
-    Ok(Json(Desired {
-        tasks: desired(&world, &name, at),
+    Ok((change, changed_jobs))
+}
+
+/// What the agent of `node` is told after its heartbeat.
+fn reply(shared: &Shared, world: &World, node: &str, at: u64) -> Desired {
+    Desired {
+        tasks: desired(world, node, at),
         heartbeat_s: shared.cfg.heartbeat_s,
         lease_s: shared.cfg.node_timeout_s,
-        health_cleared_at: world.nodes.get(&name).map_or(0, |n| n.health_cleared_at),
-        sessions: shared.sessions.orders_for(&name),
-    }))
+        health_cleared_at: world.nodes.get(node).map_or(0, |n| n.health_cleared_at),
+        sessions: shared.sessions.orders_for(node),
+    }
 }
 
 /// Folds a node's task reports into its jobs, and their output (within
