@@ -622,7 +622,7 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
 /// failed count is logged and tried again.
 pub async fn budget_loop(shared: std::sync::Arc<crate::Shared>) {
     loop {
-        if let Err(e) = refresh_budgets(&shared, crate::now()).await {
+        if let Err(e) = refresh_budgets(&shared, shared.now()).await {
             tracing::error!(error = %e, "counting the budgets failed; retrying");
         }
         tokio::time::sleep(std::time::Duration::from_secs(30)).await;

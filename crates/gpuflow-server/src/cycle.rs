@@ -21,7 +21,7 @@ use crate::event::EventKind;
 use crate::lifecycle;
 use crate::snapshot::{Snapshot, snapshot};
 use crate::state::{Alloc, JobRec, World};
-use crate::{Change, Shared, commit, now};
+use crate::{Change, Shared, commit};
 
 /// Runs cycles until the process ends.
 ///
@@ -91,7 +91,7 @@ pub async fn run_once_with(
     meanwhile: impl AsyncFnOnce(),
 ) -> Result<(), crate::ServerError> {
     let _one_at_a_time = shared.applier.lock().await;
-    let t = now();
+    let t = shared.now();
     let started = Instant::now();
     // Phase 1.
     let taken = {

@@ -136,6 +136,10 @@ pub struct Config {
     /// scheduling computation (see [`Fault`]).
     #[doc(hidden)]
     pub fault: Option<Fault>,
+    /// The server's clock: the system's, which tests move ahead
+    /// ([`Clock::advance`]) instead of sleeping. Servers started from one
+    /// `Config` share it, so a restart keeps its time.
+    pub clock: Arc<Clock>,
 }
 
 /// A fault injected into the scheduling core's cycle, for tests of the
@@ -187,6 +191,7 @@ impl Config {
             rate_per_token: ratelimit::PER_TOKEN,
             rate_anonymous: ratelimit::ANONYMOUS,
             fault: None,
+            clock: Arc::default(),
         }
     }
 }
@@ -234,7 +239,38 @@ pub struct Shared {
     pub lease: Option<Arc<leader::Lease>>,
 }
 
-/// Seconds since the Unix epoch: the server's clock, read only at the edge.
+/// The server's clock: the system's, plus a lead that tests advance
+/// instead of sleeping (always 0 in a running server). Everything the
+/// server dates reads it through [`Shared::now`].
+#[derive(Debug, Default)]
+pub struct Clock {
+    ahead: std::sync::atomic::AtomicU64,
+}
+
+impl Clock {
+    /// Seconds since the Unix epoch.
+    pub fn now(&self) -> u64 {
+        now() + self.ahead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Moves this clock `secs` seconds ahead, for tests: what would wait
+    /// that long in real time happens at once.
+    pub fn advance(&self, secs: u64) {
+        self.ahead
+            .fetch_add(secs, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Shared {
+    /// The server's time in Unix seconds ([`Clock`]).
+    pub fn now(&self) -> u64 {
+        self.cfg.clock.now()
+    }
+}
+
+/// Seconds since the Unix epoch by the system's clock. The server reads
+/// its own [`Clock`] instead; this is for its edges (start-up, agents,
+/// benchmarks).
 pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -581,10 +617,10 @@ pub async fn open_with(
         .context("cannot load the state")?;
     let (new_admin_token, join_token) =
         http::auth::bootstrap(store.as_ref(), &mut world, &cfg).await?;
-    world.prune_finished(now(), cfg.keep_finished_s);
+    world.prune_finished(cfg.clock.now(), cfg.keep_finished_s);
     // Heartbeats missed while the server was down say nothing about the
     // nodes: every node gets a full timeout to report in again.
-    let t = now();
+    let t = cfg.clock.now();
     for n in world.nodes.values_mut() {
         n.last_heartbeat = n.last_heartbeat.max(t);
     }

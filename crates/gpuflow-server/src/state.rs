@@ -413,7 +413,8 @@ impl JobRec {
             .collect()
     }
 
-    pub fn view(&self) -> api::Job {
+    /// The job as the API shows it at `at` (an open hold counts to then).
+    pub fn view(&self, at: u64) -> api::Job {
         let tasks = self.task_views();
         api::Job {
             id: self.id,
@@ -442,7 +443,7 @@ impl JobRec {
                     to: h.to,
                     gpus: h.gpu_milli as f64 / 1000.0,
                     model: h.model.clone(),
-                    gpu_hours: h.gpu_s(0, u64::MAX, crate::now()) / 3600.0,
+                    gpu_hours: h.gpu_s(0, u64::MAX, at) / 3600.0,
                     util_pct: self.hold_util(h),
                 })
                 .collect(),

@@ -235,7 +235,7 @@ pub async fn deliver_due(shared: &Arc<Shared>) {
         results.push((o, sent));
     }
     let mut world = shared.world.lock().await;
-    let t = crate::now();
+    let t = shared.now();
     for (mut o, sent) in results {
         let (status, outcome, retry) = match sent {
             Ok(s) => (Some(s), "delivered".to_string(), false),

@@ -5,8 +5,6 @@
 //! PostgreSQL; prices give cost; members see their own team only; and
 //! `/metrics` parses as Prometheus text with names after STYLE.md.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::http::Request;
 use gpuflow_server::Config;
@@ -244,7 +242,7 @@ async fn reconcile(store: Option<String>) {
     s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
         .await;
     assert_eq!(s.state(a, &admin).await, "running");
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    s.shared.cfg.clock.advance(3);
     // Suspension and a failure.
     s.ok("POST", &format!("/v1/jobs/{a}/suspend"), &admin, json!({}))
         .await;
@@ -253,7 +251,7 @@ async fn reconcile(store: Option<String>) {
     assert_eq!(s.state(a, &admin).await, "suspended");
     s.ok("POST", &format!("/v1/jobs/{a}/resume"), &admin, json!({}))
         .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.shared.cfg.clock.advance(2);
     s.cycle().await;
     s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
         .await;
@@ -269,13 +267,13 @@ async fn reconcile(store: Option<String>) {
     s.cycle().await;
     s.beat("n1", &nt, &[(a, "running"), (b, "running"), (c, "running")])
         .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.shared.cfg.clock.advance(2);
     let before = s.report(&admin, "job").await;
 
     // A restart: the open holds go on counting.
     drop(s);
     let (s, _, _) = open(&cfg).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.shared.cfg.clock.advance(2);
     let by_job = s.report(&admin, "job").await;
     assert_eq!(by_job.len(), 3, "{by_job:?}");
     assert!(
@@ -691,8 +689,8 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         .unwrap();
     s.cycle().await;
     s.beat("n1", &nt, &[(big, "running")]).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let t = gpuflow_server::now();
+    s.shared.cfg.clock.advance(2);
+    let t = s.shared.now();
     gpuflow_server::accounting::refresh_budgets(&s.shared, t)
         .await
         .unwrap();
@@ -705,8 +703,8 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
         "the weight tapers: {q}"
     );
     assert_eq!(used["exhausted"], false, "{q}");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+    s.shared.cfg.clock.advance(3);
+    gpuflow_server::accounting::refresh_budgets(&s.shared, s.shared.now())
         .await
         .unwrap();
     let q = queue_view(&s, &lea).await;
@@ -751,7 +749,7 @@ async fn a_budget_tapers_then_stops_borrowing_and_renews_with_its_period() {
     s.cycle().await;
     assert_eq!(s.state(borrow, &admin).await, "pending");
     // The next period: nothing held in it yet, the budget is whole again.
-    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now() + 86_400)
+    gpuflow_server::accounting::refresh_budgets(&s.shared, s.shared.now() + 86_400)
         .await
         .unwrap();
     let used = s.shared.world.lock().await.budget_used["alpha-q"];
@@ -808,7 +806,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     // A job backdated two hours must fall inside the budget's current
     // period: a day, unless the day began less than two hours ago (then a
     // week or a month).
-    let now = gpuflow_server::now();
+    let now = s.shared.now();
     let (_, per) = [
         (gpuflow_api::BudgetPeriod::Day, "day"),
         (gpuflow_api::BudgetPeriod::Week, "week"),
@@ -870,7 +868,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
     s.cycle().await;
     s.beat("n1", &nt, &[(a, "running")]).await;
     s.shared.world.lock().await.jobs.get_mut(&a).unwrap().held[0].from -= 7200;
-    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+    gpuflow_server::accounting::refresh_budgets(&s.shared, s.shared.now())
         .await
         .unwrap();
     // Its team sees the budget spent; another team does not see the project.
@@ -946,7 +944,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
         json!({"budget": {"cost": 5.0, "period": per, "when_exhausted": "stop-admitting"}}),
     )
     .await;
-    gpuflow_server::accounting::refresh_budgets(&s.shared, gpuflow_server::now())
+    gpuflow_server::accounting::refresh_budgets(&s.shared, s.shared.now())
         .await
         .unwrap();
     let q = queue_view(&s, &lea).await;
@@ -1097,7 +1095,7 @@ async fn kubernetes_workloads(store: Option<String>) {
     let (_, j, _) = s.call("GET", &format!("/v1/jobs/{wait}"), &ann, None).await;
     assert_eq!(j["state"], "cancelled", "{j}");
     let closed = hours(&s.report(&ann, "team").await);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    s.shared.cfg.clock.advance(2);
     assert_eq!(hours(&s.report(&ann, "team").await), closed);
 
     // Misuse: a member reports, a bad cluster name, an unknown field.

@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 use support::{H, harness_with};
 
@@ -151,7 +149,7 @@ async fn a_lenders_job_is_not_starved_by_a_stream_of_borrowers() {
     let text = w.to_string();
     assert!(text.contains("within queue lend-q's guarantee"), "{w}");
     assert!(!text.contains("left to lend"), "{w}");
-    let now = gpuflow_server::now();
+    let now = h.shared.now();
     let eta = w["eta"].as_u64().expect("an estimated start");
     assert!(
         eta <= now + 6,
@@ -164,7 +162,7 @@ async fn a_lenders_job_is_not_starved_by_a_stream_of_borrowers() {
         "{w}"
     );
     // Past the borrowers' minimum runtime the lender takes its GPUs back.
-    tokio::time::sleep(Duration::from_millis(6200)).await;
+    h.shared.cfg.clock.advance(7);
     cycle(&h).await;
     let mut victims = Vec::new();
     for &id in &running[1..] {

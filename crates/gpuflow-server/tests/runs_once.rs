@@ -1194,7 +1194,7 @@ async fn unsaved_work_protects_a_queues_own_work_but_not_borrowed_gpus() {
         )
         .await;
         // Two seconds of unsaved work: over a limit of one.
-        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        h.shared.cfg.clock.advance(3);
         submit(&h, "owner", "{count: 1}", 1024).await;
         cycle(&h).await;
         let state = job_state(&h.get(&format!("/v1/jobs/{theirs}"), a).await.1);
@@ -1213,7 +1213,7 @@ async fn unsaved_work_protects_a_queues_own_work_but_not_borrowed_gpus() {
         &[(batch, 1, "running")],
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    h.shared.cfg.clock.advance(3);
     let training = h
         .submit_spec(
             "name: t\nqueue: owner\nkind: training\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {cpu: 1, memory_mib: 1024, gpu: {count: 1}}\n".into(),
@@ -1281,7 +1281,7 @@ async fn a_disruption_budget_paces_a_reclaim_and_why_says_so() {
         )
         .await;
         // Two seconds of work each (0.0006 GPU-h): over a budget of 0.0001.
-        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        h.shared.cfg.clock.advance(2);
         cycle(&h).await;
         let mine = submit(&h, "owner", "{count: 1}", 1024).await;
         cycle(&h).await;
@@ -1323,7 +1323,7 @@ async fn a_notebook_passes_a_disruption_budget_only_after_its_patience() {
         let a = &h.admin;
         let theirs = run_one_gpu_each(&h, "borrower", &tok, &gpus).await;
         // Two seconds of work each (0.0006 GPU-h): over a budget of 0.0001.
-        tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+        h.shared.cfg.clock.advance(2);
         let mine = h
             .submit_spec(
                 "name: nb\nqueue: owner\nkind: notebook\ntasks:\n  - name: main\n    command: [sleep, '600']\n    resources: {cpu: 1, memory_mib: 1024, gpu: {count: 1}}\n".to_string(),
@@ -1376,7 +1376,7 @@ async fn a_reclaim_never_takes_from_a_queue_that_has_had_less_and_why_says_so() 
     let a = &h.admin;
     // The owner uses both GPUs for two seconds, then they end.
     let done = run_one_gpu_each(&h, "owner", &tok, &gpus).await;
-    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    h.shared.cfg.clock.advance(2);
     cycle(&h).await;
     let exited: Vec<_> = done.iter().map(|&j| (j, 1, "exited")).collect();
     heartbeat(&h, "n1", &tok, inventory(&gpus, 65536), &exited).await;

@@ -27,7 +27,7 @@ use crate::groupcommit::{Receiver, group};
 use crate::http::{Error, parse_json};
 use crate::secret::{hash, new_token};
 use crate::state::{NodeRec, World};
-use crate::{Change, Shared, commit, now};
+use crate::{Change, Shared, commit};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
     crate::http::auth::bearer(headers)
@@ -154,7 +154,7 @@ pub async fn register(
     crate::http::check_name("node", &req.node, "node name")?;
     check_inventory(&req.inventory)?;
     let mut world = shared.world.lock().await;
-    let at = now();
+    let at = shared.now();
     let node_token = new_token("gfn");
     let mut change = Change::default();
     let node = match world.nodes.get(&req.node) {
@@ -322,7 +322,7 @@ async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
             return;
         };
         let mut world = shared.world.lock().await;
-        let at = now();
+        let at = shared.now();
         let mut all = Change::default();
         let (mut nodes, mut jobs) = (HashSet::new(), HashSet::new());
         let mut folded = Vec::with_capacity(beats.len());

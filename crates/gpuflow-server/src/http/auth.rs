@@ -12,7 +12,7 @@ use gpuflow_store::{Record, Store, Table};
 
 use crate::secret::{hash, new_token};
 use crate::state::{Refused, TokenRec, World, team_rec, token_rec, user_rec};
-use crate::{Config, Shared, now};
+use crate::{Config, Shared};
 
 /// On a new installation: the `admin` user and its token, the `default` team
 /// and queue, and the join token. Returns the admin token when created and the
@@ -58,7 +58,7 @@ pub async fn bootstrap(
         let tok = TokenRec {
             hash: hash(&token),
             user: "admin".into(),
-            created_at: now(),
+            created_at: cfg.clock.now(),
             expires_at: None,
             revoked: None,
             session: None,
@@ -269,7 +269,7 @@ pub async fn caller_of(
         )
         .into());
     };
-    let at = now();
+    let at = shared.now();
     if shared.oidc.enabled() && looks_like_jwt(token) {
         return oidc_caller(shared, token, ip, at).await;
     }

@@ -24,7 +24,7 @@ async fn report(
     check_name("cluster", &cluster, "cluster")?;
     let r: api::WorkloadReport = json_body(body, MAX_REPORT_BYTES)?;
     let mut world = shared.world.lock().await;
-    let at = now();
+    let at = shared.now();
     let (records, result) = crate::external::apply(&world, &cluster, &r, at);
     let mut change = Change::default();
     change.batch.put.extend(records.iter().map(JobRec::record));

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::*;
 use crate::http::auth::Caller;
 use crate::secret::{hash, new_token};
-use crate::{Change, commit, now};
+use crate::{Change, commit};
 
 /// How long a session waits for its agent to connect.
 const AGENT_WAIT: Duration = Duration::from_secs(20);
@@ -276,7 +276,7 @@ async fn open_session(
         };
         let mut change = Change::default();
         change.audit(
-            now(),
+            shared.now(),
             &caller.user.name,
             &format!("job.{what}"),
             &format!("job/{id}"),

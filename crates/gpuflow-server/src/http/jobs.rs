@@ -25,8 +25,8 @@ pub(super) fn job_id(s: &str) -> Result<u64, Error> {
 }
 /// A job as the API shows it: a pending job's reason is the one the last
 /// cycle gave it (`why`), not the one it was left with.
-fn view_of(j: &JobRec, why: Option<&api::Why>) -> api::Job {
-    let mut v = j.view();
+fn view_of(j: &JobRec, why: Option<&api::Why>, at: u64) -> api::Job {
+    let mut v = j.view(at);
     if j.state == JobState::Pending
         && let Some(w) = why
     {
@@ -185,7 +185,7 @@ fn nearest<T>(
 fn check_reservation(
     world: &World,
     caller: &Caller,
-    team: &str,
+    (team, at): (&str, u64),
     spec: &JobSpec,
 ) -> Result<(), Error> {
     let Some(name) = &spec.reservation else {
@@ -210,7 +210,7 @@ fn check_reservation(
             "{name:?} is a maintenance window: no job runs in it"
         )));
     }
-    if r.end <= now() {
+    if r.end <= at {
         return Err(bad(format!("{name:?} ended at {}", crate::when(r.end))));
     }
     if !r.teams.iter().any(|t| t == team) && !r.users.contains(&caller.user.name) {
@@ -224,7 +224,12 @@ fn check_reservation(
     Ok(())
 }
 
-fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<String, Error> {
+fn check_spec(
+    world: &World,
+    caller: &Caller,
+    spec: &mut JobSpec,
+    at: u64,
+) -> Result<String, Error> {
     let Some(queue) = world.queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
             .queues
@@ -383,7 +388,7 @@ fn check_spec(world: &World, caller: &Caller, spec: &mut JobSpec) -> Result<Stri
             }
         }
     }
-    check_reservation(world, caller, &team, spec)?;
+    check_reservation(world, caller, (&team, at), spec)?;
     Ok(team)
 }
 async fn submit(
@@ -457,8 +462,8 @@ async fn submit(
         });
         return Ok((StatusCode::OK, Json(api::Submitted { id, state, array })).into_response());
     }
-    let team = check_spec(&world, &caller, &mut spec)?;
-    let at = now();
+    let at = shared.now();
+    let team = check_spec(&world, &caller, &mut spec, at)?;
     let id = world.next_job + 1;
     let array = match &spec.array {
         Some(a) => Some(
@@ -667,7 +672,7 @@ async fn list_jobs(
         for id in ids {
             match world.jobs.get(&id) {
                 Some(j) => {
-                    views.insert(id, view_of(j, world.why.get(&id)));
+                    views.insert(id, view_of(j, world.why.get(&id), shared.now()));
                 }
                 None => missing.push(id),
             }
@@ -675,7 +680,7 @@ async fn list_jobs(
         (views, missing)
     };
     for j in stored_jobs(&shared, &missing).await? {
-        views.insert(j.id, j.view());
+        views.insert(j.id, j.view(shared.now()));
     }
     Ok(Json(views.into_values().rev().collect()))
 }
@@ -686,7 +691,7 @@ async fn get_job(
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
     let (j, why) = job_of(&shared, &caller, id).await?;
-    Ok(Json(view_of(&j, why.as_ref())))
+    Ok(Json(view_of(&j, why.as_ref(), shared.now())))
 }
 async fn why(
     State(shared): State<Arc<Shared>>,
@@ -729,7 +734,7 @@ async fn why(
                     Some(found) => Err(found.clone()),
                     None if world.unreached.contains(&id) => Ok(crate::snapshot::Trial::take(
                         &world,
-                        crate::now(),
+                        shared.now(),
                         &shared.cfg,
                     )),
                     None => Err(None),
@@ -886,7 +891,7 @@ async fn job_action(
         // Out of memory: it finished long ago.
         return Err(ApiError::conflict(format!("job {id} has finished")).into());
     };
-    let at = now();
+    let at = shared.now();
     let mut next = j.clone();
     let who = &caller.user.name;
     let conflict = |what: &str| -> Error {
@@ -915,7 +920,7 @@ async fn job_action(
     let mut change = Change::default();
     change.event(at, Some(id), &next.team, kind, next.reason.clone());
     change.audit(at, who, &format!("job.{action}"), &format!("job/{id}"), "");
-    let view = next.view();
+    let view = next.view(at);
     change.job(next);
     commit(shared.store.as_ref(), &mut world, change).await?;
     drop(world);
@@ -950,7 +955,7 @@ async fn cancel_array(
         ))
         .into());
     }
-    let at = now();
+    let at = shared.now();
     let who = caller.user.name.clone();
     let mut change = Change::default();
     let (mut cancelled, mut stopping) = (0, 0);
@@ -1016,9 +1021,9 @@ async fn submit_batch(
     let arrays = dependency_arrays(&shared, &specs.iter().collect::<Vec<_>>()).await?;
     let mut world = shared.world.lock().await;
     let mut jobs = Vec::with_capacity(specs.len());
-    let t = now();
+    let t = shared.now();
     for (i, mut spec) in specs.into_iter().enumerate() {
-        let team = check_spec(&world, &caller, &mut spec).map_err(|Error(e)| {
+        let team = check_spec(&world, &caller, &mut spec, t).map_err(|Error(e)| {
             Error(ApiError::new(
                 e.status,
                 &e.code,

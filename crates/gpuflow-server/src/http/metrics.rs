@@ -79,7 +79,7 @@ async fn metrics(
             let failures = shared
                 .cycle_failures
                 .load(std::sync::atomic::Ordering::Relaxed);
-            let text = Arc::new(render(&*shared.world.lock().await, failures, now()));
+            let text = Arc::new(render(&*shared.world.lock().await, failures, shared.now()));
             *last = Some((began, text.clone()));
             text
         }

@@ -47,7 +47,7 @@ use crate::secret::{hash, new_token};
 use crate::state::{
     JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
 };
-use crate::{Change, Shared, commit, now};
+use crate::{Change, Shared, commit};
 
 /// An error reply.
 #[derive(Debug)]

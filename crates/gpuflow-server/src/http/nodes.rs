@@ -35,7 +35,7 @@ async fn idle_waiting(State(shared): State<Arc<Shared>>, _caller: Caller) -> Rep
 }
 
 fn node_view(
-    world: &World,
+    (world, at): (&World, u64),
     caller: &Caller,
     n: &crate::state::NodeRec,
     used: &BTreeMap<String, Vec<u32>>,
@@ -67,7 +67,7 @@ fn node_view(
         reservations: world
             .reservations
             .values()
-            .filter(|r| r.end > crate::now() && r.nodes.contains(&n.name))
+            .filter(|r| r.end > at && r.nodes.contains(&n.name))
             .map(|r| {
                 format!(
                     "{} ({}, {} to {})",
@@ -101,7 +101,13 @@ async fn get_node(
     };
     let used = world.gpus_in_use();
     let holders = world.holders(|t| caller.sees(t));
-    Ok(Json(node_view(&world, &caller, n, &used, &holders)))
+    Ok(Json(node_view(
+        (&world, shared.now()),
+        &caller,
+        n,
+        &used,
+        &holders,
+    )))
 }
 async fn list_nodes(
     State(shared): State<Arc<Shared>>,
@@ -115,7 +121,7 @@ async fn list_nodes(
     Ok(Json(
         page.of(&world.nodes)
             .take(page.limit)
-            .map(|(_, n)| node_view(&world, &caller, n, &used, &holders))
+            .map(|(_, n)| node_view((&world, shared.now()), &caller, n, &used, &holders))
             .collect(),
     ))
 }
@@ -130,7 +136,7 @@ async fn node_action(
         return Err(ApiError::not_found(format!("node {name:?} not found")).into());
     };
     let mut n = n.clone();
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     if action == "clear" {
         // Its GPUs' health marks (XID errors, ECC counts) are forgotten:
@@ -204,7 +210,7 @@ async fn node_action(
     let used = world.gpus_in_use();
     let holders = world.holders(|_| true);
     Ok(Json(node_view(
-        &world,
+        (&world, shared.now()),
         &caller,
         &world.nodes[&name],
         &used,

@@ -8,12 +8,13 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/projects/{name}", patch(patch_project))
 }
 
-fn view(world: &World, p: &api::Project) -> api::ProjectView {
+fn view(world: &World, p: &api::Project, at: u64) -> api::ProjectView {
     api::ProjectView {
         project: p.clone(),
-        budget_use: p.budget.as_ref().map(|b| {
-            crate::accounting::budget_use(b, world.project_budget_used.get(&p.name), now())
-        }),
+        budget_use: p
+            .budget
+            .as_ref()
+            .map(|b| crate::accounting::budget_use(b, world.project_budget_used.get(&p.name), at)),
     }
 }
 
@@ -29,7 +30,7 @@ async fn list_projects(
             .map(|(_, p)| p)
             .filter(|p| caller.sees(&p.team))
             .take(page.limit)
-            .map(|p| view(&world, p))
+            .map(|p| view(&world, p, shared.now()))
             .collect(),
     ))
 }
@@ -65,7 +66,7 @@ async fn create_project(
     let mut change = Change::default();
     change.batch.put.push(project_rec(&p));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "project.create",
         &format!("project/{}", p.name),
@@ -100,7 +101,7 @@ async fn patch_project(
     let mut change = Change::default();
     change.batch.put.push(project_rec(&p));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "project.update",
         &format!("project/{name}"),
@@ -110,9 +111,9 @@ async fn patch_project(
     world.projects.insert(name, p.clone());
     drop(world);
     // The new budget is counted now, not at the next 30 s count.
-    if let Err(e) = crate::accounting::refresh_budgets(&shared, now()).await {
+    if let Err(e) = crate::accounting::refresh_budgets(&shared, shared.now()).await {
         tracing::error!(error = %e, "counting the budgets failed; retrying");
     }
     let world = shared.world.lock().await;
-    Ok(Json(view(&world, &p)))
+    Ok(Json(view(&world, &p, shared.now())))
 }

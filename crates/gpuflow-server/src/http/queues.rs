@@ -28,7 +28,7 @@ async fn list_queues(
                     pending: 0,
                     running: 0,
                     budget_use: q.budget.as_ref().map(|b| {
-                        crate::accounting::budget_use(b, world.budget_used.get(name), now())
+                        crate::accounting::budget_use(b, world.budget_used.get(name), shared.now())
                     }),
                     borrowed: BTreeMap::new(),
                     borrowers: Vec::new(),
@@ -289,7 +289,7 @@ async fn create_queue(
     if !caller.admin() {
         check_lead_quotas(&world, &q)?;
     }
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     change.batch.put.push(queue_rec(&q));
     change.audit(
@@ -363,7 +363,7 @@ async fn patch_queue(
         }
     }
     q.validate()?;
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     change.batch.put.push(queue_rec(&q));
     change.audit(
@@ -416,7 +416,7 @@ async fn delete_queue(
         .delete
         .push((gpuflow_store::Table::Queues, name.clone()));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "queue.delete",
         &format!("queue/{name}"),

@@ -36,7 +36,7 @@ async fn set_prices(
         &p,
     ));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "prices.set",
         "prices",
@@ -127,7 +127,7 @@ async fn jobs_report(
             .into());
         }
     };
-    let (from, to) = range(&q, now())?;
+    let (from, to) = range(&q, shared.now())?;
     let _turn = shared.reports.acquire().await;
     let mut rows = crate::accounting::JobRows::new(by_kind, (from, to));
     crate::each_job(&shared, seen_team(&caller), |j| rows.add(&j)).await?;
@@ -156,7 +156,7 @@ async fn usage(
             format!("period: {period_name:?}; allowed: hour, day, month, all"),
         ))
     })?;
-    let t = now();
+    let t = shared.now();
     let (from, to) = range(&q, t)?;
     let (projects, prices) = {
         let world = shared.world.lock().await;
@@ -209,7 +209,7 @@ async fn low_use(
             .as_secs(),
         None => 3600,
     };
-    let t = now();
+    let t = shared.now();
     let world = shared.world.lock().await;
     let mut out: Vec<api::LowUse> = world
         .jobs
@@ -242,7 +242,7 @@ async fn advice(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Reply<Vec<api::Advice>> {
     only(&q, &["from", "to"])?;
-    let t = now();
+    let t = shared.now();
     let range = range(&q, t)?;
     let (offer, prices) = {
         let world = shared.world.lock().await;
@@ -288,7 +288,7 @@ async fn workload(
 ) -> Reply<api::RecordedWorkload> {
     caller.need_admin("reading the recorded workload")?;
     only(&q, &["from", "to"])?;
-    let t = now();
+    let t = shared.now();
     let range = range(&q, t)?;
     let _turn = shared.reports.acquire().await;
     let jobs = crate::every_job(&shared).await?;

@@ -38,7 +38,7 @@ async fn create(
             s.name
         )));
     }
-    let t = now();
+    let t = shared.now();
     if s.end <= s.start || s.end <= t || s.end - s.start > MAX_LENGTH_S {
         return Err(bad(
             "start and end: Unix seconds, end after start and after now, at most a year apart"
@@ -185,7 +185,7 @@ async fn remove(
         .delete
         .push((gpuflow_store::Table::Meta, format!("reservation/{name}")));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "reservation.delete",
         &format!("reservation/{name}"),

@@ -107,7 +107,7 @@ async fn create_service(
         user: caller.user.name.clone(),
         deleted: false,
     };
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     change.batch.put.push(service_rec(&svc));
     change.event(
@@ -164,7 +164,7 @@ async fn patch_service(
         next.version += 1;
     }
     next.spec.validate()?;
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     change.batch.put.push(service_rec(&next));
     change.event(
@@ -200,7 +200,7 @@ async fn delete_service(
 ) -> Result<StatusCode, Error> {
     let mut world = shared.world.lock().await;
     let team = owned(&world, &caller, &name, "delete")?.team.clone();
-    let at = now();
+    let at = shared.now();
     let mut change = Change::default();
     let who = caller.user.name.clone();
     let replicas: Vec<JobRec> = world

@@ -57,7 +57,7 @@ async fn create_team(
     let mut change = Change::default();
     change.batch.put.push(team_rec(&t));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "team.create",
         &format!("team/{}", t.name),
@@ -158,7 +158,7 @@ async fn patch_team(
     let mut change = Change::default();
     change.batch.put.push(team_rec(&t));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "team.update",
         &format!("team/{name}"),

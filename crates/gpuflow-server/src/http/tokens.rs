@@ -33,7 +33,7 @@ async fn create_token(
         }
         e => e,
     };
-    let at = now();
+    let at = shared.now();
     // A token never outlives the token that made it: one asked for without
     // an expiry takes the maker's; a later one is refused.
     let expires_at = match (expires_in.map(|e| at + e), caller.token_expires_at) {
@@ -112,7 +112,7 @@ async fn list_tokens(
 ) -> Reply<Vec<api::TokenView>> {
     let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
-    let at = now();
+    let at = shared.now();
     let mut out: Vec<api::TokenView> = world
         .tokens
         .values()
@@ -137,7 +137,7 @@ async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
     let mut world = shared.world.lock().await;
-    let at = now();
+    let at = shared.now();
     let found = world
         .tokens
         .values()
@@ -220,7 +220,7 @@ async fn create_session(
 ) -> Result<(StatusCode, Json<TokenCreated>), Error> {
     let ip = sign_in_gate(&shared, &ext)?;
     let r: api::SessionRequest = json_body(body, shared.cfg.max_body_bytes)?;
-    let at = now();
+    let at = shared.now();
     let id = crate::http::auth::verified_id_token(&shared, &r.id_token, ip, at).await?;
     open_session(&shared, id, r.refresh_token, at).await
 }
@@ -236,7 +236,7 @@ async fn code_session(
 ) -> Result<(StatusCode, Json<TokenCreated>), Error> {
     sign_in_gate(&shared, &ext)?;
     let r: api::CodeRequest = json_body(body, shared.cfg.max_body_bytes)?;
-    let at = now();
+    let at = shared.now();
     let oidc = shared.oidc.clone();
     let (id, refresh) = tokio::task::spawn_blocking(move || oidc.exchange(&r, at))
         .await

@@ -83,7 +83,7 @@ async fn create_user(
     let mut change = Change::default();
     change.batch.put.push(user_rec(&u));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "user.create",
         &format!("user/{}", u.name),
@@ -135,7 +135,7 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
     let mut change = Change::default();
     change.batch.put.push(user_rec(&u));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         if disabled {
             "user.disable"
@@ -186,7 +186,7 @@ async fn sign_out(
         ))
         .into());
     }
-    let at = now();
+    let at = shared.now();
     u.signed_out_at = Some(at);
     let mut change = Change::default();
     change.batch.put.push(user_rec(&u));

@@ -95,7 +95,7 @@ async fn create(
         ))
         .into());
     }
-    let at = now();
+    let at = shared.now();
     let secret = crate::secret::new_token("whsec");
     let id = crate::secret::new_token("wh")[3..19].to_string();
     let mut events = spec.events.clone();
@@ -161,7 +161,7 @@ async fn remove(
         .delete
         .push((gpuflow_store::Table::Meta, format!("webhook/{id}")));
     change.audit(
-        now(),
+        shared.now(),
         &caller.user.name,
         "webhook.delete",
         &format!("webhook/{id}"),
