@@ -1884,3 +1884,29 @@ fn a_held_queues_job_takes_no_capacity_from_the_estimates_behind_it() {
           pending job 6 (#1 in queue, eta t=500): on H100: main: needs 1 whole GPU (H100), 1 CPU: 1 node has too few free GPUs in the requested sharing mode
     "#]].assert_eq(&out);
 }
+
+/// Start estimates backfill: a short job behind a big one starts in the
+/// gap before the big one's start, as the cycle would start it, instead
+/// of after the big one (a strict order of starts said t=10800). Job 5,
+/// as long as the gap and more, waits for the big one to end.
+#[test]
+fn a_short_jobs_estimate_backfills_the_gap_before_a_big_one() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=8
+        config backfill=off
+        run 1 queue=org gpu=whole:4 cpu=1 runtime=3600 started=0
+        run 2 queue=org gpu=whole:4 cpu=1 runtime=600 started=0
+        job 3 queue=org gpu=whole:8 cpu=1 runtime=7200
+        job 4 queue=org gpu=whole:4 cpu=1 runtime=300
+        job 5 queue=org gpu=whole:4 cpu=1 runtime=7200
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=3600): needs 8 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 8 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 4 (#2 in queue, eta t=600): needs 4 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 5 (#3 in queue, eta t=10800): needs 4 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

@@ -2,6 +2,7 @@
 //! its queue and an estimated start ([`NodeSlots`]: the known ends of
 //! running work per node, for gangs no node can take yet).
 
+use super::profile::Profile;
 use super::*;
 use crate::NodeId;
 
@@ -271,19 +272,20 @@ impl<'a> Cycle<'a> {
         // The order of phase 1 (the same key for every ordering but FIFO).
         let order = std::mem::take(&mut self.order.global);
         let order_milli = std::mem::take(&mut self.order.global_milli);
-        // The jobs start in order as GPUs come free, and each gives its
-        // GPUs back when it is expected to end: a list schedule over the
-        // frees to come, soonest first.
+        // In order, each job starts at the first minute from which enough
+        // GPUs stay free for its expected runtime (backfill: a short job
+        // may start in a gap before the big ones ahead of it), and gives
+        // them back when it is expected to end ([`super::profile`]).
         const NO_ETA: u64 = u64::MAX;
-        let mut all = Frees::new(ends, free_now, self.snap.now);
+        let mut all = Profile::new(&ends, free_now, self.snap.now);
         let mut eta: Vec<u64> = vec![NO_ETA; self.snap.pending.len()];
         // Known ends of running and just-admitted jobs of a queue, by end:
         // (end, milli-GPU, user); built for the queues that need it.
         let mut by_queue: rustc_hash::FxHashMap<QueueId, Vec<(u64, u64, &str)>> =
             Default::default();
-        // A list schedule of each queue held back by its quota (user:
+        // A schedule with backfill of each queue held back by its quota (user:
         // `Some` for a user's limit), over that queue's (or user's) frees.
-        let mut own: rustc_hash::FxHashMap<(QueueId, Option<&str>), Frees> = Default::default();
+        let mut own: rustc_hash::FxHashMap<(QueueId, Option<&str>), Profile> = Default::default();
         let mut node_slots: Option<NodeSlots> = None;
         for (&i, &milli) in order.iter().zip(&order_milli) {
             let flag = flags[i];
@@ -298,12 +300,13 @@ impl<'a> Cycle<'a> {
             // One that preempts once its patience ends takes what frees
             // before then, and nothing after: it starts on its victims.
             let patience_end = patient.get(&i).copied();
+            let run = Self::expected_run(&self.snap.pending[i]);
             if let Some(end) = patience_end
-                && all.when(milli, false).is_none_or(|t| t > end)
+                && all.when(milli, run, false).is_none_or(|t| t > end)
             {
                 takes = false;
             }
-            let mut t = all.when(milli, takes);
+            let mut t = all.when(milli, run, takes);
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known
             // end, after those of its queue (or user) held back before it.
@@ -316,15 +319,15 @@ impl<'a> Cycle<'a> {
                     let ends = by_queue
                         .entry(w.queue)
                         .or_insert_with(|| self.known_ends(w.queue));
-                    let mine = ends
+                    let mine: Vec<(u64, u64)> = ends
                         .iter()
                         .filter(|(_, _, user)| !by_user || *user == w.user.as_str())
                         .map(|&(end, m, _)| (end, m.max(1)))
                         .collect();
-                    Frees::new(mine, 0, self.snap.now)
+                    Profile::new(&mine, 0, self.snap.now)
                 });
                 let need = self.pend.pend_milli[i].max(1);
-                let when = o.when(need, true);
+                let when = o.when(need, run, true);
                 if when.is_some() {
                     held = Some((key, need));
                 }
@@ -625,62 +628,5 @@ impl<'a> Cycle<'a> {
             .iter()
             .map(|(_, _, p)| p.iter().map(|a| a.gpu.quota_milli()).sum::<u64>())
             .sum()
-    }
-}
-
-/// A list schedule over frees to come, soonest first: GPUs free now,
-/// the known ends (sorted once) and the ends of jobs the schedule starts
-/// (a heap, merged with them as they come).
-struct Frees {
-    sorted: Vec<(u64, u64)>,
-    next: usize,
-    started: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>>,
-    avail: u64,
-    clock: u64,
-}
-
-impl Frees {
-    fn new(sorted: Vec<(u64, u64)>, avail: u64, now: u64) -> Frees {
-        Frees {
-            sorted,
-            next: 0,
-            started: std::collections::BinaryHeap::new(),
-            avail,
-            clock: now,
-        }
-    }
-
-    /// When `need` milli-GPU are free (`None`: never, as far as the known
-    /// ends go), taking them when `take`.
-    fn when(&mut self, need: u64, take: bool) -> Option<u64> {
-        while self.avail < need {
-            let from_started = self.started.peek().map(|r| r.0);
-            let (end, m) = match (self.sorted.get(self.next), from_started) {
-                (Some(&a), Some(b)) if b < a => {
-                    self.started.pop();
-                    b
-                }
-                (Some(&a), _) => {
-                    self.next += 1;
-                    a
-                }
-                (None, Some(b)) => {
-                    self.started.pop();
-                    b
-                }
-                (None, None) => return None,
-            };
-            self.avail += m;
-            self.clock = self.clock.max(end);
-        }
-        if take {
-            self.avail -= need;
-        }
-        Some(self.clock)
-    }
-
-    /// `milli` comes free again at `end`.
-    fn later(&mut self, end: u64, milli: u64) {
-        self.started.push(std::cmp::Reverse((end, milli)));
     }
 }

@@ -31,6 +31,7 @@ mod history;
 mod model;
 mod order;
 mod preempt;
+mod profile;
 mod reason;
 mod reserve;
 
