@@ -1910,3 +1910,23 @@ fn a_short_jobs_estimate_backfills_the_gap_before_a_big_one() {
     "#]]
     .assert_eq(&out);
 }
+
+/// A guarantee larger than the cluster, filled by the queue's own jobs,
+/// is not lent: job 3 is told the cluster has nothing left, not that
+/// other queues hold its capacity on loan (no other queue borrows).
+#[test]
+fn a_guarantee_the_queue_fills_itself_is_not_called_lent() {
+    let out = run("
+        node n1 gpus=8*H100
+        queue org H100=16
+        config backfill=off
+        run 1 queue=org gpu=whole:8 cpu=1 runtime=3600 started=0
+        job 3 queue=org gpu=whole:4 cpu=1 runtime=600
+        cycle 10
+    ");
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=3600): needs 4 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}

@@ -554,6 +554,19 @@ impl<'a> Cycle<'a> {
         }
     }
 
+    /// Whether another queue holds more than its guarantee of the flavor
+    /// at index `f`: only then is a queue's guarantee lent. (A guarantee
+    /// larger than the cluster, which the queue fills itself, is not.)
+    fn lent_to_others(&self, queue: QueueId, f: u32) -> bool {
+        if f == NO_FLAVOR {
+            return false;
+        }
+        let queues = &self.snap.queues;
+        (0..queues.list().len() as u32)
+            .map(QueueId)
+            .any(|q| q != queue && queues.is_leaf(q) && queues.borrowing_at(q, f as usize))
+    }
+
     pub(super) fn quota_ok(&self, i: usize, flavor: &str) -> Result<(), PendingReason> {
         let w = &self.snap.pending[i];
         if !self.snap.cfg.quotas || flavor.is_empty() {
@@ -613,6 +626,7 @@ impl<'a> Cycle<'a> {
         };
         if let Err(QuotaBlock::NoLendableCapacity { .. }) = fits
             && self.within_guarantee(i, flavor)
+            && self.lent_to_others(w.queue, self.fidx(flavor))
         {
             let fi = self.fidx(flavor) as usize;
             return Err(PendingReason::GuaranteeLent {
