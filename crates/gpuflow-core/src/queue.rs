@@ -276,6 +276,10 @@ pub struct Queues {
     /// in step by [`Queues::charge_at`] and [`Queues::update`], so that a
     /// quota check reads one figure per level instead of summing siblings.
     taken: Vec<Vec<u64>>,
+    /// Per flavor index: how many leaf queues use more than their
+    /// guarantee. Kept in step by [`Queues::charge_at`] and
+    /// [`Queues::update`].
+    borrowing_leaves: Vec<u32>,
 }
 
 /// What is wrong with a queue tree.
@@ -330,6 +334,7 @@ impl Queues {
         let capacity_by_index = flavor_names.iter().map(|f| capacity[f]).collect();
         let mut queues = Queues {
             taken: vec![vec![0; flavor_names.len()]; list.len() + 1],
+            borrowing_leaves: vec![0; flavor_names.len()],
             list,
             children,
             top,
@@ -382,6 +387,12 @@ impl Queues {
         q.parent = parent;
         self.quotas[id.0 as usize] = self.flavor_names.iter().map(|f| q.quota(f)).collect();
         self.retake(self.slot(parent));
+        for f in 0..self.flavor_names.len() {
+            self.borrowing_leaves[f] = (0..self.list.len() as u32)
+                .map(QueueId)
+                .filter(|&q| self.is_leaf(q) && self.borrowing_at(q, f))
+                .count() as u32;
+        }
     }
 
     /// A flavor's index for the `*_at` methods (its position in name order),
@@ -452,6 +463,7 @@ impl Queues {
 
     /// [`Queues::charge`] by flavor index.
     pub fn charge_at(&mut self, id: QueueId, f: usize, milli: i64) {
+        let was = self.is_leaf(id) && self.borrowing_at(id, f);
         let mut cur = Some(id);
         while let Some(q) = cur {
             let reserved = self.quotas[q.0 as usize][f].reserved();
@@ -465,6 +477,15 @@ impl Queues {
             *t = *t - before + after;
             cur = parent;
         }
+        let is = self.is_leaf(id) && self.borrowing_at(id, f);
+        let n = &mut self.borrowing_leaves[f];
+        *n = *n + u32::from(is) - u32::from(was);
+    }
+
+    /// How many leaf queues use more than their guarantee of the flavor at
+    /// index `f`.
+    pub fn borrowing_leaves_at(&self, f: usize) -> u32 {
+        self.borrowing_leaves[f]
     }
 
     /// Whether the queue is using more than its guarantee of the flavor.

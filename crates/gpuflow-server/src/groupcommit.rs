@@ -160,12 +160,9 @@ async fn serve(shared: Weak<Shared>, queue: Receiver<Waiting>) {
         let mut parts = Vec::with_capacity(group.len());
         for w in group {
             let (b, jobs, nodes) = crate::records(w.change);
-            batch.put.extend(b.put);
-            batch.delete.extend(b.delete);
-            batch.events.extend(b.events.iter().cloned());
-            batch.audit.extend(b.audit);
-            batch.logs.extend(b.logs);
-            parts.push((jobs, nodes, b.events, w.done));
+            let events = b.events.clone();
+            batch.append(b);
+            parts.push((jobs, nodes, events, w.done));
         }
         let started = std::time::Instant::now();
         let stored = shared.store.commit(&batch).await;

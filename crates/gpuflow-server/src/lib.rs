@@ -298,11 +298,7 @@ impl Change {
         let Change { jobs, nodes, batch } = other;
         self.jobs.extend(jobs);
         self.nodes.extend(nodes);
-        self.batch.put.extend(batch.put);
-        self.batch.delete.extend(batch.delete);
-        self.batch.events.extend(batch.events);
-        self.batch.audit.extend(batch.audit);
-        self.batch.logs.extend(batch.logs);
+        self.batch.append(batch);
     }
 
     pub fn job(&mut self, j: JobRec) {

@@ -137,6 +137,15 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Adds `other`'s entries after this batch's.
+    pub fn append(&mut self, other: Batch) {
+        self.put.extend(other.put);
+        self.delete.extend(other.delete);
+        self.events.extend(other.events);
+        self.audit.extend(other.audit);
+        self.logs.extend(other.logs);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.put.is_empty()
             && self.delete.is_empty()

@@ -562,9 +562,16 @@ impl<'a> Cycle<'a> {
             return false;
         }
         let queues = &self.snap.queues;
-        (0..queues.list().len() as u32)
-            .map(QueueId)
-            .any(|q| q != queue && queues.is_leaf(q) && queues.borrowing_at(q, f as usize))
+        let mine = queues.is_leaf(queue) && queues.borrowing_at(queue, f as usize);
+        debug_assert_eq!(
+            queues.borrowing_leaves_at(f as usize) as usize,
+            (0..queues.list().len() as u32)
+                .map(QueueId)
+                .filter(|&q| queues.is_leaf(q) && queues.borrowing_at(q, f as usize))
+                .count(),
+            "the count of borrowing leaves is out of step"
+        );
+        queues.borrowing_leaves_at(f as usize) > u32::from(mine)
     }
 
     pub(super) fn quota_ok(&self, i: usize, flavor: &str) -> Result<(), PendingReason> {
