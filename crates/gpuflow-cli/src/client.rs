@@ -3378,6 +3378,32 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
 
+    /// Reads one whole request, headers and body, as text. A fake server
+    /// that answers after a single `read` may close with the body unread,
+    /// and the kernel then resets the connection: the client sees a reset
+    /// instead of the answer.
+    fn read_request(s: &mut std::net::TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    return String::from_utf8_lossy(&buf).into_owned();
+                }
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&buf).into_owned(),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
     fn client(base: &str) -> Client {
         let http = gpuflow_client::http_client(None, std::time::Duration::from_secs(5)).unwrap();
         Client {
@@ -3417,8 +3443,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         std::thread::spawn(move || {
             if let Ok((mut s, _)) = l.accept() {
-                let mut req = [0u8; 4096];
-                let _ = s.read(&mut req);
+                let _ = read_request(&mut s);
                 let body = r#"{"code":"in_progress","message":"job 7 is being stored; retry in a moment"}"#;
                 let _ = write!(
                     s,
@@ -3458,8 +3483,7 @@ mod tests {
         std::thread::spawn(move || {
             for (i, s) in l.incoming().enumerate().take(2) {
                 let Ok(mut s) = s else { continue };
-                let mut req = [0u8; 4096];
-                let _ = s.read(&mut req);
+                let _ = read_request(&mut s);
                 let (status, body) = if i == 0 {
                     ("200 OK", r#"{"nodes":1}"#)
                 } else {
@@ -3477,8 +3501,7 @@ mod tests {
         let standby_port = standby.local_addr().unwrap().port();
         std::thread::spawn(move || {
             if let Ok((mut s, _)) = standby.accept() {
-                let mut req = [0u8; 4096];
-                let _ = s.read(&mut req);
+                let _ = read_request(&mut s);
                 let body = r#"{"code":"standby","message":"this server is a standby"}"#;
                 let _ = write!(
                     s,
@@ -3542,9 +3565,7 @@ mod tests {
         std::thread::spawn(move || {
             for (i, s) in l.incoming().enumerate().take(4) {
                 let Ok(mut s) = s else { continue };
-                let mut req = [0u8; 8192];
-                let n = s.read(&mut req).unwrap_or(0);
-                let text = String::from_utf8_lossy(&req[..n]).to_lowercase();
+                let text = read_request(&mut s).to_lowercase();
                 let key = text
                     .lines()
                     .find_map(|l| l.strip_prefix("idempotency-key: "))
