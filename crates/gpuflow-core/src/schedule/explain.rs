@@ -178,12 +178,24 @@ impl<'a> Cycle<'a> {
         const NOWHERE: u8 = 16;
         // Some node turned it away for what it holds now.
         const BY_PLACE: u8 = 32;
+        // It preempts past disruption budgets once its patience ends.
+        const PATIENT: u8 = 64;
+        // It holds a reservation (or a reclaim hold) with a start.
+        const RESERVED: u8 = 128;
         let mut flags = vec![0u8; self.snap.pending.len()];
+        // Each job's expected runtime ([`Cycle::expected_run`]), read here
+        // in job order: the ETA pass visits jobs in priority order, and
+        // reaching into each job there missed the cache at every one.
+        let mut run_of: Vec<Option<u64>> = vec![None; self.snap.pending.len()];
         // Jobs that take victims past disruption budgets once they have
         // waited their patience: (job, when the victims are killed then).
         let mut patient: rustc_hash::FxHashMap<usize, u64> = Default::default();
         let mut graces = None;
         for (i, (f, r)) in flags.iter_mut().zip(&self.out.reasons).enumerate() {
+            run_of[i] = Self::expected_run(&self.snap.pending[i]);
+            if self.reserve.reserved.contains_key(&self.pend.pend_id[i]) {
+                *f |= RESERVED;
+            }
             let mut placed_nowhere = None;
             // The first patience and disruption budget among its reasons.
             let mut patience_at = None;
@@ -229,6 +241,7 @@ impl<'a> Cycle<'a> {
             if let Some(at) = patience_at {
                 let graces = graces.get_or_insert_with(|| self.longest_graces());
                 patient.insert(i, at + self.grace_of_blocked(graces, budget_of));
+                *f |= PATIENT;
             }
         }
         for &i in &self.out.admitted_idx {
@@ -299,8 +312,12 @@ impl<'a> Cycle<'a> {
             let mut takes = flag & (BY_QUOTA | BY_USER | HELD) == 0;
             // One that preempts once its patience ends takes what frees
             // before then, and nothing after: it starts on its victims.
-            let patience_end = patient.get(&i).copied();
-            let run = Self::expected_run(&self.snap.pending[i]);
+            let patience_end = if flag & PATIENT != 0 {
+                patient.get(&i).copied()
+            } else {
+                None
+            };
+            let run = run_of[i];
             if let Some(end) = patience_end
                 && all.when(milli, run, false).is_none_or(|t| t > end)
             {
@@ -351,8 +368,10 @@ impl<'a> Cycle<'a> {
             // reservation or hold starts at the latest when running jobs
             // reach their declared maxima; where they are expected to end
             // sooner, so is it.
-            let id = self.pend.pend_id[i];
-            if let Some(&start_at) = self.reserve.reserved.get(&id) {
+            if flag & RESERVED != 0
+                && let Some((&id, &start_at)) =
+                    self.reserve.reserved.get_key_value(&self.pend.pend_id[i])
+            {
                 let nominated = self.reserve.nominated.iter().any(|r| r.job == id);
                 t = match t {
                     Some(e) if expecting && !nominated => Some(e.min(start_at)),
@@ -365,7 +384,7 @@ impl<'a> Cycle<'a> {
             eta[i] = t.unwrap_or(NO_ETA);
             // What it took comes back when it is expected to end.
             if let Some(start) = t
-                && let Some(run) = Self::expected_run(&self.snap.pending[i])
+                && let Some(run) = run
             {
                 if takes {
                     all.later(start + run, milli);

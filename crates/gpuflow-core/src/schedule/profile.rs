@@ -41,15 +41,13 @@ pub(super) struct Profile {
 
 impl Profile {
     /// `avail` free now, and `ends`: (time, milli-GPU that comes free then).
+    ///
+    /// It starts with the fewest steps and grows only as far as a question
+    /// asks ([`Profile::when`]): most questions are answered within the
+    /// first hour or two, and a tree over every known end was built (and
+    /// its memory zeroed) for nothing, once per queue and cycle.
     pub(super) fn new(ends: &[(u64, u64)], avail: u64, now: u64) -> Profile {
-        let furthest = ends
-            .iter()
-            .map(|&(end, _)| step_of(now, end))
-            .max()
-            .unwrap_or(0);
-        let steps = (furthest + 1)
-            .next_power_of_two()
-            .clamp(MIN_STEPS, MAX_STEPS);
+        let steps = MIN_STEPS;
         let mut p = Profile {
             now,
             steps: 0,
