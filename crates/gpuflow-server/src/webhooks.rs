@@ -237,20 +237,21 @@ pub async fn deliver_due(shared: &Arc<Shared>) {
     let mut world = shared.world.lock().await;
     let t = shared.now();
     for (mut o, sent) in results {
+        // After a failed attempt, the next one `backoff` later, doubling.
         let (status, outcome, retry) = match sent {
-            Ok(s) => (Some(s), "delivered".to_string(), false),
+            Ok(s) => (Some(s), "delivered".to_string(), None),
             Err((status, what)) if o.attempt < ATTEMPTS => {
                 let wait = backoff * 2u32.pow(o.attempt - 1);
                 (
                     status,
                     format!("retrying in {} ms: {what}", wait.as_millis()),
-                    true,
+                    Some(wait),
                 )
             }
             Err((status, what)) => (
                 status,
                 format!("failed after {ATTEMPTS} attempts: {what}"),
-                false,
+                None,
             ),
         };
         let log = world.hooks.log.entry(o.hook.clone()).or_default();
@@ -266,8 +267,8 @@ pub async fn deliver_due(shared: &Arc<Shared>) {
         while log.len() > LOG {
             log.pop_front();
         }
-        if retry {
-            o.due = Instant::now() + backoff * 2u32.pow(o.attempt - 1);
+        if let Some(wait) = retry {
+            o.due = Instant::now() + wait;
             o.attempt += 1;
             world.hooks.outbox.push_back(o);
         }

@@ -1241,3 +1241,116 @@ async fn a_job_above_the_per_user_gpu_limit_is_refused_at_submit() {
         .await;
     assert_eq!(s, 201, "{v}");
 }
+
+/// Every endpoint that reads query parameters refuses an unknown one and
+/// a value it cannot use with a 400 `bad_query` that names the parameter
+/// and what it takes; the last of a repeated parameter counts.
+#[tokio::test]
+async fn every_query_parameter_is_checked() {
+    let h = harness(None).await;
+    let a = h.admin.clone();
+    let id = h.job("default").await;
+    let page = "is not a page size: 1 to 1000; page on with `before` (jobs, the last id seen) or `after` (events, audit: the last seq seen)";
+    let mut cases: Vec<(&str, String, String)> = Vec::new();
+    for list in [
+        "teams", "nodes", "services", "queues", "users", "tokens", "projects",
+    ] {
+        cases.push((
+            "GET",
+            format!("/v1/{list}?colour=red"),
+            "unknown parameter \"colour\"; allowed: limit, after (the last name seen)".into(),
+        ));
+        cases.push((
+            "GET",
+            format!("/v1/{list}?limit=0"),
+            format!("limit: \"0\" {page}"),
+        ));
+    }
+    let time =
+        "is not a time: use Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d";
+    let logs = format!("/v1/jobs/{id}/logs");
+    let exec = format!("/v1/jobs/{id}/exec");
+    let attach = format!("/v1/jobs/{id}/attach");
+    for (method, path, says) in [
+        ("GET", "/v1/teams?limit=5&limit=1001", format!("limit: \"1001\" {page}")),
+        ("GET", "/v1/jobs?colour=red", "unknown filter \"colour\"; allowed: team, queue, state, user, project, array, limit, before, since, until".into()),
+        ("GET", "/v1/jobs?since=yesterday", "since: Unix seconds, not \"yesterday\"".into()),
+        ("GET", "/v1/jobs?until=-1", "until: Unix seconds, not \"-1\"".into()),
+        ("GET", "/v1/jobs?limit=x", format!("limit: \"x\" {page}")),
+        ("GET", "/v1/jobs?array=abc", "array: \"abc\" is not a job id (a positive number)".into()),
+        ("GET", "/v1/jobs?before=-2", "before: \"-2\" is not a job id (a positive number)".into()),
+        ("POST", "/v1/jobs?test_only=maybe", "test_only: \"maybe\" is neither true nor false".into()),
+        ("POST", "/v1/jobs?dry=1", "unknown parameter \"dry\"; allowed: test_only".into()),
+        ("GET", &format!("{logs}?tail_bytes=ten"), "tail_bytes: \"ten\" is not a whole number".into()),
+        ("GET", &format!("{logs}?attempt=-1"), "attempt: \"-1\" is not a whole number".into()),
+        ("GET", &format!("{logs}?lines=3"), "unknown parameter \"lines\"; allowed: attempt, tail_bytes".into()),
+        ("GET", "/v1/events?colour=red", "unknown filter \"colour\"; allowed: job, after, limit, since, until (Unix seconds), newest".into()),
+        ("GET", "/v1/events?after=x", "after: \"x\" is not a number (the last seq seen)".into()),
+        ("GET", "/v1/events?job=x", "job: \"x\" is not a whole number".into()),
+        ("GET", "/v1/events?since=-5", "since: Unix seconds, not \"-5\"".into()),
+        ("GET", "/v1/events?newest=yes", "newest: \"yes\" is neither true nor false".into()),
+        ("GET", "/v1/events?limit=5000", format!("limit: \"5000\" {page}")),
+        ("GET", "/v1/audit?colour=red", "unknown filter \"colour\"; allowed: after, limit".into()),
+        ("GET", "/v1/audit?after=x", "after: \"x\" is not a number (the last seq seen)".into()),
+        ("GET", "/v1/audit?limit=0", format!("limit: \"0\" {page}")),
+        ("GET", "/v1/reports/jobs?colour=red", "unknown parameter \"colour\"; allowed: by, from, to".into()),
+        ("GET", "/v1/reports/jobs?by=team", "by: \"team\"; allowed: queue, kind".into()),
+        ("GET", "/v1/reports/jobs?from=soon", format!("from: \"soon\" {time}")),
+        ("GET", "/v1/reports/jobs?from=2026-12-02&to=2026-12-01", "from: must be before to".into()),
+        ("GET", "/v1/reports/usage?colour=red", "unknown parameter \"colour\"; allowed: by, period, from, to".into()),
+        ("GET", "/v1/reports/usage?by=planet", "by: \"planet\"; allowed: team, project, user, queue, model, cost_centre, job".into()),
+        ("GET", "/v1/reports/usage?period=week", "period: \"week\"; allowed: hour, day, month, all".into()),
+        ("GET", "/v1/reports/usage?to=later", format!("to: \"later\" {time}")),
+        ("GET", "/v1/reports/low-utilization?colour=red", "unknown parameter \"colour\"; allowed: below_pct, for".into()),
+        ("GET", "/v1/reports/low-utilization?below_pct=200", "below_pct: a percentage from 0 to 100".into()),
+        ("GET", "/v1/reports/low-utilization?below_pct=lots", "below_pct: a percentage from 0 to 100".into()),
+        ("GET", "/v1/reports/low-utilization?for=ever", "for: \"ever\" is not a duration such as 30m or 2h".into()),
+        ("GET", "/v1/reports/advice?colour=red", "unknown parameter \"colour\"; allowed: from, to".into()),
+        ("GET", "/v1/reports/advice?from=7d&to=8d", "from: must be before to".into()),
+        ("GET", "/v1/reports/workload?colour=red", "unknown parameter \"colour\"; allowed: from, to".into()),
+        ("GET", "/v1/reports/workload?to=never", format!("to: \"never\" {time}")),
+        ("GET", &format!("{exec}?colour=red"), "unknown parameter \"colour\"; allowed: task, command, tty, rows, cols".into()),
+        ("GET", &format!("{exec}?rows=0"), "rows: \"0\" is not a number from 1 to 65535".into()),
+        ("GET", &format!("{exec}?cols=70000"), "cols: \"70000\" is not a number from 1 to 65535".into()),
+        ("GET", &format!("{exec}?tty=maybe"), "tty: \"maybe\" is neither true nor false".into()),
+        ("GET", &format!("{attach}?command=sh"), "unknown parameter \"command\"; allowed: task".into()),
+    ] {
+        cases.push((method, path.to_string(), says));
+    }
+    for (method, path, says) in &cases {
+        let (s, v) = h
+            .call(method, path, Some(&a), "application/json", b"{}".to_vec())
+            .await;
+        assert_eq!(
+            (s, &v["code"]),
+            (400, &json!("bad_query")),
+            "{method} {path}: {v}"
+        );
+        assert_eq!(v["message"], json!(says), "{method} {path}");
+    }
+    // The same parameters, given well, are taken.
+    for path in [
+        "/v1/teams?limit=1&after=a",
+        "/v1/jobs?state=pending,running&limit=5&since=0&until=99999999999&team=default",
+        "/v1/events?job=1&after=0&limit=3&since=0&until=99999999999&newest=true",
+        "/v1/audit?after=0&limit=2",
+        "/v1/reports/jobs?by=kind&from=30d",
+        "/v1/reports/usage?by=queue&period=day&from=2026-01-01T00:00:00Z",
+        "/v1/reports/low-utilization?below_pct=50&for=30m",
+        "/v1/reports/advice?from=7d",
+        "/v1/reports/workload?from=7d",
+    ] {
+        let (s, v) = h.get(path, &a).await;
+        assert_eq!(s, 200, "{path}: {v}");
+    }
+    let (s, v) = h.get(&format!("{logs}?tail_bytes=10&attempt=1"), &a).await;
+    assert_eq!(s, 200, "{v}");
+    // Past its parameters, exec asks for a WebSocket.
+    let (s, v) = h
+        .get(
+            &format!("{exec}?command=%5B%22sh%22%5D&tty=true&rows=24&cols=80"),
+            &a,
+        )
+        .await;
+    assert_eq!((s, &v["code"]), (400, &json!("websocket_required")), "{v}");
+}

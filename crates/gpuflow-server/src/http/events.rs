@@ -1,6 +1,7 @@
 //! The event log (jobs and nodes, by team) and the audit log (admins).
 
 use super::jobs::visible;
+use super::params::{Flag, PageLimit, ParamSet, Seq, UnixTime, Whole};
 use super::*;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
@@ -9,58 +10,29 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/audit", get(audit))
 }
 
+/// The event log's filters.
+#[derive(serde::Deserialize)]
+struct EventParams {
+    job: Option<Whole>,
+    after: Option<Seq>,
+    #[serde(default)]
+    limit: PageLimit,
+    since: Option<UnixTime>,
+    until: Option<UnixTime>,
+    #[serde(default)]
+    newest: Flag,
+}
+impl ParamSet for EventParams {
+    const WORD: &'static str = "filter";
+    const NOTES: &'static [(&'static str, &'static str)] = &[("until", "Unix seconds")];
+}
+
 async fn events(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<EventParams>,
 ) -> Reply<Vec<api::Event>> {
-    let num = |k: &str| -> Result<Option<i64>, Error> {
-        q.get(k)
-            .map(|v| {
-                v.parse::<i64>().map_err(|_| {
-                    Error(ApiError::bad_request(
-                        "bad_query",
-                        format!("{k}: must be a number"),
-                    ))
-                })
-            })
-            .transpose()
-    };
-    for k in q.keys() {
-        if !["job", "after", "limit", "since", "until", "newest"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!(
-                    "unknown filter {k:?}; allowed: job, after, limit, since, until (Unix seconds), newest"
-                ),
-            )
-            .into());
-        }
-    }
-    let time = |k: &str| -> Result<Option<u64>, Error> {
-        num(k)?
-            .map(|t| {
-                u64::try_from(t).map_err(|_| {
-                    Error(ApiError::bad_request(
-                        "bad_query",
-                        format!("{k}: Unix seconds, not negative"),
-                    ))
-                })
-            })
-            .transpose()
-    };
-    let newest = match q.get("newest").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(v) => {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("newest: true or false, not {v:?}"),
-            )
-            .into());
-        }
-    };
-    let job = num("job")?.map(|j| j as u64);
+    let job = q.job.map(|j| j.0);
     if let Some(j) = job {
         let world = shared.world.lock().await;
         visible(&world, &caller, j)?;
@@ -68,11 +40,11 @@ async fn events(
     let query = gpuflow_store::EventQuery {
         job,
         team: (!caller.admin()).then(|| caller.user.team.clone()),
-        after: num("after")?.unwrap_or(0),
-        limit: page_limit(q.get("limit"))? as i64,
-        since: time("since")?,
-        until: time("until")?,
-        newest,
+        after: q.after.map_or(0, |a| a.0),
+        limit: q.limit.0 as i64,
+        since: q.since.map(|t| t.0),
+        until: q.until.map(|t| t.0),
+        newest: q.newest.0,
     };
     let rows = shared
         .store
@@ -92,31 +64,24 @@ async fn events(
             .collect(),
     ))
 }
+/// The audit log's page.
+#[derive(serde::Deserialize)]
+struct AuditParams {
+    after: Option<Seq>,
+    #[serde(default)]
+    limit: PageLimit,
+}
+impl ParamSet for AuditParams {
+    const WORD: &'static str = "filter";
+}
+
 async fn audit(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<AuditParams>,
 ) -> Reply<Vec<api::AuditEntry>> {
     caller.need_admin("reading the audit log")?;
-    for k in q.keys() {
-        if !["after", "limit"].contains(&k.as_str()) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown filter {k:?}; allowed: after, limit"),
-            )
-            .into());
-        }
-    }
-    let after = match q.get("after") {
-        Some(v) => v.parse::<i64>().map_err(|_| {
-            Error(ApiError::bad_request(
-                "bad_query",
-                "after: must be a number",
-            ))
-        })?,
-        None => 0,
-    };
-    let limit = page_limit(q.get("limit"))?;
+    let (after, limit) = (q.after.map_or(0, |a| a.0), q.limit.0);
     let rows = shared
         .store
         .audit(after, limit as i64)

@@ -19,6 +19,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use tokio::sync::oneshot;
 
+use super::params::{Flag, ParamSet, TermSize};
 use super::*;
 use crate::http::auth::Caller;
 use crate::secret::{hash, new_token};
@@ -99,54 +100,26 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/agent/exec/{session}", get(agent_side))
 }
 
-#[derive(Debug, Default)]
+/// What `exec` takes: the task, the command and the terminal.
+#[derive(Debug, Default, serde::Deserialize)]
 struct SessionQuery {
     /// `group/index`; default: the job's first running task.
     task: Option<String>,
     /// The command, a JSON array of strings (exec only).
     command: Option<String>,
-    tty: Option<bool>,
-    rows: Option<u16>,
-    cols: Option<u16>,
+    tty: Option<Flag>,
+    rows: Option<TermSize>,
+    cols: Option<TermSize>,
 }
+impl ParamSet for SessionQuery {}
 
-impl SessionQuery {
-    /// The query's parameters, each checked; `allowed` names those the
-    /// endpoint takes.
-    fn parse(q: &BTreeMap<String, String>, allowed: &[&str]) -> Result<SessionQuery, Error> {
-        let bad = |m: String| Error::from(ApiError::bad_request("bad_query", m));
-        if let Some(k) = q.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(bad(format!(
-                "unknown parameter {k:?}; allowed: {}",
-                allowed.join(", ")
-            )));
-        }
-        let size = |k: &str| -> Result<Option<u16>, Error> {
-            q.get(k)
-                .map(|v| {
-                    v.parse::<u16>()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| bad(format!("{k}: {v:?} is not a number from 1 to 65535")))
-                })
-                .transpose()
-        };
-        Ok(SessionQuery {
-            task: q.get("task").cloned(),
-            command: q.get("command").cloned(),
-            tty: q
-                .get("tty")
-                .map(|v| match v.as_str() {
-                    "true" => Ok(true),
-                    "false" => Ok(false),
-                    _ => Err(bad(format!("tty: {v:?} is neither true nor false"))),
-                })
-                .transpose()?,
-            rows: size("rows")?,
-            cols: size("cols")?,
-        })
-    }
+/// What `attach` takes: the task.
+#[derive(Debug, Default, serde::Deserialize)]
+struct AttachQuery {
+    /// `group/index`; default: the job's first running task.
+    task: Option<String>,
 }
+impl ParamSet for AttachQuery {}
 
 type Upgrade = Result<WebSocketUpgrade, WebSocketUpgradeRejection>;
 
@@ -164,10 +137,9 @@ async fn exec(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<SessionQuery>,
     ws: Upgrade,
 ) -> Result<Response, Error> {
-    let q = SessionQuery::parse(&q, &["task", "command", "tty", "rows", "cols"])?;
     let bad = |m: &str| Error::from(ApiError::bad_request("bad_command", m.to_string()));
     let command: Vec<String> = match &q.command {
         None => {
@@ -191,10 +163,13 @@ async fn attach(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<AttachQuery>,
     ws: Upgrade,
 ) -> Result<Response, Error> {
-    let q = SessionQuery::parse(&q, &["task"])?;
+    let q = SessionQuery {
+        task: q.task,
+        ..SessionQuery::default()
+    };
     open_session(&shared, &caller, &id, &q, Vec::new(), upgrade(ws)?).await
 }
 
@@ -260,9 +235,9 @@ async fn open_session(
             group: t.group,
             index: t.index,
             command: command.clone(),
-            tty: q.tty.unwrap_or(false),
-            rows: q.rows.unwrap_or(24),
-            cols: q.cols.unwrap_or(80),
+            tty: q.tty.is_some_and(|t| t.0),
+            rows: q.rows.map_or(24, |r| r.0),
+            cols: q.cols.map_or(80, |c| c.0),
         };
         let node = node.clone();
         let detail = if command.is_empty() {

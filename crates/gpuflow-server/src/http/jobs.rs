@@ -1,5 +1,6 @@
 //! Jobs: submit (and test-only), list, get, why, logs, and the owners' and admins' actions.
 
+use super::params::{Flag, JobId, PageLimit, ParamSet, States, UnixTime, Whole};
 use super::*;
 use crate::event::EventKind;
 
@@ -391,27 +392,21 @@ fn check_spec(
     check_reservation(world, caller, (&team, at), spec)?;
     Ok(team)
 }
+#[derive(serde::Deserialize)]
+struct SubmitParams {
+    #[serde(default)]
+    test_only: Flag,
+}
+impl ParamSet for SubmitParams {}
+
 async fn submit(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     headers: HeaderMap,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<SubmitParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
-    let test_only = match q.get("test_only").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return Err(ApiError::bad_request("bad_query", "test_only: true or false").into());
-        }
-    };
-    if let Some(k) = q.keys().find(|k| *k != "test_only") {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("unknown parameter {k:?}; allowed: test_only"),
-        )
-        .into());
-    }
+    let test_only = q.test_only.0;
     let body = body_or_413(body, shared.cfg.max_body_bytes)?;
     let json = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -578,72 +573,37 @@ async fn submit(
     )
         .into_response())
 }
+/// The job list's filters. `since` and `until` select the jobs that were
+/// in the system during [since, until): submitted before `until`, not
+/// finished before `since` (as `sacct -S/-E` selects).
+#[derive(serde::Deserialize)]
+struct ListParams {
+    team: Option<String>,
+    queue: Option<String>,
+    state: Option<States>,
+    user: Option<String>,
+    project: Option<String>,
+    array: Option<JobId>,
+    #[serde(default)]
+    limit: PageLimit,
+    before: Option<JobId>,
+    since: Option<UnixTime>,
+    until: Option<UnixTime>,
+}
+impl ParamSet for ListParams {
+    const WORD: &'static str = "filter";
+}
+
 async fn list_jobs(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<ListParams>,
 ) -> Reply<Vec<api::Job>> {
-    for k in q.keys() {
-        if ![
-            "team", "queue", "state", "user", "project", "array", "limit", "before", "since",
-            "until",
-        ]
-        .contains(&k.as_str())
-        {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown filter {k:?}; allowed: team, queue, state, user, project, array, limit, before, since, until"),
-            )
-            .into());
-        }
-    }
-    // Jobs that were in the system during [since, until): submitted before
-    // `until`, not finished before `since` (as `sacct -S/-E` selects).
-    let time = |k: &str| -> Result<Option<u64>, Error> {
-        q.get(k)
-            .map(|v| {
-                v.parse::<u64>().map_err(|_| {
-                    Error(ApiError::bad_request(
-                        "bad_query",
-                        format!("{k}: Unix seconds, not {v:?}"),
-                    ))
-                })
-            })
-            .transpose()
-    };
-    let (since, until) = (time("since")?, time("until")?);
-    let array = match q.get("array") {
-        Some(a) => Some(job_id(a)?),
-        None => None,
-    };
-    // One state or several, comma separated (`running,pending`).
-    let states: Option<Vec<JobState>> = match q.get("state") {
-        Some(list) => Some(
-            list.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(|s| {
-                    JobState::parse(s).ok_or_else(|| {
-                        let all: Vec<&str> =
-                            api::ALL_STATES.iter().map(|s| s.as_str()).collect();
-                        Error(ApiError::bad_request(
-                            "bad_query",
-                            format!(
-                                "state: unknown state {s:?}; allowed: {} (several, comma separated)",
-                                all.join(", ")
-                            ),
-                        ))
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        None => None,
-    };
-    let limit = page_limit(q.get("limit"))?;
-    let before = match q.get("before") {
-        Some(b) => job_id(b)?,
-        None => u64::MAX,
-    };
+    let (since, until) = (q.since.map(|t| t.0), q.until.map(|t| t.0));
+    let array = q.array.map(|a| a.0);
+    let states = q.state.map(|s| s.0);
+    let limit = q.limit.0;
+    let before = q.before.map_or(u64::MAX, |b| b.0);
     // The page from the summaries; jobs still in memory shown from there,
     // the others read from the store after the lock is let go.
     let (mut views, missing) = {
@@ -653,11 +613,12 @@ async fn list_jobs(
             .range(..before)
             .rev()
             .filter(|(_, j)| caller.sees(&j.team))
-            .filter(|(_, j)| q.get("team").is_none_or(|t| &j.team == t))
-            .filter(|(_, j)| q.get("queue").is_none_or(|t| &j.queue == t))
-            .filter(|(_, j)| q.get("user").is_none_or(|t| &j.user == t))
+            .filter(|(_, j)| q.team.as_ref().is_none_or(|t| &j.team == t))
+            .filter(|(_, j)| q.queue.as_ref().is_none_or(|t| &j.queue == t))
+            .filter(|(_, j)| q.user.as_ref().is_none_or(|t| &j.user == t))
             .filter(|(_, j)| {
-                q.get("project")
+                q.project
+                    .as_ref()
                     .is_none_or(|t| j.project.as_ref() == Some(t))
             })
             .filter(|(_, j)| states.as_ref().is_none_or(|s| s.contains(&j.state)))
@@ -805,37 +766,24 @@ async fn why(
 /// A job's output, each task's stdout and stderr per attempt: all of it the
 /// server keeps (up to the job log limit, then each stream's last 16 KiB),
 /// or one attempt's, or the end of each.
+#[derive(serde::Deserialize)]
+struct LogParams {
+    attempt: Option<Whole>,
+    tail_bytes: Option<Whole>,
+}
+impl ParamSet for LogParams {}
+
 async fn logs(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<LogParams>,
 ) -> Reply<api::JobLogs> {
     let id = job_id(&id)?;
-    let number = |k: &str| -> Result<Option<u64>, Error> {
-        q.get(k)
-            .map(|v| {
-                v.parse::<u64>().map_err(|_| {
-                    Error::from(ApiError::bad_request(
-                        "bad_query",
-                        format!("{k}: {v:?} is not a whole number"),
-                    ))
-                })
-            })
-            .transpose()
-    };
-    if let Some(k) = q
-        .keys()
-        .find(|k| !["attempt", "tail_bytes"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("unknown parameter {k:?}; allowed: attempt, tail_bytes"),
-        )
-        .into());
-    }
-    let attempt = number("attempt")?.map(|a| u32::try_from(a).unwrap_or(u32::MAX));
-    let tail_bytes = number("tail_bytes")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let attempt = q.attempt.map(|a| u32::try_from(a.0).unwrap_or(u32::MAX));
+    let tail_bytes = q
+        .tail_bytes
+        .map(|n| usize::try_from(n.0).unwrap_or(usize::MAX));
     let (j, _) = job_of(&shared, &caller, id).await?;
     let pieces = shared
         .store

@@ -14,6 +14,7 @@ pub mod exec;
 mod jobs;
 pub mod metrics;
 mod nodes;
+mod params;
 mod projects;
 mod proxy;
 mod queues;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
@@ -43,6 +44,7 @@ use gpuflow_api::{
 use serde::Serialize;
 
 use crate::http::auth::Caller;
+use crate::http::params::{NamePage, Params};
 use crate::secret::{hash, new_token};
 use crate::state::{
     JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
@@ -337,54 +339,3 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
 }
 /// The most items one page of a list holds.
 pub const MAX_PAGE: usize = 1000;
-/// A page of a list ordered by name (or id): `limit` items after `after`.
-struct NamePage {
-    limit: usize,
-    after: Option<String>,
-}
-impl NamePage {
-    /// # Errors
-    /// A 400 for an unknown parameter or a bad page size.
-    fn parse(q: &BTreeMap<String, String>) -> Result<NamePage, Error> {
-        if let Some(k) = q.keys().find(|k| !["limit", "after"].contains(&k.as_str())) {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("unknown parameter {k:?}; allowed: limit, after (the last name seen)"),
-            )
-            .into());
-        }
-        Ok(NamePage {
-            limit: page_limit(q.get("limit"))?,
-            after: q.get("after").cloned(),
-        })
-    }
-
-    /// The page of a map ordered by its keys.
-    fn of<'m, V>(
-        &self,
-        map: &'m BTreeMap<String, V>,
-    ) -> impl Iterator<Item = (&'m String, &'m V)> + use<'m, V> {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let from = match &self.after {
-            Some(a) => Excluded(a.clone()),
-            None => Unbounded,
-        };
-        map.range((from, Unbounded))
-    }
-}
-/// A page size from the `limit` parameter: 1 to [`MAX_PAGE`], default the most.
-fn page_limit(v: Option<&String>) -> Result<usize, Error> {
-    match v {
-        None => Ok(MAX_PAGE),
-        Some(l) => match l.parse::<usize>() {
-            Ok(n @ 1..=MAX_PAGE) => Ok(n),
-            _ => Err(ApiError::bad_request(
-                "bad_query",
-                format!(
-                    "limit: {l:?} is not a page size: 1 to {MAX_PAGE}; page on with `before` (jobs, the last id seen) or `after` (events, audit: the last seq seen)"
-                ),
-            )
-            .into()),
-        },
-    }
-}

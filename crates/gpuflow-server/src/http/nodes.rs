@@ -112,15 +112,14 @@ async fn get_node(
 async fn list_nodes(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<api::NodeView>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let used = world.gpus_in_use();
     let holders = world.holders(|t| caller.sees(t));
     Ok(Json(
         page.of(&world.nodes)
-            .take(page.limit)
+            .take(page.limit.0)
             .map(|(_, n)| node_view((&world, shared.now()), &caller, n, &used, &holders))
             .collect(),
     ))

@@ -21,15 +21,14 @@ fn view(world: &World, p: &api::Project, at: u64) -> api::ProjectView {
 async fn list_projects(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<api::ProjectView>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
         page.of(&world.projects)
             .map(|(_, p)| p)
             .filter(|p| caller.sees(&p.team))
-            .take(page.limit)
+            .take(page.limit.0)
             .map(|p| view(&world, p, shared.now()))
             .collect(),
     ))

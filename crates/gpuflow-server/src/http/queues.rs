@@ -11,14 +11,13 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 async fn list_queues(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<api::QueueView>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let mut out: BTreeMap<&str, api::QueueView> = page
         .of(&world.queues)
         .filter(|(_, q)| caller.sees(&q.team))
-        .take(page.limit)
+        .take(page.limit.0)
         .map(|(name, q)| {
             (
                 name.as_str(),

@@ -2,6 +2,7 @@
 //! (`accounting.rs`), and the prices admins set for them. Admins see every
 //! team; everyone else their own team's jobs only.
 
+use super::params::{Age, FromParam, ParamSet, Percent, When, from_param};
 use super::*;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
@@ -47,100 +48,93 @@ async fn set_prices(
     Ok(Json(p))
 }
 
-/// A time in a query: Unix seconds, an RFC 3339 time or date
-/// (`2026-12-01`), or an age (`7d`, `12h`: that long ago).
-fn when(k: &str, v: &str, now: u64) -> Result<u64, Error> {
-    if let Ok(t) = v.parse::<u64>() {
-        return Ok(t);
-    }
-    if let Ok(d) = humantime::parse_duration(v) {
-        return Ok(now.saturating_sub(d.as_secs()));
-    }
-    let full = if v.len() == 10 {
-        format!("{v}T00:00:00Z")
-    } else {
-        v.to_string()
-    };
-    humantime::parse_rfc3339_weak(&full)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_secs())
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "bad_query",
-                format!("{k}: {v:?} is not a time: use Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d"),
-            )
-            .into()
-        })
-}
-
 /// Whose jobs a report reads: the caller's team's, or every team's for an
 /// admin.
 fn seen_team(caller: &Caller) -> Option<&str> {
     (!caller.admin()).then_some(caller.user.team.as_str())
 }
 
-/// A 400 for a query parameter not in `allowed`, naming those that are.
-fn only(q: &BTreeMap<String, String>, allowed: &[&str]) -> Result<(), Error> {
-    match q.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::bad_request(
-            "bad_query",
-            format!("unknown parameter {k:?}; allowed: {}", allowed.join(", ")),
-        )
-        .into()),
-        None => Ok(()),
+/// A report's range (default: the last 30 days).
+#[derive(serde::Deserialize)]
+struct Range {
+    from: Option<When>,
+    to: Option<When>,
+}
+impl ParamSet for Range {}
+
+impl Range {
+    /// The range's start and end, ages counted back from `t`.
+    fn at(&self, t: u64) -> Result<(u64, u64), Error> {
+        let from = self.from.map_or(t.saturating_sub(30 * 86_400), |w| w.at(t));
+        let to = self.to.map_or(t, |w| w.at(t));
+        if from >= to {
+            return Err(ApiError::bad_request("bad_query", "from: must be before to").into());
+        }
+        Ok((from, to))
     }
 }
 
-/// The `from` and `to` of a report's query (default: the last 30 days).
-fn range(q: &BTreeMap<String, String>, t: u64) -> Result<(u64, u64), Error> {
-    let from = match q.get("from") {
-        Some(v) => when("from", v, t)?,
-        None => t.saturating_sub(30 * 86_400),
-    };
-    let to = match q.get("to") {
-        Some(v) => when("to", v, t)?,
-        None => t,
-    };
-    if from >= to {
-        return Err(ApiError::bad_request("bad_query", "from: must be before to").into());
-    }
-    Ok((from, to))
+/// What the jobs report's rows are keyed by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum RowsBy {
+    #[default]
+    Queue,
+    Kind,
 }
+impl FromParam for RowsBy {
+    fn from_param(v: &str) -> Result<Self, String> {
+        match v {
+            "queue" => Ok(RowsBy::Queue),
+            "kind" => Ok(RowsBy::Kind),
+            _ => Err(format!("{v:?}; allowed: queue, kind")),
+        }
+    }
+}
+from_param!(RowsBy);
+
+#[derive(serde::Deserialize)]
+struct JobsParams {
+    #[serde(default)]
+    by: RowsBy,
+    from: Option<When>,
+    to: Option<When>,
+}
+impl ParamSet for JobsParams {}
 
 /// Waits, outcomes and preemptions of the jobs submitted in a range, by
 /// queue or kind.
 async fn jobs_report(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<JobsParams>,
 ) -> Reply<Vec<api::JobsRow>> {
-    only(&q, &["by", "from", "to"])?;
-    let by_kind = match q.get("by").map(String::as_str) {
-        None | Some("queue") => false,
-        Some("kind") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("by: {other:?}; allowed: queue, kind"),
-            )
-            .into());
-        }
-    };
-    let (from, to) = range(&q, shared.now())?;
+    let by_kind = q.by == RowsBy::Kind;
+    let (from, to) = Range {
+        from: q.from,
+        to: q.to,
+    }
+    .at(shared.now())?;
     let _turn = shared.reports.acquire().await;
     let mut rows = crate::accounting::JobRows::new(by_kind, (from, to));
     crate::each_job(&shared, seen_team(&caller), |j| rows.add(&j)).await?;
     Ok(Json(rows.rows()))
 }
 
+#[derive(serde::Deserialize)]
+struct UsageParams {
+    by: Option<String>,
+    period: Option<String>,
+    from: Option<When>,
+    to: Option<When>,
+}
+impl ParamSet for UsageParams {}
+
 async fn usage(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<UsageParams>,
 ) -> Reply<api::UsageReport> {
-    only(&q, &["by", "period", "from", "to"])?;
-    let by_name = q.get("by").map_or("team", String::as_str);
+    let by_name = q.by.as_deref().unwrap_or("team");
     let by = crate::accounting::By::parse(by_name).ok_or_else(|| {
         Error(ApiError::bad_request(
             "bad_query",
@@ -149,7 +143,7 @@ async fn usage(
             ),
         ))
     })?;
-    let period_name = q.get("period").map_or("all", String::as_str);
+    let period_name = q.period.as_deref().unwrap_or("all");
     let period = crate::accounting::Period::parse(period_name).ok_or_else(|| {
         Error(ApiError::bad_request(
             "bad_query",
@@ -157,7 +151,11 @@ async fn usage(
         ))
     })?;
     let t = shared.now();
-    let (from, to) = range(&q, t)?;
+    let (from, to) = Range {
+        from: q.from,
+        to: q.to,
+    }
+    .at(t)?;
     let (projects, prices) = {
         let world = shared.world.lock().await;
         (world.projects.clone(), world.prices.clone())
@@ -179,36 +177,20 @@ async fn usage(
 /// Jobs holding GPUs whose sampled utilisation stays below `below_pct`
 /// (default 10) and that have held them for at least `for` (an age, default
 /// 1h): the jobs and notebooks to ask about, by GPU-hours held.
+#[derive(serde::Deserialize)]
+struct LowUseParams {
+    below_pct: Option<Percent>,
+    r#for: Option<Age>,
+}
+impl ParamSet for LowUseParams {}
+
 async fn low_use(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(q): Params<LowUseParams>,
 ) -> Reply<Vec<api::LowUse>> {
-    only(&q, &["below_pct", "for"])?;
-    let below: f64 = match q.get("below_pct") {
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|b: &f64| (0.0..=100.0).contains(b))
-            .ok_or_else(|| {
-                Error(ApiError::bad_request(
-                    "bad_query",
-                    "below_pct: a percentage from 0 to 100",
-                ))
-            })?,
-        None => 10.0,
-    };
-    let held_for = match q.get("for") {
-        Some(v) => humantime::parse_duration(v)
-            .map_err(|_| {
-                Error(ApiError::bad_request(
-                    "bad_query",
-                    format!("for: {v:?} is not a duration such as 30m or 2h"),
-                ))
-            })?
-            .as_secs(),
-        None => 3600,
-    };
+    let below = q.below_pct.map_or(10.0, |p| p.0);
+    let held_for = q.r#for.map_or(3600, |a| a.0);
     let t = shared.now();
     let world = shared.world.lock().await;
     let mut out: Vec<api::LowUse> = world
@@ -239,11 +221,10 @@ async fn low_use(
 async fn advice(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(range): Params<Range>,
 ) -> Reply<Vec<api::Advice>> {
-    only(&q, &["from", "to"])?;
     let t = shared.now();
-    let range = range(&q, t)?;
+    let range = range.at(t)?;
     let (offer, prices) = {
         let world = shared.world.lock().await;
         let mut offer = crate::accounting::Offer {
@@ -284,12 +265,11 @@ async fn advice(
 async fn workload(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(range): Params<Range>,
 ) -> Reply<api::RecordedWorkload> {
     caller.need_admin("reading the recorded workload")?;
-    only(&q, &["from", "to"])?;
     let t = shared.now();
-    let range = range(&q, t)?;
+    let range = range.at(t)?;
     let _turn = shared.reports.acquire().await;
     let jobs = crate::every_job(&shared).await?;
     let world = shared.world.lock().await;

@@ -45,15 +45,14 @@ fn owned<'w>(
 async fn list_services(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<api::ServiceView>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
         page.of(&world.services)
             .map(|(_, s)| s)
             .filter(|s| caller.sees(&s.team))
-            .take(page.limit)
+            .take(page.limit.0)
             .map(|s| crate::services::view(&world, s))
             .collect(),
     ))

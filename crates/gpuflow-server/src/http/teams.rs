@@ -11,15 +11,14 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 async fn list_teams(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<Team>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
         page.of(&world.teams)
             .map(|(_, t)| t)
             .filter(|t| caller.sees(&t.name))
-            .take(page.limit)
+            .take(page.limit.0)
             .map(api::Team::redacted)
             .collect(),
     ))

@@ -108,9 +108,8 @@ async fn create_token(
 async fn list_tokens(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<api::TokenView>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     let at = shared.now();
     let mut out: Vec<api::TokenView> = world
@@ -127,7 +126,7 @@ async fn list_tokens(
         .filter(|t| page.after.as_ref().is_none_or(|a| &t.id > a))
         .collect();
     out.sort_by(|a, b| a.id.cmp(&b.id));
-    out.truncate(page.limit);
+    out.truncate(page.limit.0);
     Ok(Json(out))
 }
 /// `DELETE /v1/tokens/{id}`: revokes a token the caller manages.

@@ -13,15 +13,14 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 async fn list_users(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    Query(q): Query<BTreeMap<String, String>>,
+    Params(page): Params<NamePage>,
 ) -> Reply<Vec<User>> {
-    let page = NamePage::parse(&q)?;
     let world = shared.world.lock().await;
     Ok(Json(
         page.of(&world.users)
             .map(|(_, u)| u)
             .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
-            .take(page.limit)
+            .take(page.limit.0)
             .cloned()
             .collect(),
     ))
