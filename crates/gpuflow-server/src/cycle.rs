@@ -706,20 +706,10 @@ impl Computed {
 fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     let mut change = Change::default();
     for n in world.nodes.values() {
-        if n.state != NodeState::Lost && n.last_heartbeat + cfg.node_timeout_s < t {
+        if crate::nodes::overdue(n, cfg.node_timeout_s, t) {
             let mut n = n.clone();
-            n.state = NodeState::Lost;
-            change.event(
-                t,
-                None,
-                "",
-                EventKind::NodeLost,
-                format!(
-                    "node {} lost: no heartbeat for {} s",
-                    n.name,
-                    t - n.last_heartbeat
-                ),
-            );
+            let (kind, said) = crate::nodes::lost(&mut n, t);
+            change.event(t, None, "", kind, said);
             change.nodes.insert(n.name.clone(), n);
         }
     }

@@ -13,9 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuflow_api::{self as api, JobSpec, JobState, TaskGroupSpec};
+use gpuflow_api::{self as api, JobSpec, TaskGroupSpec};
 
-use crate::state::{Held, JobRec, World};
+use crate::state::{JobRec, World};
 
 /// Bounds of one report's fields.
 const MAX_KEY: usize = 512;
@@ -106,57 +106,6 @@ fn record(id: u64, cluster: &str, w: &api::ExternalWorkload, now: u64) -> JobRec
     j
 }
 
-/// Brings a workload's record up to its report at `now`.
-fn update(j: &mut JobRec, cluster: &str, w: &api::ExternalWorkload, now: u64) {
-    let open = j.held.iter_mut().rev().find(|h| h.to.is_none());
-    match (&w.running, open) {
-        (Some(h), Some(o)) if o.gpu_milli == h.gpu_milli && o.model == h.model => {}
-        (Some(h), open) => {
-            // A new hold: its first, or what it holds changed.
-            let from = match open {
-                Some(o) => {
-                    o.to = Some(now);
-                    now
-                }
-                None => h.since.clamp(j.submitted_at, now),
-            };
-            j.attempts += 1;
-            if h.gpu_milli > 0 {
-                j.held.push(Held {
-                    attempt: j.attempts,
-                    from,
-                    to: None,
-                    gpu_milli: h.gpu_milli,
-                    model: h.model.clone(),
-                    util_pct: None,
-                });
-            }
-            j.started_at.get_or_insert(from);
-            j.flavor = h.model.clone();
-        }
-        // It ran and waits again: preempted (or its pods were recreated).
-        (None, Some(o)) => {
-            o.to = Some(now);
-            j.preemptions += 1;
-        }
-        (None, None) => {}
-    }
-    let (state, reason) = match &w.running {
-        Some(_) => (
-            JobState::Running,
-            format!("running on Kubernetes cluster {cluster}"),
-        ),
-        None if w.reason.is_empty() => (
-            JobState::Pending,
-            format!("waiting in Kubernetes cluster {cluster}"),
-        ),
-        None => (JobState::Pending, w.reason.chars().take(4096).collect()),
-    };
-    j.state = state;
-    j.reason = reason;
-    j.spec.priority = w.priority;
-}
-
 /// A cluster's report applied at `now`: the records that changed (new ones
 /// with ids from `world.next_job` on), and what became of each workload.
 pub fn apply(
@@ -197,7 +146,7 @@ pub fn apply(
             }
         };
         let before = j.clone();
-        update(&mut j, cluster, w, now);
+        crate::lifecycle::reported_elsewhere(&mut j, cluster, w, now);
         if j != before || !world.external.contains_key(&j.id) {
             out.push(j);
         }
@@ -210,21 +159,7 @@ pub fn apply(
             continue;
         }
         let mut j = j.clone();
-        let ran = j.started_at.is_some();
-        for h in j.held.iter_mut().filter(|h| h.to.is_none()) {
-            h.to = Some(now);
-        }
-        j.state = if ran {
-            JobState::Succeeded
-        } else {
-            JobState::Cancelled
-        };
-        j.reason = if ran {
-            format!("its pods finished or were deleted in Kubernetes cluster {cluster}")
-        } else {
-            format!("its pods were deleted in Kubernetes cluster {cluster} before they ran")
-        };
-        j.finished_at = Some(now);
+        crate::lifecycle::gone_elsewhere(&mut j, cluster, now);
         out.push(j);
         result.finished += 1;
     }
@@ -233,6 +168,8 @@ pub fn apply(
 
 #[cfg(test)]
 mod tests {
+    use gpuflow_api::JobState;
+
     use super::*;
 
     fn world() -> World {

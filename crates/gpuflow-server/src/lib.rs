@@ -21,6 +21,7 @@ pub mod http;
 pub mod leader;
 pub mod lifecycle;
 pub mod listen;
+pub mod nodes;
 pub mod oidc;
 pub mod openapi;
 pub mod output;

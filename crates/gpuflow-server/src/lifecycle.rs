@@ -14,13 +14,17 @@
 //!                                              ▼
 //!                       pending (requeue, retry after backoff) | suspended | cancelled | failed
 //! ```
+//! Workloads another scheduler runs (Kubernetes, `external.rs`) only follow
+//! their cluster's reports: pending or running as reported, finished when
+//! they leave the report.
+//!
 //! A lost node requeues at once (its keepers have stopped its tasks by the
 //! end of its lease); a task stopped on its node without an order ends the
 //! attempt and requeues it.
 
 use gpuflow_api::{self as api, JobSpec, JobState, TaskPhase, TaskReport};
 
-use crate::state::{AfterStop, Alloc, JobRec, TaskState};
+use crate::state::{AfterStop, Alloc, Held, JobRec, TaskState};
 
 /// The kind of the event a transition records.
 pub type Kind = crate::event::EventKind;
@@ -712,4 +716,77 @@ pub fn finish_stop(j: &mut JobRec, t: u64, why: &str) {
     }
     j.state = state;
     j.reason = reason;
+}
+/// A workload another scheduler runs (`external.rs`), brought up to its
+/// cluster's report at `now`: a hold opens when it first runs and closes
+/// when it stops running (preempted: it waits again) or what it holds
+/// changes; it is running or pending as reported.
+pub fn reported_elsewhere(j: &mut JobRec, cluster: &str, w: &api::ExternalWorkload, now: u64) {
+    let open = j.held.iter_mut().rev().find(|h| h.to.is_none());
+    match (&w.running, open) {
+        (Some(h), Some(o)) if o.gpu_milli == h.gpu_milli && o.model == h.model => {}
+        (Some(h), open) => {
+            // A new hold: its first, or what it holds changed.
+            let from = match open {
+                Some(o) => {
+                    o.to = Some(now);
+                    now
+                }
+                None => h.since.clamp(j.submitted_at, now),
+            };
+            j.attempts += 1;
+            if h.gpu_milli > 0 {
+                j.held.push(Held {
+                    attempt: j.attempts,
+                    from,
+                    to: None,
+                    gpu_milli: h.gpu_milli,
+                    model: h.model.clone(),
+                    util_pct: None,
+                });
+            }
+            j.started_at.get_or_insert(from);
+            j.flavor = h.model.clone();
+        }
+        // It ran and waits again: preempted (or its pods were recreated).
+        (None, Some(o)) => {
+            o.to = Some(now);
+            j.preemptions += 1;
+        }
+        (None, None) => {}
+    }
+    let (state, reason) = match &w.running {
+        Some(_) => (
+            JobState::Running,
+            format!("running on Kubernetes cluster {cluster}"),
+        ),
+        None if w.reason.is_empty() => (
+            JobState::Pending,
+            format!("waiting in Kubernetes cluster {cluster}"),
+        ),
+        None => (JobState::Pending, w.reason.chars().take(4096).collect()),
+    };
+    j.state = state;
+    j.reason = reason;
+    j.spec.priority = w.priority;
+}
+
+/// A workload another scheduler ran that left its cluster's report at
+/// `now`: succeeded if it ever ran, else cancelled; its hold closes.
+pub fn gone_elsewhere(j: &mut JobRec, cluster: &str, now: u64) {
+    let ran = j.started_at.is_some();
+    for h in j.held.iter_mut().filter(|h| h.to.is_none()) {
+        h.to = Some(now);
+    }
+    j.state = if ran {
+        JobState::Succeeded
+    } else {
+        JobState::Cancelled
+    };
+    j.reason = if ran {
+        format!("its pods finished or were deleted in Kubernetes cluster {cluster}")
+    } else {
+        format!("its pods were deleted in Kubernetes cluster {cluster} before they ran")
+    };
+    j.finished_at = Some(now);
 }

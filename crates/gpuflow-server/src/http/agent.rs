@@ -15,8 +15,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use gpuflow_api::{
-    self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, NodeState, Register,
-    Registered, StopOrder, TaskReport,
+    self as api, ApiError, Desired, DesiredTask, Heartbeat, JobState, Register, Registered,
+    StopOrder, TaskReport,
 };
 use gpuflow_core::cluster::{MAX_GPUS_PER_NODE, MAX_MIG_INSTANCES};
 
@@ -26,7 +26,7 @@ use crate::event::EventKind;
 use crate::groupcommit::{Receiver, group};
 use crate::http::{Error, parse_json};
 use crate::secret::{hash, new_token};
-use crate::state::{NodeRec, World};
+use crate::state::World;
 use crate::{Change, Shared, commit};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
@@ -171,47 +171,20 @@ pub async fn register(
                 .into());
             }
             let mut n = n.clone();
-            n.state = n.admin_state;
-            n.inventory = req.inventory.clone();
-            n.token_hash = hash(&node_token);
-            n.last_heartbeat = at;
-            change.event(
+            let (kind, said) = crate::nodes::registered_again(
+                &mut n,
+                req.inventory.clone(),
+                hash(&node_token),
                 at,
-                None,
-                "",
-                EventKind::NodeRegistered,
-                format!("node {} registered again", n.name),
             );
+            change.event(at, None, "", kind, said);
             n
         }
         None => {
-            change.event(
-                at,
-                None,
-                "",
-                EventKind::NodeRegistered,
-                format!(
-                    "node {} joined with {} GPUs{}",
-                    req.node,
-                    req.inventory.gpus.len(),
-                    if req.inventory.emulated {
-                        " (emulated)"
-                    } else {
-                        ""
-                    }
-                ),
-            );
-            NodeRec {
-                name: req.node.clone(),
-                state: NodeState::Ready,
-                admin_state: NodeState::Ready,
-                address: req.inventory.address.clone(),
-                inventory: req.inventory.clone(),
-                token_hash: hash(&node_token),
-                last_heartbeat: at,
-                health_cleared_at: 0,
-                gpus_now: Vec::new(),
-            }
+            let (n, (kind, said)) =
+                crate::nodes::joined(&req.node, req.inventory.clone(), hash(&node_token), at);
+            change.event(at, None, "", kind, said);
+            n
         }
     };
     change.audit(
@@ -387,15 +360,8 @@ fn fold(shared: &Shared, world: &mut World, beat: &Beat, at: u64) -> Result<(Cha
     }
     let mut change = Change::default();
     let mut n = node;
-    if n.state == NodeState::Lost {
-        n.state = n.admin_state;
-        change.event(
-            at,
-            None,
-            "",
-            EventKind::NodeBack,
-            format!("node {} is back", n.name),
-        );
+    if let Some((kind, said)) = crate::nodes::heard(&mut n) {
+        change.event(at, None, "", kind, said);
     }
     let inventory_changed = n.inventory != hb.inventory;
     // GPUs that turned unhealthy, or healthy again: events.

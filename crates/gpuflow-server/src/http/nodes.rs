@@ -155,18 +155,8 @@ async fn node_action(
         // The machine behind the name is gone: its token no longer works,
         // its work is requeued as for a lost node, and the next agent that
         // registers the name with the join token takes it.
-        n.token_hash.clear();
-        n.state = NodeState::Lost;
-        change.event(
-            at,
-            None,
-            "",
-            EventKind::NodeReplace,
-            format!(
-                "node {name} released for replacement by {}; its work is requeued",
-                caller.user.name
-            ),
-        );
+        let (kind, said) = crate::nodes::released(&mut n, &caller.user.name);
+        change.event(at, None, "", kind, said);
     } else {
         let state = match action.as_str() {
             "drain" => NodeState::Draining,
@@ -179,23 +169,8 @@ async fn node_action(
                 .into());
             }
         };
-        n.admin_state = state;
-        if n.state != NodeState::Lost {
-            n.state = state;
-        }
-        let what = match action.as_str() {
-            "drain" => format!(
-                "node {name} draining (by {}): running jobs finish, service replicas move to other nodes, nothing new starts",
-                caller.user.name
-            ),
-            _ => format!("node {name} {action}ed by {}", caller.user.name),
-        };
-        let kind = match state {
-            NodeState::Draining => EventKind::NodeDrain,
-            NodeState::Cordoned => EventKind::NodeCordon,
-            _ => EventKind::NodeUncordon,
-        };
-        change.event(at, None, "", kind, what);
+        let (kind, said) = crate::nodes::set_by_admin(&mut n, state, &caller.user.name);
+        change.event(at, None, "", kind, said);
     }
     change.audit(
         at,
