@@ -309,7 +309,7 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
         let counts = rt.block_on(async {
             let w = shared.world.lock().await;
             let mut by = std::collections::BTreeMap::<&str, usize>::new();
-            for j in w.jobs.values() {
+            for j in w.jobs().values() {
                 *by.entry(j.state.as_str()).or_default() += 1;
             }
             format!("{by:?}")
@@ -381,7 +381,7 @@ pub(crate) fn burst(nodes: usize, jobs: usize, limit_s: u64) -> anyhow::Result<(
     let mut desired: Vec<Vec<(u64, u32, u16, u32)>> = vec![Vec::new(); nodes];
     let held = |w: &gpuflow_server::state::World| -> (u64, u64) {
         let (mut alloc, mut run) = (0u64, 0u64);
-        for j in w.jobs.values() {
+        for j in w.jobs().values() {
             let g = gpuflow_server::convert::quota_milli(&j.spec) / 1000;
             if j.state.allocated() {
                 alloc += g;

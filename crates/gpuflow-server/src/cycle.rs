@@ -176,7 +176,7 @@ pub async fn run_once_with(
     }
     // Explanations are recomputed every cycle: kept in memory, not stored.
     for (id, why) in out.whys {
-        if let Some(state) = world.jobs.get(&id).map(|j| j.state) {
+        if let Some(state) = world.jobs().get(&id).map(|j| j.state) {
             world.why.insert(id, api::Why { state, ..why });
         }
     }
@@ -213,7 +213,7 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
     // Per queue: the earliest time one of its jobs may be reclaimed.
     let mut first_preemptible: BTreeMap<&str, u64> = BTreeMap::new();
     for j in world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| j.state.allocated() && j.flavor == flavor)
     {
@@ -291,7 +291,7 @@ async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerE
         return Ok(());
     };
     let mut world = shared.world.lock().await;
-    let Some(mut j) = world.jobs.get(&id).cloned() else {
+    let Some(mut j) = world.jobs().get(&id).cloned() else {
         return Ok(());
     };
     let kind = lifecycle::set_aside(
@@ -374,13 +374,13 @@ impl Taken {
     /// `None` when nothing waits and nothing runs.
     fn take(world: &World, t: u64, server: &crate::Config) -> Option<Taken> {
         let pending = world
-            .jobs
+            .jobs()
             .values()
             .filter(|j| j.state == JobState::Pending)
             .count();
         // Fair share charges what runs whether or not anything waits;
         // nothing to do only when nothing runs either.
-        if pending == 0 && !world.jobs.values().any(|j| j.state.allocated()) {
+        if pending == 0 && !world.jobs().values().any(|j| j.state.allocated()) {
             return None;
         }
         let snap = snapshot(world, t);
@@ -392,12 +392,12 @@ impl Taken {
             t,
             pending,
             shapes: world
-                .nodes
+                .nodes()
                 .iter()
                 .map(|(name, n)| (name.clone(), shape(n)))
                 .collect(),
             versions: world
-                .jobs
+                .jobs()
                 .values()
                 .filter(|j| j.state == JobState::Pending || j.state.allocated())
                 .map(|j| (j.id, (j.state, j.attempts)))
@@ -486,11 +486,11 @@ impl Computed {
         let mut stale = 0;
         // The job as it was at the snapshot, if it still is.
         let same = |id: u64| -> Option<JobRec> {
-            let j = world.jobs.get(&id)?;
+            let j = world.jobs().get(&id)?;
             (taken.versions.get(&id) == Some(&(j.state, j.attempts))).then(|| j.clone())
         };
         let unchanged =
-            |node: &str| world.nodes.get(node).map(shape).as_ref() == taken.shapes.get(node);
+            |node: &str| world.nodes().get(node).map(shape).as_ref() == taken.shapes.get(node);
         for (id, _, reason) in &taken.snap.evicted {
             let Some(mut j) = same(*id) else {
                 continue;
@@ -541,7 +541,7 @@ impl Computed {
                     let node = snap.node_names[a.node.0 as usize].clone();
                     let pick: crate::state::Pick = a.pick.into();
                     let gpu_uuids = world
-                        .nodes
+                        .nodes()
                         .get(&node)
                         .map(|n| Alloc::uuids_of(&pick, &n.inventory))
                         .unwrap_or_default();
@@ -566,14 +566,14 @@ impl Computed {
                 .map(|a| a.node.as_str())
                 .filter(|n| {
                     world
-                        .nodes
+                        .nodes()
                         .get(*n)
                         .is_some_and(|n| !n.inventory.limits.enforced())
                 })
                 .collect();
             unlimited.dedup();
             for n in unlimited {
-                let note = &world.nodes[n].inventory.limits.note;
+                let note = &world.nodes()[n].inventory.limits.note;
                 change.event(
                     t,
                     Some(j.id),
@@ -705,7 +705,7 @@ impl Computed {
 /// Node and job timers.
 fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     let mut change = Change::default();
-    for n in world.nodes.values() {
+    for n in world.nodes().values() {
         if crate::nodes::overdue(n, cfg.node_timeout_s, t) {
             let mut n = n.clone();
             let (kind, said) = crate::nodes::lost(&mut n, t);
@@ -717,12 +717,12 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
         change
             .nodes
             .get(name)
-            .or_else(|| world.nodes.get(name))
+            .or_else(|| world.nodes().get(name))
             .is_none_or(|n| n.state == NodeState::Lost)
     };
     let mut jobs = Vec::new();
     let mut idle = Vec::new();
-    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+    for j in world.jobs().values().filter(|j| j.state.allocated()) {
         let mut next = j.clone();
         let kind = match j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n)) {
             Some(node) => Some(lifecycle::node_lost(&mut next, node, t)),

@@ -56,11 +56,11 @@ pub fn status(kind: DepKind, job: u64, state: JobState, started: bool) -> Status
 /// Job `id`'s state and whether it has started, from memory or, for a job
 /// long finished, its summary.
 fn state_of(world: &World, id: u64) -> Option<(JobState, bool)> {
-    if let Some(j) = world.jobs.get(&id) {
+    if let Some(j) = world.jobs().get(&id) {
         return Some((j.state, j.started_at.is_some() || j.attempts > 0));
     }
     world
-        .summaries
+        .summaries()
         .get(&id)
         .map(|s| (s.state, s.state.finished()))
 }
@@ -103,7 +103,7 @@ pub fn resolve(
     for term in &d.terms {
         for target in &term.targets {
             let id = target.id;
-            let Some(s) = world.summaries.get(&id) else {
+            let Some(s) = world.summaries().get(&id) else {
                 return Err(format!("job {id} does not exist"));
             };
             if s.team != team {
@@ -128,7 +128,7 @@ pub fn resolve(
                     vec![element(i)?.ok_or_else(|| format!("array {id} has no index {i}"))?]
                 }
                 (_, None) if is_array => world
-                    .summaries
+                    .summaries()
                     .range(id..)
                     .take_while(|(_, e)| e.array == Some(id))
                     .map(|(&k, _)| k)
@@ -166,7 +166,7 @@ pub fn resolve(
 #[must_use]
 pub fn settle(world: &World, t: u64) -> Vec<(JobRec, Option<(crate::event::EventKind, String)>)> {
     let mut out = Vec::new();
-    for j in world.jobs.values() {
+    for j in world.jobs().values() {
         if j.state != JobState::Pending || j.waits_on.is_empty() {
             continue;
         }
@@ -250,7 +250,7 @@ impl<'w> Singles<'w> {
     #[must_use]
     pub fn of(world: &'w World) -> Singles<'w> {
         let wanted = world
-            .jobs
+            .jobs()
             .values()
             .any(|j| j.state == JobState::Pending && is_singleton(j));
         if !wanted {
@@ -263,7 +263,7 @@ impl<'w> Singles<'w> {
     #[must_use]
     pub fn all(world: &'w World) -> Singles<'w> {
         let mut first = BTreeMap::new();
-        for j in world.jobs.values().filter(|j| !j.state.finished()) {
+        for j in world.jobs().values().filter(|j| !j.state.finished()) {
             first
                 .entry((j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
                 .and_modify(|id: &mut u64| *id = (*id).min(j.id))

@@ -135,9 +135,8 @@ pub fn apply(
             continue;
         }
         let mut j = match world
-            .external_keys
-            .get(&(cluster.to_string(), w.key.clone()))
-            .and_then(|id| world.external.get(id))
+            .external_id(cluster, &w.key)
+            .and_then(|id| world.external().get(&id))
         {
             Some(old) => old.clone(),
             None => {
@@ -147,13 +146,13 @@ pub fn apply(
         };
         let before = j.clone();
         crate::lifecycle::reported_elsewhere(&mut j, cluster, w, now);
-        if j != before || !world.external.contains_key(&j.id) {
+        if j != before || !world.external().contains_key(&j.id) {
             out.push(j);
         }
         result.recorded += 1;
     }
     // Those the last report had and this one does not have finished.
-    for j in world.external.values() {
+    for j in world.external().values() {
         let Some(e) = &j.external else { continue };
         if e.cluster != cluster || seen.contains(e.key.as_str()) {
             continue;
@@ -245,8 +244,8 @@ mod tests {
         assert_eq!(recs[0].state, JobState::Succeeded);
         assert_eq!(recs[0].held[0].to, Some(200));
         put(&mut w, recs);
-        assert!(w.external.is_empty());
-        assert_eq!(w.summaries.len(), 1);
+        assert!(w.external().is_empty());
+        assert_eq!(w.summaries().len(), 1);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::state::World;
 /// Why no node could ever hold `spec`, naming what the cluster has; `None`
 /// when some could.
 pub fn never_fits(world: &World, spec: &JobSpec) -> Option<String> {
-    let nodes: Vec<&api::Inventory> = world.nodes.values().map(|n| &n.inventory).collect();
+    let nodes: Vec<&api::Inventory> = world.nodes().values().map(|n| &n.inventory).collect();
     if nodes.is_empty() {
         return None;
     }

@@ -378,7 +378,7 @@ pub async fn each_job(
     let live: Vec<JobRec> = {
         let world = shared.world.lock().await;
         world
-            .jobs
+            .jobs()
             .values()
             .filter(|j| team.is_none_or(|t| j.team == t))
             .cloned()
@@ -617,10 +617,7 @@ pub async fn open_with(
     world.prune_finished(cfg.clock.now(), cfg.keep_finished_s);
     // Heartbeats missed while the server was down say nothing about the
     // nodes: every node gets a full timeout to report in again.
-    let t = cfg.clock.now();
-    for n in world.nodes.values_mut() {
-        n.last_heartbeat = n.last_heartbeat.max(t);
-    }
+    world.wait_for_heartbeats(cfg.clock.now());
     let rates = ratelimit::RateLimits::new(cfg.rate_per_token, cfg.rate_anonymous);
     let oidc = Arc::new(oidc::Oidc::new(&cfg.oidc));
     let shared = Arc::new(Shared {

@@ -28,7 +28,7 @@ pub fn ready(j: &JobRec) -> bool {
 /// The unfinished replicas of each service.
 fn replicas(world: &World) -> BTreeMap<&str, Vec<&JobRec>> {
     let mut out: BTreeMap<&str, Vec<&JobRec>> = BTreeMap::new();
-    for j in world.jobs.values().filter(|j| !j.state.finished()) {
+    for j in world.jobs().values().filter(|j| !j.state.finished()) {
         if let Some(s) = &j.service {
             out.entry(s.name.as_str()).or_default().push(j);
         }
@@ -84,7 +84,7 @@ pub fn reconcile(world: &World, t: u64) -> Change {
         let draining = |j: &JobRec| {
             j.allocs.iter().any(|a| {
                 world
-                    .nodes
+                    .nodes()
                     .get(&a.node)
                     .is_some_and(|n| n.state == api::NodeState::Draining)
             })
@@ -160,7 +160,7 @@ pub fn reconcile(world: &World, t: u64) -> Change {
 /// A service as its viewers see it.
 pub fn view(world: &World, svc: &ServiceRec) -> api::ServiceView {
     let mut members: Vec<api::ReplicaView> = world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| !j.state.finished())
         .filter(|j| j.service.as_ref().is_some_and(|s| s.name == svc.spec.name))
@@ -178,7 +178,7 @@ pub fn view(world: &World, svc: &ServiceRec) -> api::ServiceView {
         .iter()
         .filter(|m| m.ready)
         .filter_map(|m| {
-            let node = world.nodes.get(m.node.as_deref()?)?;
+            let node = world.nodes().get(m.node.as_deref()?)?;
             let host = if node.inventory.address.is_empty() {
                 node.name.clone()
             } else {
@@ -263,7 +263,7 @@ mod tests {
     fn apply(w: &mut World, c: Change) -> (usize, usize) {
         let (mut made, mut stopped) = (0, 0);
         for (_, j) in c.jobs {
-            if w.jobs.contains_key(&j.id) {
+            if w.jobs().contains_key(&j.id) {
                 stopped += 1;
             } else {
                 made += 1;
@@ -280,13 +280,15 @@ mod tests {
         assert_eq!(step(&mut w, 10), (2, 0), "two made");
         assert_eq!(step(&mut w, 11), (0, 0), "steady");
         // One fails: one new, the other untouched.
-        let first = *w.jobs.keys().next().unwrap();
-        w.jobs.get_mut(&first).unwrap().state = JobState::Failed;
+        let first = *w.jobs().keys().next().unwrap();
+        let mut failed = w.jobs()[&first].clone();
+        failed.state = JobState::Failed;
+        w.put_job(failed);
         let c = reconcile(&w, 12);
         assert!(
             !c.jobs
                 .keys()
-                .any(|id| *id != first && w.jobs.contains_key(id))
+                .any(|id| *id != first && w.jobs().contains_key(id))
         );
         assert_eq!(apply(&mut w, c), (1, 0));
     }
@@ -300,8 +302,8 @@ mod tests {
         assert_eq!(step(&mut w, 10), (1, 0));
         assert_eq!(step(&mut w, 11), (0, 0), "waits for readiness");
         // The new one is ready: one old one goes, and only one.
-        let new = *w.jobs.keys().max().unwrap();
-        let mut j = w.jobs[&new].clone();
+        let new = *w.jobs().keys().max().unwrap();
+        let mut j = w.jobs()[&new].clone();
         j.state = JobState::Running;
         j.tasks.push(running_task(8001, true));
         w.put_job(j);
@@ -315,7 +317,7 @@ mod tests {
         assert_eq!(stopped.len(), 1, "{:?}", c.jobs.keys());
         let (_, s) = apply(&mut w, c);
         assert_eq!(s, 1);
-        let ready_left = w.jobs.values().filter(|j| ready(j)).count();
+        let ready_left = w.jobs().values().filter(|j| ready(j)).count();
         assert!(ready_left >= 2, "never below replicas - max_unavailable");
     }
 }

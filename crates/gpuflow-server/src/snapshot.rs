@@ -267,7 +267,7 @@ pub(crate) fn snapshot_with(
     shrunk: &std::collections::BTreeSet<String>,
 ) -> Snapshot {
     // Nodes, in name order; the core's node id is the index.
-    let node_names: Vec<String> = world.nodes.keys().cloned().collect();
+    let node_names: Vec<String> = world.nodes().keys().cloned().collect();
     let node_id: BTreeMap<&str, NodeId> = node_names
         .iter()
         .enumerate()
@@ -275,7 +275,7 @@ pub(crate) fn snapshot_with(
         .collect();
     let mut nodes = Vec::new();
     let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
-    for (i, n) in world.nodes.values().enumerate() {
+    for (i, n) in world.nodes().values().enumerate() {
         let inv = &n.inventory;
         let islands = nvlink_islands(inv);
         let gpus: Vec<Gpu> = inv
@@ -351,7 +351,7 @@ pub(crate) fn snapshot_with(
     // (docs/benchmarks.md, "The placement's mix is what waits"); each
     // replica of a task group counts, as the pods of a gang would.
     let requests: Vec<(TaskRequest, u32)> = world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| j.state == JobState::Pending)
         .flat_map(|j| j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)))
@@ -369,7 +369,7 @@ pub(crate) fn snapshot_with(
     // Arrays with a limit: how many elements hold resources now; pending
     // elements go to the core, in id order, only up to the limit.
     let mut array_slots: BTreeMap<u64, u32> = BTreeMap::new();
-    for j in world.jobs.values().filter(|j| j.state.allocated()) {
+    for j in world.jobs().values().filter(|j| j.state.allocated()) {
         if let Some(a) = &j.array {
             *array_slots.entry(a.id).or_default() += 1;
         }
@@ -378,7 +378,7 @@ pub(crate) fn snapshot_with(
     let mut pending = Vec::new();
     let mut blocked = Vec::new();
     let mut evicted = Vec::new();
-    for j in world.jobs.values() {
+    for j in world.jobs().values() {
         let work = workload(j, &queues, &classes).map(|mut w| {
             w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
             w
@@ -392,7 +392,7 @@ pub(crate) fn snapshot_with(
                 .iter()
                 .filter_map(|a| {
                     let node = *node_id.get(a.node.as_str())?;
-                    let inv = &world.nodes[&a.node].inventory;
+                    let inv = &world.nodes()[&a.node].inventory;
                     let pick = match a.current_pick(inv) {
                         Ok(p) => p,
                         Err(e) => {
@@ -438,7 +438,7 @@ pub(crate) fn snapshot_with(
             }
             if let Err(a) = placer.apply(&allocations) {
                 let node = node_names[a.node.0 as usize].clone();
-                let inv = &world.nodes[&node].inventory;
+                let inv = &world.nodes()[&node].inventory;
                 let reason = format!(
                     "node {node} no longer holds its allocation: it reports {} GPUs, {} milli-CPU and {} MiB",
                     inv.gpus.len(),

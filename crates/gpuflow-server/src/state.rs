@@ -661,18 +661,19 @@ pub struct World {
     /// By token hash.
     pub tokens: BTreeMap<String, TokenRec>,
     pub queues: BTreeMap<String, QueueSpec>,
-    pub nodes: BTreeMap<String, NodeRec>,
-    /// Node token hash → node name (kept in step with `nodes` by `commit`).
-    pub node_by_token: BTreeMap<String, String>,
-    pub jobs: BTreeMap<u64, JobRec>,
+    nodes: BTreeMap<String, NodeRec>,
+    /// Node token hash → node name (kept in step with `nodes` by
+    /// [`World::put_node`]).
+    node_by_token: BTreeMap<String, String>,
+    jobs: BTreeMap<u64, JobRec>,
     /// Node name → the allocated jobs with a task there (kept in step with
     /// `jobs` by [`World::put_job`]), so a heartbeat reads its node's jobs
     /// only, not every job ever submitted.
-    pub on_node: BTreeMap<String, std::collections::BTreeSet<u64>>,
+    on_node: BTreeMap<String, std::collections::BTreeSet<u64>>,
     /// Every job ever submitted, in brief (for lists and access checks):
     /// `jobs` holds the unfinished ones and those finished lately only; the
     /// store has every one in full.
-    pub summaries: BTreeMap<u64, JobSummary>,
+    summaries: BTreeMap<u64, JobSummary>,
     pub next_job: u64,
     /// (user, idempotency key) → job.
     pub idempotency: BTreeMap<(String, String), u64>,
@@ -718,9 +719,9 @@ pub struct World {
     /// Reservations by name (ended ones too, until deleted).
     pub reservations: BTreeMap<String, api::Reservation>,
     /// Unfinished workloads other schedulers run (`external.rs`), by id.
-    pub external: BTreeMap<u64, JobRec>,
+    external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
-    pub external_keys: BTreeMap<(String, String), u64>,
+    external_keys: BTreeMap<(String, String), u64>,
     /// What each user's jobs of each kind ran lately, from the jobs that
     /// succeeded since the server started: running jobs' expected runtimes
     /// for start estimates (reservations and backfill keep to the declared
@@ -1054,6 +1055,64 @@ impl World {
             self.external_keys.insert((e.cluster, e.key), j.id);
             self.external.insert(j.id, j);
         }
+    }
+
+    /// The jobs in memory (unfinished, and finished lately), by id; they
+    /// change only through [`World::put_job`], which keeps the indexes in
+    /// step.
+    pub fn jobs(&self) -> &BTreeMap<u64, JobRec> {
+        &self.jobs
+    }
+
+    /// Every job ever submitted, in brief, by id.
+    pub fn summaries(&self) -> &BTreeMap<u64, JobSummary> {
+        &self.summaries
+    }
+
+    /// The nodes by name; they change only through [`World::put_node`]
+    /// (and [`World::heard_from`]), which keep the token index in step.
+    pub fn nodes(&self) -> &BTreeMap<String, NodeRec> {
+        &self.nodes
+    }
+
+    /// Node name → the allocated jobs with a task there, as the index
+    /// heartbeats read ([`World::jobs_on`]).
+    pub fn on_node(&self) -> &BTreeMap<String, std::collections::BTreeSet<u64>> {
+        &self.on_node
+    }
+
+    /// The node whose token has this hash.
+    pub fn node_of_token(&self, hash: &str) -> Option<&str> {
+        self.node_by_token.get(hash).map(String::as_str)
+    }
+
+    /// A heartbeat's liveness and GPU samples, kept in memory only (not
+    /// stored every time): nothing an index reads.
+    pub fn heard_from(&mut self, node: &str, at: u64, gpus_now: Vec<api::GpuSample>) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_heartbeat = at;
+            n.gpus_now = gpus_now;
+        }
+    }
+
+    /// Counts every node as heard from at `t` (a server starting: the
+    /// heartbeats missed while it was down say nothing about the nodes).
+    pub fn wait_for_heartbeats(&mut self, t: u64) {
+        for n in self.nodes.values_mut() {
+            n.last_heartbeat = n.last_heartbeat.max(t);
+        }
+    }
+
+    /// Unfinished workloads other schedulers run, by id.
+    pub fn external(&self) -> &BTreeMap<u64, JobRec> {
+        &self.external
+    }
+
+    /// The unfinished workload a cluster reports under `key`.
+    pub fn external_id(&self, cluster: &str, key: &str) -> Option<u64> {
+        self.external_keys
+            .get(&(cluster.to_string(), key.to_string()))
+            .copied()
     }
 
     /// Puts a job, keeping the index by node in step.

@@ -37,13 +37,20 @@ impl World {
                 self.notify_team(e);
                 continue;
             }
-            let Some(j) = e.job.and_then(|id| self.jobs.get(&id)) else {
+            // The job as a notification shows it, and whose it is.
+            let Some((id, user, team, job)) = e.job.and_then(|id| self.jobs().get(&id)).map(|j| {
+                let job = serde_json::json!({
+                    "id": j.id, "name": j.spec.name, "team": j.team, "user": j.user,
+                    "queue": j.spec.queue, "state": j.state.as_str(), "reason": j.reason,
+                });
+                (j.id, j.user.clone(), j.team.clone(), job)
+            }) else {
                 continue;
             };
             for h in self.hooks.by_id.values() {
                 let theirs = match &h.user {
-                    Some(u) => *u == j.user && (h.team.is_empty() || h.team == j.team),
-                    None => h.team == j.team,
+                    Some(u) => *u == user && (h.team.is_empty() || h.team == team),
+                    None => h.team == team,
                 };
                 if !theirs {
                     continue;
@@ -58,17 +65,14 @@ impl World {
                     "kind": e.kind,
                     "at": e.at,
                     "message": e.message,
-                    "job": {
-                        "id": j.id, "name": j.spec.name, "team": j.team, "user": j.user,
-                        "queue": j.spec.queue, "state": j.state.as_str(), "reason": j.reason,
-                    },
+                    "job": job,
                 })
                 .to_string();
                 self.hooks.outbox.push_back(Outgoing {
                     hook: h.id.clone(),
                     delivery: self.hooks.seq,
                     event: event.to_string(),
-                    job: j.id,
+                    job: id,
                     body,
                     attempt: 1,
                     due: Instant::now(),

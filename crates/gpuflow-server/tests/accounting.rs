@@ -103,7 +103,7 @@ impl Server {
             let w = self.shared.world.lock().await;
             tasks
                 .iter()
-                .map(|(id, _)| w.jobs.get(id).map_or(0, |j| j.attempts))
+                .map(|(id, _)| w.jobs().get(id).map_or(0, |j| j.attempts))
                 .collect()
         };
         let reports: Vec<Value> = tasks
@@ -259,7 +259,9 @@ async fn reconcile(store: Option<String>) {
     // The node is lost (its lease), its work requeued, then it is back.
     {
         let mut w = s.shared.world.lock().await;
-        w.nodes.get_mut("n1").unwrap().last_heartbeat -= 3600;
+        let mut n = w.nodes()["n1"].clone();
+        n.last_heartbeat -= 3600;
+        w.put_node(n);
     }
     s.cycle().await;
     assert_eq!(s.state(c, &admin).await, "pending");
@@ -337,14 +339,14 @@ async fn reconcile(store: Option<String>) {
     {
         let w = s.shared.world.lock().await;
         for (id, n) in [(a, 3), (b, 3), (c, 2)] {
-            let held = &w.jobs[&id].held;
+            let held = &w.jobs()[&id].held;
             assert_eq!(held.len(), n, "job {id}: {held:?}");
             let open: Vec<bool> = held.iter().map(|h| h.to.is_none()).collect();
             assert_eq!(open.iter().filter(|o| **o).count(), 1, "{held:?}");
             assert!(open[n - 1], "{held:?}");
         }
-        assert_eq!(w.jobs[&b].held[0].gpu_milli, 500, "half a GPU");
-        assert_eq!(w.jobs[&c].held[0].gpu_milli, 2000);
+        assert_eq!(w.jobs()[&b].held[0].gpu_milli, 500, "half a GPU");
+        assert_eq!(w.jobs()[&c].held[0].gpu_milli, 2000);
     }
     // The jobs report: a, b, c submitted and started, b failed once (its
     // retry runs), nothing preempted.
@@ -431,9 +433,9 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     s.ok("POST", "/v1/jobs", &admin, half).await;
     s.cycle().await;
     // The first job has held its GPUs for an hour.
-    s.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from -= 3600;
+    backdate(&s, id, 3600).await;
     let sample = json!([{"uuid": "GPU-1", "util_pct": 77, "memory_util_pct": 30, "memory_used_mib": 4096, "power_w": 250.5, "temperature_c": 60}]);
-    let attempt = s.shared.world.lock().await.jobs[&id].attempts;
+    let attempt = s.shared.world.lock().await.jobs()[&id].attempts;
     s.ok("POST", "/v1/agent/heartbeat", &nt, json!({"node": "n1", "inventory": inventory(), "gpus": sample,
         "tasks": [{"job": id, "attempt": attempt, "group": 0, "index": 0, "phase": "running", "started_at": 1}]})).await;
     let (st, _, _) = s.call("GET", "/metrics", &join, None).await;
@@ -536,7 +538,7 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
         value("gpuflow_cluster_fragmented_gpus", ("model", "H100")),
         Some(0.5)
     );
-    let team = s.shared.world.lock().await.jobs[&id].team.clone();
+    let team = s.shared.world.lock().await.jobs()[&id].team.clone();
     assert_eq!(
         value("gpuflow_team_allocated_gpus", ("team", &team)),
         Some(2.5)
@@ -615,7 +617,7 @@ async fn metrics_parse_as_prometheus_text_with_names_after_the_style() {
     )
     .await;
     s.cycle().await;
-    let held = s.shared.world.lock().await.jobs[&id].held.clone();
+    let held = s.shared.world.lock().await.jobs()[&id].held.clone();
     assert!(held[0].to.is_some(), "{held:?}");
     // The wait histogram counts since the server started: finished jobs
     // that leave memory stay counted (it counted the jobs in memory, so
@@ -867,7 +869,7 @@ async fn project_budgets_stop_their_jobs_and_cost_budgets_count_at_the_prices() 
         .unwrap();
     s.cycle().await;
     s.beat("n1", &nt, &[(a, "running")]).await;
-    s.shared.world.lock().await.jobs.get_mut(&a).unwrap().held[0].from -= 7200;
+    backdate(&s, a, 7200).await;
     gpuflow_server::accounting::refresh_budgets(&s.shared, s.shared.now())
         .await
         .unwrap();
@@ -1140,4 +1142,12 @@ async fn kubernetes_workloads_are_accounted_kept_across_a_restart_and_closed_pos
         Ok(None) => eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)"),
         Err(e) => panic!("{e}"),
     }
+}
+
+/// Moves the start of job `id`'s first hold `secs` earlier, in memory.
+async fn backdate(s: &Server, id: u64, secs: u64) {
+    let mut w = s.shared.world.lock().await;
+    let mut j = w.jobs()[&id].clone();
+    j.held[0].from -= secs;
+    w.put_job(j);
 }

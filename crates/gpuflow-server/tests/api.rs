@@ -877,7 +877,7 @@ async fn submissions_that_arrive_together_are_stored_together() {
         assert_eq!(status, 201, "{v}");
         let id = v["id"].as_u64().unwrap();
         // Acknowledged: the store has it, and so does the state.
-        assert!(h.shared.world.lock().await.jobs.contains_key(&id));
+        assert!(h.shared.world.lock().await.jobs().contains_key(&id));
         ids.insert(id);
     }
     assert_eq!(ids.len(), 64, "every submission has its own id");
@@ -921,7 +921,7 @@ async fn a_submission_whose_client_leaves_mid_request_is_stored_once() {
         }
     };
     assert_eq!(h.stored_jobs().await, 1, "answers {answers:?}");
-    assert!(h.shared.world.lock().await.jobs.contains_key(&id));
+    assert!(h.shared.world.lock().await.jobs().contains_key(&id));
 }
 
 // ------------------------------------------------------------------ OpenAPI

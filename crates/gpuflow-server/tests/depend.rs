@@ -89,7 +89,7 @@ async fn beat(h: &H, node: &str, jobs: &[u64], code: Option<i32>) {
     let attempts: Vec<u32> = {
         let w = h.shared.world.lock().await;
         jobs.iter()
-            .map(|id| w.jobs.get(id).map_or(0, |j| j.attempts))
+            .map(|id| w.jobs().get(id).map_or(0, |j| j.attempts))
             .collect()
     };
     let tasks: Vec<Value> = jobs

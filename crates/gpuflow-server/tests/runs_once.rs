@@ -112,7 +112,7 @@ async fn check_no_gpu_held_twice(h: &H) {
     let w = h.shared.world.lock().await;
     let mut whole: BTreeMap<String, u64> = BTreeMap::new();
     let mut shared: BTreeMap<String, (u64, String)> = BTreeMap::new();
-    for j in w.jobs.values().filter(|j| j.state.allocated()) {
+    for j in w.jobs().values().filter(|j| j.state.allocated()) {
         for a in &j.allocs {
             let uuids = if a.gpu_uuids.is_empty() {
                 a.pick
@@ -150,12 +150,12 @@ async fn check_no_gpu_held_twice(h: &H) {
     }
     // The index heartbeats read agrees with the jobs.
     let mut recount: BTreeMap<String, std::collections::BTreeSet<u64>> = BTreeMap::new();
-    for j in w.jobs.values().filter(|j| j.state.allocated()) {
+    for j in w.jobs().values().filter(|j| j.state.allocated()) {
         for a in &j.allocs {
             recount.entry(a.node.clone()).or_default().insert(j.id);
         }
     }
-    let mut index = w.on_node.clone();
+    let mut index = w.on_node().clone();
     index.retain(|_, ids| !ids.is_empty());
     assert_eq!(index, recount, "the jobs-by-node index drifted");
 }
@@ -228,7 +228,7 @@ async fn gpus_are_followed_by_uuid_and_a_vanished_one_evicts_its_job() {
         let h = &h;
         async move {
             let w = h.shared.world.lock().await;
-            w.jobs
+            w.jobs()
                 .values()
                 .find(|j| j.allocs.iter().any(|a| a.gpu_uuids == [uuid]))
                 .map(|j| j.id)
@@ -458,7 +458,7 @@ async fn run_ops(ops: Vec<Op>) {
                 let (name, tok, uuids, mem) = &nodes[node as usize];
                 let reports: Vec<(u64, u64, &str)> = {
                     let w = h.shared.world.lock().await;
-                    w.jobs
+                    w.jobs()
                         .values()
                         .filter(|j| {
                             j.state.allocated() && j.allocs.iter().any(|al| &al.node == name)
@@ -482,8 +482,10 @@ async fn run_ops(ops: Vec<Op>) {
             Op::Lose(n) => {
                 let name = nodes[n as usize].0.clone();
                 let mut w = h.shared.world.lock().await;
-                if let Some(node) = w.nodes.get_mut(&name) {
+                if let Some(node) = w.nodes().get(&name) {
+                    let mut node = node.clone();
                     node.last_heartbeat = 0;
+                    w.put_node(node);
                 }
             }
             Op::Cycle => cycle(&h).await,
@@ -498,7 +500,7 @@ async fn run_ops(ops: Vec<Op>) {
         // Quotas hold, time slices included: queue t never holds more than its cap.
         let w = h.shared.world.lock().await;
         let held: u64 = w
-            .jobs
+            .jobs()
             .values()
             .filter(|j| j.state.allocated() && j.spec.queue == "t")
             .map(|j| gpuflow_server::convert::quota_milli(&j.spec))
@@ -841,7 +843,7 @@ async fn a_gang_that_needs_nvlink_lands_on_one_nvlink_island() {
     cycle(&h).await;
     let w = h.shared.world.lock().await;
     let held = |id: u64| -> Vec<String> {
-        let mut u: Vec<String> = w.jobs[&id]
+        let mut u: Vec<String> = w.jobs()[&id]
             .allocs
             .iter()
             .flat_map(|a| a.gpu_uuids.clone())
@@ -855,7 +857,7 @@ async fn a_gang_that_needs_nvlink_lands_on_one_nvlink_island() {
         gang_gpus.len(),
         2,
         "the gang was not admitted: {:?}",
-        w.jobs[&gang].reason
+        w.jobs()[&gang].reason
     );
     assert_eq!(
         island(&gang_gpus[0]),
@@ -924,8 +926,8 @@ async fn finished_jobs_leave_memory_and_are_read_from_the_store() {
     assert_eq!(left, 1);
     {
         let w = h.shared.world.lock().await;
-        assert!(!w.jobs.contains_key(&done));
-        assert!(w.jobs.contains_key(&waiting));
+        assert!(!w.jobs().contains_key(&done));
+        assert!(w.jobs().contains_key(&waiting));
     }
     // Everything about it is still read, from the store.
     let (s, j) = h.get(&format!("/v1/jobs/{done}"), &h.admin).await;
@@ -1057,11 +1059,11 @@ async fn clients_that_hang_up_mid_request_leave_store_and_memory_agreeing() {
     let w = shared.world.lock().await;
     println!(
         "{stored} stored of 600 sent; {} in memory",
-        w.summaries.len()
+        w.summaries().len()
     );
     // Every stored job is in memory, every submission event names its own
     // job (no id was given out twice), and the next id is past them all.
-    assert_eq!(w.summaries.len(), stored);
+    assert_eq!(w.summaries().len(), stored);
     assert_eq!(submitted.len(), distinct.len(), "an id was reused");
     assert_eq!(distinct.len(), stored);
     assert_eq!(w.next_job, distinct.iter().copied().max().unwrap_or(0));
@@ -1560,7 +1562,7 @@ async fn output_kept(store: Option<String>) {
         .lock()
         .await
         .prune_finished(u64::MAX / 2, 3600);
-    assert!(!h.shared.world.lock().await.jobs.contains_key(&id));
+    assert!(!h.shared.world.lock().await.jobs().contains_key(&id));
     let (out, err) = logs("?attempt=1").await;
     assert!(out.starts_with("hello\nworld\n") && out.ends_with("bye\n"));
     assert_eq!(err, "oops\nlast words\n");

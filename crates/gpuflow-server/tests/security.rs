@@ -253,7 +253,7 @@ async fn no_queue_tree_stops_scheduling() {
     let stuck = {
         // A job already in the broken queue.
         let mut w = h.shared.world.lock().await;
-        let mut j = w.jobs[&ok].clone();
+        let mut j = w.jobs()[&ok].clone();
         j.id = ok + 1;
         j.spec.queue = "orphan".into();
         w.put_job(j);
@@ -871,11 +871,14 @@ async fn digest(h: &H) -> String {
     format!(
         "{:?}|{:?}|{:?}|{:?}",
         w.queues,
-        w.nodes
+        w.nodes()
             .values()
             .map(|n| (&n.name, n.admin_state))
             .collect::<Vec<_>>(),
-        w.jobs.values().map(|j| (j.id, j.state)).collect::<Vec<_>>(),
+        w.jobs()
+            .values()
+            .map(|j| (j.id, j.state))
+            .collect::<Vec<_>>(),
         w.tokens.keys().collect::<Vec<_>>()
     )
 }
@@ -1017,7 +1020,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                     .world
                     .lock()
                     .await
-                    .jobs
+                    .jobs()
                     .values()
                     .map(|j| (j.id, j.team.clone()))
                     .collect();

@@ -115,7 +115,7 @@ async fn submit(h: &H, token: &str, queue: &str) -> u64 {
 
 /// The job's task reported running, then exited with `code` (if any).
 async fn report(h: &H, node: &str, id: u64, code: Option<i32>) {
-    let attempt = h.shared.world.lock().await.jobs[&id].attempts;
+    let attempt = h.shared.world.lock().await.jobs()[&id].attempts;
     let phase = if code.is_some() { "exited" } else { "running" };
     let (s, v) = h
         .json(
@@ -456,7 +456,12 @@ async fn a_budget_past_its_taper_point_is_notified_once_a_period() {
                 gpuflow_server::now(),
             ) + 3600,
         );
-    h.shared.world.lock().await.jobs.get_mut(&id).unwrap().held[0].from = now - 3240;
+    {
+        let mut w = h.shared.world.lock().await;
+        let mut j = w.jobs()[&id].clone();
+        j.held[0].from = now - 3240;
+        w.put_job(j);
+    }
     gpuflow_server::accounting::refresh_budgets(&h.shared, now)
         .await
         .unwrap();

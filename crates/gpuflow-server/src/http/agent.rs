@@ -157,7 +157,7 @@ pub async fn register(
     let at = shared.now();
     let node_token = new_token("gfn");
     let mut change = Change::default();
-    let node = match world.nodes.get(&req.node) {
+    let node = match world.nodes().get(&req.node) {
         Some(n) => {
             let proven = req
                 .node_token
@@ -216,7 +216,7 @@ pub async fn heartbeat(
     let token_hash = hash(&t);
     let name = {
         let world = shared.world.lock().await;
-        world.node_by_token.get(&token_hash).cloned()
+        world.node_of_token(&token_hash).map(str::to_string)
     };
     let Some(name) = name else {
         return Err(not_registered());
@@ -352,7 +352,7 @@ async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
 /// not stored every time).
 fn fold(shared: &Shared, world: &mut World, beat: &Beat, at: u64) -> Result<(Change, bool), Error> {
     let (name, hb) = (&beat.name, &beat.hb);
-    let Some(node) = world.nodes.get(name).cloned() else {
+    let Some(node) = world.nodes().get(name).cloned() else {
         return Err(not_registered());
     };
     if beat.token_hash != node.token_hash {
@@ -409,12 +409,11 @@ fn fold(shared: &Shared, world: &mut World, beat: &Beat, at: u64) -> Result<(Cha
     n.last_heartbeat = at;
     // Heartbeat times are not events; store the node only when something else
     // changed or every tenth of the timeout, to keep write load low.
-    let stale = at >= world.nodes[name].last_heartbeat + shared.cfg.node_timeout_s / 4;
+    let stale = at >= world.nodes()[name].last_heartbeat + shared.cfg.node_timeout_s / 4;
     if inventory_changed || !change.batch.events.is_empty() || stale {
         change.nodes.insert(name.clone(), n);
-    } else if let Some(live) = world.nodes.get_mut(name) {
-        live.last_heartbeat = at;
-        live.gpus_now = gpus_now;
+    } else {
+        world.heard_from(name, at, gpus_now);
     }
     let changed_jobs = apply_reports(
         world,
@@ -432,7 +431,7 @@ fn reply(shared: &Shared, world: &World, node: &str, at: u64) -> Desired {
         tasks: desired(world, node, at),
         heartbeat_s: shared.cfg.heartbeat_s,
         lease_s: shared.cfg.node_timeout_s,
-        health_cleared_at: world.nodes.get(node).map_or(0, |n| n.health_cleared_at),
+        health_cleared_at: world.nodes().get(node).map_or(0, |n| n.health_cleared_at),
         sessions: shared.sessions.orders_for(node),
     }
 }
@@ -458,7 +457,7 @@ fn apply_reports(
     ids.sort_unstable();
     ids.dedup();
     for id in ids {
-        let Some(j) = world.jobs.get(&id) else {
+        let Some(j) = world.jobs().get(&id) else {
             continue;
         };
         let mine: Vec<&TaskReport> = by_job.get(&id).cloned().unwrap_or_default();
@@ -576,7 +575,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                 continue;
             }
             let g = &j.spec.tasks[a.group as usize];
-            let Some(inv) = world.nodes.get(node).map(|n| &n.inventory) else {
+            let Some(inv) = world.nodes().get(node).map(|n| &n.inventory) else {
                 continue;
             };
             // A GPU the node no longer reports: the cycle evicts the job;
@@ -644,7 +643,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             let mut command = g.command.clone();
             command.extend(g.args.iter().cloned());
             out.push(DesiredTask {
-                limits: limits(j, g, &gpus, world.nodes.get(node)),
+                limits: limits(j, g, &gpus, world.nodes().get(node)),
                 stop_signal: j.spec.checkpoint.signal.clone(),
                 run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
                 team_uid: world.teams.get(&j.team).map(|t| t.uid).filter(|&u| u > 0),

@@ -30,7 +30,7 @@ async fn report(
     change.batch.put.extend(records.iter().map(JobRec::record));
     let new = records
         .iter()
-        .filter(|j| !world.external.contains_key(&j.id) && !j.state.finished())
+        .filter(|j| !world.external().contains_key(&j.id) && !j.state.finished())
         .count();
     if new > 0 || result.finished > 0 {
         change.audit(

@@ -188,7 +188,7 @@ async fn open_session(
     let (node, order) = {
         let mut world = shared.world.lock().await;
         super::jobs::visible(&world, caller, id)?;
-        let j = world.jobs.get(&id).ok_or_else(|| {
+        let j = world.jobs().get(&id).ok_or_else(|| {
             ApiError::conflict(format!("job {id} is not running: nothing to {what} into"))
         })?;
         if j.state.finished() {
@@ -322,7 +322,7 @@ async fn agent_side(
     let token = crate::http::auth::bearer(&headers).ok_or_else(unauthenticated)?;
     let node = {
         let world = shared.world.lock().await;
-        world.node_by_token.get(&hash(token)).cloned()
+        world.node_of_token(&hash(token)).map(str::to_string)
     }
     .ok_or_else(unauthenticated)?;
     let ws = upgrade(ws)?;

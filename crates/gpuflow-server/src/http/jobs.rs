@@ -39,7 +39,7 @@ fn view_of(j: &JobRec, why: Option<&api::Why>, at: u64) -> api::Job {
 /// Checks that the caller may see job `id`: 404 otherwise (also for other
 /// teams' jobs: their ids are not disclosed).
 pub(super) fn visible(world: &World, caller: &Caller, id: u64) -> Result<(), Error> {
-    match world.summaries.get(&id) {
+    match world.summaries().get(&id) {
         Some(s) if caller.sees(&s.team) => Ok(()),
         // Another team's job is not told apart from one that does not
         // exist; the message says which jobs the caller may see.
@@ -62,7 +62,7 @@ async fn job_of(
     {
         let world = shared.world.lock().await;
         visible(&world, caller, id)?;
-        if let Some(j) = world.jobs.get(&id) {
+        if let Some(j) = world.jobs().get(&id) {
             return Ok((j.clone(), world.why.get(&id).cloned()));
         }
     }
@@ -441,10 +441,10 @@ async fn submit(
         }
         // A retry of a submission that was stored: the same job, not a second one.
         let state = world
-            .summaries
+            .summaries()
             .get(&id)
             .map_or(JobState::Pending, |j| j.state);
-        let array = world.jobs.get(&id).and_then(|j| {
+        let array = world.jobs().get(&id).and_then(|j| {
             let a = j.array.as_ref()?;
             let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
                 .ok()?
@@ -609,7 +609,7 @@ async fn list_jobs(
     let (mut views, missing) = {
         let world = shared.world.lock().await;
         let ids: Vec<u64> = world
-            .summaries
+            .summaries()
             .range(..before)
             .rev()
             .filter(|(_, j)| caller.sees(&j.team))
@@ -631,7 +631,7 @@ async fn list_jobs(
         let mut views = BTreeMap::new();
         let mut missing = Vec::new();
         for id in ids {
-            match world.jobs.get(&id) {
+            match world.jobs().get(&id) {
                 Some(j) => {
                     views.insert(id, view_of(j, world.why.get(&id), shared.now()));
                 }
@@ -667,7 +667,7 @@ async fn why(
     let finished = {
         let world = shared.world.lock().await;
         visible(&world, &caller, id)?;
-        !world.jobs.contains_key(&id)
+        !world.jobs().contains_key(&id)
     };
     if finished {
         // Out of memory: long finished; its reason says how it ended.
@@ -683,7 +683,7 @@ async fn why(
     }
     let (mut w, diagnosis) = {
         let world = shared.world.lock().await;
-        let Some(j) = world.jobs.get(&id) else {
+        let Some(j) = world.jobs().get(&id) else {
             return Err(ApiError::not_found(format!("job {id} not found")).into());
         };
         match world.why.get(&id) {
@@ -828,14 +828,14 @@ async fn job_action(
     let id = job_id(&id)?;
     let mut world = shared.world.lock().await;
     visible(&world, &caller, id)?;
-    if let Some(e) = world.external.get(&id).and_then(|j| j.external.as_ref()) {
+    if let Some(e) = world.external().get(&id).and_then(|j| j.external.as_ref()) {
         return Err(ApiError::conflict(format!(
             "job {id} runs on Kubernetes cluster {}, not here: act on its pods there ({}; kubectl delete pod for a cancel)",
             e.cluster, e.key
         ))
         .into());
     }
-    let Some(j) = world.jobs.get(&id).cloned() else {
+    let Some(j) = world.jobs().get(&id).cloned() else {
         // Out of memory: it finished long ago.
         return Err(ApiError::conflict(format!("job {id} has finished")).into());
     };
@@ -886,7 +886,7 @@ async fn cancel_array(
     let mut world = shared.world.lock().await;
     visible(&world, &caller, id)?;
     let Some(team) = world
-        .summaries
+        .summaries()
         .get(&id)
         .filter(|s| s.array == Some(id))
         .map(|s| s.team.clone())
@@ -908,7 +908,7 @@ async fn cancel_array(
     let mut change = Change::default();
     let (mut cancelled, mut stopping) = (0, 0);
     let elements: Vec<JobRec> = world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| !j.state.finished() && j.array.as_ref().is_some_and(|a| a.id == id))
         .cloned()

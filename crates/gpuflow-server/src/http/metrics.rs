@@ -103,7 +103,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     let mut jobs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     // GPUs held per queue and flavor (the GPU model its quota is charged).
     let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    for j in world.jobs.values().filter(|j| !j.state.finished()) {
+    for j in world.jobs().values().filter(|j| !j.state.finished()) {
         *jobs
             .entry((j.spec.queue.as_str(), j.state.as_str()))
             .or_default() += 1;
@@ -121,7 +121,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     // "all" (or more than there is) amounts to.
     let mut models: BTreeMap<&str, f64> = BTreeMap::new();
     for n in world
-        .nodes
+        .nodes()
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
     {
@@ -177,7 +177,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     let in_use = world.gpus_in_use();
     let mut total: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
     for n in world
-        .nodes
+        .nodes()
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
     {
@@ -241,7 +241,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     let holders = world.holders(|_| true);
     let mut share: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
     for n in world
-        .nodes
+        .nodes()
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
     {
@@ -302,7 +302,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     for (team, s) in &world.team_closed_gpu_s {
         team_now.entry(team.as_str()).or_default().1 += s;
     }
-    for j in world.jobs.values().chain(world.external.values()) {
+    for j in world.jobs().values().chain(world.external().values()) {
         for h in j.held.iter().filter(|h| h.to.is_none()) {
             let e = team_now.entry(j.team.as_str()).or_default();
             e.0 += h.gpu_milli as f64 / 1000.0;
@@ -483,7 +483,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
         "gauge",
         "1 for each node's state (ready, cordoned, draining, lost).",
     );
-    for n in world.nodes.values() {
+    for n in world.nodes().values() {
         for s in [
             api::NodeState::Ready,
             api::NodeState::Cordoned,
@@ -512,7 +512,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
         "gauge",
         "Seconds since each node's last heartbeat.",
     );
-    for n in world.nodes.values() {
+    for n in world.nodes().values() {
         o.line(
             "gpuflow_node_heartbeat_age_seconds",
             &[("node", &n.name)],
@@ -539,7 +539,7 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     ];
     for (name, help, value) in dcgm {
         o.head(name, "gauge", help);
-        for n in world.nodes.values() {
+        for n in world.nodes().values() {
             for s in &n.gpus_now {
                 let Some(g) = n.inventory.gpus.iter().find(|g| g.uuid == s.uuid) else {
                     continue;

@@ -91,8 +91,8 @@ async fn get_node(
     Path(name): Path<String>,
 ) -> Reply<api::NodeView> {
     let world = shared.world.lock().await;
-    let Some(n) = world.nodes.get(&name) else {
-        let names: Vec<&str> = world.nodes.keys().map(String::as_str).take(20).collect();
+    let Some(n) = world.nodes().get(&name) else {
+        let names: Vec<&str> = world.nodes().keys().map(String::as_str).take(20).collect();
         return Err(ApiError::not_found(format!(
             "node {name:?} not found; nodes: {}",
             names.join(", ")
@@ -118,7 +118,7 @@ async fn list_nodes(
     let used = world.gpus_in_use();
     let holders = world.holders(|t| caller.sees(t));
     Ok(Json(
-        page.of(&world.nodes)
+        page.of(world.nodes())
             .take(page.limit.0)
             .map(|(_, n)| node_view((&world, shared.now()), &caller, n, &used, &holders))
             .collect(),
@@ -131,7 +131,7 @@ async fn node_action(
 ) -> Reply<api::NodeView> {
     caller.need_admin("changing a node")?;
     let mut world = shared.world.lock().await;
-    let Some(n) = world.nodes.get(&name) else {
+    let Some(n) = world.nodes().get(&name) else {
         return Err(ApiError::not_found(format!("node {name:?} not found")).into());
     };
     let mut n = n.clone();
@@ -186,7 +186,7 @@ async fn node_action(
     Ok(Json(node_view(
         (&world, shared.now()),
         &caller,
-        &world.nodes[&name],
+        &world.nodes()[&name],
         &used,
         &holders,
     )))
@@ -200,7 +200,7 @@ struct Pool {
 async fn pools(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<Pool>> {
     let world = shared.world.lock().await;
     let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
-    for n in world.nodes.values() {
+    for n in world.nodes().values() {
         let name = if n.inventory.pool.is_empty() {
             "default".to_string()
         } else {

@@ -118,14 +118,14 @@ fn cookies_for_task(headers: &HeaderMap) -> Option<HeaderValue> {
 /// Whether `caller` may reach job `id`'s ports: who may act on it (a
 /// notebook's port runs code as the job).
 fn reaches(world: &World, caller: &Caller, id: u64) -> Result<(), Error> {
-    match world.jobs.get(&id) {
+    match world.jobs().get(&id) {
         Some(j) => Ok(caller.acts_on_job(world, &j.team, &j.user, "reach the ports of")?),
         None => Ok(()),
     }
 }
 
 fn target(world: &World, id: u64, port: u16) -> Result<String, Error> {
-    let j = world.jobs.get(&id).ok_or_else(|| {
+    let j = world.jobs().get(&id).ok_or_else(|| {
         ApiError::not_found(format!("job {id} is not running: nothing to proxy to"))
     })?;
     let task = j.tasks.iter().find(|t| {

@@ -38,7 +38,7 @@ async fn list_queues(
     // One pass over the jobs: every queue's use per flavor (borrowers may
     // be any queue), and the page's counts.
     let mut used: BTreeMap<(&str, &str), f64> = BTreeMap::new();
-    for j in world.jobs.values() {
+    for j in world.jobs().values() {
         if j.state.allocated() {
             *used
                 .entry((j.spec.queue.as_str(), j.flavor.as_str()))
@@ -97,11 +97,11 @@ async fn list_queues(
 /// refused: GPUs may still join): a flavor no node has, top-level
 /// guarantees of a flavor beyond what the cluster has.
 fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
-    if world.nodes.is_empty() {
+    if world.nodes().is_empty() {
         return vec![];
     }
     let mut have: BTreeMap<&str, f64> = BTreeMap::new();
-    for n in world.nodes.values() {
+    for n in world.nodes().values() {
         for g in &n.inventory.gpus {
             *have.entry(g.model.as_str()).or_default() += 1.0;
         }
@@ -275,7 +275,7 @@ async fn create_queue(
             Some(_) => {}
         }
         if world
-            .jobs
+            .jobs()
             .values()
             .any(|j| &j.spec.queue == p && !j.state.finished())
         {
@@ -400,7 +400,7 @@ async fn delete_queue(
         .into());
     }
     if world
-        .jobs
+        .jobs()
         .values()
         .any(|j| j.spec.queue == name && !j.state.finished())
     {

@@ -194,7 +194,7 @@ async fn low_use(
     let t = shared.now();
     let world = shared.world.lock().await;
     let mut out: Vec<api::LowUse> = world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| j.state.allocated() && caller.sees(&j.team))
         .filter_map(|j| {
@@ -231,7 +231,7 @@ async fn advice(
             models: BTreeMap::new(),
             mig: BTreeMap::new(),
         };
-        for n in world.nodes.values() {
+        for n in world.nodes().values() {
             for g in &n.inventory.gpus {
                 offer.models.entry(g.model.clone()).or_insert(g.memory_mib);
                 for m in &g.mig {
@@ -274,7 +274,7 @@ async fn workload(
     let jobs = crate::every_job(&shared).await?;
     let world = shared.world.lock().await;
     let nodes: Vec<&crate::state::NodeRec> = world
-        .nodes
+        .nodes()
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
         .collect();

@@ -74,7 +74,7 @@ async fn create(
     let nodes: Vec<String> = match (&s.nodes[..], s.count, &s.model) {
         (names, None, None) if !names.is_empty() => {
             for n in names {
-                if !world.nodes.contains_key(n) {
+                if !world.nodes().contains_key(n) {
                     return Err(bad(format!("nodes: {n:?} does not exist")));
                 }
                 if let Some(r) = overlaps(n) {
@@ -96,7 +96,7 @@ async fn create(
             // The nodes of that model with the fewest jobs now, free of
             // other reservations then.
             let mut have: Vec<(usize, &String)> = world
-                .nodes
+                .nodes()
                 .values()
                 .filter(|n| n.state != api::NodeState::Lost)
                 .filter(|n| n.inventory.gpus.iter().any(|g| g.model == *model))

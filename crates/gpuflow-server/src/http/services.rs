@@ -203,7 +203,7 @@ async fn delete_service(
     let mut change = Change::default();
     let who = caller.user.name.clone();
     let replicas: Vec<JobRec> = world
-        .jobs
+        .jobs()
         .values()
         .filter(|j| !j.state.finished())
         .filter(|j| j.service.as_ref().is_some_and(|s| s.name == name))
