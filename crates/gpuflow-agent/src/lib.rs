@@ -20,6 +20,7 @@
 pub mod cdi;
 pub mod cgroup;
 pub mod devbpf;
+#[cfg(feature = "testing")]
 pub mod fake_nvml;
 pub mod gpu;
 pub mod isolate;

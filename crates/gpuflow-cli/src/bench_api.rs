@@ -47,6 +47,31 @@ pub(crate) fn submit(
     Ok(())
 }
 
+/// A throwaway PostgreSQL server for a benchmark: its URL, and the server
+/// (stopped when dropped).
+struct Throwaway {
+    url: String,
+    _server: Box<dyn std::any::Any>,
+}
+
+/// A throwaway PostgreSQL server for the benchmark (fsync on or off).
+#[cfg(feature = "bench")]
+fn throwaway_postgres(fsync: bool) -> anyhow::Result<Throwaway> {
+    let pg = gpuflow_store::pgtest::TempPostgres::start_with(fsync)
+        .map_err(|e| anyhow!(e))?
+        .ok_or_else(|| anyhow!("PostgreSQL is not installed (apt-get install postgresql)"))?;
+    Ok(Throwaway {
+        url: pg.url.clone(),
+        _server: Box::new(pg),
+    })
+}
+
+/// This build has no throwaway PostgreSQL: it says how to get one.
+#[cfg(not(feature = "bench"))]
+fn throwaway_postgres(_: bool) -> anyhow::Result<Throwaway> {
+    bail!(crate::sim::WITHOUT_BENCH)
+}
+
 /// Submissions per second on a fresh in-process server, with `readers`
 /// clients reading meanwhile.
 fn run_submissions(
@@ -60,13 +85,7 @@ fn run_submissions(
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
         "sqlite" => None,
-        "postgres" | "postgres-fsync" => Some(
-            gpuflow_store::pgtest::TempPostgres::start_with(store == "postgres-fsync")
-                .map_err(|e| anyhow!(e))?
-                .ok_or_else(|| {
-                    anyhow!("PostgreSQL is not installed (apt-get install postgresql)")
-                })?,
-        ),
+        "postgres" | "postgres-fsync" => Some(throwaway_postgres(store == "postgres-fsync")?),
         other => bail!("--store {other:?}: use sqlite, postgres or postgres-fsync"),
     };
     let mut cfg = gpuflow_server::Config::new("127.0.0.1:0".parse()?, dir.path().join("data"));

@@ -709,27 +709,7 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             pods,
             gang,
             limit_s,
-        } => {
-            let rt = tokio::runtime::Runtime::new()?;
-            let r = rt.block_on(gpuflow_k8s::bench::bind_throughput(
-                nodes,
-                pods,
-                gang.max(1),
-                std::time::Duration::from_secs(limit_s),
-            ))?;
-            println!(
-                "nodes {}  pods {}  gang {}  bound {}  cycles {}  seconds {:.2}  pods/s {:.0}  longest cycle {:.2} s",
-                r.nodes,
-                r.pods,
-                r.gang,
-                r.bound,
-                r.cycles,
-                r.seconds,
-                r.per_second(),
-                r.longest_cycle_s
-            );
-            Ok(())
-        }
+        } => k8s_bind(nodes, pods, gang, limit_s),
         BenchCommand::Cycle {
             nodes,
             teams,
@@ -885,4 +865,38 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What the benchmarks that bring their own test doubles say in a build
+/// without them.
+#[cfg(not(feature = "bench"))]
+pub(crate) const WITHOUT_BENCH: &str = "this gpuflow was built without the benchmarks' test doubles (a throwaway PostgreSQL, a fake Kubernetes API server): build it with `cargo build --release --bin gpuflow --features bench`";
+
+/// Pods bound per second against the in-process fake Kubernetes API server.
+#[cfg(feature = "bench")]
+fn k8s_bind(nodes: usize, pods: usize, gang: usize, limit_s: u64) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let r = rt.block_on(gpuflow_k8s::bench::bind_throughput(
+        nodes,
+        pods,
+        gang.max(1),
+        std::time::Duration::from_secs(limit_s),
+    ))?;
+    println!(
+        "nodes {}  pods {}  gang {}  bound {}  cycles {}  seconds {:.2}  pods/s {:.0}  longest cycle {:.2} s",
+        r.nodes,
+        r.pods,
+        r.gang,
+        r.bound,
+        r.cycles,
+        r.seconds,
+        r.per_second(),
+        r.longest_cycle_s
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "bench"))]
+fn k8s_bind(_: usize, _: usize, _: usize, _: u64) -> anyhow::Result<()> {
+    bail!(WITHOUT_BENCH)
 }

@@ -18,11 +18,13 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "testing")]
 pub mod bench;
 
 pub use error::Error;
 pub mod crd;
 pub mod error;
+#[cfg(feature = "testing")]
 pub mod fake;
 pub mod hami;
 pub mod health;

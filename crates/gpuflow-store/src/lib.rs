@@ -12,6 +12,7 @@
 //! their column types.
 
 mod migrate;
+#[cfg(feature = "testing")]
 pub mod pgtest;
 
 use std::collections::HashMap;
