@@ -39,9 +39,6 @@ pub(crate) enum Format {
     Yaml,
 }
 
-/// `--no-headers`: tables without their heading line (set once per run).
-static NO_HEADERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// The server of `gpuflow up`, when nothing names another.
 pub(crate) const LOCAL_SERVER: &str = "http://127.0.0.1:7070";
 
@@ -224,11 +221,12 @@ pub(crate) struct Client {
     pub(crate) ca_cert: Option<PathBuf>,
     /// The context used, if any.
     pub(crate) context: Option<String>,
+    /// `--no-headers`: lists without their heading line.
+    pub(crate) no_headers: bool,
 }
 
 impl Client {
     pub(crate) fn new(c: &Conn) -> anyhow::Result<Client> {
-        NO_HEADERS.store(c.no_headers, std::sync::atomic::Ordering::Relaxed);
         let r = crate::contexts::resolve(c)?;
         let (token, token_from) = match r.token {
             Some(t) => (t, r.token_from),
@@ -252,6 +250,7 @@ impl Client {
             token_from,
             ca_cert: r.ca_cert,
             context: r.context,
+            no_headers: c.no_headers,
         })
     }
 
@@ -434,8 +433,14 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Aligned columns.
+/// Aligned columns under an upper-case heading.
 pub(crate) fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
+    table(true, head, rows)
+}
+
+/// Aligned columns, under an upper-case heading when `headed` (a list
+/// without `--no-headers`).
+pub(crate) fn table(headed: bool, head: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -452,10 +457,10 @@ pub(crate) fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
         s.truncate(s.trim_end().len());
         s + "\n"
     };
-    let mut out = if NO_HEADERS.load(std::sync::atomic::Ordering::Relaxed) {
-        String::new()
-    } else {
+    let mut out = if headed {
         line(head.iter().map(|s| s.to_uppercase()).collect())
+    } else {
+        String::new()
     };
     for r in rows {
         out += &line(r);
@@ -540,6 +545,7 @@ mod tests {
             token_from: "a test".into(),
             ca_cert: None,
             context: None,
+            no_headers: false,
         }
     }
 

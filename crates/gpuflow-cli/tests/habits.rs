@@ -170,6 +170,11 @@ fn job_ls_get_watch_cancel_and_events_read_as_people_expect() {
         "{out}"
     );
     assert!(!out.contains("STATE"), "no headers: {out}");
+    // Every list takes it; a job's own page keeps its tables' headings.
+    let (_, out, _) = cli(&["queue", "ls", "--no-headers"]);
+    assert!(out.contains("default") && !out.contains("NAME"), "{out}");
+    let (_, out, _) = cli(&["queue", "ls"]);
+    assert!(out.starts_with("NAME"), "{out}");
     let (_, out, _) = cli(&["job", "ls", "-o", "wide"]);
     assert!(out.lines().next().unwrap().contains("NODES"), "{out}");
     let (_, out, _) = cli(&["job", "ls", "-o", "yaml"]);

@@ -96,13 +96,13 @@ pub(crate) fn event(conn: &Conn, cmd: EventCmd) -> anyhow::Result<()> {
         let head = ["seq", "at", "job", "kind", "message"];
         match (first, conn.output) {
             (true, _) | (false, Format::Json | Format::Yaml) => {
-                print(conn.output, &Value::Array(list), |_| columns(&head, rows))
+                print(conn.output, &Value::Array(list), |_| {
+                    table(!conn.no_headers, &head, rows)
+                })
             }
             (false, _) => {
                 // Later rows, without the heading again.
-                let was = NO_HEADERS.swap(true, std::sync::atomic::Ordering::Relaxed);
-                print!("{}", columns(&head, rows));
-                NO_HEADERS.store(was, std::sync::atomic::Ordering::Relaxed);
+                print!("{}", table(false, &head, rows));
             }
         }
         first = false;

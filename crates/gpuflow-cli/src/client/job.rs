@@ -262,7 +262,7 @@ pub(super) fn elapsed(j: &api::Job) -> String {
 
 /// `job ls`'s table. Pending elements of one array are one row, as
 /// Slurm's squeue shows them (`10_[30-199]`), unless `expand`.
-pub(super) fn job_rows(jobs: &[api::Job], wide: bool, expand: bool) -> String {
+pub(super) fn job_rows(jobs: &[api::Job], wide: bool, expand: bool, headed: bool) -> String {
     // Rows in the answer's order: a job, or an array's pending elements.
     let mut groups: Vec<Vec<&api::Job>> = Vec::new();
     let mut at: std::collections::BTreeMap<u64, usize> = Default::default();
@@ -339,7 +339,7 @@ pub(super) fn job_rows(jobs: &[api::Job], wide: bool, expand: bool) -> String {
         head.extend(["nodes", "submitted"]);
     }
     head.push("reason");
-    columns(&head, rows)
+    table(headed, &head, rows)
 }
 
 /// Array indices as Slurm writes them: `0-3,7,9-12`.
@@ -555,7 +555,7 @@ pub(crate) fn job(conn: &Conn, cmd: JobCmd) -> anyhow::Result<()> {
             watch.run(|| {
                 let v = c.call("GET", &path, None)?;
                 print_as(conn.output, &path, v, |jobs: &Vec<api::Job>| {
-                    job_rows(jobs, wide, expand || array.is_some())
+                    job_rows(jobs, wide, expand || array.is_some(), !conn.no_headers)
                 })
             })?;
         }

@@ -283,7 +283,7 @@ pub(crate) fn node(conn: &Conn, cmd: NodeCmd) -> anyhow::Result<()> {
                     if wide {
                         head.extend(["pool", "labels", "mig", "jobs"]);
                     }
-                    columns(&head, rows)
+                    table(!conn.no_headers, &head, rows)
                 })
             })?;
             return Ok(());

@@ -47,7 +47,8 @@ pub(crate) fn project(conn: &Conn, cmd: ProjectCmd) -> anyhow::Result<()> {
                 "/v1/projects",
                 v,
                 |v: &Vec<api::ProjectView>| {
-                    columns(
+                    table(
+                        !conn.no_headers,
                         &["name", "team", "cost centre", "budget left"],
                         v.iter()
                             .map(|p| {

@@ -128,7 +128,8 @@ pub(crate) fn queue(conn: &Conn, cmd: QueueCmd) -> anyhow::Result<()> {
                                 ]
                             })
                             .collect();
-                        columns(
+                        table(
+                            !conn.no_headers,
                             &[
                                 "name",
                                 "team",

@@ -266,7 +266,7 @@ pub(super) fn show_report<R: serde::de::DeserializeOwned, T>(
         w.flush()?;
         return Ok(());
     }
-    print!("{}", columns(head, table));
+    print!("{}", super::table(!c.no_headers, head, table));
     Ok(())
 }
 
@@ -306,6 +306,6 @@ pub(crate) fn price(conn: &Conn, cmd: PriceCmd) -> anyhow::Result<()> {
                 ]
             })
             .collect();
-        columns(&["model", "per gpu-hour"], rows)
+        table(!conn.no_headers, &["model", "per gpu-hour"], rows)
     })
 }

@@ -136,7 +136,11 @@ pub(crate) fn reservation(conn: &Conn, cmd: ReservationCmd) -> anyhow::Result<()
                             ]
                         })
                         .collect();
-                    columns(&["name", "state", "start", "end", "nodes", "for"], rows)
+                    table(
+                        !conn.no_headers,
+                        &["name", "state", "start", "end", "nodes", "for"],
+                        rows,
+                    )
                 },
             )?;
         }

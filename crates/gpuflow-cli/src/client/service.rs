@@ -75,7 +75,8 @@ pub(crate) fn service(conn: &Conn, cmd: ServiceCmd) -> anyhow::Result<()> {
                 "/v1/services",
                 v,
                 |v: &Vec<api::ServiceView>| {
-                    columns(
+                    table(
+                        !conn.no_headers,
                         &[
                             "name",
                             "team",

@@ -49,7 +49,11 @@ pub(crate) fn team(conn: &Conn, cmd: TeamCmd) -> anyhow::Result<()> {
         TeamCmd::Ls => {
             let v = c.call("GET", "/v1/teams", None)?;
             print_as(conn.output, "/v1/teams", v, |v: &Vec<api::Team>| {
-                columns(&["name"], v.iter().map(|t| vec![t.name.clone()]).collect())
+                table(
+                    !conn.no_headers,
+                    &["name"],
+                    v.iter().map(|t| vec![t.name.clone()]).collect(),
+                )
             })?;
         }
         TeamCmd::Create { name, run_as } => {

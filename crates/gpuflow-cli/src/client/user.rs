@@ -52,7 +52,8 @@ pub(crate) fn user(conn: &Conn, cmd: UserCmd) -> anyhow::Result<()> {
         UserCmd::Ls => {
             let v = c.call("GET", "/v1/users", None)?;
             print_as(conn.output, "/v1/users", v, |v: &Vec<api::User>| {
-                columns(
+                table(
+                    !conn.no_headers,
                     &["name", "team", "role", "state"],
                     v.iter()
                         .map(|u| {
@@ -123,7 +124,8 @@ pub(crate) fn token(conn: &Conn, cmd: TokenCmd) -> anyhow::Result<()> {
         TokenCmd::Ls => {
             let v = c.call("GET", "/v1/tokens", None)?;
             print_as(conn.output, "/v1/tokens", v, |v: &Vec<api::TokenView>| {
-                columns(
+                table(
+                    !conn.no_headers,
                     &["id", "user", "created", "expires"],
                     v.iter()
                         .map(|t| {

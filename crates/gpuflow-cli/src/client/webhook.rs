@@ -85,7 +85,7 @@ pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                             ]
                         })
                         .collect();
-                    columns(&["id", "jobs of", "events", "to"], rows)
+                    table(!conn.no_headers, &["id", "jobs of", "events", "to"], rows)
                 },
             )?;
         }
@@ -117,7 +117,8 @@ pub(crate) fn webhook(conn: &Conn, cmd: WebhookCmd) -> anyhow::Result<()> {
                         ]
                     })
                     .collect();
-                columns(
+                table(
+                    !conn.no_headers,
                     &[
                         "delivery", "at", "event", "job", "attempt", "status", "outcome",
                     ],
