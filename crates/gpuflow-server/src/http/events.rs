@@ -11,14 +11,20 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 }
 
 /// The event log's filters.
-#[derive(serde::Deserialize)]
-struct EventParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct EventParams {
+    /// only this job's
     job: Option<Whole>,
+    /// events after this seq (the next page)
     after: Option<Seq>,
+    /// page size (at most 1000)
     #[serde(default)]
     limit: PageLimit,
+    /// only events at or after this Unix time
     since: Option<UnixTime>,
+    /// only events before this Unix time
     until: Option<UnixTime>,
+    /// the newest `limit` events (still oldest first)
     #[serde(default)]
     newest: Flag,
 }
@@ -65,9 +71,11 @@ async fn events(
     ))
 }
 /// The audit log's page.
-#[derive(serde::Deserialize)]
-struct AuditParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct AuditParams {
+    /// lines after this seq (the next page)
     after: Option<Seq>,
+    /// page size (at most 1000)
     #[serde(default)]
     limit: PageLimit,
 }

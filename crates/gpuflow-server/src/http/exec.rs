@@ -101,22 +101,25 @@ pub(super) fn router() -> Router<Arc<Shared>> {
 }
 
 /// What `exec` takes: the task, the command and the terminal.
-#[derive(Debug, Default, serde::Deserialize)]
-struct SessionQuery {
-    /// `group/index`; default: the job's first running task.
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct SessionQuery {
+    /// GROUP/INDEX (default: the job's first running task)
     task: Option<String>,
-    /// The command, a JSON array of strings (exec only).
+    /// the command, a JSON array of strings (required)
     command: Option<String>,
+    /// run it on a terminal
     tty: Option<Flag>,
+    /// the terminal's rows
     rows: Option<TermSize>,
+    /// the terminal's columns
     cols: Option<TermSize>,
 }
 impl ParamSet for SessionQuery {}
 
 /// What `attach` takes: the task.
-#[derive(Debug, Default, serde::Deserialize)]
-struct AttachQuery {
-    /// `group/index`; default: the job's first running task.
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct AttachQuery {
+    /// GROUP/INDEX (default: the job's first running task)
     task: Option<String>,
 }
 impl ParamSet for AttachQuery {}

@@ -1,6 +1,6 @@
 //! Jobs: submit (and test-only), list, get, why, logs, and the owners' and admins' actions.
 
-use super::params::{Flag, JobId, PageLimit, ParamSet, States, UnixTime, Whole};
+use super::params::{Flag, JobId, PageLimit, ParamSet, States, UnixTime, Whole, name_schema};
 use super::*;
 use crate::event::EventKind;
 
@@ -392,8 +392,9 @@ fn check_spec(
     check_reservation(world, caller, (&team, at), spec)?;
     Ok(team)
 }
-#[derive(serde::Deserialize)]
-struct SubmitParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct SubmitParams {
+    /// store nothing; answer where it would start or why it would wait (TestOnly)
     #[serde(default)]
     test_only: Flag,
 }
@@ -576,18 +577,32 @@ async fn submit(
 /// The job list's filters. `since` and `until` select the jobs that were
 /// in the system during [since, until): submitted before `until`, not
 /// finished before `since` (as `sacct -S/-E` selects).
-#[derive(serde::Deserialize)]
-struct ListParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct ListParams {
+    /// only this team's
+    #[schemars(schema_with = "name_schema")]
     team: Option<String>,
+    /// only this queue's
+    #[schemars(schema_with = "name_schema")]
     queue: Option<String>,
+    /// only jobs in these states, comma separated (`running,pending`)
     state: Option<States>,
+    /// only this user's
+    #[schemars(schema_with = "name_schema")]
     user: Option<String>,
+    /// only this project's
+    #[schemars(schema_with = "name_schema")]
     project: Option<String>,
+    /// only this array's elements (its id: the first element's)
     array: Option<JobId>,
+    /// page size (at most 1000)
     #[serde(default)]
     limit: PageLimit,
+    /// jobs with smaller ids (the next page: the last id seen)
     before: Option<JobId>,
+    /// jobs not finished before this Unix time
     since: Option<UnixTime>,
+    /// jobs submitted before this Unix time
     until: Option<UnixTime>,
 }
 impl ParamSet for ListParams {
@@ -766,9 +781,11 @@ async fn why(
 /// A job's output, each task's stdout and stderr per attempt: all of it the
 /// server keeps (up to the job log limit, then each stream's last 16 KiB),
 /// or one attempt's, or the end of each.
-#[derive(serde::Deserialize)]
-struct LogParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct LogParams {
+    /// only this attempt's output
     attempt: Option<Whole>,
+    /// only the last this many bytes of each text
     tail_bytes: Option<Whole>,
 }
 impl ParamSet for LogParams {}

@@ -337,5 +337,30 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
     )
     .into())
 }
+/// The query parameters a route takes, as the OpenAPI document lists
+/// them: read from the struct its handler reads them into.
+pub(crate) fn query_params(method: &str, path: &str) -> Vec<serde_json::Value> {
+    use params::documented;
+    match (method, path) {
+        ("get", "/v1/jobs") => documented::<jobs::ListParams>(),
+        ("post", "/v1/jobs") => documented::<jobs::SubmitParams>(),
+        ("get", "/v1/jobs/{id}/logs") => documented::<jobs::LogParams>(),
+        ("get", "/v1/jobs/{id}/exec") => documented::<exec::SessionQuery>(),
+        ("get", "/v1/jobs/{id}/attach") => documented::<exec::AttachQuery>(),
+        ("get", "/v1/events") => documented::<events::EventParams>(),
+        ("get", "/v1/audit") => documented::<events::AuditParams>(),
+        (
+            "get",
+            "/v1/nodes" | "/v1/queues" | "/v1/teams" | "/v1/projects" | "/v1/users" | "/v1/tokens"
+            | "/v1/services",
+        ) => documented::<NamePage>(),
+        ("get", "/v1/reports/usage") => documented::<reports::UsageParams>(),
+        ("get", "/v1/reports/jobs") => documented::<reports::JobsParams>(),
+        ("get", "/v1/reports/advice" | "/v1/reports/workload") => documented::<reports::Range>(),
+        ("get", "/v1/reports/low-utilization") => documented::<reports::LowUseParams>(),
+        _ => Vec::new(),
+    }
+}
+
 /// The most items one page of a list holds.
 pub const MAX_PAGE: usize = 1000;

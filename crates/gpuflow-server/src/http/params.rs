@@ -9,6 +9,7 @@ use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
 use gpuflow_api::{self as api, ApiError, JobState};
 use serde::de::{self, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
+use serde_json::{Value as Json, json};
 
 use super::{Error, MAX_PAGE};
 
@@ -59,6 +60,106 @@ impl<S: Send + Sync, T: ParamSet> FromRequestParts<S> for Params<T> {
             .map_err(|e| bad(format!("{}: {}", e.path(), e.inner())))
     }
 }
+
+/// The query parameters of `T` as the OpenAPI document lists them, in
+/// the struct's order: each field's name, its doc comment and the schema
+/// of its value type. The document and the extractor read the same struct,
+/// so they cannot drift apart.
+pub(crate) fn documented<T: ParamSet + schemars::JsonSchema>() -> Vec<Json> {
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.inline_subschemas = true;
+    settings.meta_schema = None;
+    let root = settings.into_generator().into_root_schema_for::<T>();
+    let props = root
+        .as_value()
+        .get("properties")
+        .cloned()
+        .unwrap_or_default();
+    fields::<T>()
+        .iter()
+        .map(|name| {
+            let mut schema = props.get(*name).cloned().unwrap_or_else(|| json!({}));
+            let description = schema
+                .as_object_mut()
+                .and_then(|o| o.remove("description"))
+                .unwrap_or_else(|| json!(""));
+            not_null(&mut schema);
+            json!({"name": name, "in": "query", "required": false, "description": description, "schema": schema})
+        })
+        .collect()
+}
+
+/// A schema without the null an `Option` adds: a parameter is absent, never
+/// null.
+fn not_null(schema: &mut Json) {
+    let Some(o) = schema.as_object_mut() else {
+        return;
+    };
+    if let Some(Json::Array(types)) = o.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [one] = types.as_slice() {
+            let one = one.clone();
+            o.insert("type".into(), one);
+        }
+    }
+    if let Some(Json::Array(any)) = o.get("anyOf") {
+        let rest: Vec<Json> = any
+            .iter()
+            .filter(|x| **x != json!({"type": "null"}))
+            .cloned()
+            .collect();
+        if let [Json::Object(only)] = rest.as_slice() {
+            let only = only.clone();
+            o.remove("anyOf");
+            o.extend(only);
+        }
+    }
+}
+
+/// The JSON Schema of a value type, inlined where it is used.
+macro_rules! schema {
+    ($t:ty, $schema:tt) => {
+        impl schemars::JsonSchema for $t {
+            fn inline_schema() -> bool {
+                true
+            }
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($t).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!($schema)
+            }
+        }
+    };
+}
+pub(crate) use schema;
+
+/// The job states a comma separated list may name.
+fn states_pattern() -> String {
+    let one = api::ALL_STATES
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join("|");
+    format!("^({one})(,({one}))*$")
+}
+
+/// The schema of a name (team, user, queue, project, node).
+pub(crate) fn name_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "pattern": crate::openapi::NAME_PATTERN})
+}
+
+schema!(Flag, {"type": "boolean"});
+schema!(Whole, {"type": "integer", "minimum": 0});
+schema!(Seq, {"type": "integer", "minimum": 0});
+schema!(UnixTime, {"type": "integer", "minimum": 0});
+schema!(PageLimit, {"type": "integer", "minimum": 1, "maximum": MAX_PAGE});
+schema!(TermSize, {"type": "integer", "minimum": 1, "maximum": 65535});
+schema!(JobId, {"type": "integer", "minimum": 1});
+schema!(States, {"type": "string", "pattern": states_pattern()});
+schema!(When, {"type": "string", "maxLength": 40});
+schema!(Age, {"type": "string", "maxLength": 40});
+schema!(Percent, {"type": "number", "minimum": 0, "maximum": 100});
 
 /// The names of a struct's fields, as serde reads them.
 fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
@@ -309,10 +410,13 @@ impl FromParam for Percent {
 }
 
 /// A page of a list ordered by name: `limit` items after `after`.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, schemars::JsonSchema)]
 pub(crate) struct NamePage {
+    /// page size (at most 1000)
     #[serde(default)]
     pub limit: PageLimit,
+    /// items after this name or id (the next page: the last one seen)
+    #[schemars(length(max = 64))]
     pub after: Option<String>,
 }
 impl ParamSet for NamePage {
@@ -338,10 +442,12 @@ impl NamePage {
 mod tests {
     use super::*;
 
-    #[derive(serde::Deserialize, Debug)]
+    #[derive(serde::Deserialize, schemars::JsonSchema, Debug)]
     struct Two {
+        /// how many
         #[serde(default)]
         limit: PageLimit,
+        /// from when
         since: Option<UnixTime>,
     }
     impl ParamSet for Two {}
@@ -381,6 +487,19 @@ mod tests {
                 .await
                 .unwrap_err()
                 .starts_with("limit: \"0\" is not a page size")
+        );
+    }
+
+    #[test]
+    fn the_document_lists_the_structs_parameters_in_order() {
+        assert_eq!(
+            documented::<Two>(),
+            [
+                json!({"name": "limit", "in": "query", "required": false, "description": "how many",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}}),
+                json!({"name": "since", "in": "query", "required": false, "description": "from when",
+                    "schema": {"type": "integer", "minimum": 0}}),
+            ]
         );
     }
 }

@@ -2,7 +2,7 @@
 //! (`accounting.rs`), and the prices admins set for them. Admins see every
 //! team; everyone else their own team's jobs only.
 
-use super::params::{Age, FromParam, ParamSet, Percent, When, from_param};
+use super::params::{Age, FromParam, ParamSet, Percent, When, from_param, schema};
 use super::*;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
@@ -55,9 +55,11 @@ fn seen_team(caller: &Caller) -> Option<&str> {
 }
 
 /// A report's range (default: the last 30 days).
-#[derive(serde::Deserialize)]
-struct Range {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct Range {
+    /// use measured from: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)
     from: Option<When>,
+    /// as from (default now)
     to: Option<When>,
 }
 impl ParamSet for Range {}
@@ -91,12 +93,16 @@ impl FromParam for RowsBy {
     }
 }
 from_param!(RowsBy);
+schema!(RowsBy, {"type": "string", "enum": ["queue", "kind"]});
 
-#[derive(serde::Deserialize)]
-struct JobsParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct JobsParams {
+    /// what rows are keyed by (default queue)
     #[serde(default)]
     by: RowsBy,
+    /// submitted from: Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)
     from: Option<When>,
+    /// as from (default now)
     to: Option<When>,
 }
 impl ParamSet for JobsParams {}
@@ -120,12 +126,26 @@ async fn jobs_report(
     Ok(Json(rows.rows()))
 }
 
-#[derive(serde::Deserialize)]
-struct UsageParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct UsageParams {
+    /// what rows are keyed by (default team)
+    #[schemars(schema_with = "usage_by")]
     by: Option<String>,
+    /// how rows are split in time (default all)
+    #[schemars(schema_with = "usage_period")]
     period: Option<String>,
+    /// Unix seconds, 2026-12-01, 2026-12-01T08:00:00Z or an age such as 7d (default 30d)
     from: Option<When>,
+    /// as from (default now)
     to: Option<When>,
+}
+
+fn usage_by(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["team", "project", "user", "queue", "model", "cost_centre", "job"]})
+}
+
+fn usage_period(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["hour", "day", "month", "all"]})
 }
 impl ParamSet for UsageParams {}
 
@@ -177,9 +197,11 @@ async fn usage(
 /// Jobs holding GPUs whose sampled utilisation stays below `below_pct`
 /// (default 10) and that have held them for at least `for` (an age, default
 /// 1h): the jobs and notebooks to ask about, by GPU-hours held.
-#[derive(serde::Deserialize)]
-struct LowUseParams {
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub(super) struct LowUseParams {
+    /// utilisation below this percentage (default 10)
     below_pct: Option<Percent>,
+    /// held at least this long, e.g. 30m or 2h (default 1h)
     r#for: Option<Age>,
 }
 impl ParamSet for LowUseParams {}
