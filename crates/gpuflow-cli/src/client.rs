@@ -441,29 +441,20 @@ pub(crate) fn columns(head: &[&str], rows: Vec<Vec<String>>) -> String {
 /// Aligned columns, under an upper-case heading when `headed` (a list
 /// without `--no-headers`).
 pub(crate) fn table(headed: bool, head: &[&str], rows: Vec<Vec<String>>) -> String {
-    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    if headed {
+        t.set_header(head.iter().map(|h| h.to_uppercase()));
     }
-    let line = |cells: Vec<String>| {
-        let mut s = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
-            .collect::<Vec<_>>()
-            .join("  ");
-        s.truncate(s.trim_end().len());
-        s + "\n"
-    };
-    let mut out = if headed {
-        line(head.iter().map(|s| s.to_uppercase()).collect())
-    } else {
-        String::new()
-    };
-    for r in rows {
-        out += &line(r);
+    t.add_rows(rows);
+    // Two spaces between columns, none before the first.
+    for c in t.column_iter_mut() {
+        c.set_padding((0, 2));
+    }
+    let mut out = String::new();
+    for line in t.lines() {
+        out += line.trim_end();
+        out.push('\n');
     }
     out
 }
