@@ -159,23 +159,25 @@ async fn serve(shared: Weak<Shared>, queue: Receiver<Waiting>) {
         let mut batch = gpuflow_store::Batch::default();
         let mut parts = Vec::with_capacity(group.len());
         for w in group {
-            let (b, jobs, nodes) = crate::records(w.change);
+            let (b, memory) = crate::records(w.change);
             let events = b.events.clone();
             batch.append(b);
-            parts.push((jobs, nodes, events, w.done));
+            parts.push((memory, events, w.done));
         }
         let started = std::time::Instant::now();
         let stored = shared.store.commit(&batch).await;
         let mut world = shared.world.lock().await;
         world.stats.commit.observe(started.elapsed().as_secs_f64());
         let mut answers = Vec::with_capacity(parts.len());
-        for (jobs, nodes, events, done) in parts {
+        for (memory, events, done) in parts {
             match &stored {
-                Ok(()) => crate::publish(&mut world, jobs, nodes, &events),
+                Ok(()) => crate::publish(&mut world, memory, &events),
                 // Nothing was kept, whether or not its handler still waits.
                 Err(_) => forget(
                     &mut world,
-                    jobs.iter()
+                    memory
+                        .jobs
+                        .iter()
                         .map(|j| (j.id, j.user.as_str(), j.idempotency_key.as_deref())),
                 ),
             }

@@ -285,21 +285,150 @@ pub fn when(t: u64) -> String {
 }
 
 /// Changes to commit together: records that changed (whole), plus events and
-/// audit lines.
+/// audit lines. [`commit`] stores them, then puts the records in memory.
 #[derive(Default)]
 pub struct Change {
     pub jobs: BTreeMap<u64, JobRec>,
     pub nodes: BTreeMap<String, NodeRec>,
+    /// Other records of `World`, in the order they were put.
+    pub records: Vec<Rec>,
+    /// Records of `World` removed.
+    pub gone: Vec<Gone>,
+    /// Events, audit lines, logs, and records `World` does not keep.
     pub batch: Batch,
+}
+
+/// A record of `World` other than a job or a node, as a change puts it.
+#[derive(Debug)]
+pub enum Rec {
+    Team(gpuflow_api::Team),
+    Project(gpuflow_api::Project),
+    User(gpuflow_api::User),
+    Token(state::TokenRec),
+    Queue(gpuflow_api::QueueSpec),
+    Service(Box<state::ServiceRec>),
+    Reservation(gpuflow_api::Reservation),
+    Webhook(state::WebhookRec),
+    Prices(gpuflow_api::Prices),
+}
+
+impl Rec {
+    fn record(&self) -> gpuflow_store::Record {
+        match self {
+            Rec::Team(t) => state::team_rec(t),
+            Rec::Project(p) => state::project_rec(p),
+            Rec::User(u) => state::user_rec(u),
+            Rec::Token(t) => state::token_rec(t),
+            Rec::Queue(q) => state::queue_rec(q),
+            Rec::Service(s) => state::service_rec(s),
+            Rec::Reservation(r) => state::reservation_rec(r),
+            Rec::Webhook(h) => h.record(),
+            Rec::Prices(p) => state::put(gpuflow_store::Table::Meta, "prices", "", "", p),
+        }
+    }
+
+    fn publish(self, world: &mut World) {
+        match self {
+            Rec::Team(t) => {
+                world.teams.insert(t.name.clone(), t);
+            }
+            Rec::Project(p) => {
+                world.projects.insert(p.name.clone(), p);
+            }
+            Rec::User(u) => {
+                world.users.insert(u.name.clone(), u);
+            }
+            Rec::Token(t) => {
+                world.tokens.insert(t.hash.clone(), t);
+            }
+            Rec::Queue(q) => {
+                world.queues.insert(q.name.clone(), q);
+            }
+            Rec::Service(s) => {
+                world.services.insert(s.spec.name.clone(), *s);
+            }
+            Rec::Reservation(r) => {
+                world.reservations.insert(r.name.clone(), r);
+            }
+            Rec::Webhook(h) => {
+                world.hooks.by_id.insert(h.id.clone(), h);
+            }
+            Rec::Prices(p) => world.prices = p,
+        }
+    }
+}
+
+/// A record of `World` a change removes, by its key.
+#[derive(Debug)]
+pub enum Gone {
+    /// A token, by its hash.
+    Token(String),
+    Queue(String),
+    Service(String),
+    Reservation(String),
+    /// A webhook, by its id: its delivery log and queued notifications go too.
+    Webhook(String),
+}
+
+impl Gone {
+    fn key(&self) -> (gpuflow_store::Table, String) {
+        match self {
+            Gone::Token(h) => (gpuflow_store::Table::Tokens, h.clone()),
+            Gone::Queue(q) => (gpuflow_store::Table::Queues, q.clone()),
+            Gone::Service(s) => (gpuflow_store::Table::Meta, format!("service/{s}")),
+            Gone::Reservation(r) => (gpuflow_store::Table::Meta, format!("reservation/{r}")),
+            Gone::Webhook(id) => (gpuflow_store::Table::Meta, format!("webhook/{id}")),
+        }
+    }
+
+    fn publish(self, world: &mut World) {
+        match self {
+            Gone::Token(h) => {
+                world.tokens.remove(&h);
+            }
+            Gone::Queue(q) => {
+                world.queues.remove(&q);
+            }
+            Gone::Service(s) => {
+                world.services.remove(&s);
+            }
+            Gone::Reservation(r) => {
+                world.reservations.remove(&r);
+            }
+            Gone::Webhook(id) => {
+                world.hooks.by_id.remove(&id);
+                world.hooks.log.remove(&id);
+                world.hooks.outbox.retain(|o| o.hook != id);
+            }
+        }
+    }
 }
 
 impl Change {
     /// Adds `other`'s records and entries (a record of both: `other`'s).
     pub fn merge(&mut self, other: Change) {
-        let Change { jobs, nodes, batch } = other;
+        let Change {
+            jobs,
+            nodes,
+            records,
+            gone,
+            batch,
+        } = other;
         self.jobs.extend(jobs);
         self.nodes.extend(nodes);
+        self.records.extend(records);
+        self.gone.extend(gone);
         self.batch.append(batch);
+    }
+
+    /// Puts a record of `World` (stored, then in memory).
+    pub fn put(&mut self, r: Rec) {
+        self.records.push(r);
+    }
+
+    /// Removes a record of `World` (from the store, then from memory).
+    pub fn remove(&mut self, g: Gone) {
+        self.gone.push(g);
     }
 
     pub fn job(&mut self, j: JobRec) {
@@ -343,7 +472,11 @@ impl Change {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.nodes.is_empty() && self.batch.is_empty()
+        self.jobs.is_empty()
+            && self.nodes.is_empty()
+            && self.records.is_empty()
+            && self.gone.is_empty()
+            && self.batch.is_empty()
     }
 }
 
@@ -424,38 +557,59 @@ pub async fn commit(
     if change.is_empty() {
         return Ok(());
     }
-    let (batch, jobs, nodes) = records(change);
+    let (batch, memory) = records(change);
     let started = std::time::Instant::now();
     store.commit(&batch).await?;
     world.stats.commit.observe(started.elapsed().as_secs_f64());
-    publish(world, jobs, nodes, &batch.events);
+    publish(world, memory, &batch.events);
     Ok(())
 }
 
-/// A change as the store takes it (its records added to the batch's puts),
-/// and its jobs and nodes for [`publish`].
-pub(crate) fn records(change: Change) -> (Batch, Vec<JobRec>, Vec<NodeRec>) {
+/// What a stored change puts in memory.
+pub(crate) struct Memory {
+    pub(crate) jobs: Vec<JobRec>,
+    nodes: Vec<NodeRec>,
+    records: Vec<Rec>,
+    gone: Vec<Gone>,
+}
+
+/// A change as the store takes it (its records added to the batch's puts
+/// and deletes), and what [`publish`] puts in memory once it is stored.
+pub(crate) fn records(change: Change) -> (Batch, Memory) {
     let Change {
         jobs,
         nodes,
+        records,
+        gone,
         mut batch,
     } = change;
     batch.put.extend(jobs.values().map(JobRec::record));
     batch.put.extend(nodes.values().map(NodeRec::record));
-    (
-        batch,
-        jobs.into_values().collect(),
-        nodes.into_values().collect(),
-    )
+    batch.put.extend(records.iter().map(Rec::record));
+    batch.delete.extend(gone.iter().map(Gone::key));
+    let memory = Memory {
+        jobs: jobs.into_values().collect(),
+        nodes: nodes.into_values().collect(),
+        records,
+        gone,
+    };
+    (batch, memory)
 }
 
 /// Applies a stored change to the shared state.
-pub(crate) fn publish(
-    world: &mut World,
-    jobs: Vec<JobRec>,
-    nodes: Vec<NodeRec>,
-    events: &[NewEvent],
-) {
+pub(crate) fn publish(world: &mut World, memory: Memory, events: &[NewEvent]) {
+    let Memory {
+        jobs,
+        nodes,
+        records,
+        gone,
+    } = memory;
+    for g in gone {
+        g.publish(world);
+    }
+    for r in records {
+        r.publish(world);
+    }
     for j in jobs {
         world.why.remove(&j.id);
         world.storing.remove(&j.id);
@@ -798,5 +952,57 @@ fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://…{}", &url[..s], &url[at..]),
         _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn team(name: &str) -> gpuflow_api::Team {
+        serde_json::from_value(serde_json::json!({"name": name})).unwrap()
+    }
+
+    /// A change's records go to the store's batch first and reach memory
+    /// only through `publish`, in the order they were put.
+    #[test]
+    fn a_change_is_stored_then_published() {
+        let mut world = World::default();
+        world.teams.insert("old".into(), team("old"));
+        world.queues.insert(
+            "q".into(),
+            serde_json::from_value(serde_json::json!({"name": "q", "team": "old"})).unwrap(),
+        );
+        let mut change = Change::default();
+        let mut first = team("ml");
+        first.uid = 1;
+        change.put(Rec::Team(first));
+        let mut second = team("ml");
+        second.uid = 2;
+        change.put(Rec::Team(second));
+        change.remove(Gone::Queue("q".into()));
+        assert!(!change.is_empty());
+        let (batch, memory) = records(change);
+        let keys: Vec<(gpuflow_store::Table, &str)> = batch
+            .put
+            .iter()
+            .map(|r| (r.table, r.key.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (gpuflow_store::Table::Teams, "ml"),
+                (gpuflow_store::Table::Teams, "ml")
+            ]
+        );
+        assert_eq!(
+            batch.delete,
+            [(gpuflow_store::Table::Queues, "q".to_string())]
+        );
+        assert!(!world.teams.contains_key("ml") && world.queues.contains_key("q"));
+        publish(&mut world, memory, &batch.events);
+        assert_eq!(world.teams["ml"].uid, 2, "the last put wins");
+        assert!(!world.queues.contains_key("q"));
+        assert!(world.teams.contains_key("old"));
     }
 }

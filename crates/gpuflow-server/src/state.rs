@@ -914,6 +914,10 @@ pub struct ServiceRec {
     pub deleted: bool,
 }
 
+pub fn reservation_rec(r: &api::Reservation) -> Record {
+    put(Table::Meta, &format!("reservation/{}", r.name), "", "", r)
+}
+
 pub fn service_rec(s: &ServiceRec) -> Record {
     put(
         Table::Meta,

@@ -430,7 +430,7 @@ pub async fn sign_in(
     };
     if known.as_ref() != Some(&user) {
         let mut change = crate::Change::default();
-        change.batch.put.push(user_rec(&user));
+        change.put(crate::Rec::User(user.clone()));
         change.audit(
             at,
             &user.name,
@@ -453,7 +453,6 @@ pub async fn sign_in(
             ),
         );
         crate::commit(shared.store.as_ref(), world, change).await?;
-        world.users.insert(user.name.clone(), user.clone());
     }
     Ok(user)
 }
@@ -556,7 +555,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
             let revoked = crate::state::Revoked { at, by };
             ended.revoked = Some(revoked.clone());
             let mut change = crate::Change::default();
-            change.batch.put.push(token_rec(&ended));
+            change.put(crate::Rec::Token(ended));
             change.audit(
                 at,
                 &t.user,
@@ -565,7 +564,6 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
                 e.to_string(),
             );
             crate::commit(shared.store.as_ref(), &mut world, change).await?;
-            world.tokens.insert(ended.hash.clone(), ended);
             let mut err = refusal(&Refused::Revoked(revoked), at);
             err.message = format!("{} ({e})", err.message);
             Err(err.into())
@@ -596,9 +594,8 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
                 ..link
             });
             let mut change = crate::Change::default();
-            change.batch.put.push(token_rec(&next));
+            change.put(crate::Rec::Token(next));
             crate::commit(shared.store.as_ref(), &mut world, change).await?;
-            world.tokens.insert(next.hash.clone(), next);
             Ok(Caller {
                 user,
                 token_id: t.id().to_string(),

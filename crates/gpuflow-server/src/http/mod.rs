@@ -46,10 +46,8 @@ use serde::Serialize;
 use crate::http::auth::Caller;
 use crate::http::params::{NamePage, Params};
 use crate::secret::{hash, new_token};
-use crate::state::{
-    JobRec, TokenRec, World, project_rec, queue_rec, team_rec, token_rec, user_rec,
-};
-use crate::{Change, Shared, commit};
+use crate::state::{JobRec, TokenRec, World};
+use crate::{Change, Gone, Rec, Shared, commit};
 
 /// An error reply.
 #[derive(Debug)]

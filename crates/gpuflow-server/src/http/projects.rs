@@ -63,7 +63,7 @@ async fn create_project(
         return Err(ApiError::conflict(format!("project {:?} already exists", p.name)).into());
     }
     let mut change = Change::default();
-    change.batch.put.push(project_rec(&p));
+    change.put(Rec::Project(p.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -72,7 +72,6 @@ async fn create_project(
         p.cost_centre.clone(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.projects.insert(p.name.clone(), p.clone());
     Ok((StatusCode::CREATED, Json(p)))
 }
 
@@ -98,7 +97,7 @@ async fn patch_project(
     }
     p.validate()?;
     let mut change = Change::default();
-    change.batch.put.push(project_rec(&p));
+    change.put(Rec::Project(p.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -107,7 +106,6 @@ async fn patch_project(
         serde_json::to_string(&p.budget).unwrap_or_default(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.projects.insert(name, p.clone());
     drop(world);
     // The new budget is counted now, not at the next 30 s count.
     if let Err(e) = crate::accounting::refresh_budgets(&shared, shared.now()).await {

@@ -290,7 +290,7 @@ async fn create_queue(
     }
     let at = shared.now();
     let mut change = Change::default();
-    change.batch.put.push(queue_rec(&q));
+    change.put(Rec::Queue(q.clone()));
     change.audit(
         at,
         &caller.user.name,
@@ -299,7 +299,6 @@ async fn create_queue(
         serde_json::to_string(&q).unwrap_or_default(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.queues.insert(q.name.clone(), q.clone());
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
@@ -364,7 +363,7 @@ async fn patch_queue(
     q.validate()?;
     let at = shared.now();
     let mut change = Change::default();
-    change.batch.put.push(queue_rec(&q));
+    change.put(Rec::Queue(q.clone()));
     change.audit(
         at,
         &caller.user.name,
@@ -373,7 +372,6 @@ async fn patch_queue(
         String::from_utf8_lossy(&body),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.queues.insert(name, q.clone());
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
@@ -410,10 +408,7 @@ async fn delete_queue(
         .into());
     }
     let mut change = Change::default();
-    change
-        .batch
-        .delete
-        .push((gpuflow_store::Table::Queues, name.clone()));
+    change.remove(Gone::Queue(name.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -422,6 +417,5 @@ async fn delete_queue(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.queues.remove(&name);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -29,13 +29,7 @@ async fn set_prices(
     p.validate()?;
     let mut world = shared.world.lock().await;
     let mut change = Change::default();
-    change.batch.put.push(crate::state::put(
-        gpuflow_store::Table::Meta,
-        "prices",
-        "",
-        "",
-        &p,
-    ));
+    change.put(Rec::Prices(p.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -44,7 +38,6 @@ async fn set_prices(
         serde_json::to_string(&p).unwrap_or_default(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.prices = p.clone();
     Ok(Json(p))
 }
 

@@ -11,16 +11,6 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/v1/reservations/{name}", axum::routing::delete(remove))
 }
 
-fn record(r: &api::Reservation) -> gpuflow_store::Record {
-    crate::state::put(
-        gpuflow_store::Table::Meta,
-        &format!("reservation/{}", r.name),
-        "",
-        "",
-        r,
-    )
-}
-
 /// The longest reservation, seconds.
 const MAX_LENGTH_S: u64 = 366 * 86_400;
 
@@ -136,7 +126,7 @@ async fn create(
         created_by: caller.user.name.clone(),
     };
     let mut change = Change::default();
-    change.batch.put.push(record(&r));
+    change.put(Rec::Reservation(r.clone()));
     change.event(
         t,
         None,
@@ -158,7 +148,6 @@ async fn create(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.reservations.insert(r.name.clone(), r.clone());
     drop(world);
     shared.wake.notify_one();
     Ok((StatusCode::CREATED, Json(r)))
@@ -180,10 +169,7 @@ async fn remove(
         return Err(ApiError::not_found(format!("reservation {name:?} not found")).into());
     }
     let mut change = Change::default();
-    change
-        .batch
-        .delete
-        .push((gpuflow_store::Table::Meta, format!("reservation/{name}")));
+    change.remove(Gone::Reservation(name.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -192,7 +178,6 @@ async fn remove(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.reservations.remove(&name);
     drop(world);
     shared.wake.notify_one();
     Ok(StatusCode::NO_CONTENT)

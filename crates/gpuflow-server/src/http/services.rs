@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::event::EventKind;
-use crate::state::{ServiceRec, service_rec};
+use crate::state::ServiceRec;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()
@@ -108,7 +108,7 @@ async fn create_service(
     };
     let at = shared.now();
     let mut change = Change::default();
-    change.batch.put.push(service_rec(&svc));
+    change.put(Rec::Service(Box::new(svc.clone())));
     change.event(
         at,
         None,
@@ -127,7 +127,6 @@ async fn create_service(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.services.insert(svc.spec.name.clone(), svc.clone());
     let view = crate::services::view(&world, &svc);
     drop(world);
     shared.wake.notify_one();
@@ -165,7 +164,7 @@ async fn patch_service(
     next.spec.validate()?;
     let at = shared.now();
     let mut change = Change::default();
-    change.batch.put.push(service_rec(&next));
+    change.put(Rec::Service(Box::new(next.clone())));
     change.event(
         at,
         None,
@@ -184,7 +183,6 @@ async fn patch_service(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.services.insert(name, next.clone());
     let view = crate::services::view(&world, &next);
     drop(world);
     shared.wake.notify_one();
@@ -216,10 +214,7 @@ async fn delete_service(
             change.job(j);
         }
     }
-    change
-        .batch
-        .delete
-        .push((gpuflow_store::Table::Meta, format!("service/{name}")));
+    change.remove(Gone::Service(name.clone()));
     change.event(
         at,
         None,
@@ -229,7 +224,6 @@ async fn delete_service(
     );
     change.audit(at, &who, "service.delete", &format!("service/{name}"), "");
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.services.remove(&name);
     drop(world);
     shared.wake.notify_one();
     Ok(StatusCode::NO_CONTENT)

@@ -54,7 +54,7 @@ async fn create_team(
     }
     t.uid = world.teams.values().map(|t| t.uid).max().unwrap_or(0) + 1;
     let mut change = Change::default();
-    change.batch.put.push(team_rec(&t));
+    change.put(Rec::Team(t.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -63,7 +63,6 @@ async fn create_team(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.teams.insert(t.name.clone(), t.clone());
     Ok((StatusCode::CREATED, Json(t.redacted())))
 }
 
@@ -155,7 +154,7 @@ async fn patch_team(
     }
     check_images(&t)?;
     let mut change = Change::default();
-    change.batch.put.push(team_rec(&t));
+    change.put(Rec::Team(t.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -171,6 +170,5 @@ async fn patch_team(
         },
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.teams.insert(name, t.clone());
     Ok(Json(t.redacted()))
 }

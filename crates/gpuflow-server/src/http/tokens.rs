@@ -85,7 +85,7 @@ async fn create_token(
         session: None,
     };
     let mut change = Change::default();
-    change.batch.put.push(token_rec(&rec));
+    change.put(Rec::Token(rec.clone()));
     change.audit(
         at,
         &caller.user.name,
@@ -100,7 +100,6 @@ async fn create_token(
         id: rec.id().to_string(),
         expires_at: rec.expires_at,
     };
-    world.tokens.insert(rec.hash.clone(), rec);
     Ok((StatusCode::CREATED, Json(created)))
 }
 /// `GET /v1/tokens`: the tokens the caller manages (never the tokens
@@ -168,12 +167,9 @@ async fn revoke_token(
         .map(|x| x.hash.clone())
         .collect();
     let mut change = Change::default();
-    change.batch.put.push(token_rec(&revoked));
-    for h in &forgotten {
-        change
-            .batch
-            .delete
-            .push((gpuflow_store::Table::Tokens, h.clone()));
+    change.put(Rec::Token(revoked));
+    for h in forgotten {
+        change.remove(Gone::Token(h));
     }
     change.audit(
         at,
@@ -183,10 +179,6 @@ async fn revoke_token(
         t.id(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    for h in &forgotten {
-        world.tokens.remove(h);
-    }
-    world.tokens.insert(revoked.hash.clone(), revoked);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -280,7 +272,6 @@ async fn open_session(
         .values()
         .filter(|t| t.user == user.name && t.live(at))
         .collect();
-    let mut replaced = None;
     if live.len() >= api::MAX_TOKENS_PER_USER {
         let Some(oldest) = live
             .iter()
@@ -299,10 +290,9 @@ async fn open_session(
             at,
             by: format!("{} (a newer sign-in)", user.name),
         });
-        change.batch.put.push(token_rec(&old));
-        replaced = Some(old);
+        change.put(Rec::Token(old));
     }
-    change.batch.put.push(token_rec(&rec));
+    change.put(Rec::Token(rec.clone()));
     change.audit(
         at,
         &user.name,
@@ -311,15 +301,11 @@ async fn open_session(
         format!("{} subject {} ({})", id.provider, id.subject, rec.id()),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    if let Some(old) = replaced {
-        world.tokens.insert(old.hash.clone(), old);
-    }
     let created = TokenCreated {
         user: user.name.clone(),
         token,
         id: rec.id().to_string(),
         expires_at: rec.expires_at,
     };
-    world.tokens.insert(rec.hash.clone(), rec);
     Ok((StatusCode::CREATED, Json(created)))
 }

@@ -80,7 +80,7 @@ async fn create_user(
         return Err(ApiError::conflict(format!("user {:?} already exists", u.name)).into());
     }
     let mut change = Change::default();
-    change.batch.put.push(user_rec(&u));
+    change.put(Rec::User(u.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -89,7 +89,6 @@ async fn create_user(
         u.role.as_str(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.users.insert(u.name.clone(), u.clone());
     Ok((StatusCode::CREATED, Json(u)))
 }
 
@@ -132,7 +131,7 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
     }
     u.disabled = disabled;
     let mut change = Change::default();
-    change.batch.put.push(user_rec(&u));
+    change.put(Rec::User(u.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -145,7 +144,6 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.users.insert(u.name.clone(), u.clone());
     Ok(Json(u))
 }
 
@@ -188,7 +186,7 @@ async fn sign_out(
     let at = shared.now();
     u.signed_out_at = Some(at);
     let mut change = Change::default();
-    change.batch.put.push(user_rec(&u));
+    change.put(Rec::User(u.clone()));
     // Its sessions end too.
     let ended: Vec<crate::state::TokenRec> = world
         .tokens
@@ -203,8 +201,8 @@ async fn sign_out(
             t
         })
         .collect();
-    for t in &ended {
-        change.batch.put.push(crate::state::token_rec(t));
+    for t in ended {
+        change.put(Rec::Token(t));
     }
     change.audit(
         at,
@@ -214,9 +212,5 @@ async fn sign_out(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    for t in ended {
-        world.tokens.insert(t.hash.clone(), t);
-    }
-    world.users.insert(u.name.clone(), u.clone());
     Ok(Json(u))
 }

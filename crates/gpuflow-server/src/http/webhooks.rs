@@ -113,7 +113,7 @@ async fn create(
         created_at: at,
     };
     let mut change = Change::default();
-    change.batch.put.push(h.record());
+    change.put(Rec::Webhook(h.clone()));
     change.audit(
         at,
         &caller.user.name,
@@ -129,7 +129,6 @@ async fn create(
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     let view = h.view(true);
-    world.hooks.by_id.insert(id, h);
     Ok((StatusCode::CREATED, Json(view)))
 }
 
@@ -156,10 +155,7 @@ async fn remove(
         return Err(not_found(&id));
     };
     let mut change = Change::default();
-    change
-        .batch
-        .delete
-        .push((gpuflow_store::Table::Meta, format!("webhook/{id}")));
+    change.remove(Gone::Webhook(id.clone()));
     change.audit(
         shared.now(),
         &caller.user.name,
@@ -168,9 +164,6 @@ async fn remove(
         h.mail.clone().unwrap_or_else(|| h.url.clone()),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    world.hooks.by_id.remove(&id);
-    world.hooks.log.remove(&id);
-    world.hooks.outbox.retain(|o| o.hook != id);
     Ok(StatusCode::NO_CONTENT)
 }
 
