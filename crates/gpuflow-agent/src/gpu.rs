@@ -186,12 +186,6 @@ impl Drop for Gpus {
     }
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Waits on NVML's event set for critical XID errors and marks their GPUs;
 /// says on `registered` once it watches (or has given up), as NVML
 /// delivers only the events that come after.
@@ -243,7 +237,7 @@ fn watch_events(
                     marks.lock().expect("not poisoned").insert(
                         uuid,
                         (
-                            unix_now(),
+                            crate::unix_now(),
                             format!("XID {xid} error reported by the driver"),
                         ),
                     );

@@ -111,7 +111,8 @@ pub fn probe_client() -> ureq::Agent {
         .into()
 }
 
-fn unix_now() -> u64 {
+/// The time now, in Unix seconds.
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -209,17 +210,11 @@ pub fn host_name() -> String {
 }
 
 fn cpu_and_memory() -> (u64, u64) {
+    use procfs::Current;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let mem_kib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(1024 * 1024);
-    (cpus * 1000, mem_kib / 1024)
+    // MemTotal, in bytes; 1 GiB when it cannot be read.
+    let mem = procfs::Meminfo::current().map_or(1 << 30, |m| m.mem_total);
+    (cpus * 1000, mem >> 20)
 }
 
 /// The servers (a leader and its standbys), asked in turn: the next when

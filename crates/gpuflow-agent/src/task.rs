@@ -285,12 +285,6 @@ pub fn exit_path(dir: &Path, k: Key) -> PathBuf {
         .join(format!("job-{job}-a{attempt}-g{group}-i{index}.exit"))
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// A process's start time from `/proc/PID/stat` (field 22), if it exists.
 fn start_ticks(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -336,7 +330,7 @@ impl Task {
             acked: [0, 0],
             start_ticks: 0,
             exit: exit_path(dir, k),
-            started_at: unix_now(),
+            started_at: crate::unix_now(),
             group: None,
             memory_mib: 0,
             breach: None,
