@@ -35,44 +35,45 @@ impl Kind {
 }
 
 /// A job: one or more task groups placed together as a gang.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub name: String,
     pub queue: String,
     /// The project of the queue's team the job is accounted to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub project: Option<String>,
     #[serde(default)]
     pub kind: Kind,
     /// `inference`, `notebook`, `training` or `batch`; defaults to the kind.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub priority_class: Option<String>,
     /// Priority inside the class, -1000..=1000.
     #[serde(default)]
     pub priority: i32,
     pub tasks: Vec<TaskGroupSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub topology: Option<TopologySpec>,
     /// Seconds; the job is stopped when it runs longer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_runtime_s: Option<u64>,
     #[serde(default)]
     pub retry: RetrySpec,
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub idle: Option<IdleSpec>,
     /// A job array, as Slurm writes it: `0-999`, `1,3,8-15`, with `%50` to
     /// run at most 50 elements at once. One submission stores one job per
     /// index; each task sees its index in `GPUFLOW_ARRAY_INDEX`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub array: Option<String>,
     /// What it waits for, as Slurm writes it (`sbatch --dependency`):
     /// `afterok:12:13,afterany:14`, `after`, `afternotok`, `aftercorr`
     /// (element by element of two arrays), `singleton` (no earlier job of
     /// the same name and user unfinished). Jobs of the same team only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub dependency: Option<String>,
     /// What becomes of it when its dependency can no longer be met:
     /// `cancel` (the default) or `hold`.
@@ -80,7 +81,7 @@ pub struct JobSpec {
     pub on_unmet_dependency: OnUnmet,
     /// Runs in this reservation (`gpuflow reservation ls`): only on its
     /// nodes, only while it is open, only for the teams and users it names.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub reservation: Option<String>,
 }
 
@@ -89,12 +90,13 @@ pub struct JobSpec {
 /// ready), or a `command` run beside the task, as its user, in its cgroup,
 /// with its environment and directory (exit 0 within `timeout_s` is ready).
 /// One of the two.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Readiness {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub http_path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub command: Option<Vec<String>>,
     #[serde(default = "two")]
     pub period_s: u64,
@@ -231,6 +233,7 @@ impl ArraySpec {
 }
 
 /// Replicas of one task with the same command and resources.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskGroupSpec {
@@ -243,7 +246,7 @@ pub struct TaskGroupSpec {
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub working_dir: Option<String>,
     #[serde(default)]
     pub resources: Resources,
@@ -263,7 +266,7 @@ pub struct TaskGroupSpec {
     /// directory and `$HOME` bound in at the same path, the node's
     /// network). The digest pulled is recorded on the job and a retry runs
     /// the same one. None: a process on the node itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub image: Option<String>,
 }
 
@@ -305,6 +308,7 @@ fn one() -> u32 {
     1
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
@@ -313,7 +317,7 @@ pub struct Resources {
     pub cpu: f64,
     #[serde(default = "default_mem")]
     pub memory_mib: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub gpu: Option<GpuSpec>,
 }
 
@@ -345,22 +349,23 @@ pub enum GpuMode {
     TimeSlice,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuSpec {
     #[serde(default)]
     pub mode: GpuMode,
     /// Whole GPUs per task (mode `whole`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub count: Option<u32>,
     /// MIG profile such as `1g.10gb` (mode `mig`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub profile: Option<String>,
     /// Share of one GPU's compute, 0 < f < 1 (mode `fraction`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub fraction: Option<f64>,
     /// GPU memory claimed (modes `fraction` and `time-slice`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub memory_mib: Option<u64>,
     /// GPU models the task accepts; empty: any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -89,6 +89,7 @@ pub const ALL_STATES: &[JobState] = &[
 ];
 
 /// One task's placement and state.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskView {
     pub group: String,
@@ -97,26 +98,26 @@ pub struct TaskView {
     /// GPU indices on the node (a MIG instance's: its GPU's).
     pub gpus: Vec<u32>,
     /// GPU share in milli-GPU when the GPU is shared.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub milli: Option<u32>,
     /// The MIG instance it holds, by its index on the GPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mig_instance: Option<u32>,
     /// The UUIDs of what it holds (a MIG instance's own `MIG-…`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub uuids: Vec<String>,
     pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub exit_code: Option<i32>,
     /// Its use of its GPUs, as its agent sampled it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub usage: Option<TaskUsage>,
     /// While it runs: the ports it serves on by name, each with the path
     /// the server proxies to it (`/v1/jobs/{id}/proxy/{port}/`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortView>,
     /// The digest of the image it runs in, once pulled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub image_digest: Option<String>,
 }
 
@@ -155,6 +156,7 @@ pub struct PortView {
 }
 
 /// A job as the API shows it.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Job {
     pub id: u64,
@@ -166,20 +168,20 @@ pub struct Job {
     /// Why it is in this state (the last transition's reason).
     pub reason: String,
     pub submitted_at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub started_at: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub finished_at: Option<u64>,
     /// A pending job's estimated start, as the last cycle saw it (`why`
     /// says more); absent when unknown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub eta: Option<u64>,
     /// Runs started so far (retries and requeues after preemption included).
     pub attempts: u32,
     pub preemptions: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub last_checkpoint: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub kill_at: Option<u64>,
     pub tasks: Vec<TaskView>,
     pub spec: JobSpec,
@@ -187,7 +189,7 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledger: Vec<Hold>,
     /// The array it is an element of, with its index.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub array: Option<ArrayRef>,
     /// Its GPUs' utilisation over its life, as its tasks were sampled
     /// (at most [`UTIL_POINTS`] points; older ones merged in pairs).
@@ -196,7 +198,7 @@ pub struct Job {
     /// Where it runs when another scheduler runs it (gpuflow on
     /// Kubernetes), which reports it: accounted and shown here, not run
     /// by this server.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub external: Option<ExternalRef>,
 }
 
@@ -219,6 +221,7 @@ pub struct WorkloadReport {
 }
 
 /// One workload of a cluster: a gang of pods on Kubernetes.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExternalWorkload {
@@ -238,7 +241,7 @@ pub struct ExternalWorkload {
     /// Its pods by resources: replicas and what each asks for.
     pub tasks: Vec<ExternalTasks>,
     /// While it runs: since when, and the GPUs it holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub running: Option<ExternalHold>,
     /// While it waits: why (the cluster scheduler's explanation).
     #[serde(default)]
@@ -290,19 +293,20 @@ pub struct UtilPoint {
 }
 
 /// One attempt's hold on GPUs, as accounted.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hold {
     pub attempt: u32,
     pub from: u64,
     /// Unset while it holds them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub to: Option<u64>,
     /// GPUs held (a fraction, MIG slice or time slice at its share).
     pub gpus: f64,
     pub model: String,
     pub gpu_hours: f64,
     /// The GPUs' mean sampled utilisation over the hold, when sampled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub util_pct: Option<f64>,
 }
 
@@ -321,6 +325,7 @@ pub struct JobLogs {
 }
 
 /// The answer to "why is my job not running".
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Why {
     pub id: u64,
@@ -331,20 +336,21 @@ pub struct Why {
     /// asked (lines starting "if its turn came now:").
     pub reasons: Vec<String>,
     /// 1-based position among its queue's pending jobs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub position: Option<usize>,
     /// Estimated start, Unix seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub eta: Option<u64>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Submitted {
     pub id: u64,
     pub state: JobState,
     /// For an array: its id (its first element's) and how many elements
     /// were stored, with consecutive ids from `id`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub array: Option<ArrayRef>,
 }
 
@@ -383,6 +389,7 @@ pub struct ArrayRef {
 
 /// What a submission with `?test_only=true` would meet now (like
 /// `sbatch --test-only`); nothing is stored.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TestOnly {
     /// It would be admitted by a cycle run now.
@@ -392,21 +399,23 @@ pub struct TestOnly {
     /// Why it would wait, when it would.
     pub reasons: Vec<String>,
     /// Estimated start, Unix seconds; absent when unknown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub eta: Option<u64>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Event {
     pub seq: i64,
     pub at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub job: Option<u64>,
     pub team: String,
     pub kind: String,
     pub message: String,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AuditEntry {
     pub seq: i64,
@@ -420,7 +429,7 @@ pub struct AuditEntry {
     pub detail: String,
     /// For an actor who signs in through an identity provider: who at the
     /// provider (`PROVIDER:SUBJECT`; a user name here is bound to one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub subject: Option<String>,
 }
 
@@ -448,6 +457,7 @@ impl Role {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Team {
@@ -456,7 +466,7 @@ pub struct Team {
     /// The system user the team's tasks run as on nodes whose agent runs as
     /// root (set by an admin; never root). Default: a uid of the team's own
     /// (see `uid`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub run_as: Option<String>,
     /// The team's number, assigned by the server (not to be sent): a team
     /// with no `run_as` has its tasks run under a uid of its own derived
@@ -474,7 +484,7 @@ pub struct Team {
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub processes: bool,
     /// The image a task of the team without one runs in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub default_image: Option<String>,
     /// Pull credentials by registry host (`127.0.0.1:5000`): given to the
     /// team's nodes for its pulls only, never to a task, a log or an event;
@@ -551,30 +561,31 @@ impl Team {
 pub const MAX_QUEUE_DEPTH: usize = 8;
 
 /// An admin's change to a team.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TeamPatch {
     /// The system user the team's tasks run as from now on; empty: the
     /// agents' default again. Running tasks keep their user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub run_as: Option<String>,
     /// The registries its images may come from (replaces the list; empty:
     /// anywhere).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub registries: Option<Vec<String>>,
     /// Whether its tasks may run without an image.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub processes: Option<bool>,
     /// The image a task without one runs in; empty: none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub default_image: Option<String>,
     /// Logins to set, by registry host; one with an empty user name is
     /// removed. Others are kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub registry_credentials: Option<BTreeMap<String, RegistryCredential>>,
     /// Whether its members act on each other's jobs (admins, and the
     /// team's leads).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub shared_control: Option<bool>,
 }
 
@@ -590,6 +601,7 @@ pub fn valid_run_as(s: &str) -> bool {
 }
 
 /// A project of a team: what jobs are accounted to (GPU-hours, cost).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Project {
@@ -603,7 +615,7 @@ pub struct Project {
     /// A budget for the project's jobs, in whichever queues they run; when
     /// spent they stop borrowing (or admitting). Admins set it. A project
     /// has no fair-share weight of its own, so `taper_from` must be 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub budget: Option<BudgetSpec>,
 }
 
@@ -639,11 +651,12 @@ impl Project {
 }
 
 /// A project with its budget as it stands.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ProjectView {
     #[serde(flatten)]
     pub project: Project,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub budget_use: Option<BudgetUse>,
 }
 
@@ -668,6 +681,7 @@ where
     Ok(Some(Option::deserialize(d)?))
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct User {
@@ -683,11 +697,11 @@ pub struct User {
     pub disabled: bool,
     /// Set by the server for a user made by a sign-in through an identity
     /// provider: which, and the user's subject there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub identity: Option<Identity>,
     /// Sign-ins made at or before this time are refused (set when the
     /// user's sessions are revoked), Unix seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub signed_out_at: Option<u64>,
 }
 
@@ -702,6 +716,7 @@ pub struct Identity {
 }
 
 /// An identity provider users sign in through (`GET /v1/auth/providers`).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct OidcProvider {
     pub name: String,
@@ -713,7 +728,7 @@ pub struct OidcProvider {
     pub scopes: String,
     /// Where a browser signs in (the authorization code flow with PKCE),
     /// from the provider's discovery document; none while it cannot be read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub authorization_endpoint: Option<String>,
 }
 
@@ -734,6 +749,7 @@ pub struct CodeRequest {
     pub nonce: String,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
@@ -741,11 +757,12 @@ pub struct TokenRequest {
     pub user: String,
     /// The token stops working this many seconds after it is made; default:
     /// it works until revoked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_in_s: Option<u64>,
 }
 
 /// A new API token: shown once, stored only as a hash.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TokenCreated {
     pub user: String,
@@ -753,21 +770,22 @@ pub struct TokenCreated {
     /// What the token is listed and revoked by (not a secret).
     #[serde(default)]
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_at: Option<u64>,
 }
 
 /// A token as listed: never the token itself.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TokenView {
     pub id: String,
     pub user: String,
     pub created_at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_at: Option<u64>,
     /// For a sign-in session (`gpuflow login`): the identity provider it
     /// came through; none for an API token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub provider: Option<String>,
 }
 
@@ -775,17 +793,19 @@ pub struct TokenView {
 /// becomes a session: the provider's ID token proves who, its refresh
 /// token lets the server check the user's groups again as the session goes
 /// on (and end it when the provider no longer renews it).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRequest {
     pub id_token: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub refresh_token: Option<String>,
 }
 
 /// At most this many live tokens per user: revoke old ones to make more.
 pub const MAX_TOKENS_PER_USER: usize = 20;
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WhoAmI {
     pub user: String,
@@ -795,30 +815,31 @@ pub struct WhoAmI {
     #[serde(default)]
     pub signed_in_with: String,
     /// With `oidc`: the provider and the caller's subject there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub identity: Option<Identity>,
     /// The id of the token it used (`gpuflow token ls`).
     #[serde(default)]
     pub token_id: String,
     /// When that token (or the ID token) expires, Unix seconds; none: when
     /// revoked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_at: Option<u64>,
 }
 
 // ---- queues ----
 
 /// One flavor's quota in GPUs (fractions allowed). `None`: no limit.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaSpec {
     #[serde(default)]
     pub guaranteed: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub borrow_limit: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub lend_limit: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cap: Option<f64>,
 }
 
@@ -831,16 +852,18 @@ pub enum QueueState {
     Draining,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserLimitsSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_gpus: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_running: Option<u32>,
 }
 
 /// A queue: a node of the tree, owned by a team.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSpec {
@@ -848,7 +871,7 @@ pub struct QueueSpec {
     pub name: String,
     #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9._-]{0,62}$"))]
     pub team: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub parent: Option<String>,
     #[serde(default = "one")]
     pub weight: f64,
@@ -861,16 +884,16 @@ pub struct QueueSpec {
     pub user_limits: UserLimitsSpec,
     /// The idle policy of notebooks submitted to this queue (or below it)
     /// that name none; admins set it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub notebook_idle: Option<crate::IdleSpec>,
     /// The longest a notebook submitted to this queue (or below it) may
     /// run, in seconds: those without a `max_runtime_s` take it, longer ones
     /// are refused; admins set it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub notebook_max_lifetime_s: Option<u64>,
     /// A budget per period (GPU-hours or cost) for the queue's own jobs;
     /// admins set it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub budget: Option<BudgetSpec>,
 }
 
@@ -878,15 +901,16 @@ pub struct QueueSpec {
 /// once `taper_from` of it is used the queue's fair-share weight falls
 /// linearly to `min_weight_factor` of itself; once all is used the queue
 /// (or project) stops borrowing (or admitting).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
     /// GPU-hours per period (a share, MIG slice or time slice at its
     /// equivalent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub gpu_hours: Option<f64>,
     /// Cost per period at the admins' prices, in their currency.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cost: Option<f64>,
     pub period: BudgetPeriod,
     #[serde(default = "default_taper")]
@@ -1056,6 +1080,7 @@ impl QueueSpec {
 }
 
 /// A queue with its usage.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueView {
     #[serde(flatten)]
@@ -1065,7 +1090,7 @@ pub struct QueueView {
     pub pending: usize,
     pub running: usize,
     /// Its budget in the current period, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub budget_use: Option<BudgetUse>,
     /// GPUs it uses above its guarantee, per flavor.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -1134,6 +1159,7 @@ impl NodeState {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GpuInfo {
     pub index: u32,
@@ -1142,14 +1168,14 @@ pub struct GpuInfo {
     pub memory_mib: u64,
     /// Why it takes no work, when it is unhealthy (an XID error, ECC
     /// errors, NVML cannot reach it); `None` when healthy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub unhealthy: Option<String>,
     /// Its MIG instances when it is in MIG mode (each allocated whole, to
     /// jobs asking for its profile); empty when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigInfo>,
     /// Its NUMA node, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub numa: Option<u32>,
     /// The indices (in this inventory) of the GPUs it reaches over NVLink.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -1187,6 +1213,7 @@ pub struct Inventory {
 }
 
 /// How a node enforces its tasks' limits.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeLimits {
     /// `v1` or `v2`; empty when the node sets no limits.
@@ -1201,7 +1228,7 @@ pub struct NodeLimits {
     /// The first uid of its installation's block, when tasks of teams
     /// without `run_as` run under uids of their own (team `N` runs as this
     /// plus `N`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub task_uid_base: Option<u32>,
 }
 
@@ -1246,6 +1273,7 @@ pub struct NodeView {
 }
 
 /// A task's hold on one GPU of a node (the dashboard's cluster map).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GpuHolder {
     /// The GPU's index on the node.
@@ -1254,7 +1282,7 @@ pub struct GpuHolder {
     /// team's work, to a member or viewer).
     pub team: String,
     /// The holding job, when the caller may see it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub job: Option<u64>,
     /// `whole`, `fraction`, `time-slice` or `mig`.
     pub mode: String,
@@ -1262,12 +1290,13 @@ pub struct GpuHolder {
     /// instance or time slice at its quota equivalent).
     pub milli: u32,
     /// The MIG instance's profile, for `mig`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub profile: Option<String>,
 }
 
 // ---- the agent protocol ----
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Register {
     pub node: String,
@@ -1275,7 +1304,7 @@ pub struct Register {
     /// The node token this agent was given before, if any: a node name
     /// belongs to the agent that first registered it, and registering it
     /// again needs that token (or an admin's `gpuflow node replace`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub node_token: Option<String>,
 }
 
@@ -1318,6 +1347,7 @@ pub enum TaskPhase {
 }
 
 /// A task as its agent sees it; `(job, attempt, group, index)` names it.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskReport {
     pub job: u64,
@@ -1326,40 +1356,40 @@ pub struct TaskReport {
     pub index: u32,
     pub phase: TaskPhase,
     /// The port it serves on, when it asked for one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub port: Option<u16>,
     /// The ports it serves on by name, when it declared some.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<String, u16>,
     /// Its image, once its node pulled it (or failed to).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub image: Option<ImageReport>,
     /// Its readiness check's last answer, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ready: Option<bool>,
     /// What it wrote to stderr since the server last acknowledged it (or
     /// the next part of that), when there is something new.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub stderr: Option<LogChunk>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub exit_code: Option<i32>,
     /// When it started on the node (Unix seconds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub started_at: Option<u64>,
     /// The last checkpoint the task reported (Unix seconds), via the file
     /// named by `GPUFLOW_CHECKPOINT_FILE`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub checkpoint_at: Option<u64>,
     /// The same for its stdout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub stdout: Option<LogChunk>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// The limit it was killed at, when it broke one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub breach: Option<Breach>,
     /// Its use of its GPUs since it started, as its agent sampled it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub usage: Option<TaskUsage>,
 }
 
@@ -1387,6 +1417,7 @@ pub enum Breach {
 
 /// A task's use of its GPUs since it started, sampled by its agent
 /// (cumulative, so a lost heartbeat loses nothing).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskUsage {
     pub samples: u32,
@@ -1398,11 +1429,11 @@ pub struct TaskUsage {
     pub gpu_memory_mib: u64,
     pub gpu_memory_peak_mib: u64,
     /// CPU time it used (from its cgroup), when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cpu_s: Option<f64>,
     /// Since when (Unix seconds) its GPU utilisation has stayed below its
     /// idle threshold, when it has one and is below it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub idle_since: Option<u64>,
 }
 
@@ -1451,6 +1482,7 @@ impl Prices {
 }
 
 /// One row of a usage report: a key (team, project, …) in one period.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct UsageRow {
     pub key: String,
@@ -1461,7 +1493,7 @@ pub struct UsageRow {
     /// GPU-hours used: held time weighted by the sampled utilisation.
     pub used_gpu_hours: f64,
     /// Used over held, over the held time that was sampled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub efficiency: Option<f64>,
     pub cost: f64,
     pub jobs: u32,
@@ -1486,21 +1518,22 @@ pub struct LowUse {
 
 /// One row of the jobs report: the jobs of a queue or kind submitted in
 /// the range, how long they waited and how they ended.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JobsRow {
     pub key: String,
     pub submitted: u32,
     pub started: u32,
     /// Seconds from submission to first start, of those that started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub wait_p50_s: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub wait_p95_s: Option<u64>,
     pub succeeded: u32,
     pub failed: u32,
     pub cancelled: u32,
     /// Failed over finished.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub failure_rate: Option<f64>,
     pub preemptions: u32,
     /// GPU-hours of work lost to preemptions (since the victims' checkpoints).
@@ -1538,15 +1571,16 @@ pub struct UsageReport {
 
 /// A GPU as its agent last sampled it (not part of the inventory, which
 /// would then change on every heartbeat).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GpuSample {
     pub uuid: String,
     pub util_pct: u32,
     pub memory_util_pct: u32,
     pub memory_used_mib: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub power_w: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub temperature_c: Option<u32>,
 }
 
@@ -1569,6 +1603,7 @@ pub struct StopOrder {
 }
 
 /// A task the server wants on the node (level-triggered: the full list each time).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DesiredTask {
     pub job: u64,
@@ -1578,22 +1613,22 @@ pub struct DesiredTask {
     pub name: String,
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub working_dir: Option<String>,
     pub gpus: Vec<u32>,
     /// The MIG instances (their `MIG-…` UUIDs) the task holds on `gpus`:
     /// it may open their capability devices and no other instance's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub stop: Option<StopOrder>,
     /// The system user the task runs as (its team's `run_as`); default:
     /// the agent's choice (never root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub run_as: Option<String>,
     /// The team's number (`Team::uid`): without `run_as`, an agent running
     /// as root runs the task as its `--task-uid-base` plus this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub team_uid: Option<u32>,
     /// The job's checkpoint signal: what the task is sent when it must stop,
     /// also when its node's lease runs out.
@@ -1611,18 +1646,19 @@ pub struct DesiredTask {
     pub ports: Vec<String>,
     /// The OCI image it runs in (pinned to the digest an earlier attempt
     /// pulled, when there was one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub image: Option<String>,
     /// The team's login to the image's registry: `(host, user, password)`,
     /// used for the pull alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub registry_auth: Option<(String, String, String)>,
     /// How the agent checks the task is ready to serve.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub readiness: Option<crate::job::Readiness>,
 }
 
 /// A task's limits, from its spec's resources.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskLimits {
     /// Thousandths of a CPU (0: none).
@@ -1639,7 +1675,7 @@ pub struct TaskLimits {
     pub gpu_percent: u32,
     /// Below this GPU utilisation (percent) the task counts as idle, when
     /// its job has an idle policy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub idle_below_pct: Option<u32>,
 }
 
@@ -1756,6 +1792,7 @@ pub struct RecordedWorkload {
 
 /// One recorded job: when it came, how long it held its GPUs (over every
 /// attempt), what it asked for and on which model it ran.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RecordedJob {
     pub id: u64,
@@ -1766,12 +1803,12 @@ pub struct RecordedJob {
     pub gpus_per_task: u32,
     /// The share of one GPU each task held, in thousandths, when shared (a
     /// MIG instance or time slice at its quota equivalent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub milli: Option<u32>,
     pub team: String,
     pub kind: crate::Kind,
     pub priority: i32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_runtime_s: Option<u64>,
     pub model: String,
 }
@@ -1803,12 +1840,13 @@ pub struct RecordedTeam {
 /// (so one that fails is replaced alone), each on a port the agent picks,
 /// listed as an endpoint once its readiness check passes. Replicas are of
 /// kind inference: never preempted by training.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceSpec {
     pub name: String,
     pub queue: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub project: Option<String>,
     pub replicas: u32,
     /// The fewest and most replicas `scale` may set (default 1 and 100).
@@ -1819,7 +1857,7 @@ pub struct ServiceSpec {
     /// What each replica runs (its `replicas` must stay 1); it serves on
     /// `$PORT`.
     pub task: crate::TaskGroupSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub readiness: Option<crate::job::Readiness>,
     #[serde(default)]
     pub rollout: Rollout,
@@ -1975,14 +2013,15 @@ pub struct ServiceView {
 }
 
 /// One replica of a service.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ReplicaView {
     pub job: u64,
     pub version: u32,
     pub state: JobState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub node: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub port: Option<u16>,
     pub ready: bool,
 }
@@ -2006,44 +2045,47 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
 
 /// A new webhook: the jobs of the caller (or, for a team lead or an
 /// admin, of a whole team) POST their state changes to `url`, signed.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSpec {
     /// `http://` or `https://`; or give `mail`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub url: Option<String>,
     /// A mail address, sent through the server's SMTP server.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mail: Option<String>,
     /// Of [`WEBHOOK_EVENTS`].
     pub events: Vec<String>,
     /// Every job of this team (team leads, for theirs; admins); without
     /// it, the caller's own jobs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub team: Option<String>,
 }
 
 /// A webhook as the API shows it (its secret only once, when made).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WebhookView {
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mail: Option<String>,
     pub events: Vec<String>,
     pub team: String,
     /// Whose jobs; absent: every job of the team.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub user: Option<String>,
     pub created_by: String,
     pub created_at: u64,
     /// The HMAC-SHA256 key of `X-Gpuflow-Signature`, shown once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub secret: Option<String>,
 }
 
 /// One attempt to deliver a notification.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Delivery {
     /// The notification's number (`X-Gpuflow-Delivery`); its attempts share it.
@@ -2053,7 +2095,7 @@ pub struct Delivery {
     pub job: u64,
     pub attempt: u32,
     /// The receiver's HTTP status, when it answered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub status: Option<u16>,
     /// `delivered`, `retrying` or `failed`, with what went wrong.
     pub outcome: String,
@@ -2064,6 +2106,7 @@ pub struct Delivery {
 /// A window of time on some nodes: kept for the teams and users it names
 /// (their jobs ask for it by name), or for maintenance (no job runs). Jobs
 /// of others run there before it only if they end before it starts.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReservationSpec {
@@ -2074,9 +2117,9 @@ pub struct ReservationSpec {
     /// These nodes; or `count` nodes of GPU `model`, chosen at creation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub count: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<String>,

@@ -311,15 +311,16 @@ fn is_zero(x: &f64) -> bool {
 /// thousandths of a GPU; a MIG slice and a time slice at their quota
 /// equivalents), of which model, from when to when (open while it holds
 /// them), and its GPUs' mean utilisation as its tasks were sampled.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Held {
     pub attempt: u32,
     pub from: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub to: Option<u64>,
     pub gpu_milli: u64,
     pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub util_pct: Option<f64>,
 }
 
@@ -537,29 +538,31 @@ impl NodeRec {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenRec {
     pub hash: String,
     pub user: String,
     pub created_at: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub expires_at: Option<u64>,
     /// Set when revoked: the record is kept a while, so that the token
     /// is answered "revoked by …", not "unknown" ([`REVOKED_KEPT_S`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub revoked: Option<Revoked>,
     /// For a sign-in session: the identity provider's user behind it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub session: Option<SessionLink>,
 }
 
 /// A session's tie to its identity provider.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionLink {
     pub provider: String,
     pub subject: String,
     /// Renews the user's claims at the provider (a secret: never shown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub refresh_token: Option<String>,
     /// When the user's groups were last read from the provider.
     pub checked_at: u64,
@@ -929,11 +932,12 @@ pub fn service_rec(s: &ServiceRec) -> Record {
 }
 
 /// A job that is a replica of a service, of its task's `version`.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceRef {
     pub name: String,
     pub version: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub readiness: Option<gpuflow_api::job::Readiness>,
 }
 
