@@ -7,9 +7,21 @@ use serde::{Deserialize, Serialize};
 
 /// What a dependency waits for of the jobs it names.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::EnumString,
 )]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum DepKind {
     /// The job has started (or ended without starting).
     After,
@@ -25,25 +37,13 @@ pub enum DepKind {
 }
 
 impl DepKind {
+    /// Its name, as Slurm's `--dependency` writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            DepKind::After => "after",
-            DepKind::AfterAny => "afterany",
-            DepKind::AfterOk => "afterok",
-            DepKind::AfterNotOk => "afternotok",
-            DepKind::AfterCorr => "aftercorr",
-        }
+        self.into()
     }
 
     fn parse(s: &str) -> Option<DepKind> {
-        Some(match s {
-            "after" => DepKind::After,
-            "afterany" => DepKind::AfterAny,
-            "afterok" => DepKind::AfterOk,
-            "afternotok" => DepKind::AfterNotOk,
-            "aftercorr" => DepKind::AfterCorr,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 }
 

@@ -12,9 +12,21 @@ use crate::error::{ApiError, FieldError};
 
 /// What kind of work a job is; it picks the default priority class.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Kind {
     Inference,
     Notebook,
@@ -24,13 +36,9 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Its name, as the API writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Inference => "inference",
-            Kind::Notebook => "notebook",
-            Kind::Training => "training",
-            Kind::Batch => "batch",
-        }
+        self.into()
     }
 }
 

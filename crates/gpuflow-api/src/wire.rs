@@ -11,9 +11,23 @@ use crate::job::JobSpec;
 
 /// Where a job is in its life.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum JobState {
     /// Waiting for quota or capacity (also after a preemption or a retry).
     Pending,
@@ -38,24 +52,13 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Its name, as the API writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Held => "held",
-            JobState::Suspended => "suspended",
-            JobState::Admitted => "admitted",
-            JobState::Starting => "starting",
-            JobState::Running => "running",
-            JobState::Stopping => "stopping",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Timeout => "timeout",
-            JobState::Cancelled => "cancelled",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<JobState> {
-        ALL_STATES.iter().copied().find(|x| x.as_str() == s)
+        s.parse().ok()
     }
 
     /// Holds GPUs.
@@ -74,19 +77,7 @@ impl JobState {
     }
 }
 
-pub const ALL_STATES: &[JobState] = &[
-    JobState::Pending,
-    JobState::Held,
-    JobState::Suspended,
-    JobState::Admitted,
-    JobState::Starting,
-    JobState::Running,
-    JobState::Stopping,
-    JobState::Succeeded,
-    JobState::Failed,
-    JobState::Timeout,
-    JobState::Cancelled,
-];
+pub const ALL_STATES: &[JobState] = <JobState as strum::VariantArray>::VARIANTS;
 
 /// One task's placement and state.
 #[serde_with::skip_serializing_none]
@@ -436,9 +427,20 @@ pub struct AuditEntry {
 // ---- tenants ----
 
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Role {
     Admin,
     TeamLead,
@@ -447,13 +449,9 @@ pub enum Role {
 }
 
 impl Role {
+    /// Its name, as the API writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::TeamLead => "team-lead",
-            Role::Member => "member",
-            Role::Viewer => "viewer",
-        }
+        self.into()
     }
 }
 
@@ -1138,8 +1136,20 @@ pub struct QueuePatch {
 
 // ---- nodes ----
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum NodeState {
     #[default]
     Ready,
@@ -1149,13 +1159,9 @@ pub enum NodeState {
 }
 
 impl NodeState {
+    /// Its name, as the API writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            NodeState::Ready => "ready",
-            NodeState::Cordoned => "cordoned",
-            NodeState::Draining => "draining",
-            NodeState::Lost => "lost",
-        }
+        self.into()
     }
 }
 
@@ -2160,5 +2166,52 @@ impl Reservation {
         let mut who: Vec<String> = self.teams.iter().map(|t| format!("team {t}")).collect();
         who.extend(self.users.iter().map(|u| format!("user {u}")));
         format!("reservation {:?} of {}", self.name, who.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::depend::DepKind;
+    use crate::job::Kind;
+
+    /// Each name strum gives a variant is the one serde writes, and reads
+    /// back as the same variant.
+    #[test]
+    fn names_are_the_wires() {
+        fn same<T: Serialize + std::fmt::Debug>(v: T, name: &str) {
+            assert_eq!(serde_json::to_value(&v).unwrap(), name, "{v:?}");
+        }
+        assert_eq!(ALL_STATES.len(), 11);
+        for &s in ALL_STATES {
+            same(s, s.as_str());
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(JobState::parse("Pending"), None);
+        for r in [Role::Admin, Role::TeamLead, Role::Member, Role::Viewer] {
+            same(r, r.as_str());
+        }
+        assert_eq!(Role::TeamLead.as_str(), "team-lead");
+        for n in [
+            NodeState::Ready,
+            NodeState::Cordoned,
+            NodeState::Draining,
+            NodeState::Lost,
+        ] {
+            same(n, n.as_str());
+        }
+        for k in [Kind::Inference, Kind::Notebook, Kind::Training, Kind::Batch] {
+            same(k, k.as_str());
+        }
+        for d in [
+            DepKind::After,
+            DepKind::AfterAny,
+            DepKind::AfterOk,
+            DepKind::AfterNotOk,
+            DepKind::AfterCorr,
+        ] {
+            same(d, d.as_str());
+        }
+        assert_eq!(DepKind::AfterNotOk.as_str(), "afternotok");
     }
 }
