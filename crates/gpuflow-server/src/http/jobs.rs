@@ -407,7 +407,6 @@ async fn submit(
     Params(q): Params<SubmitParams>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
-    let test_only = q.test_only.0;
     let body = body_or_413(body, shared.cfg.max_body_bytes)?;
     let json = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -415,48 +414,12 @@ async fn submit(
         .is_some_and(|v| v.contains("json"));
     let mut spec = JobSpec::parse(&body, json)?;
     let arrays = dependency_arrays(&shared, &[&spec]).await?;
-    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
-        None => None,
-        Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Some(k.to_string()),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "bad_header",
-                "Idempotency-Key: 1 to 128 visible ASCII characters",
-            )
-            .into());
-        }
-    };
+    let key = idempotency_key(&headers)?;
     let mut world = shared.world.lock().await;
     if let Some(k) = &key
-        && let Some(&id) = world
-            .idempotency
-            .get(&(caller.user.name.clone(), k.clone()))
+        && let Some(done) = submitted_before(&world, &caller.user.name, k)
     {
-        if world.storing.contains(&id) {
-            return Err(ApiError::new(
-                409,
-                "in_progress",
-                format!("job {id}, submitted with this Idempotency-Key, is being stored; retry in a moment"),
-            )
-            .into());
-        }
-        // A retry of a submission that was stored: the same job, not a second one.
-        let state = world
-            .summaries()
-            .get(&id)
-            .map_or(JobState::Pending, |j| j.state);
-        let array = world.jobs().get(&id).and_then(|j| {
-            let a = j.array.as_ref()?;
-            let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
-                .ok()?
-                .indices
-                .len();
-            Some(api::ArrayRef {
-                id: a.id,
-                index: n as u32,
-            })
-        });
-        return Ok((StatusCode::OK, Json(api::Submitted { id, state, array })).into_response());
+        return done;
     }
     let at = shared.now();
     let team = check_spec(&world, &caller, &mut spec, at)?;
@@ -475,40 +438,9 @@ async fn submit(
     let mut waits = dependency_waits(&world, &team, &spec, &indices, &arrays)?;
     let mut j = crate::lifecycle::submitted(id, spec, &team, &caller.user.name, key.clone(), at);
     j.waits_on = waits[0].clone();
-    if test_only {
-        // A job that waits for others would not start now, whatever the
-        // cluster holds.
-        let singles = crate::depend::Singles::all(&world);
-        if let Some(reason) = crate::depend::reason(&world, &j, &singles) {
-            return Ok((
-                StatusCode::OK,
-                Json(api::TestOnly {
-                    would_start: false,
-                    nodes: vec![],
-                    reasons: vec![reason],
-                    eta: None,
-                }),
-            )
-                .into_response());
-        }
-        // The cycle the server would run now, with this job in it, on a
-        // snapshot; nothing is stored and no id is used up.
-        let trial = crate::snapshot::Trial::take(&world, at, &shared.cfg);
-        drop(world);
-        let _turn = shared.diagnoses.acquire().await;
-        let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "test-only run failed");
-                Error(ApiError::new(
-                    500,
-                    "internal",
-                    "internal error; the server log has the details",
-                ))
-            })?;
-        return Ok((StatusCode::OK, Json(answer)).into_response());
+    if q.test_only.0 {
+        return test_only(&shared, world, j, at).await;
     }
-    let mut change = Change::default();
     // An array is one job per index, with consecutive ids, stored in one
     // transaction.
     let elements: Vec<JobRec> = match &array {
@@ -530,31 +462,8 @@ async fn submit(
             .collect(),
     };
     let last = id + elements.len() as u64 - 1;
-    for e in &elements {
-        let what = match &e.array {
-            Some(a) => format!(
-                "submitted by {} to queue {} (array {id}, index {})",
-                e.user, e.spec.queue, a.index
-            ),
-            None => format!("submitted by {} to queue {}", e.user, e.spec.queue),
-        };
-        change.event(at, Some(e.id), &team, EventKind::Submitted, what);
-    }
-    change.audit(
-        at,
-        &caller.user.name,
-        "job.submit",
-        &if last > id {
-            format!("job/{id}-{last}")
-        } else {
-            format!("job/{id}")
-        },
-        elements[0].spec.name.clone(),
-    );
     let count = elements.len() as u32;
-    for e in elements {
-        change.job(e);
-    }
+    let change = submission(elements, (&team, &caller.user.name), at);
     // The ids are taken now; the records are stored with the submissions
     // beside them, off the lock, and published once durable.
     world.next_job = last;
@@ -573,6 +482,130 @@ async fn submit(
         }),
     )
         .into_response())
+}
+
+/// The `Idempotency-Key` header, if sent: 1 to 128 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    match headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Ok(k)) if !k.is_empty() && k.len() <= 128 => Ok(Some(k.to_string())),
+        Some(_) => Err(ApiError::bad_request(
+            "bad_header",
+            "Idempotency-Key: 1 to 128 visible ASCII characters",
+        )
+        .into()),
+    }
+}
+
+/// The answer to a retry of a submission `user` made with idempotency key
+/// `key`: the same job, not a second one (or a 409 while it is being
+/// stored). `None` for a key not seen.
+fn submitted_before(world: &World, user: &str, key: &str) -> Option<Result<Response, Error>> {
+    let &id = world
+        .idempotency
+        .get(&(user.to_string(), key.to_string()))?;
+    if world.storing.contains(&id) {
+        return Some(Err(ApiError::new(
+            409,
+            "in_progress",
+            format!(
+                "job {id}, submitted with this Idempotency-Key, is being stored; retry in a moment"
+            ),
+        )
+        .into()));
+    }
+    let state = world
+        .summaries()
+        .get(&id)
+        .map_or(JobState::Pending, |j| j.state);
+    let array = world.jobs().get(&id).and_then(|j| {
+        let a = j.array.as_ref()?;
+        let n = api::ArraySpec::parse(j.spec.array.as_deref()?)
+            .ok()?
+            .indices
+            .len();
+        Some(api::ArrayRef {
+            id: a.id,
+            index: n as u32,
+        })
+    });
+    Some(Ok((
+        StatusCode::OK,
+        Json(api::Submitted { id, state, array }),
+    )
+        .into_response()))
+}
+
+/// `?test_only=true`: where job `j` would start now or why it would wait,
+/// from the cycle the server would run now with it in it, on a snapshot;
+/// nothing is stored and no id is used up.
+async fn test_only(
+    shared: &Arc<Shared>,
+    world: tokio::sync::MutexGuard<'_, World>,
+    j: JobRec,
+    at: u64,
+) -> Result<Response, Error> {
+    // A job that waits for others would not start now, whatever the
+    // cluster holds.
+    let singles = crate::depend::Singles::all(&world);
+    if let Some(reason) = crate::depend::reason(&world, &j, &singles) {
+        return Ok((
+            StatusCode::OK,
+            Json(api::TestOnly {
+                would_start: false,
+                nodes: vec![],
+                reasons: vec![reason],
+                eta: None,
+            }),
+        )
+            .into_response());
+    }
+    let trial = crate::snapshot::Trial::take(&world, at, &shared.cfg);
+    drop(world);
+    let _turn = shared.diagnoses.acquire().await;
+    let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "test-only run failed");
+            Error(ApiError::new(
+                500,
+                "internal",
+                "internal error; the server log has the details",
+            ))
+        })?;
+    Ok((StatusCode::OK, Json(answer)).into_response())
+}
+
+/// The change that stores a submission's jobs (an array's elements, or
+/// one job) of `team` by `user`: each with its event, and one audit line.
+fn submission(elements: Vec<JobRec>, (team, user): (&str, &str), at: u64) -> Change {
+    let mut change = Change::default();
+    let (id, last) = (elements[0].id, elements[elements.len() - 1].id);
+    for e in &elements {
+        let what = match &e.array {
+            Some(a) => format!(
+                "submitted by {} to queue {} (array {id}, index {})",
+                e.user, e.spec.queue, a.index
+            ),
+            None => format!("submitted by {} to queue {}", e.user, e.spec.queue),
+        };
+        change.event(at, Some(e.id), team, EventKind::Submitted, what);
+    }
+    change.audit(
+        at,
+        user,
+        "job.submit",
+        &if last > id {
+            format!("job/{id}-{last}")
+        } else {
+            format!("job/{id}")
+        },
+        elements[0].spec.name.clone(),
+    );
+    for e in elements {
+        change.job(e);
+    }
+    change
 }
 /// The job list's filters. `since` and `until` select the jobs that were
 /// in the system during [since, until): submitted before `until`, not
