@@ -98,8 +98,17 @@ async fn metrics(
 /// The metrics' text at `t`.
 fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
     let mut o = Out(String::new());
+    queues(&mut o, world);
+    cluster(&mut o, world);
+    teams(&mut o, world, t);
+    budgets(&mut o, world, t);
+    server(&mut o, world, cycle_failures);
+    nodes(&mut o, world, t);
+    o.0
+}
 
-    // Queues: jobs by state, GPUs used against guaranteed.
+/// Queues: jobs by state, GPUs used against guaranteed.
+fn queues(o: &mut Out, world: &crate::state::World) {
     let mut jobs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     // GPUs held per queue and flavor (the GPU model its quota is charged).
     let mut used: BTreeMap<(&str, &str), u64> = BTreeMap::new();
@@ -172,8 +181,10 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             }
         }
     }
+}
 
-    // The cluster: GPUs per model and pool, allocated, unhealthy.
+/// The cluster: GPUs per model and pool, allocated, unhealthy, and how much of each GPU is held.
+fn cluster(o: &mut Out, world: &crate::state::World) {
     let in_use = world.gpus_in_use();
     let mut total: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
     for n in world
@@ -293,8 +304,10 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             *frag,
         );
     }
+}
 
-    // Teams: GPUs held now, and GPU-hours held ever (the ledger).
+/// Teams: GPUs held now, and GPU-hours held ever (the ledger).
+fn teams(o: &mut Out, world: &crate::state::World, t: u64) {
     let mut team_now: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
     for team in world.teams.keys() {
         team_now.insert(team.as_str(), (0.0, 0.0));
@@ -329,8 +342,10 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             s / 3600.0,
         );
     }
+}
 
-    // Budgets: what each budgeted queue and project used this period.
+/// Budgets: what each budgeted queue and project used this period.
+fn budgets(o: &mut Out, world: &crate::state::World, t: u64) {
     o.head(
         "gpuflow_queue_budget_gpu_hours",
         "gauge",
@@ -369,8 +384,10 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             );
         }
     }
+}
 
-    // Waits: submission to first start, counted as jobs start.
+/// The server's own: waits, failed cycles, phases and counters.
+fn server(o: &mut Out, world: &crate::state::World, cycle_failures: u64) {
     o.head(
         "gpuflow_job_wait_seconds",
         "histogram",
@@ -478,6 +495,10 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             o.line(name, &[("queue", q)], *n as f64);
         }
     }
+}
+
+/// Nodes: state, build, heartbeat age, and per GPU as dcgm-exporter names them.
+fn nodes(o: &mut Out, world: &crate::state::World, t: u64) {
     o.head(
         "gpuflow_node_state_info",
         "gauge",
@@ -562,5 +583,4 @@ fn render(world: &crate::state::World, cycle_failures: u64, t: u64) -> String {
             }
         }
     }
-    o.0
 }
