@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::{Subcommand, ValueEnum};
+use gpuflow_core::schedule::{Phase, Tally};
 use gpuflow_core::{MixWeighting, Policy};
 use gpuflow_sim::bench::{self, BenchConfig};
 use gpuflow_sim::fragmentation::{self, Config};
@@ -282,9 +283,25 @@ pub(crate) enum BenchCommand {
         /// history and no search is.
         #[arg(long)]
         history: bool,
+        /// After each measured cycle, how long each of the core's phases
+        /// took (index, order, admit, explain; the rest is the benchmark's
+        /// own bookkeeping) and what admission did (tries, placements,
+        /// victim searches); and the median of each phase at the end.
+        #[arg(long)]
+        phases: bool,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+}
+
+/// A phase of the core's cycle as `bench cycle --phases` names it.
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Index => "index",
+        Phase::Order => "order",
+        Phase::Admit => "admit",
+        Phase::Explain => "explain",
+    }
 }
 
 fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
@@ -721,6 +738,7 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             classes,
             tune,
             history,
+            phases,
             seed,
         } => {
             if nodes == 0 || teams == 0 || projects == 0 {
@@ -790,20 +808,60 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 );
             }
             let mut times = Vec::new();
+            // Per phase, each measured cycle's milliseconds.
+            let mut by_phase: Vec<Vec<f64>> = vec![Vec::new(); Phase::ALL.len()];
             for _ in 0..cycles {
                 world.churn(churn, 1 + teams, teams * projects);
+                let mut ends = Vec::with_capacity(Phase::ALL.len());
+                let mut tally = Tally::default();
                 let t = Instant::now();
-                let f = world.cycle();
+                let f = world.cycle_observed(|_, seen| {
+                    ends.push(t.elapsed().as_secs_f64() * 1e3);
+                    tally = *seen;
+                });
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 times.push(ms);
                 println!(
                     "  cycle after {churn} arrivals + {churn} departures: {ms:.1} ms, admitted {}, preempted {}, pending {}",
                     f.admitted, f.preempted, f.pending
                 );
+                if phases {
+                    let took: Vec<f64> = ends
+                        .iter()
+                        .scan(0.0, |at, &end| Some(end - std::mem::replace(at, end)))
+                        .collect();
+                    let named: Vec<String> = Phase::ALL
+                        .iter()
+                        .zip(&took)
+                        .map(|(p, ms)| format!("{} {ms:.1}", phase_name(*p)))
+                        .collect();
+                    println!(
+                        "    phases (ms): {}, rest {:.1}; tries {}, placements {}, victim searches {}",
+                        named.join(", "),
+                        ms - ends.last().copied().unwrap_or(0.0),
+                        tally.tries,
+                        tally.placements,
+                        tally.victim_searches
+                    );
+                    for (list, ms) in by_phase.iter_mut().zip(took) {
+                        list.push(ms);
+                    }
+                }
             }
             times.sort_by(f64::total_cmp);
             if let Some(m) = times.get(times.len() / 2) {
                 println!("  median incremental cycle {m:.1} ms");
+            }
+            if phases && cycles > 0 {
+                let medians: Vec<String> = Phase::ALL
+                    .iter()
+                    .zip(&mut by_phase)
+                    .map(|(p, list)| {
+                        list.sort_by(f64::total_cmp);
+                        format!("{} {:.1}", phase_name(*p), list[list.len() / 2])
+                    })
+                    .collect();
+                println!("  median by phase (ms): {}", medians.join(", "));
             }
             if let Some(m) = bench::peak_rss_mib() {
                 println!("  peak memory (VmHWM) {m:.0} MiB");

@@ -262,9 +262,37 @@ fn bench_cycle_takes_a_setting_and_refuses_an_unknown_or_malformed_one() {
         "--tune",
         "max_reservations=1",
         "--history",
+        "--phases",
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("median incremental cycle"), "{stdout}");
+    // Where the cycle's time went, phase by phase, and what admission did.
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("phases (ms): index "))
+        .unwrap_or_else(|| panic!("no phases line: {stdout}"));
+    for part in [
+        "order ",
+        "admit ",
+        "explain ",
+        "rest ",
+        "tries ",
+        "placements ",
+        "victim searches ",
+    ] {
+        assert!(line.contains(part), "{part:?} missing: {line}");
+    }
+    let tries: u64 = line
+        .split("tries ")
+        .nth(1)
+        .and_then(|t| t.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no count of tries: {line}"));
+    assert!(
+        tries > 0,
+        "a cycle over 200 pending jobs tried none: {line}"
+    );
+    assert!(stdout.contains("median by phase (ms): index "), "{stdout}");
     let (code, _, stderr) = gpuflow(&["bench", "cycle", "--tune", "reservations=4"]);
     assert_ne!(code, 0);
     assert!(

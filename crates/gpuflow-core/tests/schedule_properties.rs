@@ -124,7 +124,10 @@ const WINDOW: u64 = 600;
 /// Jobs a queue may lose to paced reclaims per window, in the worlds that count them.
 const MAX_JOBS: usize = 1;
 
-fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
+/// `observed`: each cycle through [`schedule_observed`], whose phases must
+/// come in order with a tally that only grows; the plans must be
+/// [`schedule`]'s (the property compares the two runs' logs).
+fn run(s: &Spec, observed: bool) -> Result<Vec<String>, TestCaseError> {
     let cfg = Config {
         min_runtime: 0,
         aging_step: 0,
@@ -190,17 +193,37 @@ fn run(s: &Spec) -> Result<Vec<String>, TestCaseError> {
             .collect();
         let usage_before: BTreeMap<QueueId, f64> =
             team_ids.iter().map(|q| (*q, usage(q))).collect();
-        let plan = schedule(
-            gpuflow_core::schedule::Snapshot {
-                now,
-                placer: &mut w.placer,
-                queues: &mut w.queues,
-                running: &w.running,
-                pending: &w.pending,
-                cfg: &cfg,
-            },
-            &mut w.history,
-        );
+        let snap = gpuflow_core::schedule::Snapshot {
+            now,
+            placer: &mut w.placer,
+            queues: &mut w.queues,
+            running: &w.running,
+            pending: &w.pending,
+            cfg: &cfg,
+        };
+        let mut seen: Vec<(Phase, Tally)> = Vec::new();
+        let plan = if observed {
+            schedule_observed(snap, &mut w.history, |p, t| seen.push((p, *t)))
+        } else {
+            schedule(snap, &mut w.history)
+        };
+        if observed {
+            let phases: Vec<Phase> = seen.iter().map(|s| s.0).collect();
+            prop_assert_eq!(&phases[..], &Phase::ALL[..], "phases out of order");
+            let tally = seen.last().unwrap().1;
+            let grows = seen.windows(2).all(|p| {
+                let (a, b) = (p[0].1, p[1].1);
+                a.tries <= b.tries
+                    && a.placements <= b.placements
+                    && a.victim_searches <= b.victim_searches
+            });
+            prop_assert!(grows, "the tally shrank between phases");
+            // Every admission was tried and placed; every preemption was
+            // found by a search.
+            prop_assert!(tally.tries >= plan.admitted.len() as u64);
+            prop_assert!(tally.placements >= plan.admitted.len() as u64);
+            prop_assert!(plan.preempted.is_empty() || tally.victim_searches > 0);
+        }
         // Preemption bounds.
         for p in &plan.preempted {
             let victim = w
@@ -417,8 +440,8 @@ proptest! {
 
     #[test]
     fn cycles_keep_quotas_and_preemption_bounds_and_are_deterministic(s in spec()) {
-        let a = run(&s)?;
-        let b = run(&s)?;
+        let a = run(&s, false)?;
+        let b = run(&s, true)?;
         prop_assert_eq!(a, b, "equal inputs gave different plans");
     }
 }

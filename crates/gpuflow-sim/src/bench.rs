@@ -463,11 +463,20 @@ impl CycleWorld {
 
     /// One cycle: applies the plan (admitted jobs run; victims stop at once).
     pub fn cycle(&mut self) -> CycleFigures {
+        self.cycle_observed(|_, _| {})
+    }
+
+    /// [`CycleWorld::cycle`], calling `done` as each of the core's phases
+    /// ends ([`gpuflow_core::schedule::schedule_observed`]).
+    pub fn cycle_observed(
+        &mut self,
+        done: impl FnMut(gpuflow_core::schedule::Phase, &gpuflow_core::schedule::Tally),
+    ) -> CycleFigures {
         // The placement's mix is the pending work's, as the server and the
         // simulator set it each cycle.
         self.placer
             .set_mix(gpuflow_core::schedule::pending_mix(&self.pending));
-        let plan = gpuflow_core::schedule::schedule(
+        let plan = gpuflow_core::schedule::schedule_observed(
             gpuflow_core::schedule::Snapshot {
                 now: self.now,
                 placer: &mut self.placer,
@@ -477,6 +486,7 @@ impl CycleWorld {
                 cfg: &self.config,
             },
             &mut self.history,
+            done,
         );
         let figures = CycleFigures {
             queues: self.queues.list().len(),

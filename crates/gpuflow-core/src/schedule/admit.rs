@@ -138,6 +138,7 @@ impl<'a> Cycle<'a> {
 
     /// Tries to start pending job `i`; records why not. Returns whether it started.
     pub(super) fn try_admit(&mut self, i: usize) -> bool {
+        self.tally.tries += 1;
         // A ready preemptor that could not start is tried again in order:
         // its reasons are those of its last try, not both.
         self.out.reasons[i].clear();
@@ -202,6 +203,7 @@ impl<'a> Cycle<'a> {
                 {
                     continue;
                 }
+                self.tally.victim_searches += 1;
                 let Search {
                     victims: found,
                     budget_block,
@@ -724,6 +726,7 @@ impl<'a> Cycle<'a> {
         if let Some(r) = self.memo.unplaceable.get(&key) {
             return Err(r.clone());
         }
+        self.tally.placements += 1;
         let job = self.job_on(i, flavor);
         let r = self.place(&job, flavor);
         if let Err(e) = &r {

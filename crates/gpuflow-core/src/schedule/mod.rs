@@ -104,25 +104,71 @@ pub fn pending_mix(pending: &[Workload]) -> crate::mix::WorkloadMix {
 /// applied to its placer and charged to its queues; admissions are
 /// applied. `history` is read and aged.
 pub fn schedule(snap: Snapshot<'_>, history: &mut History) -> Plan {
+    schedule_observed(snap, history, |_, _| {})
+}
+
+/// The phases of a cycle, in the order they run (see `schedule/README.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Phase 0: the running jobs packed and indexed for victim searches.
+    Index,
+    /// Phase 1: each queue's pending jobs ordered.
+    Order,
+    /// Phase 2: jobs admitted, preempted for or reserved for, in order.
+    Admit,
+    /// Phase 3: every job still pending explained and given a start estimate.
+    Explain,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 4] = [Phase::Index, Phase::Order, Phase::Admit, Phase::Explain];
+}
+
+/// What a cycle's admission phase did, counted: where its work goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Pending jobs tried for admission (a job may be tried twice: a
+    /// preemptor whose victims stopped, then in order).
+    pub tries: u64,
+    /// Placements computed (a shape that failed on a flavor is not placed
+    /// again in the cycle, so most failed tries cost none).
+    pub placements: u64,
+    /// Searches for victims (at most one round per queue a cycle).
+    pub victim_searches: u64,
+}
+
+/// [`schedule`], calling `done` as each phase ends, with the tally so far:
+/// a caller may read its own clock there (the cycle reads none) to see
+/// where a cycle's time goes. The plan is the same as [`schedule`]'s.
+pub fn schedule_observed(
+    snap: Snapshot<'_>,
+    history: &mut History,
+    mut done: impl FnMut(Phase, &Tally),
+) -> Plan {
     let pending = snap.pending;
     // Phase 0: the running jobs packed and indexed for the victim searches.
     let mut cycle = Cycle::new(snap, history);
+    done(Phase::Index, &cycle.tally);
     // Phase 1: order each queue's pending jobs and build the fair-share heap.
     cycle.order();
     debug_assert!(
         cycle.check_order(),
         "a job is ordered twice or is not pending"
     );
+    done(Phase::Order, &cycle.tally);
     // Phase 2: take jobs in fair-share (or FIFO, or priority) order; admit,
     // preempt or reserve. Each step keeps usage and allocations consistent.
     cycle.admit_all();
     debug_assert!(cycle.check_quotas(), "admissions exceeded a quota");
+    done(Phase::Admit, &cycle.tally);
     // Phase 3: explain every job still pending.
+    let tally = cycle.tally;
     let plan = cycle.explain();
     debug_assert!(
         check_plan(&plan, pending),
         "a pending job is neither admitted nor explained, or is both"
     );
+    done(Phase::Explain, &tally);
     plan
 }
 
@@ -552,6 +598,7 @@ struct Cycle<'a> {
     flavors: Flavors,
     pend: PendInfo,
     fair: FairShare,
+    tally: Tally,
 }
 
 impl<'a> Cycle<'a> {
@@ -662,6 +709,7 @@ impl<'a> Cycle<'a> {
             m
         };
         Cycle {
+            tally: Tally::default(),
             snap,
             history,
             order: Order {
