@@ -737,6 +737,77 @@ fn a_queue_below_its_share_of_the_history_reclaims_past_the_disruption_budget() 
 }
 
 #[test]
+fn a_job_whose_queues_reclaim_the_rules_refused_holds_no_nodes() {
+    // Queue a has had ten times c's GPU-hours; c borrows 3 of the 4 GPUs.
+    // a's two training jobs are within its guarantee and paced: the first
+    // searches for victims and reclaim fairness refuses (c has had less).
+    // The second does not search (one search a queue a cycle). It used to
+    // hold n1 for a reclaim that would not come, "from now" every cycle,
+    // so c's next job was kept off the GPU that is free. It holds nothing
+    // now, and c's job starts on it.
+    let script = |config: &str, c_usage: u32, class: &str| {
+        format!(
+            "
+            config min_runtime=0 max_unsaved=none {config}
+            node n1 gpus=4*H100
+            queue a H100=3
+            queue c H100=1
+            usage a 10
+            usage c {c_usage}
+            run 10 queue=c class=batch gpu=whole:1 cpu=1 started=0
+            run 11 queue=c class=batch gpu=whole:1 cpu=1 started=0
+            run 12 queue=c class=batch gpu=whole:1 cpu=1 started=0
+            job 1 queue=a class={class} gpu=whole:2 cpu=1
+            job 2 queue=a class={class} gpu=whole:2 cpu=1
+            cycle 1000
+            job 20 queue=c class=batch gpu=whole:1 cpu=1 submit=1030
+            cycle 1060
+            "
+        )
+    };
+    let out = run(&script("budget=none", 1, "training"));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.31 of its share of recent GPU-hours against 1.69 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 2 (#2 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.31 of its share of recent GPU-hours against 1.69 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+        cycle t=1060
+          start job 20 on H100: n1[3]
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.32 of its share of recent GPU-hours against 1.68 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+          pending job 2 (#2 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; reclaiming would take GPUs from queue c, which has had 0.32 of its share of recent GPU-hours against 1.68 for queue a: a reclaim never deepens that imbalance, so this job waits for GPUs to free
+    "#]]
+    .assert_eq(&out);
+    // The same with a disruption budget that refuses (c has had as much as
+    // a, so fairness allows): the second job holds nothing either.
+    let out = run(&script("budget=0.1", 10, "training"));
+    expect![[r#"
+        cycle t=1000
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#2 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+        cycle t=1060
+          start job 20 on H100: n1[3]
+          pending job 1 (#1 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+          pending job 2 (#2 in queue, eta unknown): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window
+    "#]]
+    .assert_eq(&out);
+    // Notebooks are not paced: budgets bind their reclaims only until they
+    // have waited their patience, when the reclaim comes. The second
+    // notebook keeps its hold, and c's new job keeps off n1.
+    let out = run(&script("budget=0.1 patience=3600", 10, "notebook"));
+    expect![[r#"
+        cycle t=1000
+          hold n1 for job 2 from t=1000
+          pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#2 in queue, eta t=1000): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+        cycle t=1060
+          hold n1 for job 2 from t=1060
+          pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
+          pending job 2 (#2 in queue, eta t=1060): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 20 (#1 in queue, eta t=1060): the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1060s; this job would borrow and not end before
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
 fn a_paced_reclaim_takes_only_from_queues_that_had_as_much() {
     // Queues a and b have had ten times c's GPU-hours; c borrows both GPUs.
     // a's training job is paced (a has had its share) and may not reclaim

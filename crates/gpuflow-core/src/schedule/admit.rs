@@ -212,6 +212,7 @@ impl<'a> Cycle<'a> {
                     ..
                 } = self.find_victims(i, flavor, place_failed[fi]);
                 rule_blocked |= budget_block.is_some() || fair_block.is_some();
+                let told = reasons.len();
                 if found.is_none()
                     && let Some((theirs, ours)) = fair_block
                 {
@@ -245,6 +246,16 @@ impl<'a> Cycle<'a> {
                             at,
                         });
                     }
+                }
+                if found.is_none()
+                    && (budget_block.is_some() || fair_block.is_some())
+                    && self.pacing(i).0
+                {
+                    let at = (self.snap.pending[i].queue, self.fidx(flavor));
+                    self.victims
+                        .refused
+                        .entry(at)
+                        .or_insert_with(|| reasons[told..].to_vec());
                 }
                 if found.is_none() {
                     let d = self.pend.pend_milli[i];
@@ -281,6 +292,13 @@ impl<'a> Cycle<'a> {
                 self.history.consolidated_at = Some(self.snap.now);
                 return self.wait_for_victims(i, victims);
             }
+        }
+        // The rules refused the paced reclaim of an earlier job of its
+        // queue, and its own is paced (it did not search itself): no hold
+        // for it either, and the same reasons.
+        if !rule_blocked && let Some(why) = self.reclaim_refused(i, &flavors) {
+            rule_blocked = true;
+            reasons.extend(why.iter().cloned());
         }
         if rule_blocked {
             self.history.holding.remove(&self.snap.pending[i].job.id);

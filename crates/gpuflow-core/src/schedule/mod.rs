@@ -487,6 +487,14 @@ struct VictimIndex {
     fair_heads: Vec<std::cmp::Reverse<(u32, u32, u32)>>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
+    /// Paced reclaims ([`Cycle::pacing`]) that a disruption budget or
+    /// reclaim fairness refused this cycle, by (queue, flavor index): the
+    /// queue's later paced jobs, which do not search themselves (one search
+    /// a queue a cycle), hold no nodes for a reclaim that will not come.
+    /// The value: the reasons the search gave, which those jobs give too.
+    /// (A job that passes budgets once it has waited its patience keeps
+    /// its hold: its reclaim comes when the patience ends.)
+    refused: rustc_hash::FxHashMap<(QueueId, u32), Vec<PendingReason>>,
     /// Per running job, what victim searches read (by index into `running`).
     run: Vec<RunInfo>,
 }

@@ -347,7 +347,11 @@ pub struct Config {
     /// cannot keep its victims young. Only when it can take them back no
     /// later than a new borrower placed there now could be taken back (else
     /// it gets an ordinary backfill reservation), and no disruption budget
-    /// or reclaim fairness refused its reclaim. Default on.
+    /// or reclaim fairness refused its reclaim, nor, when its reclaim is
+    /// paced, the paced reclaim of an earlier job of its queue this cycle
+    /// (such holds, renewed "from now" every cycle for a reclaim that did
+    /// not come, kept new borrowers off freed GPUs for hours, the teams
+    /// that had had least among them; docs/benchmarks.md). Default on.
     pub reclaim_holds: bool,
 }
 

@@ -241,6 +241,41 @@ impl<'a> Cycle<'a> {
         n
     }
 
+    /// How the rules bind job `i`'s reclaims: whether they are paced
+    /// (budgets bind them, and reclaim fairness when on: batch and
+    /// training, unless protected classes are held to it too, of a queue
+    /// that has had its share), and for the others, until when budgets
+    /// still bind them (their patience; `None`: past it).
+    pub(super) fn pacing(&self, i: usize) -> (bool, Option<u64>) {
+        let w = &self.snap.pending[i];
+        let cfg = self.snap.cfg;
+        let protected = !cfg.classes[w.class].preemptible;
+        let paced = (!protected || !cfg.protected_pass_budgets)
+            && self.history_share(w.queue) >= cfg.underserved_pass_budgets;
+        let until = w.submitted.saturating_add(cfg.budget_patience);
+        (paced, (!paced && self.snap.now < until).then_some(until))
+    }
+
+    /// Why the rules refused this cycle a paced reclaim of job `i`'s queue,
+    /// on the first of `flavors` where they did, when job `i`'s reclaim is
+    /// paced too (another job of its queue searched); `None` otherwise.
+    pub(super) fn reclaim_refused(
+        &self,
+        i: usize,
+        flavors: &[Arc<str>],
+    ) -> Option<&[PendingReason]> {
+        if self.victims.refused.is_empty() || !self.pacing(i).0 {
+            return None;
+        }
+        let q = self.snap.pending[i].queue;
+        flavors.iter().find_map(|f| {
+            self.victims
+                .refused
+                .get(&(q, self.fidx(f)))
+                .map(Vec::as_slice)
+        })
+    }
+
     /// Victims whose removal lets job `i` fit (quota and placement), chosen to
     /// lose the least work and the fewest GPUs; `None` when no allowed set helps.
     /// Tried on the live state and undone.
@@ -257,11 +292,7 @@ impl<'a> Cycle<'a> {
         // as much.
         // The others pass budgets once they have waited the patience.
         let cfg = self.snap.cfg;
-        let protected = !cfg.classes[w.class].preemptible;
-        let paced = (!protected || !cfg.protected_pass_budgets)
-            && self.history_share(w.queue) >= cfg.underserved_pass_budgets;
-        let until = w.submitted.saturating_add(cfg.budget_patience);
-        let patient_until = (!paced && self.snap.now < until).then_some(until);
+        let (paced, patient_until) = self.pacing(i);
         let mut s = Search {
             paced,
             budget: Budget::of(cfg).filter(|_| paced || patient_until.is_some()),
