@@ -791,17 +791,20 @@ fn a_job_whose_queues_reclaim_the_rules_refused_holds_no_nodes() {
     .assert_eq(&out);
     // Notebooks are not paced: budgets bind their reclaims only until they
     // have waited their patience, when the reclaim comes. The second
-    // notebook keeps its hold, and c's new job keeps off n1.
+    // notebook keeps its hold, and c's new job keeps off n1. It gives the
+    // first one's reasons, and its estimate is the end of its patience
+    // plus the victims' grace, as the first one's (it said "t=1000", the
+    // start of its hold, before).
     let out = run(&script("budget=0.1 patience=3600", 10, "notebook"));
     expect![[r#"
         cycle t=1000
           hold n1 for job 2 from t=1000
           pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
-          pending job 2 (#2 in queue, eta t=1000): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
         cycle t=1060
           hold n1 for job 2 from t=1060
           pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
-          pending job 2 (#2 in queue, eta t=1060): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 2 (#2 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
           pending job 20 (#1 in queue, eta t=1060): the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1060s; this job would borrow and not end before
     "#]]
     .assert_eq(&out);

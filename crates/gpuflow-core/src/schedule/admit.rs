@@ -247,15 +247,18 @@ impl<'a> Cycle<'a> {
                         });
                     }
                 }
+                let (paced, patient) = self.pacing(i);
                 if found.is_none()
                     && (budget_block.is_some() || fair_block.is_some())
-                    && self.pacing(i).0
+                    && (paced || patient.is_some())
                 {
-                    let at = (self.snap.pending[i].queue, self.fidx(flavor));
-                    self.victims
-                        .refused
-                        .entry(at)
-                        .or_insert_with(|| reasons[told..].to_vec());
+                    let at = (self.snap.pending[i].queue, self.fidx(flavor), paced);
+                    let why = reasons[told..]
+                        .iter()
+                        .filter(|r| !matches!(r, PendingReason::BudgetPatience { .. }))
+                        .cloned()
+                        .collect();
+                    self.victims.refused.entry(at).or_insert(why);
                 }
                 if found.is_none() {
                     let d = self.pend.pend_milli[i];
@@ -293,12 +296,20 @@ impl<'a> Cycle<'a> {
                 return self.wait_for_victims(i, victims);
             }
         }
-        // The rules refused the paced reclaim of an earlier job of its
-        // queue, and its own is paced (it did not search itself): no hold
-        // for it either, and the same reasons.
+        // The rules refused the reclaim of an earlier job of its queue
+        // bound as its own is (it did not search itself): the same
+        // reasons. Paced, it holds no nodes either; budget-bound until its
+        // patience ends, it keeps its hold and says when that is.
         if !rule_blocked && let Some(why) = self.reclaim_refused(i, &flavors) {
-            rule_blocked = true;
             reasons.extend(why.iter().cloned());
+            match self.pacing(i) {
+                (true, _) => rule_blocked = true,
+                (false, Some(at)) => reasons.push(PendingReason::BudgetPatience {
+                    patience: self.snap.cfg.budget_patience,
+                    at,
+                }),
+                (false, None) => {}
+            }
         }
         if rule_blocked {
             self.history.holding.remove(&self.snap.pending[i].job.id);

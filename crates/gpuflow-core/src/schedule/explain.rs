@@ -367,11 +367,18 @@ impl<'a> Cycle<'a> {
             // A job waiting for its victims starts when they are killed. A
             // reservation or hold starts at the latest when running jobs
             // reach their declared maxima; where they are expected to end
-            // sooner, so is it.
+            // sooner, so is it. A hold whose reclaim budgets bind until the
+            // job's patience ends takes back nothing before then.
             if flag & RESERVED != 0
                 && let Some((&id, &start_at)) =
                     self.reserve.reserved.get_key_value(&self.pend.pend_id[i])
             {
+                let start_at = match patience_end {
+                    Some(end) if self.reserve.holds.iter().any(|r| r.job == id) => {
+                        start_at.max(end)
+                    }
+                    _ => start_at,
+                };
                 let nominated = self.reserve.nominated.iter().any(|r| r.job == id);
                 t = match t {
                     Some(e) if expecting && !nominated => Some(e.min(start_at)),

@@ -487,14 +487,15 @@ struct VictimIndex {
     fair_heads: Vec<std::cmp::Reverse<(u32, u32, u32)>>,
     /// Leaves that already searched for victims this cycle (their best job did).
     preempt_tried: BTreeSet<QueueId>,
-    /// Paced reclaims ([`Cycle::pacing`]) that a disruption budget or
-    /// reclaim fairness refused this cycle, by (queue, flavor index): the
-    /// queue's later paced jobs, which do not search themselves (one search
-    /// a queue a cycle), hold no nodes for a reclaim that will not come.
-    /// The value: the reasons the search gave, which those jobs give too.
-    /// (A job that passes budgets once it has waited its patience keeps
-    /// its hold: its reclaim comes when the patience ends.)
-    refused: rustc_hash::FxHashMap<(QueueId, u32), Vec<PendingReason>>,
+    /// Reclaims that a disruption budget or reclaim fairness refused this
+    /// cycle, by (queue, flavor index, paced ([`Cycle::pacing`])), for the
+    /// queue's later jobs bound alike, which do not search themselves (one
+    /// search a queue a cycle). Paced ones hold no nodes for a reclaim
+    /// that will not come. Those that pass budgets once they have waited
+    /// their patience keep their holds (their reclaim comes then), and
+    /// their estimates count from it. The value: the reasons the search
+    /// gave (less its patience), which those jobs give too.
+    refused: rustc_hash::FxHashMap<(QueueId, u32, bool), Vec<PendingReason>>,
     /// Per running job, what victim searches read (by index into `running`).
     run: Vec<RunInfo>,
 }

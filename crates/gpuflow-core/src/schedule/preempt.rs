@@ -256,22 +256,27 @@ impl<'a> Cycle<'a> {
         (paced, (!paced && self.snap.now < until).then_some(until))
     }
 
-    /// Why the rules refused this cycle a paced reclaim of job `i`'s queue,
-    /// on the first of `flavors` where they did, when job `i`'s reclaim is
-    /// paced too (another job of its queue searched); `None` otherwise.
+    /// Why the rules refused this cycle the reclaim of an earlier job of
+    /// job `i`'s queue bound as job `i`'s is (paced, or budget-bound until
+    /// its patience ends), on the first of `flavors` where they did;
+    /// `None` otherwise, or when budgets do not bind job `i`.
     pub(super) fn reclaim_refused(
         &self,
         i: usize,
         flavors: &[Arc<str>],
     ) -> Option<&[PendingReason]> {
-        if self.victims.refused.is_empty() || !self.pacing(i).0 {
+        if self.victims.refused.is_empty() {
+            return None;
+        }
+        let (paced, patient) = self.pacing(i);
+        if !paced && patient.is_none() {
             return None;
         }
         let q = self.snap.pending[i].queue;
         flavors.iter().find_map(|f| {
             self.victims
                 .refused
-                .get(&(q, self.fidx(f)))
+                .get(&(q, self.fidx(f), paced))
                 .map(Vec::as_slice)
         })
     }
