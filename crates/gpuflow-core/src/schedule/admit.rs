@@ -208,6 +208,7 @@ impl<'a> Cycle<'a> {
                     victims: found,
                     budget_block,
                     fair_block,
+                    paced,
                     patient_until,
                     ..
                 } = self.find_victims(i, flavor, place_failed[fi]);
@@ -247,10 +248,9 @@ impl<'a> Cycle<'a> {
                         });
                     }
                 }
-                let (paced, patient) = self.pacing(i);
                 if found.is_none()
                     && (budget_block.is_some() || fair_block.is_some())
-                    && (paced || patient.is_some())
+                    && (paced || patient_until.is_some())
                 {
                     let at = (self.snap.pending[i].queue, self.fidx(flavor), paced);
                     let why = reasons[told..]
@@ -300,15 +300,14 @@ impl<'a> Cycle<'a> {
         // bound as its own is (it did not search itself): the same
         // reasons. Paced, it holds no nodes either; budget-bound until its
         // patience ends, it keeps its hold and says when that is.
-        if !rule_blocked && let Some(why) = self.reclaim_refused(i, &flavors) {
+        if !rule_blocked && let Some((patient_until, why)) = self.reclaim_refused(i, &flavors) {
             reasons.extend(why.iter().cloned());
-            match self.pacing(i) {
-                (true, _) => rule_blocked = true,
-                (false, Some(at)) => reasons.push(PendingReason::BudgetPatience {
+            match patient_until {
+                None => rule_blocked = true,
+                Some(at) => reasons.push(PendingReason::BudgetPatience {
                     patience: self.snap.cfg.budget_patience,
                     at,
                 }),
-                (false, None) => {}
             }
         }
         if rule_blocked {

@@ -258,13 +258,14 @@ impl<'a> Cycle<'a> {
 
     /// Why the rules refused this cycle the reclaim of an earlier job of
     /// job `i`'s queue bound as job `i`'s is (paced, or budget-bound until
-    /// its patience ends), on the first of `flavors` where they did;
-    /// `None` otherwise, or when budgets do not bind job `i`.
+    /// its patience ends), on the first of `flavors` where they did, with
+    /// the end of job `i`'s patience (`None`: it is paced); `None`
+    /// otherwise, or when budgets do not bind job `i`.
     pub(super) fn reclaim_refused(
         &self,
         i: usize,
         flavors: &[Arc<str>],
-    ) -> Option<&[PendingReason]> {
+    ) -> Option<(Option<u64>, &[PendingReason])> {
         if self.victims.refused.is_empty() {
             return None;
         }
@@ -277,7 +278,7 @@ impl<'a> Cycle<'a> {
             self.victims
                 .refused
                 .get(&(q, self.fidx(f), paced))
-                .map(Vec::as_slice)
+                .map(|why| (patient, why.as_slice()))
         })
     }
 
