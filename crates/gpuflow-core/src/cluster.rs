@@ -249,6 +249,9 @@ pub struct Cluster {
     /// The key of each class, by id: ties between classes are broken by
     /// state, not by when a class was first seen (see [`Cluster::class_cmp`]).
     keys: Vec<ClassKey>,
+    /// [`Cluster::class_hash`] of each class, by id: worked out once, when
+    /// the class is first seen (evaluations of every class ask for it).
+    key_hash: Vec<u64>,
     /// Open trials (see [`Cluster::begin_trial`]) and the membership moves
     /// made since the outermost one began.
     trials: u32,
@@ -358,6 +361,7 @@ impl Cluster {
             changes: Vec::new(),
             changes_base: 0,
             keys: Vec::new(),
+            key_hash: Vec::new(),
             trials: 0,
             journal: Vec::new(),
             free_total: vec![0; n],
@@ -502,6 +506,12 @@ impl Cluster {
         let class = match self.classes.get(&key) {
             Some(&c) => c,
             None => {
+                self.key_hash.push({
+                    use std::hash::{Hash, Hasher};
+                    let mut h = rustc_hash::FxHasher::default();
+                    key.hash(&mut h);
+                    h.finish()
+                });
                 self.keys.push(key.clone());
                 self.classes.insert(key, next);
                 next
@@ -620,10 +630,7 @@ impl Cluster {
     /// A hash of a class's state, the same however and whenever the class
     /// was first seen: seeds choices that are remembered per class.
     pub fn class_hash(&self, class: ClassId) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = rustc_hash::FxHasher::default();
-        self.keys[class.0 as usize].hash(&mut h);
-        h.finish()
+        self.key_hash[class.0 as usize]
     }
 
     /// Orders classes by their state (what they hold and of which static

@@ -219,7 +219,13 @@ impl Placer {
     pub fn set_mix(&mut self, mix: WorkloadMix) {
         self.pressure = mix.model_pressure(&gpus_by_model(&self.cluster));
         self.mix = mix;
-        self.cache.clear();
+        // A rejection reads the node and the request, never the mix (the
+        // filters and whether any GPU pick exists): it stays true. Scores
+        // read the mix and go. Rejections of classes no node is in now go
+        // too, so the cache does not grow with every state ever seen.
+        let cluster = &self.cluster;
+        self.cache
+            .retain(|&(class, _), e| matches!(e, Eval::Reject(_)) && cluster.is_live(class));
         self.ranked.clear();
         self.frag_memo.clear();
     }
