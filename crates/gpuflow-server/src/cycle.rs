@@ -183,6 +183,7 @@ pub async fn run_once_with(
     world.unreached = out.unreached;
     world.diagnosed.clear();
     drop(world);
+    out.spent.drop_later();
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
     if out.admitted + out.preempted > 0 || out.stale > 0 {
@@ -471,6 +472,22 @@ struct Applied {
     stale: usize,
     running: usize,
     idle_waiting_milli: u64,
+    /// The snapshot and the plan, spent: dropped off the state lock and
+    /// off the cycle's path ([`Spent::drop_later`]), as freeing a large
+    /// backlog's records takes a while.
+    spent: Spent,
+}
+
+/// What a cycle no longer needs once applied: held only to be dropped.
+struct Spent {
+    _held: Box<(Taken, Option<schedule::Plan>)>,
+}
+
+impl Spent {
+    /// Frees it on a blocking thread.
+    fn drop_later(self) {
+        tokio::task::spawn_blocking(move || drop(self));
+    }
 }
 
 impl Computed {
@@ -480,7 +497,7 @@ impl Computed {
             plan,
             history,
             idle_waiting_milli,
-            taken,
+            mut taken,
         } = self;
         let mut change = Change::default();
         let mut stale = 0;
@@ -512,7 +529,7 @@ impl Computed {
                 change,
                 history,
                 history_saved,
-                whys: taken.snap.blocked,
+                whys: std::mem::take(&mut taken.snap.blocked),
                 unreached: Default::default(),
                 pending: 0,
                 admitted: 0,
@@ -521,6 +538,9 @@ impl Computed {
                 stale,
                 running: taken.snap.running.len(),
                 idle_waiting_milli,
+                spent: Spent {
+                    _held: Box::new((taken, None)),
+                },
             };
         };
         let snap = &taken.snap;
@@ -698,6 +718,9 @@ impl Computed {
             stale,
             running: taken.snap.running.len(),
             idle_waiting_milli,
+            spent: Spent {
+                _held: Box::new((taken, Some(plan))),
+            },
         }
     }
 }

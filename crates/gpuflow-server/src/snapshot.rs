@@ -268,10 +268,12 @@ pub(crate) fn snapshot_with(
 ) -> Snapshot {
     // Nodes, in name order; the core's node id is the index.
     let node_names: Vec<String> = world.nodes().keys().cloned().collect();
-    let node_id: BTreeMap<&str, NodeId> = node_names
+    // Each allocation finds its node's id and record in one lookup.
+    let node_at: rustc_hash::FxHashMap<&str, (NodeId, &crate::state::NodeRec)> = world
+        .nodes()
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.as_str(), NodeId(i as u32)))
+        .map(|(i, (name, n))| (name.as_str(), (NodeId(i as u32), n)))
         .collect();
     let mut nodes = Vec::new();
     let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
@@ -347,21 +349,14 @@ pub(crate) fn snapshot_with(
     let aside = set_aside_queues(world);
     let queues = build_queues(world, &capacity, &aside, t);
     let cluster = Cluster::new(nodes).expect("node ids are their indices");
+    // The mix is set once the pending jobs have been read, below: applying
+    // allocations reads none of it.
+    let mut placer = Placer::new(cluster, Policy::gpuflow(), WorkloadMix::default(), 0);
     // The placement keeps room for the shapes of the work that waits
     // (docs/benchmarks.md, "The placement's mix is what waits"); each
-    // replica of a task group counts, as the pods of a gang would.
-    let requests: Vec<(TaskRequest, u32)> = world
-        .jobs()
-        .values()
-        .filter(|j| j.state == JobState::Pending)
-        .flat_map(|j| j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)))
-        .collect();
-    let mix = WorkloadMix::from_counted(
-        requests.iter().map(|(r, n)| (r, *n)),
-        MixWeighting::Tasks,
-        1.0,
-    );
-    let mut placer = Placer::new(cluster, Policy::gpuflow(), mix, 0);
+    // replica of a task group counts, as the pods of a gang would. In job
+    // order, every pending job's, whether it goes to the core or not.
+    let mut requests: Vec<(TaskRequest, u32)> = Vec::new();
     let mut queues = queues;
     let classes = classes();
     let spent = spent_projects(world, t);
@@ -383,6 +378,15 @@ pub(crate) fn snapshot_with(
             w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
             w
         });
+        if j.state == JobState::Pending {
+            match &work {
+                // The same requests as `task_request` gives, made once.
+                Some(w) => {
+                    requests.extend(w.job.groups.iter().map(|g| (g.request.clone(), g.replicas)))
+                }
+                None => requests.extend(j.spec.tasks.iter().map(|g| (task_request(g), g.replicas))),
+            }
+        }
         if j.state.allocated() {
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
@@ -391,8 +395,8 @@ pub(crate) fn snapshot_with(
                 .allocs
                 .iter()
                 .filter_map(|a| {
-                    let node = *node_id.get(a.node.as_str())?;
-                    let inv = &world.nodes()[&a.node].inventory;
+                    let &(node, rec) = node_at.get(a.node.as_str())?;
+                    let inv = &rec.inventory;
                     let pick = match a.current_pick(inv) {
                         Ok(p) => p,
                         Err(e) => {
@@ -530,6 +534,11 @@ pub(crate) fn snapshot_with(
             pending.push(work);
         }
     }
+    placer.set_mix(WorkloadMix::from_counted(
+        requests.iter().map(|(r, n)| (r, *n)),
+        MixWeighting::Tasks,
+        1.0,
+    ));
     Snapshot {
         placer,
         queues,
