@@ -150,6 +150,20 @@ fn replay(
     policy: usize,
     trials: bool,
 ) -> Result<Vec<String>, TestCaseError> {
+    replay_with(nodes, ops, seed, policy, trials, None)
+}
+
+/// [`replay`]; with `remix`, before each placement the placer plans for
+/// that other mix, tries the job under it (in a trial), and is given its
+/// own mix back, as a simulator's placer is given a new mix every cycle.
+fn replay_with(
+    nodes: &[Node],
+    ops: &[Op],
+    seed: u64,
+    policy: usize,
+    trials: bool,
+    remix: Option<&WorkloadMix>,
+) -> Result<Vec<String>, TestCaseError> {
     let policy = Policy::named(Policy::NAMES[policy]).unwrap();
     let tasks: Vec<TaskRequest> = ops
         .iter()
@@ -157,12 +171,26 @@ fn replay(
         .flat_map(|j| j.groups.iter().map(|g| g.request.clone()))
         .collect();
     let mix = WorkloadMix::from_tasks(&tasks, MixWeighting::Tasks, 1.0);
-    let mut placer = Placer::new(Cluster::new(nodes.to_vec()).unwrap(), policy, mix, seed);
+    let mut placer = Placer::new(
+        Cluster::new(nodes.to_vec()).unwrap(),
+        policy,
+        mix.clone(),
+        seed,
+    );
     let mut live: Vec<(Job, Vec<Allocation>)> = Vec::new();
     let mut log = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         match op {
             Op::Place(job) => {
+                if let Some(other) = remix {
+                    placer.set_mix(other.clone());
+                    let t = placer.begin_trial();
+                    if let Ok(q) = placer.place_job(job) {
+                        placer.release(&q);
+                    }
+                    placer.end_trial(t);
+                    placer.set_mix(mix.clone());
+                }
                 if trials {
                     let t = placer.begin_trial();
                     if let Some((_, p)) = live.get(n % live.len().max(1)) {
@@ -379,5 +407,26 @@ proptest! {
         let plain = replay(&nodes, &ops, seed, policy, false)?;
         let with_trials = replay(&nodes, &ops, seed, policy, true)?;
         prop_assert_eq!(plain, with_trials, "a trial changed a later placement");
+    }
+
+    /// What the placer keeps when its mix changes (rejections, which never
+    /// read the mix) changes no decision: evaluations made under another
+    /// mix do not steer placements under its own.
+    #[test]
+    fn a_new_mix_keeps_nothing_that_steers_placements((nodes, ops, seed, policy) in scenario()) {
+        // Whole 8-GPU tasks only: fragmentation scores far from the jobs' own mix.
+        let other = WorkloadMix::from_tasks(
+            &[TaskRequest {
+                cpu: CpuMilli(1000),
+                mem: MemMib(1024),
+                gpu: GpuRequest::Whole { count: 8 },
+                models: Vec::new(),
+            }],
+            MixWeighting::Tasks,
+            1.0,
+        );
+        let plain = replay(&nodes, &ops, seed, policy, false)?;
+        let remixed = replay_with(&nodes, &ops, seed, policy, false, Some(&other))?;
+        prop_assert_eq!(plain, remixed, "a mix planned for before changed a placement");
     }
 }
