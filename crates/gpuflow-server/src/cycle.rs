@@ -183,7 +183,8 @@ pub async fn run_once_with(
     world.unreached = out.unreached;
     world.diagnosed.clear();
     drop(world);
-    out.spent.drop_later();
+    let spent = out.spent;
+    tokio::task::spawn_blocking(move || drop(spent));
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
     if out.admitted + out.preempted > 0 || out.stale > 0 {
@@ -472,22 +473,10 @@ struct Applied {
     stale: usize,
     running: usize,
     idle_waiting_milli: u64,
-    /// The snapshot and the plan, spent: dropped off the state lock and
-    /// off the cycle's path ([`Spent::drop_later`]), as freeing a large
-    /// backlog's records takes a while.
-    spent: Spent,
-}
-
-/// What a cycle no longer needs once applied: held only to be dropped.
-struct Spent {
-    _held: Box<(Taken, Option<schedule::Plan>)>,
-}
-
-impl Spent {
-    /// Frees it on a blocking thread.
-    fn drop_later(self) {
-        tokio::task::spawn_blocking(move || drop(self));
-    }
+    /// The snapshot and the plan, spent: freed on a blocking thread once
+    /// the state lock is let go, as freeing a large backlog's records
+    /// takes a while.
+    spent: (Taken, Option<schedule::Plan>),
 }
 
 impl Computed {
@@ -538,9 +527,7 @@ impl Computed {
                 stale,
                 running: taken.snap.running.len(),
                 idle_waiting_milli,
-                spent: Spent {
-                    _held: Box::new((taken, None)),
-                },
+                spent: (taken, None),
             };
         };
         let snap = &taken.snap;
@@ -718,9 +705,7 @@ impl Computed {
             stale,
             running: taken.snap.running.len(),
             idle_waiting_milli,
-            spent: Spent {
-                _held: Box::new((taken, Some(plan))),
-            },
+            spent: (taken, Some(plan)),
         }
     }
 }
