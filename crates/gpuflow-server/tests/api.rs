@@ -753,8 +753,8 @@ async fn isolation(store: Option<String>) {
     }
     // Without a token nothing but the OpenAPI document and the list of
     // identity providers answers.
-    for route in gpuflow_server::openapi::ROUTES {
-        let (method, path) = (route.method, route.path);
+    let (_, doc) = h.call("GET", "/v1/openapi.json", None, "", vec![]).await;
+    for (method, path) in documented_routes(&doc) {
         let path = path
             .replace("{id}", "1")
             .replace("{name}", "default")
@@ -926,6 +926,17 @@ async fn a_submission_whose_client_leaves_mid_request_is_stored_once() {
 
 // ------------------------------------------------------------------ OpenAPI
 
+/// The (method, path) of every operation the served document lists.
+fn documented_routes(doc: &Value) -> Vec<(String, String)> {
+    let mut routes = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("a path item").keys() {
+            routes.push((method.clone(), path.clone()));
+        }
+    }
+    routes
+}
+
 #[tokio::test]
 async fn every_documented_route_is_served() {
     let h = harness(None).await;
@@ -945,12 +956,9 @@ async fn every_documented_route_is_served() {
         );
     }
     assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["tasks"].is_object());
-    for route in gpuflow_server::openapi::ROUTES {
-        let (method, path) = (route.method, route.path);
-        assert!(
-            doc["paths"][path][method].is_object(),
-            "{method} {path} missing from the document"
-        );
+    let routes = documented_routes(&doc);
+    assert!(routes.len() > 60, "{} routes documented", routes.len());
+    for (method, path) in routes {
         let p = path
             .replace("{id}", "1")
             .replace("{name}", "default")

@@ -6,11 +6,8 @@ use super::*;
 /// The largest report: 100,000 workloads of a few hundred bytes.
 const MAX_REPORT_BYTES: usize = 64 << 20;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new().route(
-        "/v1/clusters/{cluster}/workloads",
-        axum::routing::put(report).layer(DefaultBodyLimit::max(MAX_REPORT_BYTES)),
-    )
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new().api_route("/v1/clusters/{cluster}/workloads", put_with(report, doc("admin (a cluster's scheduler)", "Report every workload another scheduler (gpuflow on Kubernetes) runs or keeps waiting now; they are accounted and shown as jobs, and those the last report had and this one does not have finished")).layer(DefaultBodyLimit::max(MAX_REPORT_BYTES)))
 }
 
 /// Records a cluster's report: every workload it runs or keeps waiting now.
@@ -18,11 +15,11 @@ async fn report(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(cluster): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: JsonBody<api::WorkloadReport>,
 ) -> Reply<api::WorkloadReportResult> {
     caller.need_admin("reporting a cluster's workloads")?;
     check_name("cluster", &cluster, "cluster")?;
-    let r: api::WorkloadReport = json_body(body, MAX_REPORT_BYTES)?;
+    let r: api::WorkloadReport = body.read(MAX_REPORT_BYTES)?;
     let mut world = shared.world.lock().await;
     let at = shared.now();
     let (records, result) = crate::external::apply(&world, &cluster, &r, at);

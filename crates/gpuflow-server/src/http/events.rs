@@ -4,10 +4,22 @@ use super::jobs::visible;
 use super::params::{Flag, PageLimit, ParamSet, Seq, UnixTime, Whole};
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/events", get(events))
-        .route("/v1/audit", get(audit))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/events",
+            get_with(
+                events,
+                doc(
+                    "any token (own team; admins all)",
+                    "Job and node events; filters: job, after, limit, since, until, newest",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/audit",
+            get_with(audit, doc("admin", "Every change: who, what, when")),
+        )
 }
 
 /// The event log's filters.

@@ -93,11 +93,13 @@ impl Sessions {
     }
 }
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/jobs/{id}/exec", get(exec))
-        .route("/v1/jobs/{id}/attach", get(attach))
-        .route("/v1/agent/exec/{session}", get(agent_side))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/jobs/{id}/exec", get_with(exec, doc("its team's members and leads; admins", "WebSocket: runs `command` (a JSON array) beside a running task (`task=GROUP/INDEX`), on a terminal with `tty=true` (`rows`, `cols`); binary messages carry input and, after a channel byte (1 stdout, 2 stderr), output; text messages carry SessionControl. Audited")))
+        .api_route("/v1/jobs/{id}/attach", get_with(attach, doc("its team's members and leads; admins", "WebSocket: a running task's output as it is written (binary messages as for exec). Audited")))
+        .api_route("/v1/agent/exec/{session}", get_with(agent_side, |op| {
+                doc("node token (the session's node)", "WebSocket: the agent's side of a session the server named in a heartbeat reply")(node_token(op))
+            }))
 }
 
 /// What `exec` takes: the task, the command and the terminal.

@@ -4,15 +4,19 @@ use super::params::{Flag, JobId, PageLimit, ParamSet, States, UnixTime, Whole, n
 use super::*;
 use crate::event::EventKind;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/jobs", post(submit).get(list_jobs))
-        .route("/v1/jobs/{id}", get(get_job))
-        .route("/v1/jobs/{id}/why", get(why))
-        .route("/v1/jobs/{id}/logs", get(logs))
-        .route("/v1/jobs/{id}/{action}", post(job_action))
-        .route("/v1/arrays/{id}/cancel", post(cancel_array))
-        .route("/v1/jobs/batch", post(submit_batch))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/jobs", post_with(submit, |op| {
+                    doc("member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json); ?test_only=true answers where it would start or why it would wait, storing nothing; a job no node could ever hold is refused")(op)
+                        .response::<201, Json<api::Submitted>>()
+                        .response::<200, Json<api::TestOnly>>()
+                }).get_with(list_jobs, doc("any token (own team)", "List jobs, newest first; filters: team, queue, state, user, project; pages of at most 1000 (limit), the next page with before=<last id>")))
+        .api_route("/v1/jobs/{id}", get_with(get_job, doc("any token (own team)", "One job with its tasks and their placement")))
+        .api_route("/v1/jobs/{id}/why", get_with(why, doc("any token (own team)", "Why a job waits: every reason, its position, an estimated start")))
+        .api_route("/v1/jobs/{id}/logs", get_with(logs, doc("any token (own team)", "Each task's stdout and stderr by attempt and name/index: all of it up to the job log limit, then each stream's last 16 KiB")))
+        .api_route("/v1/jobs/{id}/{action}", post_with(job_action, doc("cancel/suspend/resume: member, team lead, admin; hold/release: admin", "Act on a job: cancel, suspend, resume, hold or release")))
+        .api_route("/v1/arrays/{id}/cancel", post_with(cancel_array, doc("the job's team (not viewers); admins", "Cancel every unfinished element of an array in one change")))
+        .api_route("/v1/jobs/batch", post_with(submit_batch, doc("members and team leads of the queues' teams; admins", "Submit many jobs in one transaction: all stored, with consecutive ids, or none (the first wrong one named by its place)")))
 }
 
 pub(super) fn job_id(s: &str) -> Result<u64, Error> {
@@ -405,7 +409,7 @@ async fn submit(
     caller: Caller,
     headers: HeaderMap,
     Params(q): Params<SubmitParams>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    SpecBody(body): SpecBody,
 ) -> Result<Response, Error> {
     let body = body_or_413(body, shared.cfg.max_body_bytes)?;
     let json = headers
@@ -991,9 +995,9 @@ async fn cancel_array(
 async fn submit_batch(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::BatchSubmitted>), Error> {
-    let batch: api::BatchSubmit = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<api::BatchSubmit>,
+) -> Result<Created<api::BatchSubmitted>, Error> {
+    let batch: api::BatchSubmit = body.read(shared.cfg.max_body_bytes)?;
     if batch.jobs.is_empty() || batch.jobs.len() > api::MAX_ARRAY {
         return Err(ApiError::bad_request(
             "invalid_batch",
@@ -1068,5 +1072,5 @@ async fn submit_batch(
     commit(shared.store.as_ref(), &mut world, change).await?;
     drop(world);
     shared.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(api::BatchSubmitted { ids })))
+    Ok(Created(api::BatchSubmitted { ids }))
 }

@@ -9,8 +9,8 @@ use std::fmt::Write;
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new().route("/metrics", get(metrics))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new().route("/metrics", get(metrics))
 }
 
 /// Bounds of the wait-time histogram, in seconds.

@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod auth;
 mod clusters;
+mod doc;
 mod events;
 pub mod exec;
 mod jobs;
@@ -30,13 +31,15 @@ mod webhooks;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use aide::axum::routing::{delete_with, get_with, patch_with, post_with, put_with};
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post};
+use axum::routing::get;
+use doc::{ApiRouter, Created, Ext, JsonBody, SpecBody, Warned, by_hand, doc, node_token};
 use gpuflow_api::{
     self as api, ApiError, JobSpec, JobState, NodeState, QueuePatch, QueueSpec, Role, Team,
     TokenCreated, TokenRequest, User,
@@ -104,10 +107,35 @@ pub fn parse_json<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<T,
 }
 pub fn router(shared: Arc<Shared>) -> Router {
     let limit = shared.cfg.max_body_bytes;
-    Router::new()
-        .route("/v1/openapi.json", get(openapi))
-        .route("/v1/whoami", get(whoami))
-        .route("/v1/auth/providers", get(providers))
+    // The document's schemas as JSON Schema 2020-12; the error reply's
+    // schema is every route's.
+    aide::generate::in_context(|ctx| {
+        ctx.schema = crate::openapi::schema_generator();
+        ctx.schema.subschema_for::<ApiError>();
+    });
+    // Two bodies or two parameters of one name on a route: a mistake in
+    // the routes, shown where tests see it.
+    aide::generate::on_error(|e| tracing::error!(error = %e, "the OpenAPI document"));
+    let mut api = aide::openapi::OpenApi::default();
+    let routes = ApiRouter::new()
+        .api_route(
+            "/v1/openapi.json",
+            get_with(openapi, doc("anyone", "This document")),
+        )
+        .api_route(
+            "/v1/whoami",
+            get_with(whoami, doc("any token", "The caller's user, team and role")),
+        )
+        .api_route(
+            "/v1/auth/providers",
+            get_with(
+                providers,
+                doc(
+                    "anyone",
+                    "The identity providers users sign in through (OpenID Connect): issuer, public client id, scopes",
+                ),
+            ),
+        )
         .merge(jobs::router())
         .merge(events::router())
         .merge(nodes::router())
@@ -126,14 +154,30 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(metrics::router())
         .merge(ui::router())
         // A heartbeat carries every task of a node: it may be larger.
-        .route(
+        .api_route(
             "/v1/agent/register",
-            post(crate::http::agent::register).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+            post_with(crate::http::agent::register, |op| {
+                doc("join token", "A node agent joins and gets its node token")(
+                    node_token(op),
+                )
+                .input::<JsonBody<api::Register>>()
+            })
+            .layer(DefaultBodyLimit::max(limit.max(16 << 20))),
         )
-        .route(
+        .api_route(
             "/v1/agent/heartbeat",
-            post(crate::http::agent::heartbeat).layer(DefaultBodyLimit::max(limit.max(16 << 20))),
-        )
+            post_with(crate::http::agent::heartbeat, |op| {
+                doc("node token", "Inventory and task reports in, desired tasks out")(node_token(
+                    op,
+                ))
+                .input::<JsonBody<api::Heartbeat>>()
+            })
+            .layer(DefaultBodyLimit::max(limit.max(16 << 20))),
+        );
+    let router = routes.finish_api(&mut api);
+    let document: Arc<str> = crate::openapi::finish(&api).to_string().into();
+    router
+        .layer(axum::Extension(Document(document)))
         .fallback(|| async {
             Error(ApiError::not_found(
                 "no such endpoint; the API is described at /v1/openapi.json",
@@ -260,14 +304,14 @@ async fn detached(request: axum::extract::Request, next: axum::middleware::Next)
         }
     }
 }
-/// The OpenAPI document, built and serialised once per process (it was
-/// built on every call: a cheap way to load the server).
-async fn openapi() -> axum::response::Response {
-    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let doc = DOC.get_or_init(|| crate::openapi::document().to_string());
+/// The OpenAPI document, built with the router and serialised once.
+#[derive(Clone)]
+struct Document(Arc<str>);
+
+async fn openapi(axum::Extension(Document(doc)): axum::Extension<Document>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        doc.as_str(),
+        doc.to_string(),
     )
         .into_response()
 }
@@ -335,30 +379,5 @@ pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
     )
     .into())
 }
-/// The query parameters a route takes, as the OpenAPI document lists
-/// them: read from the struct its handler reads them into.
-pub(crate) fn query_params(method: &str, path: &str) -> Vec<serde_json::Value> {
-    use params::documented;
-    match (method, path) {
-        ("get", "/v1/jobs") => documented::<jobs::ListParams>(),
-        ("post", "/v1/jobs") => documented::<jobs::SubmitParams>(),
-        ("get", "/v1/jobs/{id}/logs") => documented::<jobs::LogParams>(),
-        ("get", "/v1/jobs/{id}/exec") => documented::<exec::SessionQuery>(),
-        ("get", "/v1/jobs/{id}/attach") => documented::<exec::AttachQuery>(),
-        ("get", "/v1/events") => documented::<events::EventParams>(),
-        ("get", "/v1/audit") => documented::<events::AuditParams>(),
-        (
-            "get",
-            "/v1/nodes" | "/v1/queues" | "/v1/teams" | "/v1/projects" | "/v1/users" | "/v1/tokens"
-            | "/v1/services",
-        ) => documented::<NamePage>(),
-        ("get", "/v1/reports/usage") => documented::<reports::UsageParams>(),
-        ("get", "/v1/reports/jobs") => documented::<reports::JobsParams>(),
-        ("get", "/v1/reports/advice" | "/v1/reports/workload") => documented::<reports::Range>(),
-        ("get", "/v1/reports/low-utilization") => documented::<reports::LowUseParams>(),
-        _ => Vec::new(),
-    }
-}
-
 /// The most items one page of a list holds.
 pub const MAX_PAGE: usize = 1000;

@@ -4,18 +4,18 @@
 use super::*;
 use crate::event::EventKind;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/nodes", get(list_nodes))
-        .route("/v1/nodes/{name}", get(get_node))
-        .route("/v1/nodes/{name}/{action}", post(node_action))
-        .route("/v1/pools", get(pools))
-        .route("/v1/idle-waiting", get(idle_waiting))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/nodes", get_with(list_nodes, doc("any token", "Nodes, their GPUs and what is in use")))
+        .api_route("/v1/nodes/{name}", get_with(get_node, doc("any token", "One node: its GPUs (MIG layout, health, holders), CPU and memory allocated, its jobs")))
+        .api_route("/v1/nodes/{name}/{action}", post_with(node_action, doc("admin", "drain, cordon, uncordon, replace (release its name for a new machine; its work is requeued) or clear (forget its GPUs' health marks) a node")))
+        .api_route("/v1/pools", get_with(pools, doc("any token", "Node pools and their GPUs")))
+        .api_route("/v1/idle-waiting", get_with(idle_waiting, doc("any token", "GPUs free after the last cycle that waiting work could hold, quota aside, and their GPU-hours since the server started")))
 }
 
 /// GPUs free after the last cycle that waiting work could hold, quota
 /// aside (the cluster's figure: no team's jobs are named).
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 struct IdleWaiting {
     gpus: f64,
     /// As the last cycle found them, at this Unix time (0: no cycle yet).
@@ -191,7 +191,7 @@ async fn node_action(
         &holders,
     )))
 }
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 struct Pool {
     name: String,
     nodes: usize,

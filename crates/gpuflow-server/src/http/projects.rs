@@ -2,10 +2,35 @@
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/projects", get(list_projects).post(create_project))
-        .route("/v1/projects/{name}", patch(patch_project))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/projects",
+            get_with(
+                list_projects,
+                doc(
+                    "any token (own team)",
+                    "Projects (what jobs are accounted to) with what is left of their budgets",
+                ),
+            )
+            .post_with(
+                create_project,
+                doc(
+                    "admin; team lead for their team (a budget: admin)",
+                    "Create a project",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/projects/{name}",
+            patch_with(
+                patch_project,
+                doc(
+                    "admin",
+                    "Change a project's cost centre or budget (`null` removes it)",
+                ),
+            ),
+        )
 }
 
 fn view(world: &World, p: &api::Project, at: u64) -> api::ProjectView {
@@ -36,9 +61,9 @@ async fn list_projects(
 async fn create_project(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::Project>), Error> {
-    let p: api::Project = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<api::Project>,
+) -> Result<Created<api::Project>, Error> {
+    let p: api::Project = body.read(shared.cfg.max_body_bytes)?;
     check_name("name", &p.name, "name")?;
     p.validate()?;
     if p.budget.is_some() {
@@ -72,7 +97,7 @@ async fn create_project(
         p.cost_centre.clone(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok((StatusCode::CREATED, Json(p)))
+    Ok(Created(p))
 }
 
 /// An admin changes a project's cost centre or budget.
@@ -80,9 +105,9 @@ async fn patch_project(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: JsonBody<api::ProjectPatch>,
 ) -> Reply<api::ProjectView> {
-    let patch: api::ProjectPatch = json_body(body, shared.cfg.max_body_bytes)?;
+    let patch: api::ProjectPatch = body.read(shared.cfg.max_body_bytes)?;
     caller.need_admin("changing a project")?;
     let mut world = shared.world.lock().await;
     let Some(p) = world.projects.get(&name) else {

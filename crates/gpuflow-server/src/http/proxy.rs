@@ -25,12 +25,25 @@ use crate::http::auth::{Caller, bearer, caller_of};
 /// The cookie `proxy-session` sets.
 const COOKIE: &str = "gpuflow_proxy";
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/jobs/{id}/proxy-session", post(session))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/jobs/{id}/proxy-session",
+            post_with(session, doc("any token (own team)", "A cookie (HttpOnly, for this job's proxy path only, read by nothing else) that lets a browser through the job's proxy")),
+        )
         .route("/v1/jobs/{id}/proxy/{port}", any(to_slash))
         .route("/v1/jobs/{id}/proxy/{port}/", any(proxy))
         .route("/v1/jobs/{id}/proxy/{port}/{*rest}", any(proxy))
+        .api_route_docs(
+            "/v1/jobs/{id}/proxy/{port}/{path}",
+            // Any method, passed on as it came: documented as GET, its
+            // path as OpenAPI writes a path that may hold slashes.
+            by_hand(
+                "get",
+                "any token or the proxy-session cookie (own team)",
+                "HTTP and WebSocket (any method) proxied to a port a running task of the job declared (`ports:`; a notebook's `http`), path and query unchanged; the caller's token is not passed on",
+            ),
+        )
 }
 
 /// `.../proxy/PORT` → `.../proxy/PORT/`: relative links resolve under it.

@@ -2,10 +2,33 @@
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/queues", get(list_queues).post(create_queue))
-        .route("/v1/queues/{name}", patch(patch_queue).delete(delete_queue))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/queues",
+            get_with(
+                list_queues,
+                doc("any token (own team)", "Queues with quotas and usage"),
+            )
+            .post_with(
+                create_queue,
+                doc(
+                    "admin; team lead for child queues of their team",
+                    "Create a queue",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/queues/{name}",
+            patch_with(
+                patch_queue,
+                doc(
+                    "admin; team lead of its team (not top-level quotas)",
+                    "Change weight, state, user limits or quotas",
+                ),
+            )
+            .delete_with(delete_queue, doc("admin", "Delete an empty queue")),
+        )
 }
 
 async fn list_queues(
@@ -153,18 +176,6 @@ fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
     out
 }
 
-/// Adds each warning as a `Warning: 299` header (as Kubernetes does); the
-/// CLI prints them.
-fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
-    for w in warnings {
-        let text = format!("299 gpuflow {:?}", w);
-        if let Ok(v) = axum::http::HeaderValue::from_str(&text) {
-            r.headers_mut().append(axum::http::header::WARNING, v);
-        }
-    }
-    r
-}
-
 /// Team leads may shape their team's queues below an admin-made top queue:
 /// children's guarantees must fit in their parent's.
 fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
@@ -196,9 +207,9 @@ fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
 async fn create_queue(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Response, Error> {
-    let q: QueueSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<QueueSpec>,
+) -> Result<Warned<Created<QueueSpec>>, Error> {
+    let q: QueueSpec = body.read(shared.cfg.max_body_bytes)?;
     q.validate()?;
     let mut world = shared.world.lock().await;
     if !caller.leads(&q.team) {
@@ -302,19 +313,15 @@ async fn create_queue(
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
-    Ok(with_warnings(
-        (StatusCode::CREATED, Json(q)).into_response(),
-        &warnings,
-    ))
+    Ok(Warned(Created(q), warnings))
 }
 async fn patch_queue(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Response, Error> {
-    let body = body_or_413(body, shared.cfg.max_body_bytes)?;
-    let p: QueuePatch = parse_json(&body)?;
+    body: JsonBody<QueuePatch>,
+) -> Result<Warned<Json<QueueSpec>>, Error> {
+    let (p, body): (QueuePatch, _) = body.read_raw(shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
     let Some(q) = world.queues.get(&name).filter(|q| caller.sees(&q.team)) else {
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
@@ -375,13 +382,13 @@ async fn patch_queue(
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
-    Ok(with_warnings(Json(q).into_response(), &warnings))
+    Ok(Warned(Json(q), warnings))
 }
 async fn delete_queue(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<StatusCode, Error> {
+) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a queue")?;
     let mut world = shared.world.lock().await;
     if !world.queues.contains_key(&name) {
@@ -417,5 +424,5 @@ async fn delete_queue(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::response::NoContent)
 }

@@ -5,14 +5,14 @@
 use super::params::{Age, FromParam, ParamSet, Percent, When, from_param, schema};
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/reports/usage", get(usage))
-        .route("/v1/reports/low-utilization", get(low_use))
-        .route("/v1/reports/jobs", get(jobs_report))
-        .route("/v1/reports/advice", get(advice))
-        .route("/v1/reports/workload", get(workload))
-        .route("/v1/prices", get(prices).put(set_prices))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/reports/usage", get_with(usage, doc("any token (own team; admins all)", "GPU-hours held and used, efficiency and cost from the jobs' ledger, by team, project, user, queue, model, cost_centre or job, per hour, day, month or all")))
+        .api_route("/v1/reports/low-utilization", get_with(low_use, doc("any token (own team; admins all)", "Jobs holding GPUs below a sampled utilisation for a while, by GPU-hours held")))
+        .api_route("/v1/reports/jobs", get_with(jobs_report, doc("any token (own team; admins all)", "Waits (p50, p95), outcomes, preemptions and the GPU-hours they lost, of the jobs submitted in a range, by queue or kind")))
+        .api_route("/v1/reports/advice", get_with(advice, doc("any token (own team; admins all)", "Jobs whose measured GPU memory and utilisation would fit a cheaper GPU model or a MIG slice, with the saving per month at the configured prices")))
+        .api_route("/v1/reports/workload", get_with(workload, doc("admin", "The recorded workload of a range (jobs that held GPUs, how long, on which model), the nodes and each team's quotas: what `gpuflow sim whatif` replays")))
+        .api_route("/v1/prices", get_with(prices, doc("any token", "The prices of a GPU-hour per model")).put_with(set_prices, doc("admin", "Set the prices of a GPU-hour per model (`*`: the others)")))
 }
 
 async fn prices(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<api::Prices> {
@@ -22,10 +22,10 @@ async fn prices(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<api
 async fn set_prices(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: JsonBody<api::Prices>,
 ) -> Reply<api::Prices> {
     caller.need_admin("setting prices")?;
-    let p: api::Prices = json_body(body, shared.cfg.max_body_bytes)?;
+    let p: api::Prices = body.read(shared.cfg.max_body_bytes)?;
     p.validate()?;
     let mut world = shared.world.lock().await;
     let mut change = Change::default();

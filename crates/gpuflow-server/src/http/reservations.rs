@@ -5,10 +5,10 @@
 use super::*;
 use crate::event::EventKind;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/reservations", post(create).get(list))
-        .route("/v1/reservations/{name}", axum::routing::delete(remove))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/reservations", post_with(create, doc("admin", "A window on named nodes (or a count of a GPU model's) for teams and users (their jobs ask for it with `reservation`), or for maintenance (no job runs); jobs of others run there before it only if they end before it starts")).get_with(list, doc("any token", "Every reservation")))
+        .api_route("/v1/reservations/{name}", delete_with(remove, doc("admin", "Delete a reservation; its waiting jobs are told it is gone")))
 }
 
 /// The longest reservation, seconds.
@@ -17,10 +17,10 @@ const MAX_LENGTH_S: u64 = 366 * 86_400;
 async fn create(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::Reservation>), Error> {
+    body: JsonBody<api::ReservationSpec>,
+) -> Result<Created<api::Reservation>, Error> {
     caller.need_admin("making a reservation")?;
-    let s: api::ReservationSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    let s: api::ReservationSpec = body.read(shared.cfg.max_body_bytes)?;
     let bad = |m: String| -> Error { ApiError::bad_request("invalid_reservation", m).into() };
     if !api::valid_name(&s.name) {
         return Err(bad(format!(
@@ -150,7 +150,7 @@ async fn create(
     commit(shared.store.as_ref(), &mut world, change).await?;
     drop(world);
     shared.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(r)))
+    Ok(Created(r))
 }
 
 async fn list(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<api::Reservation>> {
@@ -162,7 +162,7 @@ async fn remove(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<StatusCode, Error> {
+) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a reservation")?;
     let mut world = shared.world.lock().await;
     if !world.reservations.contains_key(&name) {
@@ -180,5 +180,5 @@ async fn remove(
     commit(shared.store.as_ref(), &mut world, change).await?;
     drop(world);
     shared.wake.notify_one();
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::response::NoContent)
 }

@@ -6,12 +6,48 @@ use super::*;
 use crate::event::EventKind;
 use crate::state::ServiceRec;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/services", get(list_services).post(create_service))
-        .route(
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/services",
+            get_with(
+                list_services,
+                doc(
+                    "any token (own team)",
+                    "Inference services with their replicas, readiness and endpoints",
+                ),
+            )
+            .post_with(
+                create_service,
+                doc(
+                    "the queue's team (not viewers); admins",
+                    "Create an inference service: replicas of one task, each its own job",
+                ),
+            ),
+        )
+        .api_route(
             "/v1/services/{name}",
-            get(get_service).patch(patch_service).delete(delete_service),
+            get_with(
+                get_service,
+                doc(
+                    "any token (own team)",
+                    "A service: its replicas, which are ready, its endpoints",
+                ),
+            )
+            .patch_with(
+                patch_service,
+                doc(
+                    "its team (not viewers); admins",
+                    "Scale a service (within its bounds) or roll out a new task",
+                ),
+            )
+            .delete_with(
+                delete_service,
+                doc(
+                    "its team (not viewers); admins",
+                    "Delete a service and cancel its replicas",
+                ),
+            ),
         )
 }
 
@@ -73,9 +109,9 @@ async fn get_service(
 async fn create_service(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::ServiceView>), Error> {
-    let spec: api::ServiceSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<api::ServiceSpec>,
+) -> Result<Created<api::ServiceView>, Error> {
+    let spec: api::ServiceSpec = body.read(shared.cfg.max_body_bytes)?;
     spec.validate()?;
     let mut world = shared.world.lock().await;
     let Some(queue) = world.queues.get(&spec.queue) else {
@@ -130,16 +166,16 @@ async fn create_service(
     let view = crate::services::view(&world, &svc);
     drop(world);
     shared.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(view)))
+    Ok(Created(view))
 }
 
 async fn patch_service(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: JsonBody<api::ServicePatch>,
 ) -> Reply<api::ServiceView> {
-    let patch: api::ServicePatch = json_body(body, shared.cfg.max_body_bytes)?;
+    let patch: api::ServicePatch = body.read(shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
     let mut next = owned(&world, &caller, &name, "change")?.clone();
     if let Some(r) = patch.replicas {
@@ -194,7 +230,7 @@ async fn delete_service(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<StatusCode, Error> {
+) -> Result<axum::response::NoContent, Error> {
     let mut world = shared.world.lock().await;
     let team = owned(&world, &caller, &name, "delete")?.team.clone();
     let at = shared.now();
@@ -226,5 +262,5 @@ async fn delete_service(
     commit(shared.store.as_ref(), &mut world, change).await?;
     drop(world);
     shared.wake.notify_one();
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::response::NoContent)
 }

@@ -2,10 +2,23 @@
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/teams", get(list_teams).post(create_team))
-        .route("/v1/teams/{name}", patch(patch_team))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/teams",
+            get_with(list_teams, doc("any token (own team)", "Teams"))
+                .post_with(create_team, doc("admin", "Create a team")),
+        )
+        .api_route(
+            "/v1/teams/{name}",
+            patch_with(
+                patch_team,
+                doc(
+                    "admin",
+                    "Change who a team's tasks run as (run_as; empty for the agents' default)",
+                ),
+            ),
+        )
 }
 
 async fn list_teams(
@@ -26,10 +39,10 @@ async fn list_teams(
 async fn create_team(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<Team>), Error> {
+    body: JsonBody<Team>,
+) -> Result<Created<Team>, Error> {
     caller.need_admin("creating a team")?;
-    let mut t: Team = json_body(body, shared.cfg.max_body_bytes)?;
+    let mut t: Team = body.read(shared.cfg.max_body_bytes)?;
     check_name("name", &t.name, "name")?;
     if t.uid != 0 {
         return Err(ApiError::bad_request(
@@ -63,7 +76,7 @@ async fn create_team(
         "",
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok((StatusCode::CREATED, Json(t.redacted())))
+    Ok(Created(t.redacted()))
 }
 
 /// A team's image settings, each checked.
@@ -105,9 +118,9 @@ async fn patch_team(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: JsonBody<api::TeamPatch>,
 ) -> Reply<Team> {
-    let p: api::TeamPatch = json_body(body, shared.cfg.max_body_bytes)?;
+    let p: api::TeamPatch = body.read(shared.cfg.max_body_bytes)?;
     // A team's leads may share control of its jobs; the rest is an admin's.
     let only_sharing = api::TeamPatch {
         shared_control: None,

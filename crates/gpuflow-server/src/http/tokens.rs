@@ -2,12 +2,12 @@
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/tokens", post(create_token).get(list_tokens))
-        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
-        .route("/v1/auth/sessions", post(create_session))
-        .route("/v1/auth/code", post(code_session))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/tokens", post_with(create_token, doc("admin; team lead for their team; anyone for themselves", "Create an API token (shown once), optionally expiring; at most 20 live tokens per user")).get_with(list_tokens, doc("admin: all; team lead: their team's; anyone: their own", "List live tokens (ids, never the tokens)")))
+        .api_route("/v1/tokens/{id}", delete_with(revoke_token, doc("admin: all; team lead: their team's; anyone: their own", "Revoke a token")))
+        .api_route("/v1/auth/sessions", post_with(create_session, doc("anyone with an ID token of a configured identity provider", "Sign in: the provider's ID token (and refresh token) becomes a session token, listed and revoked as tokens are; the user's groups are read again from the provider as it goes on")))
+        .api_route("/v1/auth/code", post_with(code_session, doc("anyone back from a configured identity provider", "The dashboard's sign-in (authorization code flow with PKCE): the server exchanges the code at the provider, once, checks the ID token and its nonce, and answers a session token")))
 }
 
 /// Whether `caller` may make, list and revoke tokens of user `u`: their own,
@@ -20,9 +20,9 @@ fn manages_tokens_of(caller: &Caller, u: &User) -> bool {
 async fn create_token(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<TokenCreated>), Error> {
-    let r: TokenRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<TokenRequest>,
+) -> Result<Created<TokenCreated>, Error> {
+    let r: TokenRequest = body.read(shared.cfg.max_body_bytes)?;
     let expires_in = match r.expires_in_s {
         Some(0) | Some(315_360_001..) => {
             return Err(ApiError::bad_request(
@@ -100,7 +100,7 @@ async fn create_token(
         id: rec.id().to_string(),
         expires_at: rec.expires_at,
     };
-    Ok((StatusCode::CREATED, Json(created)))
+    Ok(Created(created))
 }
 /// `GET /v1/tokens`: the tokens the caller manages (never the tokens
 /// themselves), live ones only.
@@ -133,7 +133,7 @@ async fn revoke_token(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<StatusCode, Error> {
+) -> Result<axum::response::NoContent, Error> {
     let mut world = shared.world.lock().await;
     let at = shared.now();
     let found = world
@@ -179,7 +179,7 @@ async fn revoke_token(
         t.id(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::response::NoContent)
 }
 
 /// How long a session may last at most, renewed or not: 30 days.
@@ -206,11 +206,11 @@ fn sign_in_gate(shared: &Shared, ext: &axum::http::Extensions) -> Result<std::ne
 /// loses its oldest session.
 async fn create_session(
     State(shared): State<Arc<Shared>>,
-    ext: axum::http::Extensions,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    Ext(ext): Ext,
+    body: JsonBody<api::SessionRequest>,
+) -> Result<Created<TokenCreated>, Error> {
     let ip = sign_in_gate(&shared, &ext)?;
-    let r: api::SessionRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    let r: api::SessionRequest = body.read(shared.cfg.max_body_bytes)?;
     let at = shared.now();
     let id = crate::http::auth::verified_id_token(&shared, &r.id_token, ip, at).await?;
     open_session(&shared, id, r.refresh_token, at).await
@@ -222,11 +222,11 @@ async fn create_session(
 /// and its nonce, and answers a session token.
 async fn code_session(
     State(shared): State<Arc<Shared>>,
-    ext: axum::http::Extensions,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+    Ext(ext): Ext,
+    body: JsonBody<api::CodeRequest>,
+) -> Result<Created<TokenCreated>, Error> {
     sign_in_gate(&shared, &ext)?;
-    let r: api::CodeRequest = json_body(body, shared.cfg.max_body_bytes)?;
+    let r: api::CodeRequest = body.read(shared.cfg.max_body_bytes)?;
     let at = shared.now();
     let oidc = shared.oidc.clone();
     let (id, refresh) = tokio::task::spawn_blocking(move || oidc.exchange(&r, at))
@@ -242,7 +242,7 @@ async fn open_session(
     id: crate::oidc::Identity,
     refresh_token: Option<String>,
     at: u64,
-) -> Result<(StatusCode, Json<TokenCreated>), Error> {
+) -> Result<Created<TokenCreated>, Error> {
     let granted = shared.oidc.role_of(&id)?;
     let identity = api::Identity {
         provider: id.provider.clone(),
@@ -307,5 +307,5 @@ async fn open_session(
         id: rec.id().to_string(),
         expires_at: rec.expires_at,
     };
-    Ok((StatusCode::CREATED, Json(created)))
+    Ok(Created(created))
 }

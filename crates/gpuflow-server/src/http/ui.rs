@@ -19,8 +19,8 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     img-src 'self' data:; connect-src 'self'; form-action 'none'; \
     frame-ancestors 'none'; base-uri 'none'";
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
         .route("/", get(|| async { Redirect::to("/ui/") }))
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
         .route(

@@ -2,12 +2,45 @@
 
 use super::*;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/users", get(list_users).post(create_user))
-        .route("/v1/users/{name}/disable", post(disable_user))
-        .route("/v1/users/{name}/enable", post(enable_user))
-        .route("/v1/users/{name}/signout", post(sign_out))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route(
+            "/v1/users",
+            get_with(list_users, doc("any token (own team)", "Users")).post_with(
+                create_user,
+                doc("admin; team lead for their team", "Create a user"),
+            ),
+        )
+        .api_route(
+            "/v1/users/{name}/disable",
+            post_with(
+                disable_user,
+                doc(
+                    "admin; team lead for their team's members and viewers",
+                    "Disable a user: all their tokens are refused at once",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/users/{name}/enable",
+            post_with(
+                enable_user,
+                doc(
+                    "admin; team lead for their team's members and viewers",
+                    "Enable a disabled user again",
+                ),
+            ),
+        )
+        .api_route(
+            "/v1/users/{name}/signout",
+            post_with(
+                sign_out,
+                doc(
+                    "the user; admin; team lead for their team's members and viewers",
+                    "Refuse every sign-in of the user through an identity provider made until now",
+                ),
+            ),
+        )
 }
 
 async fn list_users(
@@ -28,9 +61,9 @@ async fn list_users(
 async fn create_user(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<User>), Error> {
-    let u: User = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<User>,
+) -> Result<Created<User>, Error> {
+    let u: User = body.read(shared.cfg.max_body_bytes)?;
     check_name("name", &u.name, "name")?;
     if u.identity.is_some() || u.signed_out_at.is_some() {
         return Err(ApiError::bad_request(
@@ -89,7 +122,7 @@ async fn create_user(
         u.role.as_str(),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok((StatusCode::CREATED, Json(u)))
+    Ok(Created(u))
 }
 
 /// `POST /v1/users/{name}/disable`: every token of the user is refused at

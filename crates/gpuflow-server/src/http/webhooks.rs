@@ -5,11 +5,11 @@
 use super::*;
 use crate::webhooks::WebhookRec;
 
-pub(super) fn router() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/v1/webhooks", post(create).get(list))
-        .route("/v1/webhooks/{id}", axum::routing::delete(remove))
-        .route("/v1/webhooks/{id}/deliveries", get(deliveries))
+pub(super) fn router() -> ApiRouter {
+    ApiRouter::new()
+        .api_route("/v1/webhooks", post_with(create, doc("any token (team leads and admins for a whole team)", "A webhook: the caller's jobs (or a team's) POST their state changes to a URL, signed with HMAC-SHA256 (X-Gpuflow-Signature); the secret is shown once")).get_with(list, doc("any token", "The webhooks the caller made or may manage")))
+        .api_route("/v1/webhooks/{id}", delete_with(remove, doc("its maker, the team lead, admins", "Delete a webhook; what it had queued is not sent")))
+        .api_route("/v1/webhooks/{id}/deliveries", get_with(deliveries, doc("its maker, the team lead, admins", "Its last 100 delivery attempts: event, job, attempt, HTTP status, outcome")))
 }
 
 /// Webhooks per installation, so that their notifications stay bounded.
@@ -28,9 +28,9 @@ fn not_found(id: &str) -> Error {
 async fn create(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(StatusCode, Json<api::WebhookView>), Error> {
-    let spec: api::WebhookSpec = json_body(body, shared.cfg.max_body_bytes)?;
+    body: JsonBody<api::WebhookSpec>,
+) -> Result<Created<api::WebhookView>, Error> {
+    let spec: api::WebhookSpec = body.read(shared.cfg.max_body_bytes)?;
     let bad = |m: String| -> Error { ApiError::bad_request("invalid_webhook", m).into() };
     if spec.events.is_empty() {
         return Err(bad(format!(
@@ -129,7 +129,7 @@ async fn create(
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
     let view = h.view(true);
-    Ok((StatusCode::CREATED, Json(view)))
+    Ok(Created(view))
 }
 
 async fn list(State(shared): State<Arc<Shared>>, caller: Caller) -> Reply<Vec<api::WebhookView>> {
@@ -149,7 +149,7 @@ async fn remove(
     State(shared): State<Arc<Shared>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<StatusCode, Error> {
+) -> Result<axum::response::NoContent, Error> {
     let mut world = shared.world.lock().await;
     let Some(h) = world.hooks.by_id.get(&id).filter(|h| manages(&caller, h)) else {
         return Err(not_found(&id));
@@ -164,7 +164,7 @@ async fn remove(
         h.mail.clone().unwrap_or_else(|| h.url.clone()),
     );
     commit(shared.store.as_ref(), &mut world, change).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::response::NoContent)
 }
 
 async fn deliveries(
