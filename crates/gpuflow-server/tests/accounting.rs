@@ -413,6 +413,71 @@ async fn usage_reconciles_across_suspension_retry_a_lost_node_and_a_restart_post
     }
 }
 
+/// A node that lies about its GPUs' model and UUID (quotes, backslashes,
+/// new lines, a forged sample) cannot add or change a metric: every label
+/// value is escaped, and the scrape still parses, with the node's text as
+/// the label's value.
+#[tokio::test]
+async fn a_lying_node_cannot_forge_a_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("data"));
+    let (s, admin, join) = open(&cfg).await;
+    let (admin, join) = (admin.unwrap(), join.unwrap());
+    let model = "H100\"} 1\ngpuflow_forged_total 1\n# TYPE x counter\\";
+    let uuid = "GPU-\\\"\n";
+    let inv = json!({"cpu_milli": 64000, "memory_mib": 262144, "emulated": true,
+        "gpus": [{"index": 0, "uuid": uuid, "model": model, "memory_mib": 81920}]});
+    let nt = s
+        .ok(
+            "POST",
+            "/v1/agent/register",
+            &join,
+            json!({"node": "n1", "inventory": inv}),
+        )
+        .await["node_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sample = json!([{"uuid": uuid, "util_pct": 5, "memory_util_pct": 1, "memory_used_mib": 1}]);
+    s.ok(
+        "POST",
+        "/v1/agent/heartbeat",
+        &nt,
+        json!({"node": "n1", "inventory": inv, "gpus": sample, "tasks": []}),
+    )
+    .await;
+    let (st, _, text) = s.call("GET", "/metrics", &admin, None).await;
+    assert_eq!(st, 200);
+    // The text format's escaping of a label value (prometheus-parse reads
+    // no escaped quote, so it is checked here line by line).
+    let esc = |v: &str| {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    for line in text.lines() {
+        assert!(!line.starts_with("gpuflow_forged"), "{text}");
+        assert!(
+            line.starts_with('#')
+                || line
+                    .rsplit_once(' ')
+                    .is_some_and(|(_, v)| v.parse::<f64>().is_ok()),
+            "not a sample: {line:?}"
+        );
+    }
+    let total = format!(
+        "gpuflow_cluster_total_gpus{{model=\"{}\",pool=\"default\"}} 1",
+        esc(model)
+    );
+    assert!(text.lines().any(|l| l == total), "{total}\n{text}");
+    let util = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"{}\",device=\"nvidia0\",modelName=\"{}\",Hostname=\"n1\"}} 5",
+        esc(uuid),
+        esc(model)
+    );
+    assert!(text.lines().any(|l| l == util), "{util}\n{text}");
+}
+
 /// `/metrics` through a real Prometheus text parser: admins only, every
 /// name after STYLE.md (`gpuflow_<subsystem>_<name>_<unit>`) or
 /// dcgm-exporter's, and the figures the state implies.
