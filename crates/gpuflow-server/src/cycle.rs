@@ -99,7 +99,7 @@ pub async fn run_once_with(
         let change = timers(&world, &shared.cfg, t);
         commit(shared.store.as_ref(), &mut world, change).await?;
         world.prune_finished(t, shared.cfg.keep_finished_s);
-        Taken::take(&world, t, &shared.cfg).map(|mut taken| {
+        Taken::take(&world, t, &shared.cfg)?.map(|mut taken| {
             taken.snap.fault = shared.cfg.fault.clone();
             taken
         })
@@ -267,7 +267,7 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
 async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerError> {
     let (snap, history) = {
         let world = shared.world.lock().await;
-        let mut snap = snapshot(&world, t);
+        let mut snap = snapshot(&world, t)?;
         snap.fault = shared.cfg.fault.clone();
         let history = world.history.to_core(&snap.queues);
         (snap, history)
@@ -374,7 +374,11 @@ struct Taken {
 
 impl Taken {
     /// `None` when nothing waits and nothing runs.
-    fn take(world: &World, t: u64, server: &crate::Config) -> Option<Taken> {
+    fn take(
+        world: &World,
+        t: u64,
+        server: &crate::Config,
+    ) -> Result<Option<Taken>, crate::ServerError> {
         let pending = world
             .jobs()
             .values()
@@ -383,11 +387,11 @@ impl Taken {
         // Fair share charges what runs whether or not anything waits;
         // nothing to do only when nothing runs either.
         if pending == 0 && !world.jobs().values().any(|j| j.state.allocated()) {
-            return None;
+            return Ok(None);
         }
-        let snap = snapshot(world, t);
+        let snap = snapshot(world, t)?;
         let history = world.history.to_core(&snap.queues);
-        Some(Taken {
+        Ok(Some(Taken {
             snap,
             history,
             cfg: config(server),
@@ -405,7 +409,7 @@ impl Taken {
                 .map(|j| (j.id, (j.state, j.attempts)))
                 .collect(),
             history_saved_at: world.history_saved_at,
-        })
+        }))
     }
 
     /// Phase 2: the core's cycle. CPU work: run it off the async runtime.

@@ -54,6 +54,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("the scheduling cycle's computation failed: {0}")]
     Cycle(String),
+    #[error("the committed state does not make a cluster the core accepts: {0}")]
+    Snapshot(String),
     #[error("the server is stopping")]
     Stopping,
 }

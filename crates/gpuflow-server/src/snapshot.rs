@@ -93,15 +93,22 @@ pub struct Trial {
 
 impl Trial {
     /// Takes the snapshot (the only part that needs the state lock).
-    pub fn take(world: &World, t: u64, server: &crate::Config) -> Trial {
-        let snap = snapshot(world, t);
+    ///
+    /// # Errors
+    /// As [`snapshot`].
+    pub fn take(
+        world: &World,
+        t: u64,
+        server: &crate::Config,
+    ) -> Result<Trial, crate::ServerError> {
+        let snap = snapshot(world, t)?;
         let history = world.history.to_core(&snap.queues);
-        Trial {
+        Ok(Trial {
             snap,
             history,
             cfg: config(server),
             t,
-        }
+        })
     }
 
     /// Every reason pending job `id` would wait for if its turn came now
@@ -249,14 +256,17 @@ pub(crate) fn nvlink_islands(inv: &api::Inventory) -> Vec<Option<usize>> {
 /// its node (the node reports less memory, a GPU vanished) keeps what it
 /// could claim, its node takes no new work in this snapshot, and the job is
 /// listed in `evicted` so the cycle stops and requeues it with the reason.
-pub fn snapshot(world: &World, t: u64) -> Snapshot {
+///
+/// # Errors
+/// When the committed nodes do not make a cluster the core accepts.
+pub fn snapshot(world: &World, t: u64) -> Result<Snapshot, crate::ServerError> {
     let mut shrunk = std::collections::BTreeSet::new();
     loop {
-        let snap = snapshot_with(world, t, &shrunk);
+        let snap = snapshot_with(world, t, &shrunk)?;
         let before = shrunk.len();
         shrunk.extend(snap.evicted.iter().map(|(_, node, _)| node.clone()));
         if shrunk.len() == before {
-            return snap;
+            return Ok(snap);
         }
     }
 }
@@ -265,7 +275,7 @@ pub(crate) fn snapshot_with(
     world: &World,
     t: u64,
     shrunk: &std::collections::BTreeSet<String>,
-) -> Snapshot {
+) -> Result<Snapshot, crate::ServerError> {
     // Nodes, in name order; the core's node id is the index.
     let node_names: Vec<String> = world.nodes().keys().cloned().collect();
     // Each allocation finds its node's id and record in one lookup.
@@ -348,7 +358,10 @@ pub(crate) fn snapshot_with(
     }
     let aside = set_aside_queues(world);
     let queues = build_queues(world, &capacity, &aside, t);
-    let cluster = Cluster::new(nodes).expect("node ids are their indices");
+    // Agents' inventories are checked against the core's limits
+    // (`http::agent`), and ids are indices: a refusal here is a defect,
+    // answered as an error, never a panic on a request's path.
+    let cluster = Cluster::new(nodes).map_err(|e| crate::ServerError::Snapshot(e.to_string()))?;
     // The mix is set once the pending jobs have been read, below: applying
     // allocations reads none of it.
     let mut placer = Placer::new(cluster, Policy::gpuflow(), WorkloadMix::default(), 0);
@@ -539,7 +552,7 @@ pub(crate) fn snapshot_with(
         MixWeighting::Tasks,
         1.0,
     ));
-    Snapshot {
+    Ok(Snapshot {
         placer,
         queues,
         running,
@@ -549,7 +562,7 @@ pub(crate) fn snapshot_with(
         evicted,
         fault: None,
         spent,
-    }
+    })
 }
 
 /// The taint and label key of reservation `name` on its nodes.

@@ -1290,6 +1290,53 @@ async fn a_node_cannot_claim_an_absurd_inventory() {
     gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
 }
 
+/// A node stored before its inventory was checked (by an older server, or
+/// a store edited by hand) that the scheduling core refuses: the cycle and
+/// the requests that take a snapshot fail with an error and go on failing
+/// while it is there; none panics (they did: an `expect` on the core's
+/// refusal, reached by every cycle, `why` and `--test-only`).
+#[tokio::test]
+async fn a_stored_node_the_core_refuses_is_an_error_not_a_panic() {
+    let h = harness(None).await;
+    assert_eq!(register(&h, "n1", None).await.0, 200);
+    let mut inv = inventory(2);
+    inv["gpus"][0]["mig"] = (0..33)
+        .map(|k| json!({"uuid": format!("MIG-{k}"), "profile": "1g.10gb", "memory_mib": 10240}))
+        .collect::<Vec<_>>()
+        .into();
+    {
+        let mut world = h.shared.world.lock().await;
+        let mut n = world.nodes()["n1"].clone();
+        n.inventory = serde_json::from_value(inv).unwrap();
+        world.put_node(n);
+    }
+    let spec = "name: j\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n    resources: {gpu: {count: 1}}\n";
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&h.admin),
+            "application/yaml",
+            spec.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let e = gpuflow_server::cycle::run_once(&h.shared)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("MIG"), "{e}");
+    let (s, v) = h
+        .call(
+            "POST",
+            "/v1/jobs?test_only=true",
+            Some(&h.admin),
+            "application/yaml",
+            spec.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (500, Some("internal")), "{v}");
+}
+
 /// JSON with something after the document was accepted (the rest
 /// ignored); it is refused now.
 #[tokio::test]

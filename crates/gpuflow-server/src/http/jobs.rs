@@ -564,7 +564,7 @@ async fn test_only(
         )
             .into_response());
     }
-    let trial = crate::snapshot::Trial::take(&world, at, &shared.cfg);
+    let trial = crate::snapshot::Trial::take(&world, at, &shared.cfg)?;
     drop(world);
     let _turn = shared.diagnoses.acquire().await;
     let answer = tokio::task::spawn_blocking(move || trial.test_only(&j))
@@ -749,7 +749,7 @@ async fn why(
                         &world,
                         shared.now(),
                         &shared.cfg,
-                    )),
+                    )?),
                     None => Err(None),
                 };
                 (w, Some(d))
