@@ -521,16 +521,18 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
     let (queues, projects, prices) = {
         let w = shared.world.lock().await;
         let queues: Vec<(String, api::BudgetSpec)> = w
+            .records()
             .queues
             .values()
             .filter_map(|q| Some((q.name.clone(), q.budget.clone()?)))
             .collect();
         let projects: Vec<(String, api::BudgetSpec)> = w
+            .records()
             .projects
             .values()
             .filter_map(|p| Some((p.name.clone(), p.budget.clone()?)))
             .collect();
-        (queues, projects, w.prices.clone())
+        (queues, projects, w.records().prices.clone())
     };
     if queues.is_empty() && projects.is_empty() {
         return Ok(());
@@ -586,8 +588,8 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
                 continue;
             }
             let team = match kind {
-                "queue" => w.queues.get(name).map(|q| q.team.clone()),
-                _ => w.projects.get(name).map(|p| p.team.clone()),
+                "queue" => w.records().queues.get(name).map(|q| q.team.clone()),
+                _ => w.records().projects.get(name).map(|p| p.team.clone()),
             };
             let Some(team) = team else { continue };
             let unit = if b.unit() == "cost" { "" } else { " GPU-hours" };

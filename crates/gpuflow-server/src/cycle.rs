@@ -230,6 +230,7 @@ fn borrowers(world: &World, flavor: &str, t: u64, cfg: &Config) -> Option<String
     let mut from = u64::MAX;
     for (q, in_use) in used {
         let guaranteed = world
+            .records()
             .queues
             .get(q)
             .and_then(|s| gpuflow_core::queue::quota_entry(&s.quotas, flavor))
@@ -660,7 +661,7 @@ impl Computed {
                 });
                 if tainted {
                     let mut ends = None;
-                    for r in world.reservations.values().filter(|r| r.end > t) {
+                    for r in world.records().reservations.values().filter(|r| r.end > t) {
                         reasons.push(format!(
                             "{} holds {} from {} until {}",
                             r.purpose(),

@@ -34,7 +34,7 @@ fn refusal(world: &World, w: &api::ExternalWorkload) -> Option<String> {
     {
         return Some(e);
     }
-    if !world.teams.contains_key(&w.team) {
+    if !world.records().teams.contains_key(&w.team) {
         return Some(format!(
             "team {:?} does not exist: create it (gpuflow team create) or charge the queue to another team",
             w.team
@@ -173,13 +173,10 @@ mod tests {
 
     fn world() -> World {
         let mut w = World::default();
-        w.teams.insert(
-            "ml".into(),
-            api::Team {
-                name: "ml".into(),
-                ..serde_json::from_value(serde_json::json!({"name": "ml"})).unwrap()
-            },
-        );
+        w.put_record(crate::Rec::Team(api::Team {
+            name: "ml".into(),
+            ..serde_json::from_value(serde_json::json!({"name": "ml"})).unwrap()
+        }));
         w
     }
 

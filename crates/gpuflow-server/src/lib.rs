@@ -330,33 +330,7 @@ impl Rec {
     }
 
     fn publish(self, world: &mut World) {
-        match self {
-            Rec::Team(t) => {
-                world.teams.insert(t.name.clone(), t);
-            }
-            Rec::Project(p) => {
-                world.projects.insert(p.name.clone(), p);
-            }
-            Rec::User(u) => {
-                world.users.insert(u.name.clone(), u);
-            }
-            Rec::Token(t) => {
-                world.tokens.insert(t.hash.clone(), t);
-            }
-            Rec::Queue(q) => {
-                world.queues.insert(q.name.clone(), q);
-            }
-            Rec::Service(s) => {
-                world.services.insert(s.spec.name.clone(), *s);
-            }
-            Rec::Reservation(r) => {
-                world.reservations.insert(r.name.clone(), r);
-            }
-            Rec::Webhook(h) => {
-                world.hooks.by_id.insert(h.id.clone(), h);
-            }
-            Rec::Prices(p) => world.prices = p,
-        }
+        world.put_record(self);
     }
 }
 
@@ -384,25 +358,7 @@ impl Gone {
     }
 
     fn publish(self, world: &mut World) {
-        match self {
-            Gone::Token(h) => {
-                world.tokens.remove(&h);
-            }
-            Gone::Queue(q) => {
-                world.queues.remove(&q);
-            }
-            Gone::Service(s) => {
-                world.services.remove(&s);
-            }
-            Gone::Reservation(r) => {
-                world.reservations.remove(&r);
-            }
-            Gone::Webhook(id) => {
-                world.hooks.by_id.remove(&id);
-                world.hooks.log.remove(&id);
-                world.hooks.outbox.retain(|o| o.hook != id);
-            }
-        }
+        world.remove_record(self);
     }
 }
 
@@ -970,11 +926,10 @@ mod tests {
     #[test]
     fn a_change_is_stored_then_published() {
         let mut world = World::default();
-        world.teams.insert("old".into(), team("old"));
-        world.queues.insert(
-            "q".into(),
+        world.put_record(Rec::Team(team("old")));
+        world.put_record(Rec::Queue(
             serde_json::from_value(serde_json::json!({"name": "q", "team": "old"})).unwrap(),
-        );
+        ));
         let mut change = Change::default();
         let mut first = team("ml");
         first.uid = 1;
@@ -1001,10 +956,12 @@ mod tests {
             batch.delete,
             [(gpuflow_store::Table::Queues, "q".to_string())]
         );
-        assert!(!world.teams.contains_key("ml") && world.queues.contains_key("q"));
+        assert!(
+            !world.records().teams.contains_key("ml") && world.records().queues.contains_key("q")
+        );
         publish(&mut world, memory, &batch.events);
-        assert_eq!(world.teams["ml"].uid, 2, "the last put wins");
-        assert!(!world.queues.contains_key("q"));
-        assert!(world.teams.contains_key("old"));
+        assert_eq!(world.records().teams["ml"].uid, 2, "the last put wins");
+        assert!(!world.records().queues.contains_key("q"));
+        assert!(world.records().teams.contains_key("old"));
     }
 }

@@ -41,12 +41,12 @@ fn replicas(world: &World) -> BTreeMap<&str, Vec<&JobRec>> {
 pub fn reconcile(world: &World, t: u64) -> Change {
     let mut change = Change::default();
     // Every cycle runs this: without services, no pass over the jobs.
-    if world.services.is_empty() {
+    if world.records().services.is_empty() {
         return change;
     }
     let all = replicas(world);
     let mut next_id = world.next_job;
-    for svc in world.services.values() {
+    for svc in world.records().services.values() {
         let mine = all.get(svc.spec.name.as_str()).cloned().unwrap_or_default();
         // Replicas being stopped no longer count.
         let live: Vec<&JobRec> = mine
@@ -209,16 +209,13 @@ mod tests {
         }))
         .unwrap();
         let mut w = World::default();
-        w.services.insert(
-            "web".into(),
-            ServiceRec {
-                spec,
-                version: 1,
-                team: "t".into(),
-                user: "u".into(),
-                deleted: false,
-            },
-        );
+        w.put_record(crate::Rec::Service(Box::new(ServiceRec {
+            spec,
+            version: 1,
+            team: "t".into(),
+            user: "u".into(),
+            deleted: false,
+        })));
         w
     }
 
@@ -241,7 +238,7 @@ mod tests {
     fn replica(w: &mut World, version: u32, is_ready: bool) -> u64 {
         let id = w.next_job + 1;
         w.next_job = id;
-        let svc = &w.services["web"];
+        let svc = &w.records().services["web"];
         let mut j = crate::lifecycle::submitted(id, svc.spec.job_spec(version), "t", "u", None, 0);
         j.state = JobState::Running;
         j.service = Some(ServiceRef {
@@ -297,7 +294,9 @@ mod tests {
     fn a_rollout_surges_by_one_and_stops_old_replicas_only_as_new_ones_are_ready() {
         let mut w = world(2);
         let old = [replica(&mut w, 1, true), replica(&mut w, 1, true)];
-        w.services.get_mut("web").unwrap().version = 2;
+        let mut s = w.records().services["web"].clone();
+        s.version = 2;
+        w.put_record(crate::Rec::Service(Box::new(s)));
         // One new replica (the surge), no old one stopped: none is ready yet.
         assert_eq!(step(&mut w, 10), (1, 0));
         assert_eq!(step(&mut w, 11), (0, 0), "waits for readiness");

@@ -24,7 +24,7 @@ pub(crate) type Spent = BTreeMap<String, (api::WhenExhausted, String)>;
 
 pub(crate) fn spent_projects(world: &World, t: u64) -> Spent {
     world
-        .projects
+        .records().projects
         .values()
         .filter_map(|p| {
             let b = p.budget.as_ref()?;
@@ -35,7 +35,7 @@ pub(crate) fn spent_projects(world: &World, t: u64) -> Spent {
             let next = crate::accounting::period_start(b.period, u.period_start + 31 * 86_400);
             let renews = crate::when(next);
             let amount = match b.cost {
-                Some(c) => format!("{c} {}", world.prices.currency).trim_end().to_string(),
+                Some(c) => format!("{c} {}", world.records().prices.currency).trim_end().to_string(),
                 None => format!("{} GPU-hours", b.limit()),
             };
             let period = match b.period {
@@ -329,7 +329,7 @@ pub(crate) fn snapshot_with(
         node.labels = inv.labels.clone();
         // A reservation not over keeps its nodes: only its jobs (while it
         // is open) and jobs that end before it starts tolerate it.
-        for r in world.reservations.values().filter(|r| r.end > t) {
+        for r in world.records().reservations.values().filter(|r| r.end > t) {
             if r.nodes.contains(&n.name) {
                 let key = reservation_key(&r.name);
                 node.taints.push(model::Taint {
@@ -581,7 +581,7 @@ pub(crate) fn reservations(
     t: u64,
 ) -> Result<(), api::Why> {
     let c = &mut work.job.constraints;
-    for r in world.reservations.values().filter(|r| r.end > t) {
+    for r in world.records().reservations.values().filter(|r| r.end > t) {
         let mine = j.spec.reservation.as_deref() == Some(r.name.as_str());
         let ends_before = j
             .spec
@@ -597,7 +597,7 @@ pub(crate) fn reservations(
     let Some(name) = &j.spec.reservation else {
         return Ok(());
     };
-    let reason = match world.reservations.get(name) {
+    let reason = match world.records().reservations.get(name) {
         None => format!(
             "its reservation {name:?} no longer exists: cancel it, or submit it again without one"
         ),
@@ -640,7 +640,7 @@ pub(crate) fn why(j: &JobRec, reason: String) -> api::Why {
 /// stops scheduling for everyone else.
 pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for q in world.queues.values() {
+    for q in world.records().queues.values() {
         if let Err(e) = q.validate() {
             out.insert(
                 q.name.clone(),
@@ -650,9 +650,14 @@ pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
         }
         let mut name = q.name.as_str();
         let mut depth = 1;
-        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+        while let Some(p) = world
+            .records()
+            .queues
+            .get(name)
+            .and_then(|q| q.parent.as_deref())
+        {
             depth += 1;
-            if !world.queues.contains_key(p) {
+            if !world.records().queues.contains_key(p) {
                 out.insert(
                     q.name.clone(),
                     format!("its parent queue {p:?} does not exist"),
@@ -675,7 +680,12 @@ pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
     // Below a set-aside queue, everything is set aside too (the walks above
     // ended within MAX_QUEUE_DEPTH for every queue not yet in `out`).
     let mut below = BTreeMap::new();
-    for q in world.queues.values().filter(|q| !out.contains_key(&q.name)) {
+    for q in world
+        .records()
+        .queues
+        .values()
+        .filter(|q| !out.contains_key(&q.name))
+    {
         let mut p = q.parent.as_deref();
         while let Some(name) = p {
             if out.contains_key(name) {
@@ -685,7 +695,11 @@ pub fn set_aside_queues(world: &World) -> BTreeMap<String, String> {
                 );
                 break;
             }
-            p = world.queues.get(name).and_then(|q| q.parent.as_deref());
+            p = world
+                .records()
+                .queues
+                .get(name)
+                .and_then(|q| q.parent.as_deref());
         }
     }
     out.extend(below);
@@ -705,13 +719,19 @@ pub(crate) fn build_queues(
     let depth = |name: &str| {
         let mut name = name;
         let mut d = 0;
-        while let Some(p) = world.queues.get(name).and_then(|q| q.parent.as_deref()) {
+        while let Some(p) = world
+            .records()
+            .queues
+            .get(name)
+            .and_then(|q| q.parent.as_deref())
+        {
             d += 1;
             name = p;
         }
         d
     };
     let mut specs: Vec<&api::QueueSpec> = world
+        .records()
         .queues
         .values()
         .filter(|q| !aside.contains_key(&q.name))

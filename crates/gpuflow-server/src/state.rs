@@ -655,15 +655,37 @@ impl JobSummary {
     }
 }
 
-/// Everything the server knows.
+/// The records users and admins change through the API, as committed.
+/// Only a committed change puts or removes them ([`World::put_record`],
+/// [`World::remove_record`], called by `commit` once the store has
+/// answered), besides loading and a new installation's first records.
 #[derive(Default)]
-pub struct World {
+pub struct Records {
     pub teams: BTreeMap<String, api::Team>,
     pub projects: BTreeMap<String, api::Project>,
     pub users: BTreeMap<String, api::User>,
     /// By token hash.
     pub tokens: BTreeMap<String, TokenRec>,
     pub queues: BTreeMap<String, QueueSpec>,
+    /// Inference services by name.
+    pub services: BTreeMap<String, ServiceRec>,
+    /// Reservations by name (ended ones too, until deleted).
+    pub reservations: BTreeMap<String, api::Reservation>,
+    /// Prices for cost reports, set by admins.
+    pub prices: api::Prices,
+}
+
+/// Everything the server knows. The committed records ([`Records`]) and
+/// the jobs and nodes with their indexes are private: records change only
+/// as committed changes are published, jobs and nodes only through
+/// `put_*`, which keep the indexes in step. The public fields are the
+/// working state of the server's own loops, each with one writer: ids
+/// and idempotency keys of submissions, the last cycle's output, the
+/// accounting figures the budget loop counts, metrics, webhooks' outbox.
+#[derive(Default)]
+pub struct World {
+    /// Read through [`World::records`].
+    records: Records,
     nodes: BTreeMap<String, NodeRec>,
     /// Node token hash → node name (kept in step with `nodes` by
     /// [`World::put_node`]).
@@ -700,8 +722,6 @@ pub struct World {
     pub history: SavedHistory,
     /// When `history` was last written to the store.
     pub history_saved_at: u64,
-    /// Prices for cost reports, set by admins.
-    pub prices: api::Prices,
     /// Each budgeted queue's use in its current period (in its budget's unit), as last
     /// counted from the ledger: (period start, GPU-hours or cost).
     pub budget_used: BTreeMap<String, (u64, f64)>,
@@ -712,15 +732,11 @@ pub struct World {
     /// GPU-seconds of every closed hold of the ledger, per team: counted
     /// from every job as the store is loaded, then as holds close.
     pub team_closed_gpu_s: BTreeMap<String, f64>,
-    /// Inference services by name.
-    pub services: BTreeMap<String, ServiceRec>,
     /// Webhooks, their queued notifications and delivery logs.
     pub hooks: Hooks,
     /// Budgets said to be low, by `queue/NAME` or `project/NAME`, with the
     /// period they were said in.
     pub budget_warned: BTreeMap<String, u64>,
-    /// Reservations by name (ended ones too, until deleted).
-    pub reservations: BTreeMap<String, api::Reservation>,
     /// Unfinished workloads other schedulers run (`external.rs`), by id.
     external: BTreeMap<u64, JobRec>,
     /// (cluster, key) → the id of its unfinished workload.
@@ -966,30 +982,30 @@ impl World {
         let mut w = World::default();
         for r in store.load(Table::Teams).await? {
             let t: api::Team = parse(&r)?;
-            w.teams.insert(t.name.clone(), t);
+            w.records.teams.insert(t.name.clone(), t);
         }
         // Teams stored before teams had numbers get the next free ones (in
         // name order; kept when the team is next written).
-        let mut next = w.teams.values().map(|t| t.uid).max().unwrap_or(0);
-        for t in w.teams.values_mut().filter(|t| t.uid == 0) {
+        let mut next = w.records().teams.values().map(|t| t.uid).max().unwrap_or(0);
+        for t in w.records.teams.values_mut().filter(|t| t.uid == 0) {
             next += 1;
             t.uid = next;
         }
         for r in store.load(Table::Projects).await? {
             let p: api::Project = parse(&r)?;
-            w.projects.insert(p.name.clone(), p);
+            w.records.projects.insert(p.name.clone(), p);
         }
         for r in store.load(Table::Users).await? {
             let u: api::User = parse(&r)?;
-            w.users.insert(u.name.clone(), u);
+            w.records.users.insert(u.name.clone(), u);
         }
         for r in store.load(Table::Tokens).await? {
             let t: TokenRec = parse(&r)?;
-            w.tokens.insert(t.hash.clone(), t);
+            w.records.tokens.insert(t.hash.clone(), t);
         }
         for r in store.load(Table::Queues).await? {
             let q: QueueSpec = parse(&r)?;
-            w.queues.insert(q.name.clone(), q);
+            w.records.queues.insert(q.name.clone(), q);
         }
         for r in store.load(Table::Nodes).await? {
             let n: NodeRec = parse(&r)?;
@@ -1018,15 +1034,15 @@ impl World {
                 w.history = parse(&r)?;
             }
             if r.key == "prices" {
-                w.prices = parse(&r)?;
+                w.records.prices = parse(&r)?;
             }
             if r.key.starts_with("service/") {
                 let s: ServiceRec = parse(&r)?;
-                w.services.insert(s.spec.name.clone(), s);
+                w.records.services.insert(s.spec.name.clone(), s);
             }
             if r.key.starts_with("reservation/") {
                 let v: api::Reservation = parse(&r)?;
-                w.reservations.insert(v.name.clone(), v);
+                w.records.reservations.insert(v.name.clone(), v);
             }
             if r.key.starts_with("webhook/") {
                 let h: WebhookRec = parse(&r)?;
@@ -1189,6 +1205,70 @@ impl World {
             .filter_map(|id| self.jobs.get(id))
     }
 
+    /// The records users and admins change through the API.
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
+    /// Puts a committed record: `commit`'s publication, loading, and tests
+    /// that stage a state the API refuses (as [`World::put_node`]).
+    pub fn put_record(&mut self, rec: crate::Rec) {
+        use crate::Rec;
+        let r = &mut self.records;
+        match rec {
+            Rec::Team(t) => {
+                r.teams.insert(t.name.clone(), t);
+            }
+            Rec::Project(p) => {
+                r.projects.insert(p.name.clone(), p);
+            }
+            Rec::User(u) => {
+                r.users.insert(u.name.clone(), u);
+            }
+            Rec::Token(t) => {
+                r.tokens.insert(t.hash.clone(), t);
+            }
+            Rec::Queue(q) => {
+                r.queues.insert(q.name.clone(), q);
+            }
+            Rec::Service(s) => {
+                r.services.insert(s.spec.name.clone(), *s);
+            }
+            Rec::Reservation(v) => {
+                r.reservations.insert(v.name.clone(), v);
+            }
+            Rec::Webhook(h) => {
+                self.hooks.by_id.insert(h.id.clone(), h);
+            }
+            Rec::Prices(p) => r.prices = p,
+        }
+    }
+
+    /// Removes a record a committed change removed.
+    pub fn remove_record(&mut self, gone: crate::Gone) {
+        use crate::Gone;
+        let r = &mut self.records;
+        match gone {
+            Gone::Token(h) => {
+                r.tokens.remove(&h);
+            }
+            Gone::Queue(q) => {
+                r.queues.remove(&q);
+            }
+            Gone::Service(s) => {
+                r.services.remove(&s);
+            }
+            Gone::Reservation(v) => {
+                r.reservations.remove(&v);
+            }
+            Gone::Webhook(id) => {
+                self.hooks.by_id.remove(&id);
+                self.hooks.log.remove(&id);
+                self.hooks.outbox.retain(|o| o.hook != id);
+            }
+        }
+    }
+
     /// Puts a node, keeping the token index in step.
     pub fn put_node(&mut self, n: NodeRec) {
         if let Some(old) = self.nodes.get(&n.name) {
@@ -1209,14 +1289,14 @@ impl World {
     /// # Errors
     /// Why the token is refused.
     pub fn principal(&self, hash: &str, now: u64) -> Result<(&api::User, &TokenRec), Refused> {
-        let t = self.tokens.get(hash).ok_or(Refused::Unknown)?;
+        let t = self.records.tokens.get(hash).ok_or(Refused::Unknown)?;
         if let Some(r) = &t.revoked {
             return Err(Refused::Revoked(r.clone()));
         }
         if let Some(at) = t.expires_at.filter(|&e| now >= e) {
             return Err(Refused::Expired { at });
         }
-        let u = self.users.get(&t.user).ok_or(Refused::Unknown)?;
+        let u = self.records.users.get(&t.user).ok_or(Refused::Unknown)?;
         if u.disabled {
             return Err(Refused::Disabled {
                 user: u.name.clone(),

@@ -229,15 +229,14 @@ async fn no_queue_tree_stops_scheduling() {
 
     // A tree that is broken in the store anyway (an older version, a bug):
     // it is set aside with its reason, and everyone else is scheduled.
-    let mut bad = h.shared.world.lock().await.queues["alpha-0"].clone();
+    let mut bad = h.shared.world.lock().await.records().queues["alpha-0"].clone();
     bad.name = "orphan".into();
     bad.parent = Some("no-such-parent".into());
     h.shared
         .world
         .lock()
         .await
-        .queues
-        .insert("orphan".into(), bad);
+        .put_record(gpuflow_server::Rec::Queue(bad));
     assert_eq!(register(&h, "n1", None).await.0, 200);
     let (s, v) = h
         .call(
@@ -504,7 +503,10 @@ async fn a_team_lead_changes_only_what_is_the_teams_own() {
         )
         .await;
     assert_eq!(s, 403, "{v}");
-    assert_eq!(h.shared.world.lock().await.queues["alpha-q"].weight, 1.0);
+    assert_eq!(
+        h.shared.world.lock().await.records().queues["alpha-q"].weight,
+        1.0
+    );
     // Nor may a lead make a top-level queue of its own.
     let (s, v) = h
         .json(
@@ -870,7 +872,7 @@ async fn digest(h: &H) -> String {
     let w = h.shared.world.lock().await;
     format!(
         "{:?}|{:?}|{:?}|{:?}",
-        w.queues,
+        w.records().queues,
         w.nodes()
             .values()
             .map(|n| (&n.name, n.admin_state))
@@ -879,7 +881,7 @@ async fn digest(h: &H) -> String {
             .values()
             .map(|j| (j.id, j.state))
             .collect::<Vec<_>>(),
-        w.tokens.keys().collect::<Vec<_>>()
+        w.records().tokens.keys().collect::<Vec<_>>()
     )
 }
 
@@ -919,6 +921,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                     .world
                     .lock()
                     .await
+                    .records()
                     .queues
                     .values()
                     .filter(|q| q.team == team)
@@ -941,6 +944,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                     .world
                     .lock()
                     .await
+                    .records()
                     .queues
                     .values()
                     .cloned()
@@ -971,6 +975,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                     .world
                     .lock()
                     .await
+                    .records()
                     .tokens
                     .values()
                     .map(|t| (t.id().to_string(), t.user.clone()))
@@ -1006,6 +1011,7 @@ async fn run_calls(calls: Vec<(u8, Call)>) {
                     .world
                     .lock()
                     .await
+                    .records()
                     .queues
                     .values()
                     .cloned()
@@ -1699,6 +1705,7 @@ async fn a_refused_token_is_told_why() {
         .world
         .lock()
         .await
+        .records()
         .tokens
         .values()
         .find(|t| t.id() == id)

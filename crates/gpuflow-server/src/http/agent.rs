@@ -645,8 +645,17 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
             out.push(DesiredTask {
                 limits: limits(j, g, &gpus, world.nodes().get(node)),
                 stop_signal: j.spec.checkpoint.signal.clone(),
-                run_as: world.teams.get(&j.team).and_then(|t| t.run_as.clone()),
-                team_uid: world.teams.get(&j.team).map(|t| t.uid).filter(|&u| u > 0),
+                run_as: world
+                    .records()
+                    .teams
+                    .get(&j.team)
+                    .and_then(|t| t.run_as.clone()),
+                team_uid: world
+                    .records()
+                    .teams
+                    .get(&j.team)
+                    .map(|t| t.uid)
+                    .filter(|&u| u > 0),
                 job: j.id,
                 attempt: j.attempts,
                 group: a.group,
@@ -669,7 +678,7 @@ pub fn desired(world: &World, node: &str, at: u64) -> Vec<DesiredTask> {
                     .as_ref()
                     .map(|i| pinned(i, j.image_digests.get(&a.group))),
                 registry_auth: g.image.as_ref().and_then(|i| {
-                    let (host, c) = world.teams.get(&j.team)?.credential_for(i)?;
+                    let (host, c) = world.records().teams.get(&j.team)?.credential_for(i)?;
                     Some((host, c.username.clone(), c.password.clone()))
                 }),
                 readiness: j.service.as_ref().and_then(|s| s.readiness.clone()),

@@ -35,7 +35,7 @@ pub async fn bootstrap(
         getrandom::fill(&mut r).expect("the OS random source works");
         world.installation = crate::state::Installation {
             id: new_token("gfi"),
-            uid_block: if world.users.is_empty() {
+            uid_block: if world.records().users.is_empty() {
                 u32::from_le_bytes(r) % gpuflow_api::UID_BLOCKS
             } else {
                 0
@@ -45,7 +45,7 @@ pub async fn bootstrap(
             .put
             .push(crate::state::installation_rec(&world.installation));
     }
-    if world.users.is_empty() {
+    if world.records().users.is_empty() {
         let token = new_token("gfa");
         let admin = User {
             name: "admin".into(),
@@ -99,10 +99,12 @@ pub async fn bootstrap(
             team_rec(&team),
             crate::state::queue_rec(&queue),
         ]);
-        world.users.insert(admin.name.clone(), admin);
-        world.tokens.insert(tok.hash.clone(), tok);
-        world.teams.insert(team.name.clone(), team);
-        world.queues.insert(queue.name.clone(), queue);
+        // A new installation's first records: committed with the batch
+        // below before the server serves anything (it stops if that fails).
+        world.put_record(crate::Rec::User(admin));
+        world.put_record(crate::Rec::Token(tok));
+        world.put_record(crate::Rec::Team(team));
+        world.put_record(crate::Rec::Queue(queue));
         let path = cfg.data_dir.join("admin.token");
         write_secret(&path, &token).with_context(|| format!("cannot write {}", path.display()))?;
         admin_token = Some(token);
@@ -200,7 +202,11 @@ impl Caller {
                 self.user.role.as_str()
             )));
         }
-        let shared = world.teams.get(team).is_some_and(|t| t.shared_control);
+        let shared = world
+            .records()
+            .teams
+            .get(team)
+            .is_some_and(|t| t.shared_control);
         if self.admin() || self.user.role == Role::TeamLead || owner == self.user.name || shared {
             return Ok(());
         }
@@ -390,7 +396,7 @@ pub async fn sign_in(
     (team, role): (String, Role),
     at: u64,
 ) -> Result<User, crate::http::Error> {
-    let known = world.users.get(username).cloned();
+    let known = world.records().users.get(username).cloned();
     if let Some(u) = &known {
         if u.identity.as_ref() != Some(identity) {
             return Err(ApiError::forbidden(format!(
@@ -414,7 +420,7 @@ pub async fn sign_in(
             .into());
         }
     }
-    if role != Role::Admin && !world.teams.contains_key(&team) {
+    if role != Role::Admin && !world.records().teams.contains_key(&team) {
         return Err(ApiError::forbidden(format!(
             "your groups give you team {team:?}, which does not exist here: ask an admin to create it"
         ))
@@ -476,7 +482,11 @@ async fn oidc_caller(
         subject: id.subject.clone(),
     };
     let mut world = shared.world.lock().await;
-    if let Some(out) = world.users.get(&id.username).and_then(|u| u.signed_out_at)
+    if let Some(out) = world
+        .records()
+        .users
+        .get(&id.username)
+        .and_then(|u| u.signed_out_at)
         && id.auth_time <= out
     {
         return Err(ApiError::new(
@@ -528,7 +538,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
     };
     let mut world = shared.world.lock().await;
     // Revoked while it was renewed: as revoked.
-    let Some(now_rec) = world.tokens.get(&t.hash).cloned() else {
+    let Some(now_rec) = world.records().tokens.get(&t.hash).cloned() else {
         return Err(refusal(&Refused::Unknown, at).into());
     };
     if let Some(r) = &now_rec.revoked {
@@ -538,6 +548,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
         Err(crate::oidc::RenewError::Unreachable(e)) => {
             tracing::warn!(provider = %link.provider, error = %e, "a session could not be renewed; it goes on as it was");
             let user = world
+                .records()
                 .users
                 .get(&t.user)
                 .cloned()

@@ -112,7 +112,12 @@ async fn audit(
         let world = shared.world.lock().await;
         rows.iter()
             .filter_map(|a| {
-                let i = world.users.get(&a.entry.actor)?.identity.as_ref()?;
+                let i = world
+                    .records()
+                    .users
+                    .get(&a.entry.actor)?
+                    .identity
+                    .as_ref()?;
                 Some((
                     a.entry.actor.clone(),
                     format!("{}:{}", i.provider, i.subject),

@@ -173,7 +173,7 @@ fn nearest<T>(
 ) -> Option<(String, T)> {
     let mut at = Some(queue);
     while let Some(name) = at {
-        let q = world.queues.get(name)?;
+        let q = world.records().queues.get(name)?;
         if let Some(v) = get(q) {
             return Some((name.to_string(), v));
         }
@@ -199,8 +199,13 @@ fn check_reservation(
     let bad = |m: String| -> Error {
         ApiError::bad_request("invalid_spec", format!("reservation: {m}")).into()
     };
-    let Some(r) = world.reservations.get(name) else {
-        let names: Vec<&str> = world.reservations.keys().map(String::as_str).collect();
+    let Some(r) = world.records().reservations.get(name) else {
+        let names: Vec<&str> = world
+            .records()
+            .reservations
+            .keys()
+            .map(String::as_str)
+            .collect();
         return Err(bad(format!(
             "{name:?} does not exist; reservations: {}",
             if names.is_empty() {
@@ -235,8 +240,9 @@ fn check_spec(
     spec: &mut JobSpec,
     at: u64,
 ) -> Result<String, Error> {
-    let Some(queue) = world.queues.get(&spec.queue) else {
+    let Some(queue) = world.records().queues.get(&spec.queue) else {
         let mine: Vec<&str> = world
+            .records()
             .queues
             .values()
             .filter(|q| caller.sees(&q.team))
@@ -263,6 +269,7 @@ fn check_spec(
         .into());
     }
     if world
+        .records()
         .queues
         .values()
         .any(|q| q.parent.as_deref() == Some(spec.queue.as_str()))
@@ -278,7 +285,7 @@ fn check_spec(
     }
     // The team's rules for images: a default one, processes refused,
     // registries allowed.
-    if let Some(team) = world.teams.get(&queue.team) {
+    if let Some(team) = world.records().teams.get(&queue.team) {
         for (i, g) in spec.tasks.iter_mut().enumerate() {
             if g.image.is_none() {
                 g.image.clone_from(&team.default_image);
@@ -369,10 +376,11 @@ fn check_spec(
     }
     let team = queue.team.clone();
     if let Some(p) = &spec.project {
-        match world.projects.get(p) {
+        match world.records().projects.get(p) {
             Some(pr) if pr.team == team => {}
             _ => {
                 let mine: Vec<&str> = world
+                    .records()
                     .projects
                     .values()
                     .filter(|p| p.team == team)

@@ -155,7 +155,7 @@ fn queues(o: &mut Out, world: &crate::state::World) {
         "gauge",
         "GPUs held by a queue's jobs per flavor (GPU model; shares, MIG and time slices at their equivalents).",
     );
-    for q in world.queues.keys() {
+    for q in world.records().queues.keys() {
         for &m in models.keys() {
             let u = used.get(&(q.as_str(), m)).copied().unwrap_or(0);
             o.line(
@@ -170,7 +170,7 @@ fn queues(o: &mut Out, world: &crate::state::World) {
         "gauge",
         "A queue's guarantee per flavor (GPU model), at most the GPUs the cluster has of it (a guarantee of \"all\" is all of them).",
     );
-    for (name, q) in &world.queues {
+    for (name, q) in &world.records().queues {
         for (&m, &have) in &models {
             if let Some(quota) = gpuflow_core::queue::quota_entry(&q.quotas, m) {
                 o.line(
@@ -309,7 +309,7 @@ fn cluster(o: &mut Out, world: &crate::state::World) {
 /// Teams: GPUs held now, and GPU-hours held ever (the ledger).
 fn teams(o: &mut Out, world: &crate::state::World, t: u64) {
     let mut team_now: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
-    for team in world.teams.keys() {
+    for team in world.records().teams.keys() {
         team_now.insert(team.as_str(), (0.0, 0.0));
     }
     for (team, s) in &world.team_closed_gpu_s {
@@ -351,7 +351,7 @@ fn budgets(o: &mut Out, world: &crate::state::World, t: u64) {
         "gauge",
         "A queue's GPU-hour budget per period (queues budgeted in GPU-hours).",
     );
-    for (name, q) in &world.queues {
+    for (name, q) in &world.records().queues {
         if let Some(h) = q.budget.as_ref().and_then(|b| b.gpu_hours) {
             o.line("gpuflow_queue_budget_gpu_hours", &[("queue", name)], h);
         }
@@ -361,7 +361,7 @@ fn budgets(o: &mut Out, world: &crate::state::World, t: u64) {
         "gauge",
         "Share of a queue's budget (GPU-hours or cost) used in its current period (counted every 30 s).",
     );
-    for (name, q) in &world.queues {
+    for (name, q) in &world.records().queues {
         if let Some(b) = &q.budget {
             let ratio =
                 crate::accounting::core_budget(b, world.budget_used.get(name), t).used_share();
@@ -373,7 +373,7 @@ fn budgets(o: &mut Out, world: &crate::state::World, t: u64) {
         "gauge",
         "Share of a project's budget (GPU-hours or cost) used in its current period (counted every 30 s).",
     );
-    for (name, p) in &world.projects {
+    for (name, p) in &world.records().projects {
         if let Some(b) = &p.budget {
             let ratio = crate::accounting::core_budget(b, world.project_budget_used.get(name), t)
                 .used_share();

@@ -65,6 +65,7 @@ fn node_view(
         jobs,
         job_count: count,
         reservations: world
+            .records()
             .reservations
             .values()
             .filter(|r| r.end > at && r.nodes.contains(&n.name))

@@ -50,7 +50,7 @@ async fn list_projects(
 ) -> Reply<Vec<api::ProjectView>> {
     let world = shared.world.lock().await;
     Ok(Json(
-        page.of(&world.projects)
+        page.of(&world.records().projects)
             .map(|(_, p)| p)
             .filter(|p| caller.sees(&p.team))
             .take(page.limit.0)
@@ -77,14 +77,14 @@ async fn create_project(
         ))
         .into());
     }
-    if !world.teams.contains_key(&p.team) {
+    if !world.records().teams.contains_key(&p.team) {
         return Err(ApiError::bad_request(
             "unknown_team",
             format!("team: {:?} does not exist", p.team),
         )
         .into());
     }
-    if world.projects.contains_key(&p.name) {
+    if world.records().projects.contains_key(&p.name) {
         return Err(ApiError::conflict(format!("project {:?} already exists", p.name)).into());
     }
     let mut change = Change::default();
@@ -110,7 +110,7 @@ async fn patch_project(
     let patch: api::ProjectPatch = body.read(shared.cfg.max_body_bytes)?;
     caller.need_admin("changing a project")?;
     let mut world = shared.world.lock().await;
-    let Some(p) = world.projects.get(&name) else {
+    let Some(p) = world.records().projects.get(&name) else {
         return Err(ApiError::not_found(format!("project {name:?} not found")).into());
     };
     let mut p = p.clone();

@@ -38,7 +38,7 @@ async fn list_queues(
 ) -> Reply<Vec<api::QueueView>> {
     let world = shared.world.lock().await;
     let mut out: BTreeMap<&str, api::QueueView> = page
-        .of(&world.queues)
+        .of(&world.records().queues)
         .filter(|(_, q)| caller.sees(&q.team))
         .take(page.limit.0)
         .map(|(name, q)| {
@@ -80,7 +80,7 @@ async fn list_queues(
         }
     }
     let guaranteed = |queue: &str, flavor: &str| -> f64 {
-        world.queues.get(queue).map_or(0.0, |q| {
+        world.records().queues.get(queue).map_or(0.0, |q| {
             gpuflow_core::queue::quota_entry(&q.quotas, flavor).map_or(0.0, |x| x.guaranteed)
         })
     };
@@ -91,6 +91,7 @@ async fn list_queues(
             (over > 1e-9).then(|| api::Borrower {
                 queue: queue.to_string(),
                 team: world
+                    .records()
                     .queues
                     .get(queue)
                     .map_or_else(String::new, |q| q.team.clone()),
@@ -159,6 +160,7 @@ fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
         for m in models {
             let gpus = have[m];
             let guaranteed: f64 = world
+                .records()
                 .queues
                 .values()
                 .filter(|t| t.parent.is_none() && t.name != "default")
@@ -179,7 +181,11 @@ fn quota_warnings(world: &World, q: &QueueSpec) -> Vec<String> {
 /// Team leads may shape their team's queues below an admin-made top queue:
 /// children's guarantees must fit in their parent's.
 fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
-    let Some(parent) = q.parent.as_deref().and_then(|p| world.queues.get(p)) else {
+    let Some(parent) = q
+        .parent
+        .as_deref()
+        .and_then(|p| world.records().queues.get(p))
+    else {
         return Err(
             ApiError::forbidden("only an admin sets the quotas of a top-level queue").into(),
         );
@@ -188,6 +194,7 @@ fn check_lead_quotas(world: &World, q: &QueueSpec) -> Result<(), Error> {
         let limit =
             gpuflow_core::queue::quota_entry(&parent.quotas, flavor).map_or(0.0, |p| p.guaranteed);
         let siblings: f64 = world
+            .records()
             .queues
             .values()
             .filter(|s| s.parent == q.parent && s.name != q.name)
@@ -219,14 +226,14 @@ async fn create_queue(
         ))
         .into());
     }
-    if !world.teams.contains_key(&q.team) {
+    if !world.records().teams.contains_key(&q.team) {
         return Err(ApiError::bad_request(
             "unknown_team",
             format!("team: {:?} does not exist", q.team),
         )
         .into());
     }
-    if world.queues.contains_key(&q.name) {
+    if world.records().queues.contains_key(&q.name) {
         return Err(ApiError::conflict(format!("queue {:?} already exists", q.name)).into());
     }
     if q.parent.is_none() && !caller.admin() {
@@ -250,10 +257,18 @@ async fn create_queue(
     }
     if let Some(p) = &q.parent {
         let mut depth = 2;
-        let mut up = world.queues.get(p).and_then(|q| q.parent.as_deref());
+        let mut up = world
+            .records()
+            .queues
+            .get(p)
+            .and_then(|q| q.parent.as_deref());
         while let Some(name) = up {
             depth += 1;
-            up = world.queues.get(name).and_then(|q| q.parent.as_deref());
+            up = world
+                .records()
+                .queues
+                .get(name)
+                .and_then(|q| q.parent.as_deref());
             if depth > api::MAX_QUEUE_DEPTH {
                 break;
             }
@@ -268,7 +283,7 @@ async fn create_queue(
             )
             .into());
         }
-        match world.queues.get(p) {
+        match world.records().queues.get(p) {
             None => {
                 return Err(ApiError::bad_request(
                     "unknown_queue",
@@ -323,7 +338,12 @@ async fn patch_queue(
 ) -> Result<Warned<Json<QueueSpec>>, Error> {
     let (p, body): (QueuePatch, _) = body.read_raw(shared.cfg.max_body_bytes)?;
     let mut world = shared.world.lock().await;
-    let Some(q) = world.queues.get(&name).filter(|q| caller.sees(&q.team)) else {
+    let Some(q) = world
+        .records()
+        .queues
+        .get(&name)
+        .filter(|q| caller.sees(&q.team))
+    else {
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
     };
     if !caller.leads(&q.team) {
@@ -391,10 +411,11 @@ async fn delete_queue(
 ) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a queue")?;
     let mut world = shared.world.lock().await;
-    if !world.queues.contains_key(&name) {
+    if !world.records().queues.contains_key(&name) {
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
     }
     if world
+        .records()
         .queues
         .values()
         .any(|q| q.parent.as_deref() == Some(name.as_str()))

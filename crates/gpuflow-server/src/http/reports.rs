@@ -16,7 +16,7 @@ pub(super) fn router() -> ApiRouter {
 }
 
 async fn prices(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<api::Prices> {
-    Ok(Json(shared.world.lock().await.prices.clone()))
+    Ok(Json(shared.world.lock().await.records().prices.clone()))
 }
 
 async fn set_prices(
@@ -171,7 +171,10 @@ async fn usage(
     .at(t)?;
     let (projects, prices) = {
         let world = shared.world.lock().await;
-        (world.projects.clone(), world.prices.clone())
+        (
+            world.records().projects.clone(),
+            world.records().prices.clone(),
+        )
     };
     let _turn = shared.reports.acquire().await;
     let mut sums = crate::accounting::Usage::new(&projects, &prices, by, period, (from, to), t);
@@ -262,7 +265,7 @@ async fn advice(
                 }
             }
         }
-        (offer, world.prices.clone())
+        (offer, world.records().prices.clone())
     };
     let _turn = shared.reports.acquire().await;
     let mut out = Vec::new();
@@ -293,9 +296,9 @@ async fn workload(
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
         .collect();
-    let queues: Vec<&api::QueueSpec> = world.queues.values().collect();
+    let queues: Vec<&api::QueueSpec> = world.records().queues.values().collect();
     let mut out = crate::accounting::recorded(&jobs, &nodes, &queues, range, t);
     out.cycle_s = shared.cfg.cycle_interval.as_secs().max(1);
-    out.prices = world.prices.clone();
+    out.prices = world.records().prices.clone();
     Ok(Json(out))
 }

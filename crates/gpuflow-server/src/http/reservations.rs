@@ -42,22 +42,22 @@ async fn create(
         ));
     }
     let mut world = shared.world.lock().await;
-    if world.reservations.contains_key(&s.name) {
+    if world.records().reservations.contains_key(&s.name) {
         return Err(ApiError::conflict(format!("reservation {:?} exists", s.name)).into());
     }
     for team in &s.teams {
-        if !world.teams.contains_key(team) {
+        if !world.records().teams.contains_key(team) {
             return Err(bad(format!("teams: {team:?} does not exist")));
         }
     }
     for user in &s.users {
-        if !world.users.contains_key(user) {
+        if !world.records().users.contains_key(user) {
             return Err(bad(format!("users: {user:?} does not exist")));
         }
     }
     // Nodes another reservation holds at some moment of this window.
     let overlaps = |node: &str| -> Option<&api::Reservation> {
-        world.reservations.values().find(|r| {
+        world.records().reservations.values().find(|r| {
             r.end > t && r.start < s.end && s.start < r.end && r.nodes.iter().any(|n| n == node)
         })
     };
@@ -155,7 +155,9 @@ async fn create(
 
 async fn list(State(shared): State<Arc<Shared>>, _caller: Caller) -> Reply<Vec<api::Reservation>> {
     let world = shared.world.lock().await;
-    Ok(Json(world.reservations.values().cloned().collect()))
+    Ok(Json(
+        world.records().reservations.values().cloned().collect(),
+    ))
 }
 
 async fn remove(
@@ -165,7 +167,7 @@ async fn remove(
 ) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a reservation")?;
     let mut world = shared.world.lock().await;
-    if !world.reservations.contains_key(&name) {
+    if !world.records().reservations.contains_key(&name) {
         return Err(ApiError::not_found(format!("reservation {name:?} not found")).into());
     }
     let mut change = Change::default();

@@ -64,7 +64,12 @@ fn owned<'w>(
     name: &str,
     what: &str,
 ) -> Result<&'w ServiceRec, Error> {
-    let Some(svc) = world.services.get(name).filter(|s| caller.sees(&s.team)) else {
+    let Some(svc) = world
+        .records()
+        .services
+        .get(name)
+        .filter(|s| caller.sees(&s.team))
+    else {
         return Err(not_found(name));
     };
     if !caller.acts_on_jobs(&svc.team) {
@@ -85,7 +90,7 @@ async fn list_services(
 ) -> Reply<Vec<api::ServiceView>> {
     let world = shared.world.lock().await;
     Ok(Json(
-        page.of(&world.services)
+        page.of(&world.records().services)
             .map(|(_, s)| s)
             .filter(|s| caller.sees(&s.team))
             .take(page.limit.0)
@@ -100,7 +105,7 @@ async fn get_service(
     Path(name): Path<String>,
 ) -> Reply<api::ServiceView> {
     let world = shared.world.lock().await;
-    match world.services.get(&name) {
+    match world.records().services.get(&name) {
         Some(s) if caller.sees(&s.team) => Ok(Json(crate::services::view(&world, s))),
         _ => Err(not_found(&name)),
     }
@@ -114,7 +119,7 @@ async fn create_service(
     let spec: api::ServiceSpec = body.read(shared.cfg.max_body_bytes)?;
     spec.validate()?;
     let mut world = shared.world.lock().await;
-    let Some(queue) = world.queues.get(&spec.queue) else {
+    let Some(queue) = world.records().queues.get(&spec.queue) else {
         return Err(ApiError::bad_request(
             "unknown_queue",
             format!("queue: {:?} does not exist", spec.queue),
@@ -132,7 +137,7 @@ async fn create_service(
     if let Some(why) = crate::feasible::never_fits(&world, &spec.job_spec(1)) {
         return Err(ApiError::bad_request("never_fits", why).into());
     }
-    if world.services.contains_key(&spec.name) {
+    if world.records().services.contains_key(&spec.name) {
         return Err(ApiError::conflict(format!("service {:?} already exists", spec.name)).into());
     }
     let svc = ServiceRec {

@@ -28,7 +28,7 @@ async fn list_teams(
 ) -> Reply<Vec<Team>> {
     let world = shared.world.lock().await;
     Ok(Json(
-        page.of(&world.teams)
+        page.of(&world.records().teams)
             .map(|(_, t)| t)
             .filter(|t| caller.sees(&t.name))
             .take(page.limit.0)
@@ -62,10 +62,17 @@ async fn create_team(
     }
     check_images(&t)?;
     let mut world = shared.world.lock().await;
-    if world.teams.contains_key(&t.name) {
+    if world.records().teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
     }
-    t.uid = world.teams.values().map(|t| t.uid).max().unwrap_or(0) + 1;
+    t.uid = world
+        .records()
+        .teams
+        .values()
+        .map(|t| t.uid)
+        .max()
+        .unwrap_or(0)
+        + 1;
     let mut change = Change::default();
     change.put(Rec::Team(t.clone()));
     change.audit(
@@ -130,7 +137,7 @@ async fn patch_team(
         caller.need_admin("changing a team (other than its leads sharing control of its jobs)")?;
     }
     let mut world = shared.world.lock().await;
-    let Some(t) = world.teams.get(&name) else {
+    let Some(t) = world.records().teams.get(&name) else {
         return Err(ApiError::not_found(format!("team {name:?} not found")).into());
     };
     let mut t = t.clone();

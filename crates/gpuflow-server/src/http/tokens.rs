@@ -51,7 +51,7 @@ async fn create_token(
         (asked, _) => asked,
     };
     let mut world = shared.world.lock().await;
-    let Some(u) = world.users.get(&r.user).cloned() else {
+    let Some(u) = world.records().users.get(&r.user).cloned() else {
         return Err(ApiError::bad_request(
             "unknown_user",
             format!("user: {:?} does not exist", r.user),
@@ -64,6 +64,7 @@ async fn create_token(
         );
     }
     let live = world
+        .records()
         .tokens
         .values()
         .filter(|t| t.user == r.user && t.live(at))
@@ -112,11 +113,13 @@ async fn list_tokens(
     let world = shared.world.lock().await;
     let at = shared.now();
     let mut out: Vec<api::TokenView> = world
+        .records()
         .tokens
         .values()
         .filter(|t| t.live(at))
         .filter(|t| {
             world
+                .records()
                 .users
                 .get(&t.user)
                 .is_some_and(|u| manages_tokens_of(&caller, u))
@@ -137,11 +140,13 @@ async fn revoke_token(
     let mut world = shared.world.lock().await;
     let at = shared.now();
     let found = world
+        .records()
         .tokens
         .values()
         .find(|t| t.id() == id && t.revoked.is_none())
         .filter(|t| {
             world
+                .records()
                 .users
                 .get(&t.user)
                 .is_some_and(|u| manages_tokens_of(&caller, u))
@@ -161,6 +166,7 @@ async fn revoke_token(
         by: caller.user.name.clone(),
     });
     let forgotten: Vec<String> = world
+        .records()
         .tokens
         .values()
         .filter(|x| x.user == t.user && x.forgotten(at))
@@ -268,6 +274,7 @@ async fn open_session(
     let mut change = Change::default();
     // At the limit: the oldest session goes.
     let live: Vec<&TokenRec> = world
+        .records()
         .tokens
         .values()
         .filter(|t| t.user == user.name && t.live(at))

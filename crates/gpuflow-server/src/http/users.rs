@@ -50,7 +50,7 @@ async fn list_users(
 ) -> Reply<Vec<User>> {
     let world = shared.world.lock().await;
     Ok(Json(
-        page.of(&world.users)
+        page.of(&world.records().users)
             .map(|(_, u)| u)
             .filter(|u| caller.admin() || (u.team == caller.user.team && !u.team.is_empty()))
             .take(page.limit.0)
@@ -100,7 +100,7 @@ async fn create_user(
             )
             .into());
         }
-        _ if !world.teams.contains_key(&u.team) => {
+        _ if !world.records().teams.contains_key(&u.team) => {
             return Err(ApiError::bad_request(
                 "unknown_team",
                 format!("team: {:?} does not exist", u.team),
@@ -109,7 +109,7 @@ async fn create_user(
         }
         _ => {}
     }
-    if world.users.contains_key(&u.name) {
+    if world.records().users.contains_key(&u.name) {
         return Err(ApiError::conflict(format!("user {:?} already exists", u.name)).into());
     }
     let mut change = Change::default();
@@ -184,6 +184,7 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
 /// team's and themselves); 404 otherwise.
 fn seen(world: &crate::state::World, caller: &Caller, name: &str) -> Result<User, Error> {
     world
+        .records()
         .users
         .get(name)
         .filter(|u| {
@@ -222,6 +223,7 @@ async fn sign_out(
     change.put(Rec::User(u.clone()));
     // Its sessions end too.
     let ended: Vec<crate::state::TokenRec> = world
+        .records()
         .tokens
         .values()
         .filter(|t| t.user == u.name && t.session.is_some() && t.live(at))

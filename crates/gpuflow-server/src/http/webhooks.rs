@@ -86,7 +86,7 @@ async fn create(
         None => (caller.user.team.clone(), Some(caller.user.name.clone())),
     };
     let mut world = shared.world.lock().await;
-    if !team.is_empty() && !world.teams.contains_key(&team) {
+    if !team.is_empty() && !world.records().teams.contains_key(&team) {
         return Err(bad(format!("team: {team:?} does not exist")));
     }
     if world.hooks.by_id.len() >= MAX_WEBHOOKS {
