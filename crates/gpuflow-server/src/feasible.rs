@@ -187,10 +187,12 @@ fn list_models(nodes: &[&api::Inventory]) -> String {
 }
 
 fn largest(nodes: &[&api::Inventory]) -> String {
-    let n = nodes
+    let Some(n) = nodes
         .iter()
         .max_by_key(|n| (n.gpus.len(), n.memory_mib, n.cpu_milli))
-        .expect("nodes is not empty");
+    else {
+        return "no node".into();
+    };
     format!(
         "{} GPUs ({}), {} CPU and {} MiB",
         n.gpus.len(),
