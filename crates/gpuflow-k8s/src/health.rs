@@ -5,7 +5,6 @@
 //! Deployment probes `/readyz` and `/healthz`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -14,6 +13,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::crd::GpuQueueStatus;
 
@@ -33,12 +37,6 @@ pub struct Health {
     pub last_cycle_us: AtomicU64,
     queues: Mutex<BTreeMap<String, GpuQueueStatus>>,
     fair_share: Mutex<BTreeMap<String, f64>>,
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 impl Health {
@@ -88,124 +86,131 @@ impl Health {
         *self.fair_share.lock().expect("health") = fair_share;
     }
 
-    /// The metrics in Prometheus' text format.
+    /// The metrics in Prometheus' text format (0.0.4), written by
+    /// prometheus-client from a registry filled with what they are now.
     pub fn prometheus(&self) -> String {
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
+        let mut r = Registry::default();
+        let whole = |r: &mut Registry, name: &str, help: &str, v: i64| {
+            let g: Gauge = Gauge::default();
+            g.set(v);
+            r.register(name, help, g);
         };
-        let one = |v: f64| vec![(String::new(), v)];
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        metric(
+        // prometheus-client adds a counter's `_total`.
+        let count = |r: &mut Registry, name: &str, help: &str, a: &AtomicU64| {
+            let c: Counter = Counter::default();
+            c.inc_by(a.load(Ordering::Relaxed));
+            r.register(name, help, c);
+        };
+        whole(
+            &mut r,
             "gpuflow_k8s_ready",
-            "gauge",
             "Whether every watch cache has listed.",
-            one(f64::from(u8::from(self.ready().is_ok()))),
+            i64::from(self.ready().is_ok()),
         );
-        metric(
+        whole(
+            &mut r,
             "gpuflow_k8s_leader",
-            "gauge",
             "Whether this replica holds the lease.",
-            one(f64::from(u8::from(self.leading.load(Ordering::Relaxed)))),
+            i64::from(self.leading.load(Ordering::Relaxed)),
         );
-        metric(
-            "gpuflow_k8s_cycles_total",
-            "counter",
+        count(
+            &mut r,
+            "gpuflow_k8s_cycles",
             "Scheduling cycles run.",
-            one(load(&self.cycles)),
+            &self.cycles,
         );
-        metric(
-            "gpuflow_k8s_bound_pods_total",
-            "counter",
+        count(
+            &mut r,
+            "gpuflow_k8s_bound_pods",
             "Pods bound to nodes.",
-            one(load(&self.bound)),
+            &self.bound,
         );
-        metric(
-            "gpuflow_k8s_preempted_gangs_total",
-            "counter",
+        count(
+            &mut r,
+            "gpuflow_k8s_preempted_gangs",
             "Gangs preempted.",
-            one(load(&self.preempted)),
+            &self.preempted,
         );
-        metric(
-            "gpuflow_k8s_explanations_total",
-            "counter",
+        count(
+            &mut r,
+            "gpuflow_k8s_explanations",
             "PodScheduled conditions written on waiting pods.",
-            one(load(&self.explained)),
+            &self.explained,
         );
-        metric(
-            "gpuflow_k8s_cycle_failures_total",
-            "counter",
+        count(
+            &mut r,
+            "gpuflow_k8s_cycle_failures",
             "Cycles that failed or panicked (each is logged; the next one runs).",
-            one(load(&self.failures)),
+            &self.failures,
         );
-        metric(
+        let seconds: Gauge<f64, AtomicU64> = Gauge::default();
+        seconds.set(self.last_cycle_us.load(Ordering::Relaxed) as f64 / 1e6);
+        r.register(
             "gpuflow_k8s_cycle_seconds",
-            "gauge",
             "The last cycle's duration, writes included.",
-            one(load(&self.last_cycle_us) / 1e6),
+            seconds,
         );
         let queues = self.queues.lock().expect("health").clone();
-        let q = |f: &dyn Fn(&GpuQueueStatus) -> Option<f64>| -> Vec<(String, f64)> {
-            queues
-                .iter()
-                .filter_map(|(name, s)| Some((format!("{{queue=\"{}\"}}", escape(name)), f(s)?)))
-                .collect()
+        let per_queue = |r: &mut Registry,
+                         name: &str,
+                         help: &str,
+                         f: &dyn Fn(&GpuQueueStatus) -> Option<f64>| {
+            let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            for (queue, s) in &queues {
+                if let Some(v) = f(s) {
+                    family.get_or_create(&vec![("queue", queue.clone())]).set(v);
+                }
+            }
+            r.register(name, help, family);
         };
-        metric(
+        per_queue(
+            &mut r,
             "gpuflow_k8s_queue_running_pods",
-            "gauge",
             "Pods of the queue bound to nodes.",
-            q(&|s| Some(f64::from(s.running_pods))),
+            &|s| Some(f64::from(s.running_pods)),
         );
-        metric(
+        per_queue(
+            &mut r,
             "gpuflow_k8s_queue_pending_pods",
-            "gauge",
             "Pods waiting in the queue.",
-            q(&|s| Some(f64::from(s.pending_pods))),
+            &|s| Some(f64::from(s.pending_pods)),
         );
-        metric(
+        per_queue(
+            &mut r,
             "gpuflow_k8s_queue_budget_used_gpu_hours",
-            "gauge",
             "GPU-hours used of the queue's budget in its period.",
-            q(&|s| s.budget_used_gpu_hours),
+            &|s| s.budget_used_gpu_hours,
         );
-        let gpus = queues
-            .iter()
-            .flat_map(|(name, s)| {
-                s.gpus_in_use.iter().map(move |(model, v)| {
-                    (
-                        format!("{{queue=\"{}\",model=\"{}\"}}", escape(name), escape(model)),
-                        *v,
-                    )
-                })
-            })
-            .collect();
-        metric(
+        let gpus = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for (queue, s) in &queues {
+            for (model, v) in &s.gpus_in_use {
+                gpus.get_or_create(&vec![("queue", queue.clone()), ("model", model.clone())])
+                    .set(*v);
+            }
+        }
+        r.register(
             "gpuflow_k8s_queue_gpus_in_use",
-            "gauge",
             "GPUs the queue holds, per model.",
             gpus,
         );
-        let fair = self
-            .fair_share
-            .lock()
-            .expect("health")
-            .iter()
-            .map(|(name, h)| (format!("{{queue=\"{}\"}}", escape(name)), *h))
-            .collect();
-        metric(
+        let fair = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for (queue, h) in self.fair_share.lock().expect("health").iter() {
+            fair.get_or_create(&vec![("queue", queue.clone())]).set(*h);
+        }
+        r.register(
             "gpuflow_k8s_queue_fair_share_gpu_hours",
-            "gauge",
             "The queue's decayed GPU-hours, which fair share compares.",
             fair,
         );
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &r);
         out
     }
 }
+
+/// A family's labels.
+type Labels = Vec<(&'static str, String)>;
 
 /// `/healthz` (the process answers), `/readyz` (every cache has listed)
 /// and `/metrics`.
@@ -225,7 +230,7 @@ pub fn router(health: std::sync::Arc<Health>) -> Router {
             "/metrics",
             get(|State(h): State<std::sync::Arc<Health>>| async move {
                 (
-                    [("content-type", "text/plain; version=0.0.4")],
+                    [("content-type", prometheus_text::CONTENT_TYPE)],
                     h.prometheus(),
                 )
                     .into_response()

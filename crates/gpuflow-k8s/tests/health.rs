@@ -90,22 +90,35 @@ async fn metrics_count_bindings_and_show_each_queue() {
     let mut body = String::new();
     for _ in 0..50 {
         body = get(addr, "/metrics").await.1;
-        if body.contains("gpuflow_k8s_queue_pending_pods{queue=\"ml\"} 1") {
+        if body.contains("gpuflow_k8s_queue_pending_pods{queue=\"ml\"} 1.0") {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    for line in [
-        "gpuflow_k8s_ready 1",
-        "gpuflow_k8s_leader 1",
-        "gpuflow_k8s_bound_pods_total 2",
-        "gpuflow_k8s_queue_running_pods{queue=\"ml\"} 2",
-        "gpuflow_k8s_queue_pending_pods{queue=\"ml\"} 1",
-        "gpuflow_k8s_queue_gpus_in_use{queue=\"ml\",model=\"NVIDIA-H100-80GB-HBM3\"} 4",
-        "# TYPE gpuflow_k8s_cycles_total counter",
-        "gpuflow_k8s_cycle_failures_total 0",
+    assert!(
+        body.lines()
+            .any(|l| l == "# TYPE gpuflow_k8s_cycles_total counter"),
+        "{body}"
+    );
+    // Each series' value, as a number (whole gauges and counters are
+    // written as integers, the others as floats).
+    let value = |series: &str| -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    for (series, want) in [
+        ("gpuflow_k8s_ready", 1.0),
+        ("gpuflow_k8s_leader", 1.0),
+        ("gpuflow_k8s_bound_pods_total", 2.0),
+        ("gpuflow_k8s_queue_running_pods{queue=\"ml\"}", 2.0),
+        ("gpuflow_k8s_queue_pending_pods{queue=\"ml\"}", 1.0),
+        (
+            "gpuflow_k8s_queue_gpus_in_use{queue=\"ml\",model=\"NVIDIA-H100-80GB-HBM3\"}",
+            4.0,
+        ),
+        ("gpuflow_k8s_cycle_failures_total", 0.0),
     ] {
-        assert!(body.lines().any(|l| l == line), "no `{line}` in\n{body}");
+        assert_eq!(value(series), Some(want), "{series} in\n{body}");
     }
     task.abort();
 }
