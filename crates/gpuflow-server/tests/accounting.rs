@@ -465,17 +465,22 @@ async fn a_lying_node_cannot_forge_a_metric() {
             "not a sample: {line:?}"
         );
     }
+    // The sample of `series` (its name and labels, escaped), as a number.
+    let value = |series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
     let total = format!(
-        "gpuflow_cluster_total_gpus{{model=\"{}\",pool=\"default\"}} 1",
+        "gpuflow_cluster_total_gpus{{model=\"{}\",pool=\"default\"}}",
         esc(model)
     );
-    assert!(text.lines().any(|l| l == total), "{total}\n{text}");
+    assert_eq!(value(&total), Some(1.0), "{total}\n{text}");
     let util = format!(
-        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"{}\",device=\"nvidia0\",modelName=\"{}\",Hostname=\"n1\"}} 5",
+        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"{}\",device=\"nvidia0\",modelName=\"{}\",Hostname=\"n1\"}}",
         esc(uuid),
         esc(model)
     );
-    assert!(text.lines().any(|l| l == util), "{util}\n{text}");
+    assert_eq!(value(&util), Some(5.0), "{util}\n{text}");
 }
 
 /// `/metrics` through a real Prometheus text parser: admins only, every
