@@ -350,6 +350,39 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
         "  median cycle after a small change: {:.1} ms",
         times[times.len() / 2]
     );
+    // A scrape: how long it takes, and the longest a request waits for
+    // the state lock while it runs (a probe takes the lock every 0.2 ms).
+    let mut scrapes = Vec::new();
+    for _ in 0..5 {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let probe = {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            rt.spawn(async move {
+                let mut worst = std::time::Duration::ZERO;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    drop(shared.world.lock().await);
+                    worst = worst.max(t.elapsed());
+                    tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+                }
+                worst
+            })
+        };
+        let t = Instant::now();
+        let (s, text) = call("GET", "/metrics", &admin, String::new());
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let waited = rt.block_on(probe)?.as_secs_f64() * 1e3;
+        if s != 200 {
+            bail!("/metrics failed: {s} {text}");
+        }
+        scrapes.push((ms, waited, text.len()));
+    }
+    scrapes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (ms, waited, bytes) = scrapes[scrapes.len() / 2];
+    println!(
+        "  /metrics: {ms:.1} ms median, {bytes} bytes; the state lock waited for up to {waited:.1} ms meanwhile"
+    );
     Ok(())
 }
 
