@@ -338,6 +338,16 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
     };
     println!("server cycle, {nodes} nodes × 8 GPUs, {pending} jobs submitted (SQLite):");
     time("cold cycle")?;
+    // Each phase's seconds so far: taking the snapshot and applying the
+    // plan hold the state lock; computing it does not.
+    let phases = || {
+        rt.block_on(async {
+            let w = shared.world.lock().await;
+            let s = &w.stats;
+            [s.cycle_take.sum, s.cycle_compute.sum, s.cycle_apply.sum]
+        })
+    };
+    let before = phases();
     let mut times = Vec::new();
     for c in 0..cycles {
         for k in 0..5 {
@@ -349,6 +359,14 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
     println!(
         "  median cycle after a small change: {:.1} ms",
         times[times.len() / 2]
+    );
+    let after = phases();
+    let mean = |i: usize| (after[i] - before[i]) * 1e3 / cycles as f64;
+    println!(
+        "  mean phases of those cycles: take {:.1} ms, compute {:.1} ms, apply {:.1} ms (take and apply hold the state lock)",
+        mean(0),
+        mean(1),
+        mean(2)
     );
     // A scrape: how long it takes, and the longest a request waits for
     // the state lock while it runs (a probe takes the lock every 0.2 ms).
