@@ -439,8 +439,15 @@ impl Taken {
                 .sum()
         });
         let history = crate::state::SavedHistory::from_core(&self.history, &self.snap.queues);
+        let described = plan.as_ref().map_or_else(Vec::new, |plan| {
+            plan.pending
+                .iter()
+                .map(|p| p.reasons.iter().map(|r| r.describe(t)).collect())
+                .collect()
+        });
         Computed {
             plan,
+            described,
             history,
             idle_waiting_milli,
             taken: self,
@@ -456,6 +463,9 @@ const IDLE_WAITING_SHAPES: usize = 256;
 /// Phase 2's output.
 struct Computed {
     plan: Option<schedule::Plan>,
+    /// Each pending job's reasons of the plan, in words: written here, off
+    /// the state lock, for the applier's explanations.
+    described: Vec<Vec<String>>,
     history: crate::state::SavedHistory,
     /// Milli-GPUs free after the cycle that waiting work could hold, quota aside.
     idle_waiting_milli: u64,
@@ -489,6 +499,7 @@ impl Computed {
     fn apply(self, world: &World, t: u64) -> Applied {
         let Computed {
             plan,
+            described,
             history,
             idle_waiting_milli,
             mut taken,
@@ -633,8 +644,8 @@ impl Computed {
         let whys = plan
             .pending
             .iter()
-            .map(|p| {
-                let mut reasons: Vec<String> = p.reasons.iter().map(|r| r.describe(t)).collect();
+            .zip(described)
+            .map(|(p, mut reasons)| {
                 // Waiting on quota, or for a guarantee lent to others: who
                 // holds the capacity over their guarantee, and from when
                 // their work may be reclaimed.
