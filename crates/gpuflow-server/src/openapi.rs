@@ -62,7 +62,7 @@ pub fn finish(api: &aide::openapi::OpenApi) -> Value {
             let Some(op) = item.get_mut(method) else {
                 continue;
             };
-            finish_operation(&path, method, op);
+            finish_operation(&path, op);
         }
         done.insert(path, item);
     }
@@ -78,7 +78,7 @@ pub fn finish(api: &aide::openapi::OpenApi) -> Value {
 
 /// Path parameters' schemas, 429 on every route, a plain success where the
 /// reply has no type.
-fn finish_operation(path: &str, method: &str, op: &mut Value) {
+fn finish_operation(path: &str, op: &mut Value) {
     let mut params: Vec<Value> = path
         .split('/')
         .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
@@ -86,13 +86,6 @@ fn finish_operation(path: &str, method: &str, op: &mut Value) {
         .collect();
     if let Some(given) = op.get("parameters").and_then(Value::as_array) {
         params.extend(given.iter().filter(|p| p["in"] != "path").cloned());
-    }
-    if (method, path) == ("post", "/v1/jobs") {
-        params.push(json!({
-            "name": "Idempotency-Key", "in": "header", "required": false,
-            "description": "A retry with the same key (same user) returns the job already stored, with 200",
-            "schema": {"type": "string", "minLength": 1, "maxLength": 128}
-        }));
     }
     op["parameters"] = Value::Array(params);
     let secured = op
@@ -112,12 +105,6 @@ fn finish_operation(path: &str, method: &str, op: &mut Value) {
             r["description"] = json!("success");
         }
         out.insert(status, r);
-    }
-    if (method, path) == ("post", "/v1/jobs") {
-        out.insert(
-            "200".into(),
-            json!({"description": "a retried submission (same Idempotency-Key): the stored job; or the TestOnly answer", "content": {"application/json": {"schema": {"oneOf": [schema_ref("Submitted"), schema_ref("TestOnly")]}}}}),
-        );
     }
     if !out.keys().any(|s| s.starts_with('2')) {
         out.insert("200".into(), json!({"description": "success"}));

@@ -1317,16 +1317,7 @@ async fn a_stored_node_the_core_refuses_is_an_error_not_a_panic() {
         world.put_node(n);
     }
     let spec = "name: j\nqueue: default\ntasks:\n  - name: main\n    command: [sleep, '1']\n    resources: {gpu: {count: 1}}\n";
-    let (s, v) = h
-        .call(
-            "POST",
-            "/v1/jobs",
-            Some(&h.admin),
-            "application/yaml",
-            spec.as_bytes().to_vec(),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    h.submit_spec(spec.to_string()).await;
     let e = gpuflow_server::cycle::run_once(&h.shared)
         .await
         .unwrap_err();

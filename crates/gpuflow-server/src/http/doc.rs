@@ -3,7 +3,7 @@
 //! token, its reply and the reply's status), so the document cannot drift
 //! from the code. What types cannot say is written beside the route: a
 //! summary and who may call it ([`doc`]). `crate::openapi` finishes the
-//! document (path parameters' patterns, the error replies).
+//! document (path parameters' patterns, the rate limit's reply).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -73,7 +73,7 @@ impl<T: serde::de::DeserializeOwned> JsonBody<T> {
     /// The body parsed strictly, naming the field at fault; 413 above
     /// `limit` bytes.
     pub(crate) fn read(self, limit: usize) -> Result<T, Error> {
-        super::json_body(self.0, limit)
+        self.read_raw(limit).map(|(body, _)| body)
     }
 
     /// The body parsed as [`JsonBody::read`] does, and its bytes.
@@ -91,16 +91,20 @@ impl<S: Send + Sync, T> FromRequest<S> for JsonBody<T> {
     }
 }
 
-fn body_of<T: JsonSchema>(ctx: &mut GenContext, operation: &mut Operation, types: &[&str]) {
-    let json_schema = ctx.schema.subschema_for::<T>();
-    let media = MediaType {
+/// Content of `json_schema`.
+pub(super) fn media(json_schema: schemars::Schema) -> MediaType {
+    MediaType {
         schema: Some(SchemaObject {
             json_schema,
             example: None,
             external_docs: None,
         }),
         ..Default::default()
-    };
+    }
+}
+
+fn body_of<T: JsonSchema>(ctx: &mut GenContext, operation: &mut Operation, types: &[&str]) {
+    let media = media(ctx.schema.subschema_for::<T>());
     let content = types
         .iter()
         .map(|t| ((*t).to_string(), media.clone()))
@@ -235,17 +239,12 @@ fn error_replies(
         .iter()
         .filter(|(code, _)| codes.contains(code))
         .map(|(code, what)| {
-            let media = MediaType {
-                schema: Some(SchemaObject {
-                    json_schema: json_schema.clone(),
-                    example: None,
-                    external_docs: None,
-                }),
-                ..Default::default()
-            };
             let reply = Response {
                 description: (*what).to_string(),
-                content: IndexMap::from([("application/json".to_string(), media)]),
+                content: IndexMap::from([(
+                    "application/json".to_string(),
+                    media(json_schema.clone()),
+                )]),
                 ..Default::default()
             };
             (Some(aide::openapi::StatusCode::Code(*code)), reply)
@@ -274,9 +273,11 @@ impl OperationInput for Caller {
 /// comment its description.
 impl<T: ParamSet + JsonSchema> OperationInput for Params<T> {
     fn operation_input(ctx: &mut GenContext, operation: &mut Operation) {
-        let params = documented::<T>()
-            .into_iter()
-            .filter_map(|p| serde_json::from_value::<Parameter>(p).ok());
+        let params = documented::<T>().into_iter().filter_map(|p| {
+            serde_json::from_value::<Parameter>(p)
+                .inspect_err(|e| tracing::error!(error = %e, "a query parameter left out of the OpenAPI document"))
+                .ok()
+        });
         aide::operation::add_parameters(ctx, operation, params);
     }
 }

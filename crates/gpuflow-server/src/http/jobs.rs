@@ -9,7 +9,7 @@ pub(super) fn router() -> ApiRouter {
         .api_route("/v1/jobs", post_with(submit, |op| {
                     doc("member, team lead, admin", "Submit a job (YAML, or JSON with Content-Type application/json); ?test_only=true answers where it would start or why it would wait, storing nothing; a job no node could ever hold is refused")(op)
                         .response::<201, Json<api::Submitted>>()
-                        .response::<200, Json<api::TestOnly>>()
+                        .with(retries_and_tests)
                 }).get_with(list_jobs, doc("any token (own team)", "List jobs, newest first; filters: team, queue, state, user, project; pages of at most 1000 (limit), the next page with before=<last id>")))
         .api_route("/v1/jobs/{id}", get_with(get_job, doc("any token (own team)", "One job with its tasks and their placement")))
         .api_route("/v1/jobs/{id}/why", get_with(why, doc("any token (own team)", "Why a job waits: every reason, its position, an estimated start")))
@@ -17,6 +17,63 @@ pub(super) fn router() -> ApiRouter {
         .api_route("/v1/jobs/{id}/{action}", post_with(job_action, doc("cancel/suspend/resume: member, team lead, admin; hold/release: admin", "Act on a job: cancel, suspend, resume, hold or release")))
         .api_route("/v1/arrays/{id}/cancel", post_with(cancel_array, doc("the job's team (not viewers); admins", "Cancel every unfinished element of an array in one change")))
         .api_route("/v1/jobs/batch", post_with(submit_batch, doc("members and team leads of the queues' teams; admins", "Submit many jobs in one transaction: all stored, with consecutive ids, or none (the first wrong one named by its place)")))
+}
+
+/// What submission's types cannot say: the `Idempotency-Key` header, and
+/// the 200 that answers a retried submission (the stored job) or a
+/// test-only one.
+fn retries_and_tests(
+    mut op: aide::transform::TransformOperation<'_>,
+) -> aide::transform::TransformOperation<'_> {
+    use aide::openapi::{
+        HeaderStyle, Parameter, ParameterData, ParameterSchemaOrContent, ReferenceOr, Response,
+        SchemaObject, StatusCode,
+    };
+    let (submitted, test_only) = aide::generate::in_context(|ctx| {
+        (
+            ctx.schema.subschema_for::<api::Submitted>(),
+            ctx.schema.subschema_for::<api::TestOnly>(),
+        )
+    });
+    let key = Parameter::Header {
+        parameter_data: ParameterData {
+            name: "Idempotency-Key".into(),
+            description: Some(
+                "A retry with the same key (same user) returns the job already stored, with 200"
+                    .into(),
+            ),
+            required: false,
+            deprecated: None,
+            format: ParameterSchemaOrContent::Schema(SchemaObject {
+                json_schema: schemars::json_schema!({"type": "string", "minLength": 1, "maxLength": 128}),
+                example: None,
+                external_docs: None,
+            }),
+            example: None,
+            examples: Default::default(),
+            explode: None,
+            extensions: Default::default(),
+        },
+        style: HeaderStyle::Simple,
+    };
+    let retried = Response {
+        description:
+            "a retried submission (same Idempotency-Key): the stored job; or the TestOnly answer"
+                .into(),
+        content: [(
+            "application/json".to_string(),
+            super::doc::media(schemars::json_schema!({"oneOf": [submitted, test_only]})),
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let o = op.inner_mut();
+    o.parameters.push(ReferenceOr::Item(key));
+    o.responses
+        .get_or_insert_with(Default::default)
+        .responses
+        .insert(StatusCode::Code(200), ReferenceOr::Item(retried));
+    op
 }
 
 pub(super) fn job_id(s: &str) -> Result<u64, Error> {

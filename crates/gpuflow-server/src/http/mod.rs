@@ -175,7 +175,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             .layer(DefaultBodyLimit::max(limit.max(16 << 20))),
         );
     let router = routes.finish_api(&mut api);
-    let document: Arc<str> = crate::openapi::finish(&api).to_string().into();
+    let document = Bytes::from(crate::openapi::finish(&api).to_string());
     router
         .layer(axum::Extension(Document(document)))
         .fallback(|| async {
@@ -304,14 +304,15 @@ async fn detached(request: axum::extract::Request, next: axum::middleware::Next)
         }
     }
 }
-/// The OpenAPI document, built with the router and serialised once.
+/// The OpenAPI document, built with the router and serialised once; each
+/// request answers the same bytes, uncopied.
 #[derive(Clone)]
-struct Document(Arc<str>);
+struct Document(Bytes);
 
 async fn openapi(axum::Extension(Document(doc)): axum::Extension<Document>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        doc.to_string(),
+        doc,
     )
         .into_response()
 }
@@ -358,13 +359,6 @@ fn body_or_413(
             ApiError::bad_request("bad_body", e.body_text()).into()
         }
     })
-}
-/// The body of a JSON request, parsed strictly.
-fn json_body<T: for<'de> serde::Deserialize<'de>>(
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-    limit: usize,
-) -> Result<T, Error> {
-    parse_json(&body_or_413(body, limit)?)
 }
 /// A 400 unless `name` is a valid name for teams, users, projects and nodes.
 pub fn check_name(field: &str, name: &str, what: &str) -> Result<(), Error> {
