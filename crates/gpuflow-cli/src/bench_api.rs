@@ -315,12 +315,14 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
             "{{\"name\":\"j{i}\",\"queue\":\"default\",\"kind\":\"{kind}\",\"tasks\":[{{\"name\":\"main\",\"command\":[\"true\"],\"resources\":{{\"cpu\":1,\"gpu\":{{\"count\":{gpus}}}}}}}]}}"
         )
     };
+    let submitting = Instant::now();
     for i in 0..pending {
         let (s, v) = call("POST", "/v1/jobs", &admin, spec(i));
         if s != 201 {
             bail!("submit failed: {s} {v}");
         }
     }
+    let submitted = submitting.elapsed().as_secs_f64();
     let time = |label: &str| -> anyhow::Result<f64> {
         let t = Instant::now();
         rt.block_on(gpuflow_server::cycle::run_once(&shared))?;
@@ -337,6 +339,10 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
         Ok(ms)
     };
     println!("server cycle, {nodes} nodes × 8 GPUs, {pending} jobs submitted (SQLite):");
+    println!(
+        "  submitting them one after another: {submitted:.1} s, {:.0} a second",
+        pending as f64 / submitted
+    );
     time("cold cycle")?;
     // Each phase's seconds so far: taking the snapshot and applying the
     // plan hold the state lock; computing it does not.

@@ -368,8 +368,9 @@ struct Taken {
     t: u64,
     pending: usize,
     shapes: BTreeMap<String, Shape>,
-    /// Job → (state, attempt) at the snapshot, for pending and allocated jobs.
-    versions: BTreeMap<u64, (JobState, u32)>,
+    /// (job, state, attempt) at the snapshot, for pending and allocated
+    /// jobs, in id order.
+    versions: Vec<(u64, JobState, u32)>,
     history_saved_at: u64,
 }
 
@@ -407,7 +408,7 @@ impl Taken {
                 .jobs()
                 .values()
                 .filter(|j| j.state == JobState::Pending || j.state.allocated())
-                .map(|j| (j.id, (j.state, j.attempts)))
+                .map(|j| (j.id, j.state, j.attempts))
                 .collect(),
             history_saved_at: world.history_saved_at,
         }))
@@ -509,7 +510,8 @@ impl Computed {
         // The job as it was at the snapshot, if it still is.
         let same = |id: u64| -> Option<JobRec> {
             let j = world.jobs().get(&id)?;
-            (taken.versions.get(&id) == Some(&(j.state, j.attempts))).then(|| j.clone())
+            let at = taken.versions.binary_search_by_key(&id, |v| v.0).ok()?;
+            (taken.versions[at] == (id, j.state, j.attempts)).then(|| j.clone())
         };
         let unchanged =
             |node: &str| world.nodes().get(node).map(shape).as_ref() == taken.shapes.get(node);
@@ -747,6 +749,16 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     let mut jobs = Vec::new();
     let mut idle = Vec::new();
     for j in world.jobs().values().filter(|j| j.state.allocated()) {
+        // Most jobs have nothing due: they are read, not copied.
+        let on_lost = j.allocs.iter().any(|a| lost(&a.node));
+        let overrun = j
+            .spec
+            .max_runtime_s
+            .zip(j.started_at)
+            .is_some_and(|(max, start)| start.saturating_add(max) <= t);
+        if !on_lost && !overrun && j.spec.idle.is_none() {
+            continue;
+        }
         let mut next = j.clone();
         let kind = match j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n)) {
             Some(node) => Some(lifecycle::node_lost(&mut next, node, t)),

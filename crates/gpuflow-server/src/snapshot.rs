@@ -285,7 +285,7 @@ pub(crate) fn snapshot_with(
         .enumerate()
         .map(|(i, (name, n))| (name.as_str(), (NodeId(i as u32), n)))
         .collect();
-    let mut nodes = Vec::new();
+    let mut nodes = Vec::with_capacity(node_names.len());
     let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
     for (i, n) in world.nodes().values().enumerate() {
         let inv = &n.inventory;
@@ -367,8 +367,9 @@ pub(crate) fn snapshot_with(
     let mut placer = Placer::new(cluster, Policy::gpuflow(), WorkloadMix::default(), 0);
     // The placement keeps room for the shapes of the work that waits
     // (docs/benchmarks.md, "The placement's mix is what waits"); each
-    // replica of a task group counts, as the pods of a gang would. In job
-    // order, every pending job's, whether it goes to the core or not.
+    // replica of a task group counts, as the pods of a gang would. Every
+    // pending job's, whether it goes to the core or not: those that go are
+    // read from `pending` at the end, those held back from their specs.
     let mut requests: Vec<(TaskRequest, u32)> = Vec::new();
     let mut queues = queues;
     let classes = classes();
@@ -382,8 +383,10 @@ pub(crate) fn snapshot_with(
             *array_slots.entry(a.id).or_default() += 1;
         }
     }
-    let mut running = Vec::new();
-    let mut pending = Vec::new();
+    // Sized once: growing vectors this long costs more than filling them.
+    let live = world.jobs().len();
+    let mut running = Vec::with_capacity(live);
+    let mut pending = Vec::with_capacity(live);
     let mut blocked = Vec::new();
     let mut evicted = Vec::new();
     for j in world.jobs().values() {
@@ -391,15 +394,6 @@ pub(crate) fn snapshot_with(
             w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
             w
         });
-        if j.state == JobState::Pending {
-            match &work {
-                // The same requests as `task_request` gives, made once.
-                Some(w) => {
-                    requests.extend(w.job.groups.iter().map(|g| (g.request.clone(), g.replicas)))
-                }
-                None => requests.extend(j.spec.tasks.iter().map(|g| (task_request(g), g.replicas))),
-            }
-        }
         if j.state.allocated() {
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
@@ -547,8 +541,17 @@ pub(crate) fn snapshot_with(
             pending.push(work);
         }
     }
+    for (id, _) in &blocked {
+        if let Some(j) = world.jobs().get(id) {
+            requests.extend(j.spec.tasks.iter().map(|g| (task_request(g), g.replicas)));
+        }
+    }
+    // The tally is by shape, so the order it is read in does not matter.
     placer.set_mix(WorkloadMix::from_counted(
-        requests.iter().map(|(r, n)| (r, *n)),
+        pending
+            .iter()
+            .flat_map(|w: &Workload| w.job.groups.iter().map(|g| (&g.request, g.replicas)))
+            .chain(requests.iter().map(|(r, n)| (r, *n))),
         MixWeighting::Tasks,
         1.0,
     ));

@@ -690,6 +690,9 @@ pub struct World {
     /// Node token hash → node name (kept in step with `nodes` by
     /// [`World::put_node`]).
     node_by_token: BTreeMap<String, String>,
+    /// Each node shape the submit path checks against, with how many nodes
+    /// have it (kept in step with `nodes` by [`World::put_node`]).
+    node_shapes: BTreeMap<crate::feasible::NodeShape, usize>,
     jobs: BTreeMap<u64, JobRec>,
     /// Node name → the allocated jobs with a task there (kept in step with
     /// `jobs` by [`World::put_job`]), so a heartbeat reads its node's jobs
@@ -1099,6 +1102,11 @@ impl World {
         &self.nodes
     }
 
+    /// Each node shape, with how many nodes have it.
+    pub fn node_shapes(&self) -> &BTreeMap<crate::feasible::NodeShape, usize> {
+        &self.node_shapes
+    }
+
     /// Node name → the allocated jobs with a task there, as the index
     /// heartbeats read ([`World::jobs_on`]).
     pub fn on_node(&self) -> &BTreeMap<String, std::collections::BTreeSet<u64>> {
@@ -1269,11 +1277,22 @@ impl World {
         }
     }
 
-    /// Puts a node, keeping the token index in step.
+    /// Puts a node, keeping the token index and the shape counts in step.
     pub fn put_node(&mut self, n: NodeRec) {
         if let Some(old) = self.nodes.get(&n.name) {
             self.node_by_token.remove(&old.token_hash);
+            let shape = crate::feasible::NodeShape::of(&old.inventory);
+            if let Some(k) = self.node_shapes.get_mut(&shape) {
+                *k -= 1;
+                if *k == 0 {
+                    self.node_shapes.remove(&shape);
+                }
+            }
         }
+        *self
+            .node_shapes
+            .entry(crate::feasible::NodeShape::of(&n.inventory))
+            .or_default() += 1;
         if !n.token_hash.is_empty() {
             self.node_by_token
                 .insert(n.token_hash.clone(), n.name.clone());

@@ -540,16 +540,9 @@ async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
     )
     .await;
     let try_submit = async |resources: &str, extra: &str| {
-        let spec = format!(
+        h.post_spec(format!(
             "name: j\nqueue: default\n{extra}tasks:\n  - name: main\n    replicas: 1\n    command: [sleep, '1']\n    resources: {resources}\n"
-        );
-        h.call(
-            "POST",
-            "/v1/jobs",
-            Some(&h.admin),
-            "application/yaml",
-            spec.into_bytes(),
-        )
+        ))
         .await
     };
     for (resources, extra, says) in [
@@ -625,6 +618,67 @@ async fn the_submit_path_refuses_what_no_node_could_ever_hold() {
     assert_ne!(
         j["reason"], "submitted; waiting for the next scheduling cycle",
         "{j}"
+    );
+}
+
+/// The submit path reads nodes by shape, counted: nodes alike count
+/// together, and a node that changes leaves its old shape.
+#[tokio::test]
+async fn the_submit_path_counts_nodes_alike_and_follows_a_node_that_changes() {
+    let h = harness(None).await;
+    let four = |node: &str| {
+        let uuids: Vec<String> = (0..4).map(|i| format!("GPU-{node}-{i}")).collect();
+        inventory(&uuids.iter().map(String::as_str).collect::<Vec<_>>(), 65536)
+    };
+    let t1 = register(&h, "n1", four("n1")).await;
+    let t2 = register(&h, "n2", four("n2")).await;
+    let gang = |replicas: u32, gpus: u32| {
+        format!(
+            "name: g\nqueue: default\ntasks:\n  - name: w\n    replicas: {replicas}\n    command: [sleep, '1']\n    resources: {{gpu: {{count: {gpus}}}}}\n"
+        )
+    };
+    // Two nodes of one shape hold eight one-GPU replicas, not four.
+    let (s, v) = h.post_spec(gang(8, 1)).await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = h.post_spec(gang(9, 1)).await;
+    assert_eq!(s, 400, "{v}");
+    let said = v["message"].as_str().unwrap();
+    assert!(
+        said.contains("8 of its 9 replicas at most (2 nodes)"),
+        "{v}"
+    );
+    // n1 now reports two GPUs: the cluster holds six replicas, and a
+    // four-GPU task still fits n2.
+    let two = inventory(&["GPU-n1-0", "GPU-n1-1"], 65536);
+    heartbeat(&h, "n1", &t1, two, &[]).await;
+    let (s, v) = h.post_spec(gang(7, 1)).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("6 of its 7 replicas"),
+        "{v}"
+    );
+    let (s, v) = h.post_spec(gang(1, 4)).await;
+    assert_eq!(s, 201, "{v}");
+    // n2 shrinks too: no node is left of the four-GPU shape.
+    heartbeat(
+        &h,
+        "n2",
+        &t2,
+        inventory(&["GPU-n2-0", "GPU-n2-1"], 65536),
+        &[],
+    )
+    .await;
+    let (s, v) = h.post_spec(gang(1, 4)).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("the largest node has 2 GPUs"),
+        "{v}"
     );
 }
 

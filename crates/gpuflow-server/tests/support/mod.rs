@@ -114,17 +114,21 @@ impl H {
         .await
     }
 
+    /// A YAML spec submitted by the admin: the reply.
+    pub(crate) async fn post_spec(&self, spec: String) -> (u16, Value) {
+        self.call(
+            "POST",
+            "/v1/jobs",
+            Some(&self.admin),
+            "application/yaml",
+            spec.into_bytes(),
+        )
+        .await
+    }
+
     /// A job from a YAML spec, submitted by the admin; its id.
     pub(crate) async fn submit_spec(&self, spec: String) -> u64 {
-        let (s, v) = self
-            .call(
-                "POST",
-                "/v1/jobs",
-                Some(&self.admin),
-                "application/yaml",
-                spec.into_bytes(),
-            )
-            .await;
+        let (s, v) = self.post_spec(spec).await;
         assert_eq!(s, 201, "{v}");
         v["id"].as_u64().unwrap()
     }
