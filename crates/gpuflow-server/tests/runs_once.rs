@@ -761,6 +761,36 @@ async fn the_applier_drops_decisions_whose_ground_changed_while_the_cycle_ran() 
     .await
     .unwrap();
     assert_eq!(state(late).await, "pending");
+    // On a second node (the first cordoned): a heartbeat that changes
+    // nothing the scheduler reads leaves the decision standing.
+    let node_action = async |node: &str, action: &str| {
+        let path = format!("/v1/nodes/{node}/{action}");
+        let (s, v) = h.call("POST", &path, Some(&h.admin), "", vec![]).await;
+        assert_eq!(s, 200, "{v}");
+    };
+    node_action("n1", "cordon").await;
+    // Four GPUs: the job still pending from above and the next take two.
+    let four = ["GPU-c", "GPU-d", "GPU-e", "GPU-f"];
+    let tok2 = register(&h, "n2", inventory(&four, 65536)).await;
+    let steady = submit(&h, "default", "{count: 1}", 1024).await;
+    gpuflow_server::cycle::run_once_with(&h.shared, async || {
+        // A new address: the node's record changes, not its shape.
+        let mut moved = inventory(&four, 65536);
+        moved["address"] = json!("10.0.0.9");
+        heartbeat(&h, "n2", &tok2, moved, &[]).await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(state(steady).await, "admitted");
+    // A node cordoned while the cycle computes takes nothing from it.
+    let held_off = submit(&h, "default", "{count: 1}", 1024).await;
+    gpuflow_server::cycle::run_once_with(&h.shared, async || node_action("n2", "cordon").await)
+        .await
+        .unwrap();
+    assert_eq!(state(held_off).await, "pending");
+    node_action("n2", "uncordon").await;
+    gpuflow_server::cycle::run_once(&h.shared).await.unwrap();
+    assert_eq!(state(held_off).await, "admitted");
     check_no_gpu_held_twice(&h).await;
 }
 
