@@ -1364,11 +1364,11 @@ impl World {
         out
     }
 
-    pub fn gpus_in_use(&self) -> BTreeMap<String, Vec<u32>> {
-        let mut used: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    pub fn gpus_in_use(&self) -> BTreeMap<&str, Vec<u32>> {
+        let mut used: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
         for j in self.jobs.values().filter(|j| j.state.allocated()) {
             for a in &j.allocs {
-                used.entry(a.node.clone())
+                used.entry(a.node.as_str())
                     .or_default()
                     .extend(a.pick.gpus());
             }

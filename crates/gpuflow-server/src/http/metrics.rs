@@ -19,11 +19,20 @@ use crate::state::WAIT_BUCKETS;
 /// One reading of a GPU's sample, if it has it.
 type Reading = fn(&api::GpuSample) -> Option<f64>;
 
-/// A label value, escaped as the text format wants.
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Writes a label value, escaped as the text format wants.
+fn push_escaped(out: &mut String, v: &str) {
+    if !v.contains(['\\', '"', '\n']) {
+        out.push_str(v);
+        return;
+    }
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
 }
 
 struct Out(String);
@@ -45,16 +54,25 @@ impl Out {
         self.line(&format!("{name}_count"), &[label], h.count as f64);
     }
 
+    /// One sample, written straight into the text (a scrape at 10,000
+    /// nodes writes about 100,000 of them, under the state lock).
     fn line(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
-        let l: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
-            .collect();
-        if l.is_empty() {
-            let _ = writeln!(self.0, "{name} {v}");
-        } else {
-            let _ = writeln!(self.0, "{name}{{{}}} {v}", l.join(","));
+        let out = &mut self.0;
+        out.push_str(name);
+        if !labels.is_empty() {
+            out.push('{');
+            for (i, (k, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(k);
+                out.push_str("=\"");
+                push_escaped(out, value);
+                out.push('"');
+            }
+            out.push('}');
         }
+        let _ = writeln!(out, " {v}");
     }
 }
 
@@ -186,20 +204,20 @@ fn queues(o: &mut Out, world: &crate::state::World) {
 /// The cluster: GPUs per model and pool, allocated, unhealthy, and how much of each GPU is held.
 fn cluster(o: &mut Out, world: &crate::state::World) {
     let in_use = world.gpus_in_use();
-    let mut total: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
+    let mut total: BTreeMap<(&str, &str), (u64, u64, u64)> = BTreeMap::new();
     for n in world
         .nodes()
         .values()
         .filter(|n| n.state != api::NodeState::Lost)
     {
         let pool = if n.inventory.pool.is_empty() {
-            "default".to_string()
+            "default"
         } else {
-            n.inventory.pool.clone()
+            n.inventory.pool.as_str()
         };
-        let held = in_use.get(&n.name);
+        let held = in_use.get(n.name.as_str());
         for g in &n.inventory.gpus {
-            let e = total.entry((g.model.clone(), pool.clone())).or_default();
+            let e = total.entry((g.model.as_str(), pool)).or_default();
             e.0 += 1;
             if held.is_some_and(|h| h.contains(&g.index)) {
                 e.1 += 1;
@@ -250,7 +268,7 @@ fn cluster(o: &mut Out, world: &crate::state::World) {
     // partly held (shared or split into MIG instances), which no whole-GPU
     // job can use: the fragmentation FGD measures.
     let holders = world.holders(|_| true);
-    let mut share: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
+    let mut share: BTreeMap<(&str, &str), (f64, f64)> = BTreeMap::new();
     for n in world
         .nodes()
         .values()
@@ -269,9 +287,7 @@ fn cluster(o: &mut Out, world: &crate::state::World) {
                 .map(|h| h.milli)
                 .sum::<u32>()
                 .min(1000);
-            let e = share
-                .entry((g.model.clone(), pool.to_string()))
-                .or_default();
+            let e = share.entry((g.model.as_str(), pool)).or_default();
             e.0 += f64::from(milli) / 1000.0;
             if milli > 0 && milli < 1000 {
                 e.1 += f64::from(1000 - milli) / 1000.0;
@@ -284,7 +300,7 @@ fn cluster(o: &mut Out, world: &crate::state::World) {
         "Share of the healthy GPUs' capacity held (shares, MIG and time slices at their equivalents), per model and pool.",
     );
     for ((m, p), (held, _)) in &share {
-        let n = total.get(&(m.clone(), p.clone())).map_or(0, |t| t.0 - t.2);
+        let n = total.get(&(*m, *p)).map_or(0, |t| t.0 - t.2);
         let ratio = if n == 0 { 0.0 } else { held / n as f64 };
         o.line(
             "gpuflow_cluster_allocation_ratio",
@@ -582,5 +598,30 @@ fn nodes(o: &mut Out, world: &crate::state::World, t: u64) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Out, push_escaped};
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_says() {
+        for (raw, want) in [
+            ("n1", "n1"),
+            ("a\"b", "a\\\"b"),
+            ("a\\b", "a\\\\b"),
+            ("a\nb", "a\\nb"),
+            ("\\\"\n", "\\\\\\\"\\n"),
+            ("GPU-ü\"}\n x=1", "GPU-ü\\\"}\\n x=1"),
+        ] {
+            let mut out = String::new();
+            push_escaped(&mut out, raw);
+            assert_eq!(out, want, "{raw:?}");
+        }
+        let mut o = Out(String::new());
+        o.line("m", &[], 1.5);
+        o.line("m", &[("node", "n\"1"), ("gpu", "0")], 2.0);
+        assert_eq!(o.0, "m 1.5\nm{node=\"n\\\"1\",gpu=\"0\"} 2\n");
     }
 }

@@ -38,7 +38,7 @@ fn node_view(
     (world, at): (&World, u64),
     caller: &Caller,
     n: &crate::state::NodeRec,
-    used: &BTreeMap<String, Vec<u32>>,
+    used: &BTreeMap<&str, Vec<u32>>,
     holders: &BTreeMap<String, Vec<api::GpuHolder>>,
 ) -> api::NodeView {
     let (mut cpu, mut mem, mut jobs, mut count) = (0, 0, Vec::new(), 0);
@@ -56,7 +56,7 @@ fn node_view(
         name: n.name.clone(),
         state: n.state,
         inventory: n.inventory.clone(),
-        gpus_in_use: used.get(&n.name).cloned().unwrap_or_default(),
+        gpus_in_use: used.get(n.name.as_str()).cloned().unwrap_or_default(),
         last_heartbeat: n.last_heartbeat,
         gpus_now: n.gpus_now.clone(),
         holders: holders.get(&n.name).cloned().unwrap_or_default(),
