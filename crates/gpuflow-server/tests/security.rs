@@ -1272,12 +1272,28 @@ async fn a_node_cannot_claim_an_absurd_inventory() {
         .map(|k| json!({"uuid": format!("MIG-{k}"), "profile": "1g.10gb", "memory_mib": 10240}))
         .collect::<Vec<_>>()
         .into();
+    // Two GPUs under one UUID: allocations follow GPUs by UUID, so both
+    // would be found on the first, and the agent would hand one device to
+    // two jobs.
+    let mut twice = inventory(2);
+    twice["gpus"][1]["uuid"] = json!("GPU-0");
+    let mut mig_twice = inventory(2);
+    mig_twice["gpus"][0]["mig"] = json!([
+        {"uuid": "MIG-a", "profile": "1g.10gb", "memory_mib": 10240},
+        {"uuid": "MIG-a", "profile": "1g.10gb", "memory_mib": 10240}
+    ]);
+    let mut mig_as_gpu = inventory(2);
+    mig_as_gpu["gpus"][0]["mig"] =
+        json!([{"uuid": "GPU-1", "profile": "1g.10gb", "memory_mib": 10240}]);
     for (what, inv) in [
         ("memory", huge_memory),
         ("labels", many_labels),
         ("model", long_model),
         ("GPU memory", big_gpu),
         ("MIG instances", many_slices),
+        ("a GPU UUID twice", twice),
+        ("a MIG UUID twice", mig_twice),
+        ("a MIG UUID that is a GPU's", mig_as_gpu),
     ] {
         let (s, v) = h
             .json(

@@ -104,6 +104,19 @@ fn check_inventory(inv: &api::Inventory) -> Result<(), ApiError> {
             ));
         }
     }
+    // Allocations follow GPUs and MIG instances by UUID: one UUID for two
+    // devices would put two jobs' tasks on one device.
+    let mut seen = std::collections::BTreeSet::new();
+    for g in &inv.gpus {
+        for uuid in std::iter::once(&g.uuid).chain(g.mig.iter().map(|m| &m.uuid)) {
+            if !seen.insert(uuid.as_str()) {
+                return bad(format!(
+                    "inventory.gpus[{}]: UUID {uuid:?} names two devices; each GPU and MIG instance needs its own",
+                    g.index
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
