@@ -319,21 +319,26 @@ async fn a_start_estimate_expects_the_users_recent_runtimes() {
 async fn a_job_short_of_cpus_is_not_told_it_starts_now() {
     let h = harness_with(|_| {}).await;
     let token = two_teams(&h).await;
-    let spec = |cpu: u32| {
+    let spec = |cpu: u32, max_s: u32| {
         format!(
-            "name: c\nqueue: lend-q\nkind: batch\nmax_runtime_s: 3600\ntasks:\n  - name: main\n    command: [sleep, '1000']\n    resources: {{cpu: {cpu}, memory_mib: 1024, gpu: {{count: 1}}}}\n"
+            "name: c\nqueue: lend-q\nkind: batch\nmax_runtime_s: {max_s}\ntasks:\n  - name: main\n    command: [sleep, '1000']\n    resources: {{cpu: {cpu}, memory_mib: 1024, gpu: {{count: 1}}}}\n"
         )
     };
-    let running = h.submit_spec(spec(48)).await;
+    let running = h.submit_spec(spec(48, 3600)).await;
     cycle(&h).await;
     beat(&h, &token, &[running], "running").await;
     assert_eq!(state(&h, running).await, "running");
     // Five wait: the first four get backfill reservations (which see CPUs);
     // the fifth's estimate comes from the list schedule and the nodes.
+    // They are short: a job as long as the running one's hour would not
+    // end before the first reservation once a second has passed since it
+    // started, and would be told that instead (true too: this test failed
+    // so on a busy machine, whose cycle ran a second later).
     let mut waiting = 0;
     for _ in 0..5 {
-        waiting = h.submit_spec(spec(32)).await;
+        waiting = h.submit_spec(spec(32, 600)).await;
     }
+    h.shared.cfg.clock.advance(2);
     cycle(&h).await;
     assert_eq!(state(&h, waiting).await, "pending");
     let w = why(&h, waiting).await;
