@@ -750,17 +750,17 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
     let mut idle = Vec::new();
     for j in world.jobs().values().filter(|j| j.state.allocated()) {
         // Most jobs have nothing due: they are read, not copied.
-        let on_lost = j.allocs.iter().any(|a| lost(&a.node));
+        let on_lost = j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n));
         let overrun = j
             .spec
             .max_runtime_s
             .zip(j.started_at)
             .is_some_and(|(max, start)| start.saturating_add(max) <= t);
-        if !on_lost && !overrun && j.spec.idle.is_none() {
+        if on_lost.is_none() && !overrun && j.spec.idle.is_none() {
             continue;
         }
         let mut next = j.clone();
-        let kind = match j.allocs.iter().map(|a| a.node.as_str()).find(|n| lost(n)) {
+        let kind = match on_lost {
             Some(node) => Some(lifecycle::node_lost(&mut next, node, t)),
             None => lifecycle::max_runtime(&mut next, t),
         };
