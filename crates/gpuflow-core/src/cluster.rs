@@ -440,6 +440,11 @@ impl Cluster {
         self.changes.push(class);
     }
 
+    /// How many class ids there are (live or not): ids are below it.
+    pub fn class_slots(&self) -> usize {
+        self.members.len()
+    }
+
     pub fn class_members(&self, class: ClassId) -> &[NodeId] {
         &self.members[class.0 as usize]
     }

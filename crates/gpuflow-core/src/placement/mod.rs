@@ -145,6 +145,9 @@ struct Scratch {
     picks: Vec<(GpuPick, u16)>,
     free: Vec<u32>,
     after: Vec<u32>,
+    /// Per class id: its evaluation in this walk, and how many of its
+    /// nodes it rejected ([`Placer::place_per_node`]).
+    by_class: Vec<(Option<Eval>, u32)>,
 }
 
 /// Where the tasks of a job were placed.
@@ -598,7 +601,10 @@ impl Placer {
         gang: bool,
     ) -> Result<(NodeId, GpuPick), Vec<(Reject, u32)>> {
         let rid = self.intern(req, cons);
-        if scope.is_none() && !cons.spread {
+        // A job of one task has nothing to spread: it is placed by class,
+        // as any other (walking every node, as a spread gang's tasks must,
+        // chose among the same best nodes at far more cost).
+        if scope.is_none() && (!cons.spread || !gang) {
             let fast = self.place_fast(rid, req, cons)?;
             if !gang || placed.is_empty() || self.policy.gang_locality == 0.0 {
                 return Ok(fast);
@@ -739,16 +745,11 @@ impl Placer {
         let mut rejections: Vec<(Reject, u32)> = Vec::new();
         // Per node: stages 1-4 (cached per class unless an NVLink scope narrows
         // the GPUs), plus stage 5, context scores.
-        let all: Vec<NodeId>;
-        let members: &[NodeId] = match scope {
-            Some(s) => s.members,
-            None => {
-                all = self.cluster.nodes().iter().map(|n| n.id).collect();
-                &all
-            }
-        };
+        // Node ids are indices: without a scope, every node in id order.
+        let count = scope.map_or(self.cluster.nodes().len(), |s| s.members.len());
+        let member = |k: usize| scope.map_or(NodeId(k as u32), |s| s.members[k]);
         if scope.is_some() {
-            let outside = self.cluster.nodes().len() as u32 - members.len() as u32;
+            let outside = self.cluster.nodes().len() as u32 - count as u32;
             if outside > 0 {
                 explain::tally(&mut rejections, Reject::Topology, outside);
             }
@@ -757,14 +758,38 @@ impl Placer {
         let mut best = f64::NEG_INFINITY;
         let mut choice: Option<(NodeId, GpuPick)> = None;
         let mut ties = 0u64;
-        for &id in members {
+        // Without an NVLink scope a node's evaluation is its class's, which
+        // nothing in this walk changes: each class is evaluated once, and
+        // its rejections counted once, at the end (a walk visits every node
+        // of the cluster for a spread service, and a lookup in the placer's
+        // cache per node was most of the cost of placing one).
+        let mut by_class = std::mem::take(&mut self.scratch.by_class);
+        by_class.clear();
+        if nvlink.is_none() {
+            by_class.resize(self.cluster.class_slots(), (None, 0));
+        }
+        for k in 0..count {
+            let id = member(k);
             let eval = match nvlink {
                 Some(_) => self.eval_node(id, req, cons, nvlink, None, None),
-                None => self.eval_class(self.cluster.class_of(id), rid, req, cons),
+                None => {
+                    let class = self.cluster.class_of(id);
+                    match by_class[class.0 as usize].0 {
+                        Some(e) => e,
+                        None => {
+                            let e = self.eval_class(class, rid, req, cons);
+                            by_class[class.0 as usize].0 = Some(e);
+                            e
+                        }
+                    }
+                }
             };
             let (score, pick) = match eval {
                 Eval::Reject(r) => {
-                    explain::tally(&mut rejections, r, 1);
+                    match nvlink {
+                        Some(_) => explain::tally(&mut rejections, r, 1),
+                        None => by_class[self.cluster.class_of(id).0 as usize].1 += 1,
+                    }
                     continue;
                 }
                 Eval::Fit { score, pick } => (score, pick),
@@ -794,6 +819,14 @@ impl Placer {
                 }
             }
         }
+        if choice.is_none() {
+            for &(eval, n) in &by_class {
+                if let (Some(Eval::Reject(r)), 1..) = (eval, n) {
+                    explain::tally(&mut rejections, r, n);
+                }
+            }
+        }
+        self.scratch.by_class = by_class;
         choice.ok_or(rejections)
     }
 

@@ -76,3 +76,63 @@ fn fits_after_release_counts_a_shared_gpu_given_back_as_a_whole_one() {
     let both: Vec<&Allocation> = one.iter().chain(&shared).collect();
     assert!(placer.fits_after_release(NodeId(0), &both, &two, &cons));
 }
+
+/// A placer over `n` equal nodes of 8 H100s, ties broken at random.
+fn equal_nodes(n: u32, seed: u64) -> Placer {
+    let nodes = (0..n)
+        .map(|i| {
+            Node::new(
+                i,
+                &format!("n{i}"),
+                CpuMilli(64_000),
+                MemMib(512 * 1024),
+                vec![Gpu::plain("H100", MemMib(81_920)); 8],
+            )
+        })
+        .collect();
+    let mut policy = Policy::gpuflow();
+    policy.tie_break = TieBreak::Random;
+    Placer::new(
+        Cluster::new(nodes).unwrap(),
+        policy,
+        WorkloadMix::default(),
+        seed,
+    )
+}
+
+#[test]
+fn a_one_task_job_that_asks_to_be_spread_is_placed_as_any_other() {
+    // One task has nothing to spread from: it goes where the same job
+    // without the constraint goes, by the same draws.
+    let task = |count| TaskRequest {
+        cpu: CpuMilli(1000),
+        mem: MemMib(1024),
+        gpu: GpuRequest::Whole { count },
+        models: Vec::new(),
+    };
+    let (mut plain, mut spread) = (equal_nodes(64, 5), equal_nodes(64, 5));
+    for i in 0..200u64 {
+        let job = Job::single(i, task([1, 2, 4, 8][i as usize % 4]));
+        let mut asks = job.clone();
+        asks.constraints.spread = true;
+        assert_eq!(
+            plain.place_job(&job).ok(),
+            spread.place_job(&asks).ok(),
+            "job {i}"
+        );
+    }
+    // A service of several replicas still spreads them: one a node.
+    let mut service = Job::single(1000, task(1));
+    service.groups[0].replicas = 4;
+    service.constraints.spread = true;
+    let mut fresh = equal_nodes(8, 5);
+    let placed = fresh.place_job(&service).unwrap();
+    let mut nodes: Vec<NodeId> = placed.iter().map(|a| a.node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!(
+        nodes.len(),
+        4,
+        "replicas of a spread service share a node: {placed:?}"
+    );
+}
