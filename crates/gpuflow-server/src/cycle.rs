@@ -360,6 +360,28 @@ fn shape(n: &crate::state::NodeRec) -> Shape {
     }
 }
 
+impl Shape {
+    /// Whether node `n` still has this shape: [`shape`]`(n) == *self`,
+    /// without building one (the applier checks every admitted task's
+    /// node).
+    fn is_of(&self, n: &crate::state::NodeRec) -> bool {
+        let inv = &n.inventory;
+        self.state == n.state
+            && self.cpu_milli == inv.cpu_milli
+            && self.memory_mib == inv.memory_mib
+            && self.gpus.len() == inv.gpus.len()
+            && self
+                .gpus
+                .iter()
+                .zip(&inv.gpus)
+                .all(|((uuid, model, mem), g)| {
+                    *uuid == g.uuid && *model == g.model && *mem == g.memory_mib
+                })
+            && self.labels == inv.labels
+            && self.pool == inv.pool
+    }
+}
+
 /// Phase 1's output: the snapshot and what the applier will re-check.
 struct Taken {
     snap: Snapshot,
@@ -513,8 +535,11 @@ impl Computed {
             let at = taken.versions.binary_search_by_key(&id, |v| v.0).ok()?;
             (taken.versions[at] == (id, j.state, j.attempts)).then(|| j.clone())
         };
-        let unchanged =
-            |node: &str| world.nodes().get(node).map(shape).as_ref() == taken.shapes.get(node);
+        let unchanged = |node: &str| match (world.nodes().get(node), taken.shapes.get(node)) {
+            (Some(n), Some(s)) => s.is_of(n),
+            (None, None) => true,
+            _ => false,
+        };
         for (id, _, reason) in &taken.snap.evicted {
             let Some(mut j) = same(*id) else {
                 continue;
