@@ -121,6 +121,13 @@ fn a_one_task_job_that_asks_to_be_spread_is_placed_as_any_other() {
             "job {i}"
         );
     }
+    // One that fits nowhere is told why, the same either way.
+    let mut big = Job::single(999, task(9));
+    let plain_why = plain.place_job(&big).unwrap_err();
+    big.constraints.spread = true;
+    let spread_why = spread.place_job(&big).unwrap_err();
+    assert!(!plain_why.rejections.is_empty());
+    assert_eq!(plain_why, spread_why);
     // A service of several replicas still spreads them: one a node.
     let mut service = Job::single(1000, task(1));
     service.groups[0].replicas = 4;
