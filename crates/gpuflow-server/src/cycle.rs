@@ -366,7 +366,7 @@ impl Shape {
     /// node).
     fn is_of(&self, n: &crate::state::NodeRec) -> bool {
         let inv = &n.inventory;
-        self.state == n.state
+        let same = self.state == n.state
             && self.cpu_milli == inv.cpu_milli
             && self.memory_mib == inv.memory_mib
             && self.gpus.len() == inv.gpus.len()
@@ -378,7 +378,10 @@ impl Shape {
                     *uuid == g.uuid && *model == g.model && *mem == g.memory_mib
                 })
             && self.labels == inv.labels
-            && self.pool == inv.pool
+            && self.pool == inv.pool;
+        // Kept in step with `shape` as fields are added to it.
+        debug_assert_eq!(same, shape(n) == *self, "Shape::is_of disagrees with shape");
+        same
     }
 }
 
