@@ -294,6 +294,8 @@ const ROWS_PER_STATEMENT: usize = 256;
 /// SQLite's thread to store a cycle that admits 25,000 jobs); anonymous
 /// ones are not in that list.
 fn placeholders(backend: &str, rows: usize, cols: usize) -> String {
+    use std::fmt::Write;
+    let numbered = backend != "sqlite";
     let mut out = String::with_capacity(rows * cols * 6);
     let mut n = 0;
     for r in 0..rows {
@@ -306,11 +308,10 @@ fn placeholders(backend: &str, rows: usize, cols: usize) -> String {
                 out.push_str(", ");
             }
             n += 1;
-            if backend == "sqlite" {
-                out.push('?');
-            } else {
-                use std::fmt::Write;
+            if numbered {
                 let _ = write!(out, "${n}");
+            } else {
+                out.push('?');
             }
         }
         out.push(')');

@@ -770,25 +770,28 @@ impl Placer {
         }
         for k in 0..count {
             let id = member(k);
-            let eval = match nvlink {
-                Some(_) => self.eval_node(id, req, cons, nvlink, None, None),
+            // `slot`: the node's class's entry, without an NVLink scope.
+            let (eval, slot) = match nvlink {
+                Some(_) => (self.eval_node(id, req, cons, nvlink, None, None), None),
                 None => {
                     let class = self.cluster.class_of(id);
-                    match by_class[class.0 as usize].0 {
+                    let slot = class.0 as usize;
+                    let e = match by_class[slot].0 {
                         Some(e) => e,
                         None => {
                             let e = self.eval_class(class, rid, req, cons);
-                            by_class[class.0 as usize].0 = Some(e);
+                            by_class[slot].0 = Some(e);
                             e
                         }
-                    }
+                    };
+                    (e, Some(slot))
                 }
             };
             let (score, pick) = match eval {
                 Eval::Reject(r) => {
-                    match nvlink {
-                        Some(_) => explain::tally(&mut rejections, r, 1),
-                        None => by_class[self.cluster.class_of(id).0 as usize].1 += 1,
+                    match slot {
+                        Some(slot) => by_class[slot].1 += 1,
+                        None => explain::tally(&mut rejections, r, 1),
                     }
                     continue;
                 }
