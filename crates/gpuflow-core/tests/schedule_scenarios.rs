@@ -1567,19 +1567,17 @@ fn consolidation_moves_a_job_that_fits_elsewhere_so_a_whole_node_job_starts() {
     }
 }
 
-/// Consolidation does not move a job that reclaimed GPUs from the job it
-/// would make room for (reclaims ignore rank, so the two could take turns):
-/// team-b's job 2 reclaims n1 from team-a's borrowing job 10; when job 10
-/// could start by moving a two-GPU job, it moves team-b's job 11, though
-/// job 2, which started last, would lose less.
-#[test]
-fn consolidation_does_not_move_a_job_that_reclaimed_from_it() {
-    let out = run("
+/// Team-b's job 2 reclaims two of the GPUs team-a's job 10 borrows on n1;
+/// job 12 of team-a (guaranteed `guaranteed` GPUs) then ends, and job 10,
+/// waiting, could start on n1 if team-b's job 11 moved.
+fn reclaimed_then_freed(guaranteed: u32) -> String {
+    run(&format!(
+        "
         config consolidate=1800 min_runtime=0
         node n1 gpus=4*H100
         node n2 gpus=4*H100
         queue org H100=8
-        queue team-a parent=org H100=0
+        queue team-a parent=org H100={guaranteed}
         queue team-b parent=org H100=4
         run 12 queue=team-a class=batch gpu=whole:2 cpu=1 started=0 runtime=36000
         run 11 queue=team-b class=batch gpu=whole:2 cpu=1 started=500 runtime=36000
@@ -1589,7 +1587,21 @@ fn consolidation_does_not_move_a_job_that_reclaimed_from_it() {
         cycle 1010
         finish 12
         cycle 1020
-    ");
+        "
+    ))
+}
+
+/// Consolidation does not move a job that reclaimed GPUs from the job it
+/// would make room for (reclaims ignore rank, so the two could take turns):
+/// team-b's job 2 reclaims n1 from team-a's borrowing job 10; when job 10
+/// could start by moving a two-GPU job, it moves team-b's job 11, though
+/// job 2, which started last, would lose less. (Job 10 would then run
+/// within two GPUs of team-a's guarantee, where no reclaim takes it: the
+/// jobs of team-b, within its guarantee, may move for it; see the next
+/// test.)
+#[test]
+fn consolidation_does_not_move_a_job_that_reclaimed_from_it() {
+    let out = reclaimed_then_freed(2);
     expect![[r#"
         cycle t=1000
           preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.11 GPU-h
@@ -1603,6 +1615,30 @@ fn consolidation_does_not_move_a_job_that_reclaimed_from_it() {
           preempt job 11 for job 10 (Consolidation): signal now, kill at t=1050, loses 0.29 GPU-h
           nominate n1 for job 10 from t=1050
           pending job 10 (#1 in queue, eta t=1050): waiting for 1 preempted job(s) to stop
+    "#]].assert_eq(&out);
+}
+
+/// Consolidation does not move a job of a queue within its guarantee to
+/// make room for a job that a reclaim could then take: the moved job would
+/// be entitled to reclaim it at once, and the two would take turns (a
+/// property test found such a cycle). As above, but team-a has no
+/// guarantee: job 10, once job 12 ends, would borrow all four GPUs, and
+/// team-b's job 11 holds two of team-b's four. Nothing moves; job 10 waits.
+#[test]
+fn consolidation_does_not_move_a_lenders_job_for_a_borrower() {
+    let out = reclaimed_then_freed(0);
+    expect![[r#"
+        cycle t=1000
+          preempt job 10 for job 2 (Reclaim): signal now, kill at t=1030, loses 0.11 GPU-h
+          nominate n2 for job 2 from t=1030
+          pending job 2 (#1 in queue, eta t=1030): waiting for 1 preempted job(s) to stop
+        cycle t=1010
+          start job 2 on H100: n2[0,1]
+          pending job 10 (#1 in queue, eta unknown): needs 4 H100 GPUs of quota; org has 2 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+        finish job 12
+        cycle t=1020
+          reserve n1 for job 10 from t=36500
+          pending job 10 (#1 in queue, eta t=36500): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
     "#]].assert_eq(&out);
 }
 

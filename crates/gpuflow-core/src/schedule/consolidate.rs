@@ -46,10 +46,22 @@ impl<'a> Cycle<'a> {
         }
         // Only smaller jobs that do not outrank it move, so that no moved
         // job moves or preempts it back; nor a job that reclaimed GPUs from
-        // it (reclaims ignore rank).
+        // it (reclaims ignore rank); nor, when the job would run beyond its
+        // queue's guarantee where a reclaim may take it, a job of another
+        // queue within its own guarantee, which would reclaim it at once.
         let w = &self.snap.pending[i];
         let (size, rank) = (self.pend.pend_milli[i], (self.rank(w), w.priority));
         let reclaimers = self.history.reclaimed_by.get(&w.job.id);
+        let queues = &*self.snap.queues;
+        let within = |q: QueueId| {
+            let leaving = self.usage.leaving.get(&(q, fi)).copied().unwrap_or(0);
+            queues.usage_at(q, fi as usize).saturating_sub(leaving)
+                <= queues.quota_at(q, fi as usize).guaranteed
+        };
+        let reclaimable = fi != NO_FLAVOR
+            && self.snap.cfg.classes[w.class].preemptible
+            && queues.usage_at(w.queue, fi as usize)
+                >= queues.quota_at(w.queue, fi as usize).guaranteed;
         let nodes: Vec<(f64, u64, u32)> = movable
             .nodes
             .iter()
@@ -61,6 +73,7 @@ impl<'a> Cycle<'a> {
                             && r.milli < size
                             && (r.rank, r.priority) <= rank
                             && !reclaimers.is_some_and(|v| v.contains(&r.id))
+                            && !(reclaimable && r.queue != w.queue && within(r.queue))
                     })
             })
             .take(32)
