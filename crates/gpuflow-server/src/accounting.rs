@@ -666,7 +666,7 @@ pub fn recorded(
             .spec
             .tasks
             .iter()
-            .map(|g| (crate::convert::task_request(g).gpu, g.replicas))
+            .map(|g| (crate::convert::gpu_request(g), g.replicas))
             .filter(|(r, _)| !matches!(r, GpuRequest::None))
             .collect();
         let Some((ask, _)) = asks.first() else {

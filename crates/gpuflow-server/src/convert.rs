@@ -46,14 +46,25 @@ pub(crate) fn milli(gpus: f64) -> u64 {
 pub fn quota_milli(spec: &api::JobSpec) -> u64 {
     spec.tasks
         .iter()
-        .map(|g| task_request(g).gpu.quota_milli() * g.replicas as u64)
+        .map(|g| gpu_request(g).quota_milli() * g.replicas as u64)
         .sum()
 }
 
 /// A task group's request as the core sees it.
 pub fn task_request(g: &gpuflow_api::TaskGroupSpec) -> TaskRequest {
     let r = &g.resources;
-    let gpu = match &r.gpu {
+    TaskRequest {
+        cpu: CpuMilli((r.cpu * 1000.0).round() as u64),
+        mem: MemMib(r.memory_mib),
+        gpu: gpu_request(g),
+        models: r.gpu.as_ref().map(|g| g.models.clone()).unwrap_or_default(),
+    }
+}
+
+/// The GPU part of [`task_request`] alone (no copy of the models).
+pub fn gpu_request(g: &gpuflow_api::TaskGroupSpec) -> GpuRequest {
+    let r = &g.resources;
+    match &r.gpu {
         None => GpuRequest::None,
         Some(s) => match s.mode {
             api::GpuMode::Whole => GpuRequest::Whole {
@@ -70,11 +81,5 @@ pub fn task_request(g: &gpuflow_api::TaskGroupSpec) -> TaskRequest {
                 mem: MemMib(s.memory_mib.unwrap_or(0)),
             },
         },
-    };
-    TaskRequest {
-        cpu: CpuMilli((r.cpu * 1000.0).round() as u64),
-        mem: MemMib(r.memory_mib),
-        gpu,
-        models: r.gpu.as_ref().map(|g| g.models.clone()).unwrap_or_default(),
     }
 }

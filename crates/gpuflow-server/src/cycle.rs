@@ -90,7 +90,8 @@ pub async fn run_once_with(
     shared: &Shared,
     meanwhile: impl AsyncFnOnce(),
 ) -> Result<(), crate::ServerError> {
-    let _one_at_a_time = shared.applier.lock().await;
+    // One cycle at a time, with what the last one built for reuse.
+    let mut reuse = shared.applier.lock().await;
     let t = shared.now();
     let started = Instant::now();
     // Phase 1.
@@ -99,7 +100,7 @@ pub async fn run_once_with(
         let change = timers(&world, &shared.cfg, t);
         commit(shared.store.as_ref(), &mut world, change).await?;
         world.prune_finished(t, shared.cfg.keep_finished_s);
-        Taken::take(&world, t, &shared.cfg)?.map(|mut taken| {
+        Taken::take(&world, t, &shared.cfg, &mut reuse)?.map(|mut taken| {
             taken.snap.fault = shared.cfg.fault.clone();
             taken
         })
@@ -183,7 +184,9 @@ pub async fn run_once_with(
     world.unreached = out.unreached;
     world.diagnosed.clear();
     drop(world);
-    let spent = out.spent;
+    let mut spent = out.spent;
+    *reuse = crate::snapshot::Reuse::keep(&mut spent.0.snap);
+    drop(reuse);
     tokio::task::spawn_blocking(move || drop(spent));
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
@@ -332,59 +335,6 @@ fn find_culprit(items: &[usize], fails: &mut impl FnMut(&[usize]) -> bool) -> Op
     suspects.first().copied()
 }
 
-/// What a node is, for the applier's re-check: its state and what it has
-/// (not its heartbeat time or utilisation).
-#[derive(Clone, Debug, PartialEq)]
-struct Shape {
-    state: NodeState,
-    cpu_milli: u64,
-    memory_mib: u64,
-    gpus: Vec<(String, String, u64)>,
-    labels: BTreeMap<String, String>,
-    pool: String,
-}
-
-fn shape(n: &crate::state::NodeRec) -> Shape {
-    Shape {
-        state: n.state,
-        cpu_milli: n.inventory.cpu_milli,
-        memory_mib: n.inventory.memory_mib,
-        gpus: n
-            .inventory
-            .gpus
-            .iter()
-            .map(|g| (g.uuid.clone(), g.model.clone(), g.memory_mib))
-            .collect(),
-        labels: n.inventory.labels.clone(),
-        pool: n.inventory.pool.clone(),
-    }
-}
-
-impl Shape {
-    /// Whether node `n` still has this shape: [`shape`]`(n) == *self`,
-    /// without building one (the applier checks every admitted task's
-    /// node).
-    fn is_of(&self, n: &crate::state::NodeRec) -> bool {
-        let inv = &n.inventory;
-        let same = self.state == n.state
-            && self.cpu_milli == inv.cpu_milli
-            && self.memory_mib == inv.memory_mib
-            && self.gpus.len() == inv.gpus.len()
-            && self
-                .gpus
-                .iter()
-                .zip(&inv.gpus)
-                .all(|((uuid, model, mem), g)| {
-                    *uuid == g.uuid && *model == g.model && *mem == g.memory_mib
-                })
-            && self.labels == inv.labels
-            && self.pool == inv.pool;
-        // Kept in step with `shape` as fields are added to it.
-        debug_assert_eq!(same, shape(n) == *self, "Shape::is_of disagrees with shape");
-        same
-    }
-}
-
 /// Phase 1's output: the snapshot and what the applier will re-check.
 struct Taken {
     snap: Snapshot,
@@ -392,7 +342,9 @@ struct Taken {
     cfg: Config,
     t: u64,
     pending: usize,
-    shapes: BTreeMap<String, Shape>,
+    /// Each node's shape revision ([`World::shape_rev`]) by the core's
+    /// node id (the snapshot's `node_names` order).
+    shape_revs: Vec<u64>,
     /// (job, state, attempt) at the snapshot, for pending and allocated
     /// jobs, in id order.
     versions: Vec<(u64, JobState, u32)>,
@@ -405,6 +357,7 @@ impl Taken {
         world: &World,
         t: u64,
         server: &crate::Config,
+        reuse: &mut crate::snapshot::Reuse,
     ) -> Result<Option<Taken>, crate::ServerError> {
         let pending = world
             .jobs()
@@ -416,7 +369,7 @@ impl Taken {
         if pending == 0 && !world.jobs().values().any(|j| j.state.allocated()) {
             return Ok(None);
         }
-        let snap = snapshot(world, t)?;
+        let snap = crate::snapshot::snapshot_reusing(world, t, reuse)?;
         let history = world.history.to_core(&snap.queues);
         Ok(Some(Taken {
             snap,
@@ -424,11 +377,7 @@ impl Taken {
             cfg: config(server),
             t,
             pending,
-            shapes: world
-                .nodes()
-                .iter()
-                .map(|(name, n)| (name.clone(), shape(n)))
-                .collect(),
+            shape_revs: world.nodes().keys().map(|n| world.shape_rev(n)).collect(),
             versions: world
                 .jobs()
                 .values()
@@ -538,10 +487,14 @@ impl Computed {
             let at = taken.versions.binary_search_by_key(&id, |v| v.0).ok()?;
             (taken.versions[at] == (id, j.state, j.attempts)).then(|| j.clone())
         };
-        let unchanged = |node: &str| match (world.nodes().get(node), taken.shapes.get(node)) {
-            (Some(n), Some(s)) => s.is_of(n),
-            (None, None) => true,
-            _ => false,
+        let names = &taken.snap.node_names;
+        let unchanged = |node: &str| {
+            let at = names.binary_search_by(|n| n.as_str().cmp(node));
+            match (world.nodes().contains_key(node), at) {
+                (true, Ok(i)) => world.shape_rev(node) == taken.shape_revs[i],
+                (false, Err(_)) => true,
+                _ => false,
+            }
         };
         for (id, _, reason) in &taken.snap.evicted {
             let Some(mut j) = same(*id) else {
@@ -767,13 +720,16 @@ fn timers(world: &World, cfg: &crate::Config, t: u64) -> Change {
             change.nodes.insert(n.name.clone(), n);
         }
     }
-    let lost = |name: &str| {
-        change
-            .nodes
-            .get(name)
-            .or_else(|| world.nodes().get(name))
-            .is_none_or(|n| n.state == NodeState::Lost)
-    };
+    // A job on a node that is lost (or that no record names) lost its node:
+    // the nodes that are not, hashed once (jobs are many, nodes fewer).
+    let alive: rustc_hash::FxHashSet<&str> = world
+        .nodes()
+        .values()
+        .map(|n| change.nodes.get(&n.name).unwrap_or(n))
+        .filter(|n| n.state != NodeState::Lost)
+        .map(|n| n.name.as_str())
+        .collect();
+    let lost = |name: &str| !alive.contains(name);
     let mut jobs = Vec::new();
     let mut idle = Vec::new();
     for j in world.jobs().values().filter(|j| j.state.allocated()) {

@@ -215,8 +215,9 @@ pub struct Shared {
     pub cfg: Config,
     /// Wakes the scheduling loop.
     pub wake: Notify,
-    /// Held by the cycle from its snapshot to its commit: one at a time.
-    pub applier: Mutex<()>,
+    /// Held by the cycle from its snapshot to its commit: one at a time,
+    /// with what the last cycle built that the next may reuse.
+    pub applier: Mutex<snapshot::Reuse>,
     /// One diagnosis (`why` of a job the cycle did not reach) at a time.
     pub diagnoses: tokio::sync::Semaphore,
     /// Requests a second per token and per address without one.
@@ -742,7 +743,7 @@ pub async fn open_with(
         reports: tokio::sync::Semaphore::new(2),
         metrics: Mutex::new(None),
         rates,
-        applier: Mutex::new(()),
+        applier: Mutex::new(snapshot::Reuse::default()),
         data_lock: lock,
         sessions: Default::default(),
         oidc,

@@ -190,6 +190,67 @@ pub struct Snapshot {
     pub fault: Option<crate::Fault>,
     /// Projects whose budget is spent.
     pub spent: Spent,
+    /// Each pending job's revision ([`World::job_rev`]) as `pending` was
+    /// built, and the records' ([`World::records_rev`]).
+    pub pending_revs: Vec<u64>,
+    pub records_rev: u64,
+    /// Whether `pending` holds the jobs' workloads as any cycle would build
+    /// them until they or the records change ([`Reuse`]): no gate that
+    /// depends on the time changed them (no reservation is to come or
+    /// open, no project's budget is spent).
+    pub reusable: bool,
+    /// How many of `pending` came from the last cycle's [`Reuse`].
+    pub reused: usize,
+}
+
+/// The pending jobs' workloads the last cycle built, for the next one to
+/// reuse instead of building them again from the jobs' specs: building
+/// them, and freeing them after the cycle, was most of the snapshot's work
+/// at 100,000 pending jobs. Kept by the cycle ([`crate::Shared::applier`]).
+#[derive(Default)]
+pub struct Reuse {
+    records_rev: u64,
+    /// In id order, each with the job's revision when it was built; taken
+    /// as they are reused.
+    pending: Vec<Option<Workload>>,
+    revs: Vec<u64>,
+    /// The first entry not yet passed.
+    at: usize,
+}
+
+impl Reuse {
+    /// What `snap` built from pending jobs, if another cycle may reuse it.
+    pub fn keep(snap: &mut Snapshot) -> Reuse {
+        if !snap.reusable {
+            return Reuse::default();
+        }
+        Reuse {
+            records_rev: snap.records_rev,
+            pending: std::mem::take(&mut snap.pending)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            revs: std::mem::take(&mut snap.pending_revs),
+            at: 0,
+        }
+    }
+
+    /// Pending job `id`'s workload, if it was built at revision `rev`;
+    /// asked in increasing id order.
+    fn take(&mut self, id: u64, rev: u64) -> Option<Workload> {
+        while self.at < self.pending.len() {
+            let k = self.at;
+            match &self.pending[k] {
+                Some(w) if w.job.id.0 > id => return None,
+                Some(w) if w.job.id.0 == id => {
+                    self.at += 1;
+                    return self.pending[k].take().filter(|_| self.revs[k] == rev);
+                }
+                _ => self.at += 1,
+            }
+        }
+        None
+    }
 }
 
 impl Snapshot {
@@ -260,9 +321,22 @@ pub(crate) fn nvlink_islands(inv: &api::Inventory) -> Vec<Option<usize>> {
 /// # Errors
 /// When the committed nodes do not make a cluster the core accepts.
 pub fn snapshot(world: &World, t: u64) -> Result<Snapshot, crate::ServerError> {
+    snapshot_reusing(world, t, &mut Reuse::default())
+}
+
+/// [`snapshot`], taking the workloads of pending jobs that have not
+/// changed from `reuse`.
+///
+/// # Errors
+/// As [`snapshot`].
+pub fn snapshot_reusing(
+    world: &World,
+    t: u64,
+    reuse: &mut Reuse,
+) -> Result<Snapshot, crate::ServerError> {
     let mut shrunk = std::collections::BTreeSet::new();
     loop {
-        let snap = snapshot_with(world, t, &shrunk)?;
+        let snap = snapshot_with(world, t, &shrunk, reuse)?;
         let before = shrunk.len();
         shrunk.extend(snap.evicted.iter().map(|(_, node, _)| node.clone()));
         if shrunk.len() == before {
@@ -275,6 +349,7 @@ pub(crate) fn snapshot_with(
     world: &World,
     t: u64,
     shrunk: &std::collections::BTreeSet<String>,
+    reuse: &mut Reuse,
 ) -> Result<Snapshot, crate::ServerError> {
     // Nodes, in name order; the core's node id is the index.
     let node_names: Vec<String> = world.nodes().keys().cloned().collect();
@@ -387,13 +462,38 @@ pub(crate) fn snapshot_with(
     let live = world.jobs().len();
     let mut running = Vec::with_capacity(live);
     let mut pending = Vec::with_capacity(live);
+    let mut pending_revs = Vec::with_capacity(live);
+    let mut reused_count = 0;
     let mut blocked = Vec::new();
     let mut evicted = Vec::new();
-    for j in world.jobs().values() {
-        let work = workload(j, &queues, &classes).map(|mut w| {
-            w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
-            w
-        });
+    // Gates that change workloads with the time: while none applies, the
+    // workloads of pending jobs are what the last cycle built, unless the
+    // job or the records changed since.
+    let reusable = spent.is_empty() && !world.records().reservations.values().any(|r| r.end > t);
+    let records_rev = world.records_rev();
+    if !reusable || reuse.records_rev != records_rev {
+        *reuse = Reuse::default();
+    }
+    for (j, rev) in world.jobs_and_revs() {
+        let reused = (j.state == JobState::Pending)
+            .then(|| reuse.take(j.id, rev))
+            .flatten();
+        #[cfg(debug_assertions)]
+        if let Some(w) = &reused {
+            let mut fresh = workload(j, &queues, &classes);
+            if let Some(f) = &mut fresh {
+                with_image_label(j, f);
+                f.expected_runtime = w.expected_runtime;
+            }
+            debug_assert_eq!(fresh.as_ref(), Some(w), "a reused workload is stale");
+        }
+        reused_count += usize::from(reused.is_some());
+        let work = reused
+            .or_else(|| workload(j, &queues, &classes))
+            .map(|mut w| {
+                w.expected_runtime = world.runtimes.expect(&j.user, &j.spec.kind);
+                w
+            });
         if j.state.allocated() {
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
@@ -425,7 +525,7 @@ pub(crate) fn snapshot_with(
                         node,
                         cpu: CpuMilli(a.cpu_milli),
                         mem: MemMib(a.mem_mib),
-                        gpu: task_request(&j.spec.tasks[a.group as usize]).gpu,
+                        gpu: crate::convert::gpu_request(&j.spec.tasks[a.group as usize]),
                         pick: pick.into(),
                     })
                 })
@@ -507,13 +607,7 @@ pub(crate) fn snapshot_with(
                 blocked.push((j.id, w));
                 continue;
             }
-            // A task in an image runs only where the node can run images.
-            if j.spec.tasks.iter().any(|g| g.image.is_some()) {
-                work.job
-                    .constraints
-                    .node_selector
-                    .insert(api::OCI_LABEL.into(), "true".into());
-            }
+            with_image_label(j, &mut work);
             if let Some(reason) = budget_gate(j, &mut work, &spent) {
                 blocked.push((j.id, why(j, reason)));
                 continue;
@@ -539,6 +633,7 @@ pub(crate) fn snapshot_with(
                 *taken += 1;
             }
             pending.push(work);
+            pending_revs.push(rev);
         }
     }
     for (id, _) in &blocked {
@@ -565,7 +660,22 @@ pub(crate) fn snapshot_with(
         evicted,
         fault: None,
         spent,
+        pending_revs,
+        records_rev,
+        reusable,
+        reused: reused_count,
     })
+}
+
+/// A task in an image runs only where the node can run images (set on
+/// pending jobs' workloads; setting it again changes nothing).
+fn with_image_label(j: &JobRec, work: &mut Workload) {
+    if j.spec.tasks.iter().any(|g| g.image.is_some()) {
+        work.job
+            .constraints
+            .node_selector
+            .insert(api::OCI_LABEL.into(), "true".into());
+    }
 }
 
 /// The taint and label key of reservation `name` on its nodes.
@@ -831,4 +941,59 @@ pub(crate) fn workload(
         grace: j.spec.checkpoint.grace_s,
         expected_runtime: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str) -> crate::Rec {
+        crate::Rec::Queue(
+            serde_json::from_value(serde_json::json!({"name": name, "team": "t"})).unwrap(),
+        )
+    }
+
+    fn job(id: u64, queue: &str, priority: i32) -> JobRec {
+        let spec = format!(
+            "name: j{id}\nqueue: {queue}\npriority: {priority}\ntasks:\n  - name: main\n    command: [x]\n    resources: {{gpu: {{count: 1}}}}\n"
+        );
+        let spec = api::JobSpec::parse(spec.as_bytes(), false).unwrap();
+        crate::lifecycle::submitted(id, spec, "t", "u", None, 0)
+    }
+
+    /// Each cycle's snapshot, reusing the last one's workloads, is the one
+    /// built from scratch: it reuses the workloads of pending jobs that
+    /// have not changed, builds again those of the jobs put since, and
+    /// every one once the queues change (a queue's id is its position).
+    #[test]
+    fn a_snapshot_reuses_only_the_workloads_of_jobs_and_queues_unchanged() {
+        let mut world = World::default();
+        world.put_record(queue("b"));
+        for id in 1..=3 {
+            world.put_job(job(id, "b", 0));
+        }
+        let mut reuse = Reuse::default();
+        let step = |world: &World, reuse: &mut Reuse| {
+            let mut snap = snapshot_reusing(world, 10, reuse).unwrap();
+            let fresh = snapshot(world, 10).unwrap();
+            assert_eq!(snap.pending, fresh.pending);
+            let reused = snap.reused;
+            *reuse = Reuse::keep(&mut snap);
+            reused
+        };
+        assert_eq!(step(&world, &mut reuse), 0);
+        assert_eq!(step(&world, &mut reuse), 3);
+        // Job 2 changes: built again; jobs 1 and 3 reused.
+        world.put_job(job(2, "b", 5));
+        assert_eq!(step(&world, &mut reuse), 2);
+        assert_eq!(reuse.pending[1].as_ref().unwrap().priority, 5);
+        // Queue "a" comes first: queue "b"'s id changes for every job.
+        world.put_record(queue("a"));
+        assert_eq!(step(&world, &mut reuse), 0);
+        // A job that leaves is not reused for another.
+        let mut gone = job(1, "b", 0);
+        gone.state = JobState::Cancelled;
+        world.put_job(gone);
+        assert_eq!(step(&world, &mut reuse), 2);
+    }
 }

@@ -749,6 +749,34 @@ pub struct World {
     /// for start estimates (reservations and backfill keep to the declared
     /// maximum).
     pub runtimes: gpuflow_core::schedule::RecentRuntimes<api::Kind>,
+    /// Counts [`World::put_job`]s and the [`World::put_node`]s that change
+    /// a node's shape: each job in memory has the count of its last put
+    /// ([`World::job_rev`]), each node that of its last change of shape
+    /// ([`World::shape_rev`]), so the cycle can tell what changed since it
+    /// read them.
+    puts: u64,
+    /// By id, as `jobs` (the same ids): read beside it in order.
+    job_revs: BTreeMap<u64, u64>,
+    shape_revs: rustc_hash::FxHashMap<String, u64>,
+    /// Counts changes of the records ([`World::records_rev`]).
+    records_rev: u64,
+}
+
+/// Whether two records of a node agree on everything the scheduler reads
+/// of it: its state, CPU, memory, GPUs (UUID, model, memory), labels and
+/// pool; not its heartbeat, address or utilisation.
+pub fn same_shape(a: &NodeRec, b: &NodeRec) -> bool {
+    let (x, y) = (&a.inventory, &b.inventory);
+    a.state == b.state
+        && x.cpu_milli == y.cpu_milli
+        && x.memory_mib == y.memory_mib
+        && x.gpus.len() == y.gpus.len()
+        && x.gpus
+            .iter()
+            .zip(&y.gpus)
+            .all(|(g, h)| g.uuid == h.uuid && g.model == h.model && g.memory_mib == h.memory_mib)
+        && x.labels == y.labels
+        && x.pool == y.pool
 }
 
 /// Bounds of the duration histograms, in seconds.
@@ -1173,7 +1201,40 @@ impl World {
             }
         }
         self.summaries.insert(j.id, JobSummary::of(&j));
+        self.puts += 1;
+        self.job_revs.insert(j.id, self.puts);
         self.jobs.insert(j.id, j);
+    }
+
+    /// Job `id`'s revision: it changes with every [`World::put_job`] of it
+    /// (0 for a job not in memory).
+    pub fn job_rev(&self, id: u64) -> u64 {
+        self.job_revs.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The jobs in memory by id, as [`World::jobs`], each with its
+    /// revision ([`World::job_rev`]).
+    pub fn jobs_and_revs(&self) -> impl Iterator<Item = (&JobRec, u64)> {
+        debug_assert_eq!(self.jobs.len(), self.job_revs.len());
+        self.jobs
+            .values()
+            .zip(self.job_revs.iter())
+            .map(|(j, (id, rev))| {
+                debug_assert_eq!(j.id, *id, "a job's revision is out of step");
+                (j, *rev)
+            })
+    }
+
+    /// Node `name`'s shape revision: it changes with every
+    /// [`World::put_node`] that changes what the scheduler reads of it
+    /// ([`same_shape`]), not with heartbeats (0 for an unknown node).
+    pub fn shape_rev(&self, name: &str) -> u64 {
+        self.shape_revs.get(name).copied().unwrap_or(0)
+    }
+
+    /// The records' revision: it changes with every record put or removed.
+    pub fn records_rev(&self) -> u64 {
+        self.records_rev
     }
 
     /// Lets jobs finished before `t - keep_s` leave memory (the store keeps
@@ -1187,6 +1248,7 @@ impl World {
             .collect();
         for id in &old {
             self.jobs.remove(id);
+            self.job_revs.remove(id);
             self.why.remove(id);
             self.unreached.remove(id);
             self.diagnosed.remove(id);
@@ -1222,6 +1284,7 @@ impl World {
     /// that stage a state the API refuses (as [`World::put_node`]).
     pub fn put_record(&mut self, rec: crate::Rec) {
         use crate::Rec;
+        self.records_rev += 1;
         let r = &mut self.records;
         match rec {
             Rec::Team(t) => {
@@ -1255,6 +1318,7 @@ impl World {
     /// Removes a record a committed change removed.
     pub fn remove_record(&mut self, gone: crate::Gone) {
         use crate::Gone;
+        self.records_rev += 1;
         let r = &mut self.records;
         match gone {
             Gone::Token(h) => {
@@ -1279,6 +1343,14 @@ impl World {
 
     /// Puts a node, keeping the token index and the shape counts in step.
     pub fn put_node(&mut self, n: NodeRec) {
+        if self
+            .nodes
+            .get(&n.name)
+            .is_none_or(|old| !same_shape(old, &n))
+        {
+            self.puts += 1;
+            self.shape_revs.insert(n.name.clone(), self.puts);
+        }
         if let Some(old) = self.nodes.get(&n.name) {
             self.node_by_token.remove(&old.token_hash);
             let shape = crate::feasible::NodeShape::of(&old.inventory);
@@ -1335,7 +1407,7 @@ impl World {
                 let Some(group) = j.spec.tasks.get(a.group as usize) else {
                     continue;
                 };
-                let ask = crate::convert::task_request(group).gpu;
+                let ask = crate::convert::gpu_request(group);
                 let (mode, milli, profile) = match &ask {
                     gpuflow_core::request::GpuRequest::None => continue,
                     gpuflow_core::request::GpuRequest::Whole { .. } => ("whole", 1000, None),
@@ -1510,6 +1582,42 @@ mod tests {
             BTreeMap::new(),
         )
         .unwrap()
+    }
+
+    /// A node's shape revision changes with what the scheduler reads of it
+    /// (the applier drops decisions made on another shape), not with a
+    /// heartbeat's time or a new address.
+    #[test]
+    fn a_nodes_shape_revision_follows_what_the_scheduler_reads() {
+        let inventory: api::Inventory = serde_json::from_str(
+            r#"{"cpu_milli": 1000, "memory_mib": 1024, "gpus": [], "emulated": true}"#,
+        )
+        .unwrap();
+        let (n, _) = crate::nodes::joined("n1", inventory, "h".into(), 100);
+        let mut world = World::default();
+        assert_eq!(world.shape_rev("n1"), 0);
+        world.put_node(n.clone());
+        let first = world.shape_rev("n1");
+        assert_ne!(first, 0);
+        let mut beat = n.clone();
+        beat.last_heartbeat = 200;
+        beat.address = "10.0.0.9".into();
+        world.put_node(beat.clone());
+        assert_eq!(world.shape_rev("n1"), first, "a heartbeat is no new shape");
+        for change in [
+            |n: &mut NodeRec| n.state = NodeState::Cordoned,
+            |n: &mut NodeRec| n.inventory.cpu_milli += 1,
+            |n: &mut NodeRec| n.inventory.pool = "p".into(),
+            |n: &mut NodeRec| {
+                n.inventory.labels.insert("rack".into(), "r1".into());
+            },
+        ] {
+            let before = world.shape_rev("n1");
+            let mut other = world.nodes()["n1"].clone();
+            change(&mut other);
+            world.put_node(other);
+            assert!(world.shape_rev("n1") > before);
+        }
     }
 
     #[tokio::test]

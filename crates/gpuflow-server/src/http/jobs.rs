@@ -417,7 +417,7 @@ fn check_spec(
         let milli: u64 = spec
             .tasks
             .iter()
-            .map(|g| crate::convert::task_request(g).gpu.quota_milli() * u64::from(g.replicas))
+            .map(|g| crate::convert::gpu_request(g).quota_milli() * u64::from(g.replicas))
             .sum();
         if milli as f64 > most * 1000.0 {
             return Err(ApiError::bad_request(
