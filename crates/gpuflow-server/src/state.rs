@@ -757,6 +757,9 @@ pub struct World {
     puts: u64,
     /// By id, as `jobs` (the same ids): read beside it in order.
     job_revs: BTreeMap<u64, u64>,
+    /// The finished jobs in memory by (finish time, id), so that letting
+    /// them leave ([`World::prune_finished`]) reads only those that leave.
+    finished: std::collections::BTreeSet<(u64, u64)>,
     shape_revs: rustc_hash::FxHashMap<String, u64>,
     /// Counts changes of the records ([`World::records_rev`]).
     records_rev: u64,
@@ -1188,6 +1191,15 @@ impl World {
             self.runtimes
                 .record(&j.user, j.spec.kind, end.saturating_sub(h.from));
         }
+        if let Some(old) = self.jobs.get(&j.id)
+            && old.state.finished()
+        {
+            self.finished
+                .remove(&(old.finished_at.unwrap_or(0), old.id));
+        }
+        if j.state.finished() {
+            self.finished.insert((j.finished_at.unwrap_or(0), j.id));
+        }
         if let Some(old) = self.jobs.get(&j.id) {
             for a in &old.allocs {
                 if let Some(ids) = self.on_node.get_mut(&a.node) {
@@ -1240,12 +1252,19 @@ impl World {
     /// Lets jobs finished before `t - keep_s` leave memory (the store keeps
     /// them; reads fetch them from there). Returns how many left.
     pub fn prune_finished(&mut self, t: u64, keep_s: u64) -> usize {
-        let old: Vec<u64> = self
-            .jobs
-            .values()
-            .filter(|j| j.state.finished() && j.finished_at.unwrap_or(0) + keep_s < t)
-            .map(|j| j.id)
-            .collect();
+        let mut old = Vec::new();
+        while let Some(&(at, id)) = self.finished.first()
+            && at + keep_s < t
+        {
+            self.finished.pop_first();
+            old.push(id);
+        }
+        debug_assert!(
+            self.jobs.values().all(|j| !(j.state.finished()
+                && j.finished_at.unwrap_or(0) + keep_s < t)
+                || old.contains(&j.id)),
+            "a finished job is missing from the index"
+        );
         for id in &old {
             self.jobs.remove(id);
             self.job_revs.remove(id);
