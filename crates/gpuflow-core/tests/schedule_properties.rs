@@ -147,7 +147,10 @@ fn run(s: &Spec, observed: bool) -> Result<Vec<String>, TestCaseError> {
     let mut w = build(s);
     let teams = s.teams.len();
     let mut ends: BTreeMap<JobId, u32> = BTreeMap::new();
-    let mut preempted_by: BTreeMap<JobId, BTreeSet<JobId>> = BTreeMap::new();
+    // Each preemption: preemptor → victim → the other jobs running then in
+    // their two queues.
+    type Others = (BTreeSet<JobId>, BTreeSet<JobId>);
+    let mut preempted_by: BTreeMap<JobId, BTreeMap<JobId, Others>> = BTreeMap::new();
     for cycle in 0..20u32 {
         let now = cycle as u64 * 100;
         for (k, j) in s.jobs.iter().enumerate() {
@@ -351,14 +354,31 @@ fn run(s: &Spec, observed: bool) -> Result<Vec<String>, TestCaseError> {
             if p.reason == PreemptReason::Reclaim {
                 lost.entry(q).or_default().push((now, p.lost_gpu_hours));
             }
-            // No cycles: the victim never preempted the preemptor before.
+            // No cycles: the victim never preempted the preemptor before
+            // while the other jobs running in their two queues are the ones
+            // that ran then. (Queues take turns as their other work starts
+            // and ends: a queue that borrowed lends later, and its job may
+            // reclaim from the job that reclaimed from it. With the same
+            // other work, the rule that let the first one preempt forbids
+            // the second.)
+            let others = |q: QueueId| -> BTreeSet<JobId> {
+                w.running
+                    .iter()
+                    .filter(|r| {
+                        r.work.queue == q && r.work.job.id != p.victim && r.work.job.id != p.by
+                    })
+                    .map(|r| r.work.job.id)
+                    .collect()
+            };
+            let now: Others = (others(by.queue), others(victim.work.queue));
             prop_assert!(
-                !preempted_by
+                preempted_by
                     .get(&p.victim)
-                    .is_some_and(|s| s.contains(&p.by)),
+                    .and_then(|v| v.get(&p.by))
+                    .is_none_or(|(of_victim, of_by)| (of_victim, of_by) != (&now.1, &now.0)),
                 "preemption cycle"
             );
-            preempted_by.entry(p.by).or_default().insert(p.victim);
+            preempted_by.entry(p.by).or_default().insert(p.victim, now);
         }
         w.log.push(format!(
             "{:?}",
