@@ -193,20 +193,25 @@ pub struct Snapshot {
     /// Each pending job's revision ([`World::job_rev`]) as `pending` was
     /// built, and the records' ([`World::records_rev`]).
     pub pending_revs: Vec<u64>,
+    /// Each running job's revision as `running` was built.
+    pub running_revs: Vec<u64>,
     pub records_rev: u64,
-    /// Whether `pending` holds the jobs' workloads as any cycle would build
-    /// them until they or the records change ([`Reuse`]): no gate that
-    /// depends on the time changed them (no reservation is to come or
-    /// open, no project's budget is spent).
+    /// [`World::revision`] as it was built.
+    pub revision: u64,
+    /// Whether `pending` and `running` hold the jobs' workloads as any
+    /// cycle would build them until they or the records change
+    /// ([`Reuse`]): no gate that depends on the time changed them (no
+    /// reservation is to come or open, no project's budget is spent).
     pub reusable: bool,
     /// How many of `pending` came from the last cycle's [`Reuse`].
     pub reused: usize,
 }
 
-/// The pending jobs' workloads the last cycle built, for the next one to
-/// reuse instead of building them again from the jobs' specs: building
-/// them, and freeing them after the cycle, was most of the snapshot's work
-/// at 100,000 pending jobs. Kept by the cycle ([`crate::Shared::applier`]).
+/// The pending jobs' workloads and the running jobs' workloads and
+/// allocations the last cycle built, for the next one to reuse instead of
+/// building them again from the jobs' records: building them, and freeing
+/// them after the cycle, was most of the snapshot's work at 100,000 jobs.
+/// Kept by the cycle ([`crate::Shared::applier`]).
 #[derive(Default)]
 pub struct Reuse {
     records_rev: u64,
@@ -216,6 +221,15 @@ pub struct Reuse {
     revs: Vec<u64>,
     /// The first entry not yet passed.
     at: usize,
+    /// The running jobs' workloads and allocations likewise, reused while
+    /// every node they are on has kept its inventory since `revision` and
+    /// the nodes are the same (`nodes`: none is ever removed, so the same
+    /// count is the same nodes, and the same node ids).
+    running: Vec<Option<Running>>,
+    running_revs: Vec<u64>,
+    running_at: usize,
+    revision: u64,
+    nodes: usize,
 }
 
 impl Reuse {
@@ -232,7 +246,39 @@ impl Reuse {
                 .collect(),
             revs: std::mem::take(&mut snap.pending_revs),
             at: 0,
+            running: std::mem::take(&mut snap.running)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            running_revs: std::mem::take(&mut snap.running_revs),
+            running_at: 0,
+            revision: snap.revision,
+            nodes: snap.node_names.len(),
         }
+    }
+
+    /// Running job `id`'s workload and allocations, if built at revision
+    /// `rev` and every node it is on (`inventory_revs` by node id) has
+    /// kept its inventory since; asked in increasing id order.
+    fn take_running(&mut self, id: u64, rev: u64, inventory_revs: &[u64]) -> Option<Running> {
+        while self.running_at < self.running.len() {
+            let k = self.running_at;
+            match &self.running[k] {
+                Some(r) if r.work.job.id.0 > id => return None,
+                Some(r) if r.work.job.id.0 == id => {
+                    self.running_at += 1;
+                    let kept = self.running_revs[k] == rev
+                        && r.allocations.iter().all(|a| {
+                            inventory_revs
+                                .get(a.node.0 as usize)
+                                .is_some_and(|&v| v <= self.revision)
+                        });
+                    return self.running[k].take().filter(|_| kept);
+                }
+                _ => self.running_at += 1,
+            }
+        }
+        None
     }
 
     /// Pending job `id`'s workload, if it was built at revision `rev`;
@@ -471,18 +517,28 @@ pub(crate) fn snapshot_with(
     // job or the records changed since.
     let reusable = spent.is_empty() && !world.records().reservations.values().any(|r| r.end > t);
     let records_rev = world.records_rev();
-    if !reusable || reuse.records_rev != records_rev {
+    if !reusable || reuse.records_rev != records_rev || reuse.nodes != node_names.len() {
         *reuse = Reuse::default();
     }
+    let inventory_revs: Vec<u64> = world.inventory_revs().collect();
+    let mut running_revs = Vec::with_capacity(live);
     for (j, rev) in world.jobs_and_revs() {
-        let reused = (j.state == JobState::Pending)
-            .then(|| reuse.take(j.id, rev))
-            .flatten();
+        let (reused, reused_allocations) = if j.state == JobState::Pending {
+            (reuse.take(j.id, rev), None)
+        } else if j.state.allocated() {
+            reuse
+                .take_running(j.id, rev, &inventory_revs)
+                .map_or((None, None), |r| (Some(r.work), Some(r.allocations)))
+        } else {
+            (None, None)
+        };
         #[cfg(debug_assertions)]
         if let Some(w) = &reused {
             let mut fresh = workload(j, &queues, &classes);
             if let Some(f) = &mut fresh {
-                with_image_label(j, f);
+                if j.state == JobState::Pending {
+                    with_image_label(j, f);
+                }
                 f.expected_runtime = w.expected_runtime;
             }
             debug_assert_eq!(fresh.as_ref(), Some(w), "a reused workload is stale");
@@ -498,38 +554,51 @@ pub(crate) fn snapshot_with(
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
             let mut gone = None;
-            let allocations: Vec<Allocation> = j
-                .allocs
-                .iter()
-                .filter_map(|a| {
-                    let &(node, rec) = node_at.get(a.node.as_str())?;
-                    let inv = &rec.inventory;
-                    let pick = match a.current_pick(inv) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            gone.get_or_insert((a.node.clone(), e));
-                            return None;
+            let fresh = |gone: &mut Option<(String, String)>| -> Vec<Allocation> {
+                j.allocs
+                    .iter()
+                    .filter_map(|a| {
+                        let &(node, rec) = node_at.get(a.node.as_str())?;
+                        let inv = &rec.inventory;
+                        let pick = match a.current_pick(inv) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                gone.get_or_insert((a.node.clone(), e));
+                                return None;
+                            }
+                        };
+                        // Work on a GPU that turned unhealthy is stopped and
+                        // requeued; the GPU stays held until it is gone.
+                        if let Some(why) = a.unhealthy_gpu(inv) {
+                            gone.get_or_insert((a.node.clone(), why));
                         }
-                    };
-                    // Work on a GPU that turned unhealthy is stopped and
-                    // requeued; the GPU stays held until it is gone.
-                    if let Some(why) = a.unhealthy_gpu(inv) {
-                        gone.get_or_insert((a.node.clone(), why));
-                    }
-                    Some(Allocation {
-                        task: TaskId {
-                            job: JobId(j.id),
-                            group: a.group,
-                            index: a.index,
-                        },
-                        node,
-                        cpu: CpuMilli(a.cpu_milli),
-                        mem: MemMib(a.mem_mib),
-                        gpu: crate::convert::gpu_request(&j.spec.tasks[a.group as usize]),
-                        pick: pick.into(),
+                        Some(Allocation {
+                            task: TaskId {
+                                job: JobId(j.id),
+                                group: a.group,
+                                index: a.index,
+                            },
+                            node,
+                            cpu: CpuMilli(a.cpu_milli),
+                            mem: MemMib(a.mem_mib),
+                            gpu: crate::convert::gpu_request(&j.spec.tasks[a.group as usize]),
+                            pick: pick.into(),
+                        })
                     })
-                })
-                .collect();
+                    .collect()
+            };
+            let allocations = match reused_allocations {
+                Some(a) => {
+                    #[cfg(debug_assertions)]
+                    {
+                        let mut none = None;
+                        debug_assert_eq!(fresh(&mut none), a, "reused allocations are stale");
+                        debug_assert!(none.is_none(), "reused allocations lost their GPUs");
+                    }
+                    a
+                }
+                None => fresh(&mut gone),
+            };
             // An evicted job counts in its queue's quota until it is gone,
             // as a stopping one does: its GPUs are not free yet.
             let charge = |queues: &mut Queues| {
@@ -580,6 +649,7 @@ pub(crate) fn snapshot_with(
                 last_checkpoint: j.last_checkpoint,
                 stopping_at: (j.state == JobState::Stopping).then(|| j.kill_at.unwrap_or(t)),
             });
+            running_revs.push(rev);
         } else if j.state == JobState::Pending {
             let Some(mut work) = work else {
                 let reason = match aside.get(&j.spec.queue) {
@@ -661,7 +731,9 @@ pub(crate) fn snapshot_with(
         fault: None,
         spent,
         pending_revs,
+        running_revs,
         records_rev,
+        revision: world.revision(),
         reusable,
         reused: reused_count,
     })

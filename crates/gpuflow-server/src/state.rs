@@ -761,6 +761,10 @@ pub struct World {
     /// them leave ([`World::prune_finished`]) reads only those that leave.
     finished: std::collections::BTreeSet<(u64, u64)>,
     shape_revs: rustc_hash::FxHashMap<String, u64>,
+    /// By name, as `nodes` (the same names): each node's inventory
+    /// revision, which changes with every put that changes its state or
+    /// anything its agent reports of what it has (GPU health included).
+    inventory_revs: BTreeMap<String, u64>,
     /// Counts changes of the records ([`World::records_rev`]).
     records_rev: u64,
 }
@@ -1244,6 +1248,19 @@ impl World {
         self.shape_revs.get(name).copied().unwrap_or(0)
     }
 
+    /// Each node's inventory revision, in name order (as
+    /// [`World::nodes`]): it changes with every put that changes the node's
+    /// state or inventory.
+    pub fn inventory_revs(&self) -> impl Iterator<Item = u64> {
+        debug_assert_eq!(self.nodes.len(), self.inventory_revs.len());
+        self.inventory_revs.values().copied()
+    }
+
+    /// The revision now: every revision given so far is at most this.
+    pub fn revision(&self) -> u64 {
+        self.puts
+    }
+
     /// The records' revision: it changes with every record put or removed.
     pub fn records_rev(&self) -> u64 {
         self.records_rev
@@ -1369,6 +1386,14 @@ impl World {
         {
             self.puts += 1;
             self.shape_revs.insert(n.name.clone(), self.puts);
+        }
+        if self
+            .nodes
+            .get(&n.name)
+            .is_none_or(|old| old.state != n.state || old.inventory != n.inventory)
+        {
+            self.puts += 1;
+            self.inventory_revs.insert(n.name.clone(), self.puts);
         }
         if let Some(old) = self.nodes.get(&n.name) {
             self.node_by_token.remove(&old.token_hash);
