@@ -109,6 +109,10 @@ pub async fn run_once_with(
         return Ok(());
     };
     let took = started.elapsed();
+    // What was not reused is stale: freed now, off the state lock, rather
+    // than kept beside this cycle's snapshot until the next.
+    let stale = std::mem::take(&mut *reuse);
+    tokio::task::spawn_blocking(move || drop(stale));
     // Phase 2.
     let computed = match tokio::task::spawn_blocking(move || taken.compute()).await {
         Ok(c) => c,
