@@ -346,8 +346,8 @@ struct Taken {
     cfg: Config,
     t: u64,
     pending: usize,
-    /// Each node's shape revision ([`World::shape_rev`]) by the core's
-    /// node id (the snapshot's `node_names` order).
+    /// Each node's shape revision ([`crate::state::NodeRevs`]) by the
+    /// core's node id (the snapshot's `node_names` order).
     shape_revs: Vec<u64>,
     /// (job, state, attempt) at the snapshot, for pending and allocated
     /// jobs, in id order.
@@ -381,7 +381,7 @@ impl Taken {
             cfg: config(server),
             t,
             pending,
-            shape_revs: world.nodes().keys().map(|n| world.shape_rev(n)).collect(),
+            shape_revs: world.all_node_revs().map(|r| r.shape).collect(),
             versions: world
                 .jobs()
                 .values()
@@ -495,7 +495,7 @@ impl Computed {
         let unchanged = |node: &str| {
             let at = names.binary_search_by(|n| n.as_str().cmp(node));
             match (world.nodes().contains_key(node), at) {
-                (true, Ok(i)) => world.shape_rev(node) == taken.shape_revs[i],
+                (true, Ok(i)) => world.node_revs(node).shape == taken.shape_revs[i],
                 (false, Err(_)) => true,
                 _ => false,
             }

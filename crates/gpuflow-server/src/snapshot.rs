@@ -215,87 +215,111 @@ pub struct Snapshot {
 #[derive(Default)]
 pub struct Reuse {
     records_rev: u64,
-    /// In id order, each with the job's revision when it was built; taken
-    /// as they are reused.
-    pending: Vec<Option<Workload>>,
-    revs: Vec<u64>,
-    /// The first entry not yet passed.
-    at: usize,
-    /// The running jobs' workloads and allocations likewise, reused while
-    /// every node they are on has kept its inventory since `revision` and
-    /// the nodes are the same (`nodes`: none is ever removed, so the same
-    /// count is the same nodes, and the same node ids).
-    running: Vec<Option<Running>>,
-    running_revs: Vec<u64>,
-    running_at: usize,
+    pending: Kept<Workload>,
+    /// Reused while every node they are on has kept its inventory since
+    /// `revision` and the nodes are the same (`nodes`: none is ever
+    /// removed, so the same count is the same nodes, and the same node ids).
+    running: Kept<Running>,
     revision: u64,
     nodes: usize,
 }
 
+/// What a cycle built from jobs, in id order, each with the job's revision
+/// then ([`World::job_rev`]); taken as it is reused.
+struct Kept<T> {
+    items: Vec<Option<T>>,
+    revs: Vec<u64>,
+    /// The first entry not yet passed.
+    at: usize,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            items: Vec::new(),
+            revs: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl<T> Kept<T> {
+    fn of(items: Vec<T>, revs: Vec<u64>) -> Self {
+        Kept {
+            items: items.into_iter().map(Some).collect(),
+            revs,
+            at: 0,
+        }
+    }
+
+    /// Job `id`'s item, if it was built at revision `rev` and `still`
+    /// holds of it; asked in increasing id order (`id_of` reads an item's).
+    fn take(
+        &mut self,
+        id: u64,
+        rev: u64,
+        id_of: impl Fn(&T) -> u64,
+        still: impl Fn(&T) -> bool,
+    ) -> Option<T> {
+        while self.at < self.items.len() {
+            let k = self.at;
+            match &self.items[k] {
+                Some(x) if id_of(x) > id => return None,
+                Some(x) if id_of(x) == id => {
+                    self.at += 1;
+                    let kept = self.revs[k] == rev && still(x);
+                    return self.items[k].take().filter(|_| kept);
+                }
+                _ => self.at += 1,
+            }
+        }
+        None
+    }
+}
+
 impl Reuse {
-    /// What `snap` built from pending jobs, if another cycle may reuse it.
+    /// What `snap` built from jobs, if another cycle may reuse it.
     pub fn keep(snap: &mut Snapshot) -> Reuse {
         if !snap.reusable {
             return Reuse::default();
         }
         Reuse {
             records_rev: snap.records_rev,
-            pending: std::mem::take(&mut snap.pending)
-                .into_iter()
-                .map(Some)
-                .collect(),
-            revs: std::mem::take(&mut snap.pending_revs),
-            at: 0,
-            running: std::mem::take(&mut snap.running)
-                .into_iter()
-                .map(Some)
-                .collect(),
-            running_revs: std::mem::take(&mut snap.running_revs),
-            running_at: 0,
+            pending: Kept::of(
+                std::mem::take(&mut snap.pending),
+                std::mem::take(&mut snap.pending_revs),
+            ),
+            running: Kept::of(
+                std::mem::take(&mut snap.running),
+                std::mem::take(&mut snap.running_revs),
+            ),
             revision: snap.revision,
             nodes: snap.node_names.len(),
         }
     }
 
-    /// Running job `id`'s workload and allocations, if built at revision
-    /// `rev` and every node it is on (`inventory_revs` by node id) has
-    /// kept its inventory since; asked in increasing id order.
-    fn take_running(&mut self, id: u64, rev: u64, inventory_revs: &[u64]) -> Option<Running> {
-        while self.running_at < self.running.len() {
-            let k = self.running_at;
-            match &self.running[k] {
-                Some(r) if r.work.job.id.0 > id => return None,
-                Some(r) if r.work.job.id.0 == id => {
-                    self.running_at += 1;
-                    let kept = self.running_revs[k] == rev
-                        && r.allocations.iter().all(|a| {
-                            inventory_revs
-                                .get(a.node.0 as usize)
-                                .is_some_and(|&v| v <= self.revision)
-                        });
-                    return self.running[k].take().filter(|_| kept);
-                }
-                _ => self.running_at += 1,
-            }
-        }
-        None
+    /// Pending job `id`'s workload, if it was built at revision `rev`.
+    fn take(&mut self, id: u64, rev: u64) -> Option<Workload> {
+        self.pending.take(id, rev, |w| w.job.id.0, |_| true)
     }
 
-    /// Pending job `id`'s workload, if it was built at revision `rev`;
-    /// asked in increasing id order.
-    fn take(&mut self, id: u64, rev: u64) -> Option<Workload> {
-        while self.at < self.pending.len() {
-            let k = self.at;
-            match &self.pending[k] {
-                Some(w) if w.job.id.0 > id => return None,
-                Some(w) if w.job.id.0 == id => {
-                    self.at += 1;
-                    return self.pending[k].take().filter(|_| self.revs[k] == rev);
-                }
-                _ => self.at += 1,
-            }
-        }
-        None
+    /// Running job `id`'s workload and allocations, if built at revision
+    /// `rev` and every node it is on (`inventory_revs` by node id) has
+    /// kept its inventory since.
+    fn take_running(&mut self, id: u64, rev: u64, inventory_revs: &[u64]) -> Option<Running> {
+        let revision = self.revision;
+        self.running.take(
+            id,
+            rev,
+            |r| r.work.job.id.0,
+            |r| {
+                r.allocations.iter().all(|a| {
+                    inventory_revs
+                        .get(a.node.0 as usize)
+                        .is_some_and(|&v| v <= revision)
+                })
+            },
+        )
     }
 }
 
@@ -520,7 +544,7 @@ pub(crate) fn snapshot_with(
     if !reusable || reuse.records_rev != records_rev || reuse.nodes != node_names.len() {
         *reuse = Reuse::default();
     }
-    let inventory_revs: Vec<u64> = world.inventory_revs().collect();
+    let inventory_revs: Vec<u64> = world.all_node_revs().map(|r| r.inventory).collect();
     let mut running_revs = Vec::with_capacity(live);
     for (j, rev) in world.jobs_and_revs() {
         let (reused, reused_allocations) = if j.state == JobState::Pending {
@@ -1058,7 +1082,7 @@ mod tests {
         // Job 2 changes: built again; jobs 1 and 3 reused.
         world.put_job(job(2, "b", 5));
         assert_eq!(step(&world, &mut reuse), 2);
-        assert_eq!(reuse.pending[1].as_ref().unwrap().priority, 5);
+        assert_eq!(reuse.pending.items[1].as_ref().unwrap().priority, 5);
         // Queue "a" comes first: queue "b"'s id changes for every job.
         world.put_record(queue("a"));
         assert_eq!(step(&world, &mut reuse), 0);

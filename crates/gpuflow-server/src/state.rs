@@ -750,29 +750,39 @@ pub struct World {
     /// maximum).
     pub runtimes: gpuflow_core::schedule::RecentRuntimes<api::Kind>,
     /// Counts [`World::put_job`]s and the [`World::put_node`]s that change
-    /// a node's shape: each job in memory has the count of its last put
-    /// ([`World::job_rev`]), each node that of its last change of shape
-    /// ([`World::shape_rev`]), so the cycle can tell what changed since it
-    /// read them.
+    /// a node: each job in memory has the count of its last put
+    /// ([`World::job_rev`]), each node those of its last changes
+    /// ([`NodeRevs`]), so the cycle can tell what changed since it read
+    /// them.
     puts: u64,
     /// By id, as `jobs` (the same ids): read beside it in order.
     job_revs: BTreeMap<u64, u64>,
     /// The finished jobs in memory by (finish time, id), so that letting
     /// them leave ([`World::prune_finished`]) reads only those that leave.
     finished: std::collections::BTreeSet<(u64, u64)>,
-    shape_revs: rustc_hash::FxHashMap<String, u64>,
-    /// By name, as `nodes` (the same names): each node's inventory
-    /// revision, which changes with every put that changes its state or
-    /// anything its agent reports of what it has (GPU health included).
-    inventory_revs: BTreeMap<String, u64>,
+    /// By name, as `nodes` (the same names): read beside it in order.
+    node_revs: BTreeMap<String, NodeRevs>,
     /// Counts changes of the records ([`World::records_rev`]).
     records_rev: u64,
+}
+
+/// A node's revisions ([`World::revision`] at its last changes).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NodeRevs {
+    /// Changed by a put that changes what the scheduler reads of it
+    /// ([`same_shape`]), not by heartbeats: the applier drops decisions
+    /// made on another shape.
+    pub shape: u64,
+    /// Changed by a put that changes its state or anything its agent
+    /// reports of what it has (GPU health included): the cycle reads its
+    /// running jobs' allocations again.
+    pub inventory: u64,
 }
 
 /// Whether two records of a node agree on everything the scheduler reads
 /// of it: its state, CPU, memory, GPUs (UUID, model, memory), labels and
 /// pool; not its heartbeat, address or utilisation.
-pub fn same_shape(a: &NodeRec, b: &NodeRec) -> bool {
+fn same_shape(a: &NodeRec, b: &NodeRec) -> bool {
     let (x, y) = (&a.inventory, &b.inventory);
     a.state == b.state
         && x.cpu_milli == y.cpu_milli
@@ -1241,19 +1251,15 @@ impl World {
             })
     }
 
-    /// Node `name`'s shape revision: it changes with every
-    /// [`World::put_node`] that changes what the scheduler reads of it
-    /// ([`same_shape`]), not with heartbeats (0 for an unknown node).
-    pub fn shape_rev(&self, name: &str) -> u64 {
-        self.shape_revs.get(name).copied().unwrap_or(0)
+    /// Node `name`'s revisions (0 for an unknown node).
+    pub fn node_revs(&self, name: &str) -> NodeRevs {
+        self.node_revs.get(name).copied().unwrap_or_default()
     }
 
-    /// Each node's inventory revision, in name order (as
-    /// [`World::nodes`]): it changes with every put that changes the node's
-    /// state or inventory.
-    pub fn inventory_revs(&self) -> impl Iterator<Item = u64> {
-        debug_assert_eq!(self.nodes.len(), self.inventory_revs.len());
-        self.inventory_revs.values().copied()
+    /// Each node's revisions, in name order (as [`World::nodes`]).
+    pub fn all_node_revs(&self) -> impl Iterator<Item = NodeRevs> {
+        debug_assert_eq!(self.nodes.len(), self.node_revs.len());
+        self.node_revs.values().copied()
     }
 
     /// The revision now: every revision given so far is at most this.
@@ -1379,21 +1385,18 @@ impl World {
 
     /// Puts a node, keeping the token index and the shape counts in step.
     pub fn put_node(&mut self, n: NodeRec) {
-        if self
-            .nodes
-            .get(&n.name)
-            .is_none_or(|old| !same_shape(old, &n))
-        {
+        let old = self.nodes.get(&n.name);
+        let reshaped = old.is_none_or(|old| !same_shape(old, &n));
+        let changed = old.is_none_or(|old| old.state != n.state || old.inventory != n.inventory);
+        if reshaped || changed {
             self.puts += 1;
-            self.shape_revs.insert(n.name.clone(), self.puts);
-        }
-        if self
-            .nodes
-            .get(&n.name)
-            .is_none_or(|old| old.state != n.state || old.inventory != n.inventory)
-        {
-            self.puts += 1;
-            self.inventory_revs.insert(n.name.clone(), self.puts);
+            let revs = self.node_revs.entry(n.name.clone()).or_default();
+            if reshaped {
+                revs.shape = self.puts;
+            }
+            if changed {
+                revs.inventory = self.puts;
+            }
         }
         if let Some(old) = self.nodes.get(&n.name) {
             self.node_by_token.remove(&old.token_hash);
@@ -1639,15 +1642,19 @@ mod tests {
         .unwrap();
         let (n, _) = crate::nodes::joined("n1", inventory, "h".into(), 100);
         let mut world = World::default();
-        assert_eq!(world.shape_rev("n1"), 0);
+        assert_eq!(world.node_revs("n1").shape, 0);
         world.put_node(n.clone());
-        let first = world.shape_rev("n1");
+        let first = world.node_revs("n1").shape;
         assert_ne!(first, 0);
         let mut beat = n.clone();
         beat.last_heartbeat = 200;
         beat.address = "10.0.0.9".into();
         world.put_node(beat.clone());
-        assert_eq!(world.shape_rev("n1"), first, "a heartbeat is no new shape");
+        assert_eq!(
+            world.node_revs("n1").shape,
+            first,
+            "a heartbeat is no new shape"
+        );
         for change in [
             |n: &mut NodeRec| n.state = NodeState::Cordoned,
             |n: &mut NodeRec| n.inventory.cpu_milli += 1,
@@ -1656,11 +1663,11 @@ mod tests {
                 n.inventory.labels.insert("rack".into(), "r1".into());
             },
         ] {
-            let before = world.shape_rev("n1");
+            let before = world.node_revs("n1").shape;
             let mut other = world.nodes()["n1"].clone();
             change(&mut other);
             world.put_node(other);
-            assert!(world.shape_rev("n1") > before);
+            assert!(world.node_revs("n1").shape > before);
         }
     }
 
