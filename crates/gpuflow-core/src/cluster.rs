@@ -223,10 +223,13 @@ pub struct ClassId(pub u32);
 /// Nodes, their usage, and the class index.
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    nodes: Vec<Node>,
+    /// The nodes and their GPUs' NVLink islands change only by
+    /// [`Cluster::set_node_state`] and [`Cluster::set_gpu_health`]: shared
+    /// between clones, so that a clone copies usage, not every node.
+    nodes: std::sync::Arc<Vec<Node>>,
     usage: Vec<NodeUsage>,
     /// Local NVLink island of each GPU, per node (index into a per-node list).
-    islands: Vec<Vec<Option<u8>>>,
+    islands: std::sync::Arc<Vec<Vec<Option<u8>>>>,
     shapes: FxHashMap<StaticShape, u32>,
     shape_of: Vec<u32>,
     classes: FxHashMap<ClassKey, ClassId>,
@@ -346,9 +349,9 @@ impl Cluster {
             .collect();
         let n = nodes.len();
         let mut c = Cluster {
-            nodes,
+            nodes: std::sync::Arc::new(nodes),
             usage,
-            islands: Vec::with_capacity(n),
+            islands: Default::default(),
             shapes: FxHashMap::default(),
             shape_of: vec![0; n],
             classes: FxHashMap::default(),
@@ -367,14 +370,16 @@ impl Cluster {
             free_total: vec![0; n],
             reserved: vec![0; n],
         };
+        let mut islands = Vec::with_capacity(n);
         for i in 0..n {
             let shape = static_shape(&c.nodes[i], 0);
-            c.islands.push(shape.gpus.iter().map(|g| g.3).collect());
+            islands.push(shape.gpus.iter().map(|g| g.3).collect());
             c.shape_of[i] = c.intern_shape(shape);
             let class = c.intern_class(NodeId(i as u32));
             c.join(NodeId(i as u32), class);
             c.reclass(NodeId(i as u32));
         }
+        c.islands = std::sync::Arc::new(islands);
         Ok(c)
     }
 
@@ -459,13 +464,16 @@ impl Cluster {
 
     /// Changes a node's state (cordon, drain, lost, ready).
     pub fn set_node_state(&mut self, id: NodeId, state: NodeState) {
-        self.nodes[id.0 as usize].state = state;
+        std::sync::Arc::make_mut(&mut self.nodes)[id.0 as usize].state = state;
         self.reshape(id);
     }
 
     /// Changes a GPU's health. Work already on it is the caller's to requeue.
     pub fn set_gpu_health(&mut self, id: NodeId, gpu: usize, health: GpuHealth) {
-        if let Some(g) = self.nodes[id.0 as usize].gpus.get_mut(gpu) {
+        if let Some(g) = std::sync::Arc::make_mut(&mut self.nodes)[id.0 as usize]
+            .gpus
+            .get_mut(gpu)
+        {
             g.health = health;
             self.reshape(id);
         }

@@ -180,18 +180,17 @@ pub async fn run_once_with(
         world.history_saved_at = t;
     }
     // Explanations are recomputed every cycle: kept in memory, not stored.
-    for (id, why) in out.whys {
-        if let Some(state) = world.jobs().get(&id).map(|j| j.state) {
-            world.why.insert(id, api::Why { state, ..why });
-        }
-    }
+    // They are read only while the job is pending, and a job put since
+    // the snapshot lost its own (`Change::publish`), so this cycle's
+    // replace the last one's whole; those are freed off the lock.
+    let old_whys = std::mem::replace(&mut world.why, out.whys);
     world.unreached = out.unreached;
     world.diagnosed.clear();
     drop(world);
     let mut spent = out.spent;
     *reuse = crate::snapshot::Reuse::keep(&mut spent.0.snap);
     drop(reuse);
-    tokio::task::spawn_blocking(move || drop(spent));
+    tokio::task::spawn_blocking(move || drop((spent, old_whys)));
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
     if out.admitted + out.preempted > 0 || out.stale > 0 {
@@ -363,18 +362,28 @@ impl Taken {
         server: &crate::Config,
         reuse: &mut crate::snapshot::Reuse,
     ) -> Result<Option<Taken>, crate::ServerError> {
-        let pending = world
-            .jobs()
-            .values()
-            .filter(|j| j.state == JobState::Pending)
-            .count();
         // Fair share charges what runs whether or not anything waits;
         // nothing to do only when nothing runs either.
-        if pending == 0 && !world.jobs().values().any(|j| j.state.allocated()) {
+        if !world
+            .jobs()
+            .values()
+            .any(|j| j.state == JobState::Pending || j.state.allocated())
+        {
             return Ok(None);
         }
-        let snap = crate::snapshot::snapshot_reusing(world, t, reuse)?;
+        let mut snap = crate::snapshot::snapshot_reusing(world, t, reuse)?;
         let history = world.history.to_core(&snap.queues);
+        // Every pending job is either the core's or held back.
+        let pending = snap.pending.len() + snap.blocked.len();
+        debug_assert_eq!(
+            pending,
+            world
+                .jobs()
+                .values()
+                .filter(|j| j.state == JobState::Pending)
+                .count()
+        );
+        let versions = std::mem::take(&mut snap.versions);
         Ok(Some(Taken {
             snap,
             history,
@@ -382,12 +391,7 @@ impl Taken {
             t,
             pending,
             shape_revs: world.all_node_revs().map(|r| r.shape).collect(),
-            versions: world
-                .jobs()
-                .values()
-                .filter(|j| j.state == JobState::Pending || j.state.allocated())
-                .map(|j| (j.id, j.state, j.attempts))
-                .collect(),
+            versions,
             history_saved_at: world.history_saved_at,
         }))
     }
@@ -395,6 +399,11 @@ impl Taken {
     /// Phase 2: the core's cycle. CPU work: run it off the async runtime.
     fn compute(mut self) -> Computed {
         let t = self.t;
+        // The placer as taken, for the next snapshot to start from: copied
+        // here, off the state lock, before the core changes it.
+        if self.snap.base_ok {
+            self.snap.base = Some(Box::new(crate::snapshot::Base::of(&self.snap)));
+        }
         self.history.account(
             t,
             self.cfg.usage_half_life,
@@ -456,7 +465,8 @@ struct Applied {
     change: Change,
     history: crate::state::SavedHistory,
     history_saved: bool,
-    whys: Vec<(u64, api::Why)>,
+    /// Every job pending at the snapshot, by id: why it waits.
+    whys: BTreeMap<u64, api::Why>,
     unreached: std::collections::BTreeSet<u64>,
     pending: usize,
     admitted: usize,
@@ -521,7 +531,9 @@ impl Computed {
                 change,
                 history,
                 history_saved,
-                whys: std::mem::take(&mut taken.snap.blocked),
+                whys: std::mem::take(&mut taken.snap.blocked)
+                    .into_iter()
+                    .collect(),
                 unreached: Default::default(),
                 pending: 0,
                 admitted: 0,
@@ -693,7 +705,7 @@ impl Computed {
                     },
                 )
             })
-            .chain(taken.snap.blocked.iter().cloned())
+            .chain(std::mem::take(&mut taken.snap.blocked))
             .collect();
         Applied {
             change,
