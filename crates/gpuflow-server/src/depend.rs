@@ -239,46 +239,39 @@ fn is_singleton(j: &JobRec) -> bool {
 }
 
 /// The earliest unfinished job per (team, user, name), for `singleton`;
-/// built only when some pending job asks for it.
-#[derive(Default)]
+/// built only when a singleton asks for it, so that a cycle with none
+/// does not walk every job for it.
 pub struct Singles<'w> {
-    first: Option<BTreeMap<(&'w str, &'w str, &'w str), u64>>,
+    world: &'w World,
+    first: std::cell::OnceCell<BTreeMap<(&'w str, &'w str, &'w str), u64>>,
 }
 
 impl<'w> Singles<'w> {
-    /// For `world`'s jobs, where any pending one is a singleton.
+    /// For `world`'s jobs.
     #[must_use]
     pub fn of(world: &'w World) -> Singles<'w> {
-        let wanted = world
-            .jobs()
-            .values()
-            .any(|j| j.state == JobState::Pending && is_singleton(j));
-        if !wanted {
-            return Singles::default();
+        Singles {
+            world,
+            first: std::cell::OnceCell::new(),
         }
-        Singles::all(world)
-    }
-
-    /// For `world`'s jobs, whatever is pending.
-    #[must_use]
-    pub fn all(world: &'w World) -> Singles<'w> {
-        let mut first = BTreeMap::new();
-        for j in world.jobs().values().filter(|j| !j.state.finished()) {
-            first
-                .entry((j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
-                .and_modify(|id: &mut u64| *id = (*id).min(j.id))
-                .or_insert(j.id);
-        }
-        Singles { first: Some(first) }
     }
 
     /// An unfinished job submitted before `j` with its name and user, when
     /// `j` is a singleton.
     fn first_unfinished(&self, j: &JobRec) -> Option<u64> {
-        let first = self.first.as_ref()?;
         if !is_singleton(j) {
             return None;
         }
+        let first = self.first.get_or_init(|| {
+            let mut first = BTreeMap::new();
+            for j in self.world.jobs().values().filter(|j| !j.state.finished()) {
+                first
+                    .entry((j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
+                    .and_modify(|id: &mut u64| *id = (*id).min(j.id))
+                    .or_insert(j.id);
+            }
+            first
+        });
         first
             .get(&(j.team.as_str(), j.user.as_str(), j.spec.name.as_str()))
             .copied()

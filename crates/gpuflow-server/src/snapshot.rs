@@ -371,18 +371,27 @@ impl Reuse {
     /// Running job `id`'s workload and allocations, if built at revision
     /// `rev` and every node it is on (`inventory_revs` by node id) has
     /// kept its inventory since.
-    fn take_running(&mut self, id: u64, rev: u64, inventory_revs: &[u64]) -> Option<Running> {
+    /// `all_kept`: every node has kept its inventory since (no need to
+    /// look at each allocation's).
+    fn take_running(
+        &mut self,
+        id: u64,
+        rev: u64,
+        inventory_revs: &[u64],
+        all_kept: bool,
+    ) -> Option<Running> {
         let revision = self.revision;
         self.running.take(
             id,
             rev,
             |r| r.work.job.id.0,
             |r| {
-                r.allocations.iter().all(|a| {
-                    inventory_revs
-                        .get(a.node.0 as usize)
-                        .is_some_and(|&v| v <= revision)
-                })
+                all_kept
+                    || r.allocations.iter().all(|a| {
+                        inventory_revs
+                            .get(a.node.0 as usize)
+                            .is_some_and(|&v| v <= revision)
+                    })
             },
         )
     }
@@ -672,6 +681,7 @@ pub(crate) fn snapshot_with(
         };
     }
     let inventory_revs: Vec<u64> = world.all_node_revs().map(|r| r.inventory).collect();
+    let all_kept = inventory_revs.iter().all(|&v| v <= reuse.revision);
     let mut running_revs = Vec::with_capacity(live);
     let mut versions = Vec::with_capacity(live);
     for (j, rev) in world.jobs_and_revs() {
@@ -682,7 +692,7 @@ pub(crate) fn snapshot_with(
             (reuse.take(j.id, rev), None)
         } else if j.state.allocated() {
             reuse
-                .take_running(j.id, rev, &inventory_revs)
+                .take_running(j.id, rev, &inventory_revs, all_kept)
                 .map_or((None, None), |r| (Some(r.work), Some(r.allocations)))
         } else {
             (None, None)

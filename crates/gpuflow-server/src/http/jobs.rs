@@ -616,7 +616,7 @@ async fn test_only(
 ) -> Result<Response, Error> {
     // A job that waits for others would not start now, whatever the
     // cluster holds.
-    let singles = crate::depend::Singles::all(&world);
+    let singles = crate::depend::Singles::of(&world);
     if let Some(reason) = crate::depend::reason(&world, &j, &singles) {
         return Ok((
             StatusCode::OK,
