@@ -166,10 +166,7 @@ pub fn resolve(
 #[must_use]
 pub fn settle(world: &World, t: u64) -> Vec<(JobRec, Option<(crate::event::EventKind, String)>)> {
     let mut out = Vec::new();
-    for j in world.jobs().values() {
-        if j.state != JobState::Pending || j.waits_on.is_empty() {
-            continue;
-        }
+    for j in world.waiting_jobs() {
         let mut left = Vec::new();
         let mut never: Vec<String> = Vec::new();
         for w in &j.waits_on {

@@ -762,6 +762,9 @@ pub struct World {
     finished: std::collections::BTreeSet<(u64, u64)>,
     /// By name, as `nodes` (the same names): read beside it in order.
     node_revs: BTreeMap<String, NodeRevs>,
+    /// The pending jobs that wait on others (`waits_on` not empty), by id:
+    /// the timers settle these without walking every job.
+    waiting: std::collections::BTreeSet<u64>,
     /// Counts changes of the records ([`World::records_rev`]).
     records_rev: u64,
 }
@@ -1226,10 +1229,28 @@ impl World {
                 self.on_node.entry(a.node.clone()).or_default().insert(j.id);
             }
         }
+        if j.state == api::JobState::Pending && !j.waits_on.is_empty() {
+            self.waiting.insert(j.id);
+        } else {
+            self.waiting.remove(&j.id);
+        }
         self.summaries.insert(j.id, JobSummary::of(&j));
         self.puts += 1;
         self.job_revs.insert(j.id, self.puts);
         self.jobs.insert(j.id, j);
+    }
+
+    /// The pending jobs that wait on others, by id.
+    pub fn waiting_jobs(&self) -> impl Iterator<Item = &JobRec> {
+        debug_assert_eq!(
+            self.waiting.len(),
+            self.jobs
+                .values()
+                .filter(|j| j.state == api::JobState::Pending && !j.waits_on.is_empty())
+                .count(),
+            "the index of waiting jobs is out of step"
+        );
+        self.waiting.iter().map(|id| &self.jobs[id])
     }
 
     /// Job `id`'s revision: it changes with every [`World::put_job`] of it
@@ -1291,6 +1312,7 @@ impl World {
         for id in &old {
             self.jobs.remove(id);
             self.job_revs.remove(id);
+            self.waiting.remove(id);
             self.why.remove(id);
             self.unreached.remove(id);
             self.diagnosed.remove(id);
