@@ -132,6 +132,13 @@ pub async fn run_once_with(
     let applying = Instant::now();
     let mut world = shared.world.lock().await;
     let out = computed.apply(&world, t);
+    // What the cycle read is not needed to commit its change: kept for the
+    // next cycle where it may reuse it, the rest freed now, off the lock,
+    // rather than held beside the change while the store writes it (the
+    // peak of a cycle that admits thousands).
+    let mut spent = out.spent;
+    *reuse = crate::snapshot::Reuse::keep(&mut spent.0.snap);
+    tokio::task::spawn_blocking(move || drop(spent));
     // Admissions and preemptions by queue, and waits to a first start, as
     // counters (read before the change is committed).
     let mut counted = Vec::new();
@@ -187,10 +194,8 @@ pub async fn run_once_with(
     world.unreached = out.unreached;
     world.diagnosed.clear();
     drop(world);
-    let mut spent = out.spent;
-    *reuse = crate::snapshot::Reuse::keep(&mut spent.0.snap);
     drop(reuse);
-    tokio::task::spawn_blocking(move || drop((spent, old_whys)));
+    tokio::task::spawn_blocking(move || drop(old_whys));
     let ms = started.elapsed().as_millis() as u64;
     // One line per cycle that decided something; quiet cycles at debug.
     if out.admitted + out.preempted > 0 || out.stale > 0 {
