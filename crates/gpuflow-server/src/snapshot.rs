@@ -235,25 +235,19 @@ pub struct Snapshot {
 /// builds check it against a placer built afresh).
 #[derive(Clone)]
 pub struct Base {
+    /// Holding the allocations of the running jobs kept beside it
+    /// ([`Reuse::keep`]), and no others.
     placer: Placer,
-    /// (job, revision, allocations) applied to `placer`, in id order.
-    applied: Vec<(u64, u64, Vec<Allocation>)>,
     node_names: Vec<String>,
     capacity: BTreeMap<String, u64>,
     revision: u64,
 }
 
 impl Base {
-    /// `snap`'s placer as taken, with what was applied to it.
+    /// `snap`'s placer as taken.
     pub fn of(snap: &Snapshot) -> Base {
         Base {
             placer: snap.placer.clone(),
-            applied: snap
-                .running
-                .iter()
-                .zip(&snap.running_revs)
-                .map(|(r, &rev)| (r.work.job.id.0, rev, r.allocations.clone()))
-                .collect(),
             node_names: snap.node_names.clone(),
             capacity: snap.capacity.clone(),
             revision: snap.revision,
@@ -370,9 +364,8 @@ impl Reuse {
 
     /// Running job `id`'s workload and allocations, if built at revision
     /// `rev` and every node it is on (`inventory_revs` by node id) has
-    /// kept its inventory since.
-    /// `all_kept`: every node has kept its inventory since (no need to
-    /// look at each allocation's).
+    /// kept its inventory since; `all_kept` when every node has, so that
+    /// no allocation's node needs a look.
     fn take_running(
         &mut self,
         id: u64,
@@ -577,7 +570,6 @@ fn fresh_base(
     // allocations reads none of it.
     Ok(Base {
         placer: Placer::new(cluster, Policy::gpuflow(), WorkloadMix::default(), 0),
-        applied: Vec::new(),
         node_names,
         capacity,
         revision: world.revision(),
@@ -595,9 +587,17 @@ pub(crate) fn snapshot_with(
     // job or the records changed since.
     let spent = spent_projects(world, t);
     let reusable = spent.is_empty() && !world.records().reservations.values().any(|r| r.end > t);
+    // What the last cycle built from jobs, unless it depends on what changed.
+    let records_rev = world.records_rev();
+    if !reusable || reuse.records_rev != records_rev || reuse.nodes != world.nodes().len() {
+        *reuse = Reuse {
+            unused: reuse.base.take().or(reuse.unused.take()),
+            ..Reuse::default()
+        };
+    }
     // The last cycle's placer, while the nodes are as they were then.
     let base = match reuse.base.take() {
-        Some(b) if reusable && shrunk.is_empty() && b.fits(world) => Some(b),
+        Some(b) if shrunk.is_empty() && b.fits(world) => Some(b),
         b => {
             reuse.unused = b;
             None
@@ -606,7 +606,6 @@ pub(crate) fn snapshot_with(
     let placer_reused = base.is_some();
     let Base {
         mut placer,
-        applied,
         node_names,
         capacity,
         ..
@@ -614,11 +613,15 @@ pub(crate) fn snapshot_with(
         Some(b) => *b,
         None => fresh_base(world, t, shrunk)?,
     };
-    // What ended or changed since gives its resources back first: what
-    // started since may be on them.
-    for (id, rev, allocations) in &applied {
-        if world.job_rev(*id) != *rev {
-            placer.release(allocations);
+    if placer_reused {
+        // The placer holds the allocations of the running jobs the last
+        // cycle kept. What ended or changed since gives its resources back
+        // first: what started since may be on them.
+        let kept = &reuse.running;
+        for (r, &rev) in kept.items.as_slice().iter().zip(kept.revs.as_slice()) {
+            if world.job_rev(r.work.job.id.0) != rev {
+                placer.release(&r.allocations);
+            }
         }
     }
     // Each allocation finds its node's id and record in one lookup, built
@@ -633,16 +636,6 @@ pub(crate) fn snapshot_with(
                 .map(|(i, (name, n))| (name.as_str(), (NodeId(i as u32), n)))
                 .collect()
         })
-    };
-    // A cursor over `applied`, asked in increasing id order.
-    let mut applied_at = 0;
-    let mut placed = |id: u64, rev: u64| -> bool {
-        while applied_at < applied.len() && applied[applied_at].0 < id {
-            applied_at += 1;
-        }
-        applied
-            .get(applied_at)
-            .is_some_and(|a| a.0 == id && a.1 == rev)
     };
     let aside = set_aside_queues(world);
     let queues = build_queues(world, &capacity, &aside, t);
@@ -673,13 +666,6 @@ pub(crate) fn snapshot_with(
     let mut evicted = Vec::new();
     // Jobs whose allocations the placer holds.
     let mut allocated = 0;
-    let records_rev = world.records_rev();
-    if !reusable || reuse.records_rev != records_rev || reuse.nodes != node_names.len() {
-        *reuse = Reuse {
-            unused: reuse.unused.take(),
-            ..Reuse::default()
-        };
-    }
     let inventory_revs: Vec<u64> = world.all_node_revs().map(|r| r.inventory).collect();
     let all_kept = inventory_revs.iter().all(|&v| v <= reuse.revision);
     let mut running_revs = Vec::with_capacity(live);
@@ -718,9 +704,9 @@ pub(crate) fn snapshot_with(
             });
         if j.state.allocated() {
             allocated += 1;
-            // Whether the placer holds its allocations already (it is in
-            // the last cycle's placer, unchanged since).
-            let in_placer = placed(j.id, rev);
+            // Whether the placer holds its allocations already: the last
+            // cycle's placer, with the job kept unchanged since.
+            let in_placer = placer_reused && reused_allocations.is_some();
             // GPUs are found by UUID: one the node no longer reports evicts
             // the job; one that moved in the inventory is followed.
             let mut gone = None;
