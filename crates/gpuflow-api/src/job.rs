@@ -60,6 +60,7 @@ pub struct JobSpec {
     /// Priority inside the class, -1000..=1000.
     #[serde(default)]
     pub priority: i32,
+    #[serde(deserialize_with = "exact_vec")]
     pub tasks: Vec<TaskGroupSpec>,
     #[serde(default)]
     pub topology: Option<TopologySpec>,
@@ -530,6 +531,19 @@ fn at_path(path: &str, message: &str) -> String {
     }
 }
 
+/// Deserialises a list at its exact length. A list read item by item grows
+/// its buffer by doubling, and a job's one task group would otherwise keep
+/// room for four: about 860 bytes per job, held for the job's life.
+fn exact_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let mut v = Vec::<T>::deserialize(d)?;
+    v.shrink_to_fit();
+    Ok(v)
+}
+
 impl JobSpec {
     /// Parses a body as JSON (`json`) or YAML, then validates it.
     ///
@@ -947,6 +961,21 @@ tasks:
         assert_eq!(y.gpu_milli(), 4000);
         let j = serde_json::to_vec(&y).unwrap();
         assert_eq!(JobSpec::parse(&j, true).unwrap(), y);
+    }
+
+    /// A server holds every live job's spec: its task groups must not keep
+    /// the spare room a list read item by item grows (room for four).
+    #[test]
+    fn a_parsed_job_holds_its_task_groups_without_spare_room() {
+        for json in [false, true] {
+            let body = if json {
+                serde_json::to_vec(&JobSpec::parse(GOOD.as_bytes(), false).unwrap()).unwrap()
+            } else {
+                GOOD.as_bytes().to_vec()
+            };
+            let spec = JobSpec::parse(&body, json).unwrap();
+            assert_eq!(spec.tasks.capacity(), spec.tasks.len(), "json: {json}");
+        }
     }
 
     #[test]

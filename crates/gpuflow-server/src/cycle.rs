@@ -504,7 +504,7 @@ impl Computed {
         let same = |id: u64| -> Option<JobRec> {
             let j = world.jobs().get(&id)?;
             let at = taken.versions.binary_search_by_key(&id, |v| v.0).ok()?;
-            (taken.versions[at] == (id, j.state, j.attempts)).then(|| j.clone())
+            (taken.versions[at] == (id, j.state, j.attempts)).then(|| JobRec::clone(j))
         };
         let names = &taken.snap.node_names;
         let unchanged = |node: &str| {

@@ -177,7 +177,7 @@ async fn serve(shared: Weak<Shared>, queue: Receiver<Waiting>) {
                     &mut world,
                     memory
                         .jobs
-                        .iter()
+                        .values()
                         .map(|j| (j.id, j.user.as_str(), j.idempotency_key.as_deref())),
                 ),
             }

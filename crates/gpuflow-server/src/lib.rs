@@ -291,7 +291,9 @@ pub fn when(t: u64) -> String {
 /// audit lines. [`commit`] stores them, then puts the records in memory.
 #[derive(Default)]
 pub struct Change {
-    pub jobs: BTreeMap<u64, JobRec>,
+    /// Boxed, as in [`World`]: a record is large, and a map holds its
+    /// values inline.
+    pub jobs: BTreeMap<u64, Box<JobRec>>,
     pub nodes: BTreeMap<String, NodeRec>,
     /// Other records of `World`, in the order they were put.
     pub records: Vec<Rec>,
@@ -390,7 +392,8 @@ impl Change {
         self.gone.push(g);
     }
 
-    pub fn job(&mut self, j: JobRec) {
+    pub fn job(&mut self, j: impl Into<Box<JobRec>>) {
+        let j: Box<JobRec> = j.into();
         self.jobs.insert(j.id, j);
     }
 
@@ -473,7 +476,7 @@ pub async fn each_job(
             .jobs()
             .values()
             .filter(|j| team.is_none_or(|t| j.team == t))
-            .cloned()
+            .map(|j| JobRec::clone(j))
             .collect()
     };
     let in_memory: std::collections::BTreeSet<u64> = live.iter().map(|j| j.id).collect();
@@ -526,7 +529,7 @@ pub async fn commit(
 
 /// What a stored change puts in memory.
 pub(crate) struct Memory {
-    pub(crate) jobs: Vec<JobRec>,
+    pub(crate) jobs: BTreeMap<u64, Box<JobRec>>,
     nodes: Vec<NodeRec>,
     records: Vec<Rec>,
     gone: Vec<Gone>,
@@ -542,12 +545,12 @@ pub(crate) fn records(change: Change) -> (Batch, Memory) {
         gone,
         mut batch,
     } = change;
-    batch.put.extend(jobs.values().map(JobRec::record));
+    batch.put.extend(jobs.values().map(|j| j.record()));
     batch.put.extend(nodes.values().map(NodeRec::record));
     batch.put.extend(records.iter().map(Rec::record));
     batch.delete.extend(gone.iter().map(Gone::key));
     let memory = Memory {
-        jobs: jobs.into_values().collect(),
+        jobs,
         nodes: nodes.into_values().collect(),
         records,
         gone,
@@ -569,7 +572,7 @@ pub(crate) fn publish(world: &mut World, memory: Memory, events: &[NewEvent]) {
     for r in records {
         r.publish(world);
     }
-    for j in jobs {
+    for j in jobs.into_values() {
         world.why.remove(&j.id);
         world.storing.remove(&j.id);
         // Jobs made by the server itself (a service's replicas) take ids

@@ -693,7 +693,9 @@ pub struct World {
     /// Each node shape the submit path checks against, with how many nodes
     /// have it (kept in step with `nodes` by [`World::put_node`]).
     node_shapes: BTreeMap<crate::feasible::NodeShape, usize>,
-    jobs: BTreeMap<u64, JobRec>,
+    /// Boxed: a record is about 1 KB, and a map's nodes hold their values
+    /// inline, filled about half when ids only grow.
+    jobs: BTreeMap<u64, Box<JobRec>>,
     /// Node name → the allocated jobs with a task there (kept in step with
     /// `jobs` by [`World::put_job`]), so a heartbeat reads its node's jobs
     /// only, not every job ever submitted.
@@ -1135,7 +1137,7 @@ impl World {
     /// The jobs in memory (unfinished, and finished lately), by id; they
     /// change only through [`World::put_job`], which keeps the indexes in
     /// step.
-    pub fn jobs(&self) -> &BTreeMap<u64, JobRec> {
+    pub fn jobs(&self) -> &BTreeMap<u64, Box<JobRec>> {
         &self.jobs
     }
 
@@ -1196,8 +1198,9 @@ impl World {
     }
 
     /// Puts a job, keeping the index by node in step.
-    pub fn put_job(&mut self, j: JobRec) {
-        self.count_closed(&j, self.jobs.get(&j.id).map_or(0.0, closed_gpu_s));
+    pub fn put_job(&mut self, j: impl Into<Box<JobRec>>) {
+        let j: Box<JobRec> = j.into();
+        self.count_closed(&j, self.jobs.get(&j.id).map_or(0.0, |o| closed_gpu_s(o)));
         // A job that just succeeded: how long its last run took.
         let was_done = self.jobs.get(&j.id).is_some_and(|o| o.state.finished());
         if j.state == api::JobState::Succeeded
@@ -1250,7 +1253,7 @@ impl World {
                 .count(),
             "the index of waiting jobs is out of step"
         );
-        self.waiting.iter().map(|id| &self.jobs[id])
+        self.waiting.iter().map(|id| &*self.jobs[id])
     }
 
     /// Job `id`'s revision: it changes with every [`World::put_job`] of it
@@ -1268,7 +1271,7 @@ impl World {
             .zip(self.job_revs.iter())
             .map(|(j, (id, rev))| {
                 debug_assert_eq!(j.id, *id, "a job's revision is out of step");
-                (j, *rev)
+                (&**j, *rev)
             })
     }
 
@@ -1336,7 +1339,7 @@ impl World {
             .get(node)
             .into_iter()
             .flatten()
-            .filter_map(|id| self.jobs.get(id))
+            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
     }
 
     /// The records users and admins change through the API.

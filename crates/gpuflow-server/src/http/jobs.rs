@@ -124,7 +124,7 @@ async fn job_of(
         let world = shared.world.lock().await;
         visible(&world, caller, id)?;
         if let Some(j) = world.jobs().get(&id) {
-            return Ok((j.clone(), world.why.get(&id).cloned()));
+            return Ok((JobRec::clone(j), world.why.get(&id).cloned()));
         }
     }
     Ok((
@@ -1026,7 +1026,7 @@ async fn cancel_array(
     let who = caller.user.name.clone();
     let mut change = Change::default();
     let (mut cancelled, mut stopping) = (0, 0);
-    let elements: Vec<JobRec> = world
+    let elements: Vec<Box<JobRec>> = world
         .jobs()
         .values()
         .filter(|j| !j.state.finished() && j.array.as_ref().is_some_and(|a| a.id == id))

@@ -331,7 +331,12 @@ fn teams(o: &mut Out, world: &crate::state::World, t: u64) {
     for (team, s) in &world.team_closed_gpu_s {
         team_now.entry(team.as_str()).or_default().1 += s;
     }
-    for j in world.jobs().values().chain(world.external().values()) {
+    for j in world
+        .jobs()
+        .values()
+        .map(|j| &**j)
+        .chain(world.external().values())
+    {
         for h in j.held.iter().filter(|h| h.to.is_none()) {
             let e = team_now.entry(j.team.as_str()).or_default();
             e.0 += h.gpu_milli as f64 / 1000.0;

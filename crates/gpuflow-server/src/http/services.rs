@@ -241,7 +241,7 @@ async fn delete_service(
     let at = shared.now();
     let mut change = Change::default();
     let who = caller.user.name.clone();
-    let replicas: Vec<JobRec> = world
+    let replicas: Vec<Box<JobRec>> = world
         .jobs()
         .values()
         .filter(|j| !j.state.finished())
