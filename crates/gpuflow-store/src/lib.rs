@@ -319,6 +319,127 @@ fn placeholders(backend: &str, rows: usize, cols: usize) -> String {
     out
 }
 
+/// Statements of one batch that SQLite runs in one round trip at most:
+/// a group of submissions writes three (jobs, events, audit lines). A
+/// larger batch (a cycle's) runs one statement at a time, so that each
+/// cached statement stays one chunk's.
+const JOINED_STATEMENTS: usize = 8;
+
+/// A value a statement binds.
+enum Value<'a> {
+    Int(i64),
+    MaybeInt(Option<i64>),
+    Text(&'a str),
+}
+
+/// Binds `values` in order.
+fn bind_all<'q, 'a: 'q>(
+    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    values: impl IntoIterator<Item = &'q Value<'a>>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    for v in values {
+        q = match v {
+            Value::Int(i) => q.bind(*i),
+            Value::MaybeInt(i) => q.bind(*i),
+            Value::Text(t) => q.bind(*t),
+        };
+    }
+    q
+}
+
+/// The statements that write `batch`, each with the values it binds in
+/// order: upserts of the latest puts by table, deletes, then new events,
+/// audit lines and log pieces. SQLite's placeholders are anonymous, so
+/// that statements joined in one string bind their values in turn.
+fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>>)> {
+    use Value::{Int, MaybeInt, Text};
+    let mut out = Vec::new();
+    for (table, rows) in latest_puts(&batch.put) {
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO {} (key, team, state, doc) VALUES {} \
+                 ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
+                table.name(),
+                placeholders(backend, chunk.len(), 4)
+            );
+            let values = chunk
+                .iter()
+                .flat_map(|r| [Text(&r.key), Text(&r.team), Text(&r.state), Text(&r.doc)])
+                .collect();
+            out.push((sql, values));
+        }
+    }
+    for (t, key) in &batch.delete {
+        let sql = format!(
+            "DELETE FROM {} WHERE key = {}",
+            t.name(),
+            placeholders(backend, 1, 1).trim_matches(['(', ')'])
+        );
+        out.push((sql, vec![Text(key)]));
+    }
+    // Rows of one statement take their sequence numbers in order.
+    for chunk in batch.events.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO events (at, job, team, kind, message) VALUES {}",
+            placeholders(backend, chunk.len(), 5)
+        );
+        let values = chunk
+            .iter()
+            .flat_map(|e| {
+                [
+                    Int(e.at as i64),
+                    MaybeInt(e.job.map(|j| j as i64)),
+                    Text(&e.team),
+                    Text(&e.kind),
+                    Text(&e.message),
+                ]
+            })
+            .collect();
+        out.push((sql, values));
+    }
+    for chunk in batch.audit.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO audit (at, actor, action, target, detail) VALUES {}",
+            placeholders(backend, chunk.len(), 5)
+        );
+        let values = chunk
+            .iter()
+            .flat_map(|a| {
+                [
+                    Int(a.at as i64),
+                    Text(&a.actor),
+                    Text(&a.action),
+                    Text(&a.target),
+                    Text(&a.detail),
+                ]
+            })
+            .collect();
+        out.push((sql, values));
+    }
+    for chunk in batch.logs.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES {}",
+            placeholders(backend, chunk.len(), 7)
+        );
+        let values = chunk
+            .iter()
+            .flat_map(|l| {
+                [
+                    Int(l.job as i64),
+                    Int(i64::from(l.attempt)),
+                    Int(i64::from(l.group)),
+                    Int(i64::from(l.index)),
+                    Text(&l.stream),
+                    Int(l.offset as i64),
+                    Text(&l.text),
+                ]
+            })
+            .collect();
+        out.push((sql, values));
+    }
+    out
+}
+
 /// A batch's puts by table, each key once with its last record: what
 /// upserting them one after another would leave. (One statement may not
 /// upsert a key twice on PostgreSQL.)
@@ -434,6 +555,10 @@ impl SqlStore {
         let opts = AnyConnectOptions::from_str(&url)?;
         let pool = AnyPoolOptions::new()
             .max_connections(max)
+            // A SQLite connection is a file this process holds: nothing
+            // breaks it between uses, and checking it was a round trip to
+            // SQLite's thread at every transaction's start.
+            .test_before_acquire(backend != "sqlite")
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == "sqlite" {
@@ -523,79 +648,23 @@ impl Store for SqlStore {
         }
         // Many rows a statement: each statement is a round trip to the
         // database (or to SQLite's worker thread), which dominated the
-        // commit of a cycle that admits thousands of jobs.
-        for (table, rows) in latest_puts(&batch.put) {
-            for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-                let sql = format!(
-                    "INSERT INTO {} (key, team, state, doc) VALUES {} \
-                     ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
-                    table.name(),
-                    placeholders(self.backend, chunk.len(), 4)
-                );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for r in chunk {
-                    q = q.bind(&r.key).bind(&r.team).bind(&r.state).bind(&r.doc);
-                }
-                q.execute(&mut *tx).await?;
-            }
-        }
-        for (t, key) in &batch.delete {
-            let sql = format!("DELETE FROM {} WHERE key = $1", t.name());
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(key)
+        // commit of a cycle that admits thousands of jobs. On SQLite a
+        // small batch's statements go together in one round trip: a
+        // group of submissions is then begun, written and committed in
+        // three hand-offs to SQLite's thread instead of five or more.
+        let statements = statements(self.backend, batch);
+        if self.backend == "sqlite" && statements.len() <= JOINED_STATEMENTS {
+            let sql: Vec<&str> = statements.iter().map(|(sql, _)| sql.as_str()).collect();
+            let q = sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n")));
+            bind_all(q, statements.iter().flat_map(|(_, v)| v))
                 .execute(&mut *tx)
                 .await?;
-        }
-        // Rows of one statement take their sequence numbers in order.
-        for chunk in batch.events.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO events (at, job, team, kind, message) VALUES {}",
-                placeholders(self.backend, chunk.len(), 5)
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for e in chunk {
-                q = q
-                    .bind(e.at as i64)
-                    .bind(e.job.map(|j| j as i64))
-                    .bind(&e.team)
-                    .bind(&e.kind)
-                    .bind(&e.message);
+        } else {
+            for (sql, values) in &statements {
+                bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), values)
+                    .execute(&mut *tx)
+                    .await?;
             }
-            q.execute(&mut *tx).await?;
-        }
-        for chunk in batch.audit.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO audit (at, actor, action, target, detail) VALUES {}",
-                placeholders(self.backend, chunk.len(), 5)
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for a in chunk {
-                q = q
-                    .bind(a.at as i64)
-                    .bind(&a.actor)
-                    .bind(&a.action)
-                    .bind(&a.target)
-                    .bind(&a.detail);
-            }
-            q.execute(&mut *tx).await?;
-        }
-        for chunk in batch.logs.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES {}",
-                placeholders(self.backend, chunk.len(), 7)
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for l in chunk {
-                q = q
-                    .bind(l.job as i64)
-                    .bind(i64::from(l.attempt))
-                    .bind(i64::from(l.group))
-                    .bind(i64::from(l.index))
-                    .bind(&l.stream)
-                    .bind(l.offset as i64)
-                    .bind(&l.text);
-            }
-            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())

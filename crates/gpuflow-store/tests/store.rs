@@ -199,6 +199,35 @@ async fn suite(store: &dyn Store) {
         );
     }
 
+    // The same when the statement that fails comes after others of the
+    // batch that went through (on SQLite, in the same round trip): a
+    // record of another table, an event and an audit line are not kept.
+    let mut bad = Batch::default();
+    bad.put.push(rec(Table::Jobs, "00000010", "a", "{}"));
+    bad.put.push(rec(Table::Nodes, "", "", "{}"));
+    bad.events.push(event(10, "a", "ghost"));
+    bad.audit.push(NewAudit {
+        at: 2,
+        actor: "root".into(),
+        action: "job.submit".into(),
+        target: "job/10".into(),
+        detail: String::new(),
+    });
+    assert!(
+        store.commit(&bad).await.is_err(),
+        "an empty key was accepted"
+    );
+    assert!(
+        !store
+            .load(Table::Jobs)
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.key == "00000010"),
+        "a failed batch stored the record written before its failure"
+    );
+    assert_eq!(store.audit(0, 10).await.unwrap().len(), 1);
+
     // A large batch, written many rows a statement: every record, a key
     // put twice keeping its last record (what upserting one after another
     // leaves; PostgreSQL refuses one statement that upserts a key twice),
