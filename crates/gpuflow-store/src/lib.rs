@@ -294,10 +294,16 @@ const ROWS_PER_STATEMENT: usize = 256;
 /// SQLite's thread to store a cycle that admits 25,000 jobs); anonymous
 /// ones are not in that list.
 fn placeholders(backend: &str, rows: usize, cols: usize) -> String {
+    placeholders_after(backend, 0, rows, cols)
+}
+
+/// As [`placeholders`], numbered from `after + 1` on PostgreSQL: for a
+/// statement that follows others in one.
+fn placeholders_after(backend: &str, after: usize, rows: usize, cols: usize) -> String {
     use std::fmt::Write;
     let numbered = backend != "sqlite";
     let mut out = String::with_capacity(rows * cols * 6);
-    let mut n = 0;
+    let mut n = after;
     for r in 0..rows {
         if r > 0 {
             out.push_str(", ");
@@ -319,10 +325,10 @@ fn placeholders(backend: &str, rows: usize, cols: usize) -> String {
     out
 }
 
-/// Statements of one batch that SQLite runs in one round trip at most:
-/// a group of submissions writes three (jobs, events, audit lines). A
-/// larger batch (a cycle's) runs one statement at a time, so that each
-/// cached statement stays one chunk's.
+/// Statements of one batch that run in one round trip at most: a group
+/// of submissions writes three (jobs, events, audit lines). A larger
+/// batch (a cycle's) runs one statement at a time, so that each cached
+/// statement stays one chunk's.
 const JOINED_STATEMENTS: usize = 8;
 
 /// A value a statement binds.
@@ -347,20 +353,46 @@ fn bind_all<'q, 'a: 'q>(
     q
 }
 
+/// PostgreSQL statements numbered on from one another, as one: the
+/// last one's, with the others as `WITH` clauses before it.
+fn with_clauses(statements: &[(String, Vec<Value<'_>>)]) -> String {
+    let Some(((last, _), rest)) = statements.split_last() else {
+        return String::new();
+    };
+    let mut sql = String::new();
+    for (i, (s, _)) in rest.iter().enumerate() {
+        sql.push_str(if i == 0 { "WITH " } else { ", " });
+        sql.push_str(&format!("w{i} AS ({s})"));
+    }
+    if !sql.is_empty() {
+        sql.push(' ');
+    }
+    sql.push_str(last);
+    sql
+}
+
 /// The statements that write `batch`, each with the values it binds in
 /// order: upserts of the latest puts by table, deletes, then new events,
 /// audit lines and log pieces. SQLite's placeholders are anonymous, so
-/// that statements joined in one string bind their values in turn.
-fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>>)> {
+/// that statements joined in one string bind their values in turn;
+/// PostgreSQL's are numbered, from 1 in each statement, or on from the
+/// statements before it when `one` (to be joined into one statement).
+fn statements<'a>(backend: &str, batch: &'a Batch, one: bool) -> Vec<(String, Vec<Value<'a>>)> {
     use Value::{Int, MaybeInt, Text};
-    let mut out = Vec::new();
+    let mut out: Vec<(String, Vec<Value<'a>>)> = Vec::new();
+    let mut bound = 0;
+    let mut placeholders = |rows: usize, cols: usize| {
+        let after = if one { bound } else { 0 };
+        bound += rows * cols;
+        placeholders_after(backend, after, rows, cols)
+    };
     for (table, rows) in latest_puts(&batch.put) {
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO {} (key, team, state, doc) VALUES {} \
                  ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
                 table.name(),
-                placeholders(backend, chunk.len(), 4)
+                placeholders(chunk.len(), 4)
             );
             let values = chunk
                 .iter()
@@ -373,7 +405,7 @@ fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>
         let sql = format!(
             "DELETE FROM {} WHERE key = {}",
             t.name(),
-            placeholders(backend, 1, 1).trim_matches(['(', ')'])
+            placeholders(1, 1).trim_matches(['(', ')'])
         );
         out.push((sql, vec![Text(key)]));
     }
@@ -381,7 +413,7 @@ fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>
     for chunk in batch.events.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(
             "INSERT INTO events (at, job, team, kind, message) VALUES {}",
-            placeholders(backend, chunk.len(), 5)
+            placeholders(chunk.len(), 5)
         );
         let values = chunk
             .iter()
@@ -400,7 +432,7 @@ fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>
     for chunk in batch.audit.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(
             "INSERT INTO audit (at, actor, action, target, detail) VALUES {}",
-            placeholders(backend, chunk.len(), 5)
+            placeholders(chunk.len(), 5)
         );
         let values = chunk
             .iter()
@@ -419,7 +451,7 @@ fn statements<'a>(backend: &str, batch: &'a Batch) -> Vec<(String, Vec<Value<'a>
     for chunk in batch.logs.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(
             "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES {}",
-            placeholders(backend, chunk.len(), 7)
+            placeholders(chunk.len(), 7)
         );
         let values = chunk
             .iter()
@@ -634,8 +666,42 @@ impl Store for SqlStore {
         if batch.is_empty() {
             return Ok(());
         }
+        // Many rows a statement: each statement is a round trip to the
+        // database (or to SQLite's worker thread), which dominated the
+        // commit of a cycle that admits thousands of jobs. A small
+        // batch's statements go in one round trip: on SQLite joined in
+        // one string, on PostgreSQL (which takes one statement with
+        // parameters a message) as data-modifying `WITH` clauses of one
+        // statement. Those see one snapshot and may not change one row
+        // twice, so a batch that deletes is not joined there; nor are
+        // they run in order, so one whose events, audit lines or log
+        // pieces take more than one statement (their sequence numbers
+        // follow the order rows were written in) is not either.
+        let sqlite = self.backend == "sqlite";
+        let in_one = |rows: usize| rows <= ROWS_PER_STATEMENT;
+        let joinable = sqlite
+            || (batch.delete.is_empty()
+                && in_one(batch.events.len())
+                && in_one(batch.audit.len())
+                && in_one(batch.logs.len()));
+        let mut statements = statements(self.backend, batch, joinable && !sqlite);
+        let join = joinable && statements.len() <= JOINED_STATEMENTS;
+        if !join && joinable && !sqlite {
+            statements = self::statements(self.backend, batch, false);
+        }
+        let fence = self.fence.get().copied();
+        if join && !sqlite && fence.is_none() {
+            // One statement is a transaction of its own.
+            return Ok(bind_all(
+                sqlx::query(sqlx::AssertSqlSafe(with_clauses(&statements))),
+                statements.iter().flat_map(|(_, v)| v),
+            )
+            .execute(&self.pool)
+            .await
+            .map(|_| ())?);
+        }
         let mut tx = self.pool.begin().await?;
-        if let Some(&token) = self.fence.get() {
+        if let Some(token) = fence {
             // Locks the lease's row until the commit: a takeover waits for
             // it, and a commit after a takeover finds another token.
             let held = sqlx::query("UPDATE leader SET token = token WHERE id = 1 AND token = $1")
@@ -646,19 +712,19 @@ impl Store for SqlStore {
                 return Err(StoreError::Fenced { token });
             }
         }
-        // Many rows a statement: each statement is a round trip to the
-        // database (or to SQLite's worker thread), which dominated the
-        // commit of a cycle that admits thousands of jobs. On SQLite a
-        // small batch's statements go together in one round trip: a
-        // group of submissions is then begun, written and committed in
-        // three hand-offs to SQLite's thread instead of five or more.
-        let statements = statements(self.backend, batch);
-        if self.backend == "sqlite" && statements.len() <= JOINED_STATEMENTS {
-            let sql: Vec<&str> = statements.iter().map(|(sql, _)| sql.as_str()).collect();
-            let q = sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n")));
-            bind_all(q, statements.iter().flat_map(|(_, v)| v))
-                .execute(&mut *tx)
-                .await?;
+        if join {
+            let sql = if sqlite {
+                let sql: Vec<&str> = statements.iter().map(|(sql, _)| sql.as_str()).collect();
+                sql.join(";\n")
+            } else {
+                with_clauses(&statements)
+            };
+            bind_all(
+                sqlx::query(sqlx::AssertSqlSafe(sql)),
+                statements.iter().flat_map(|(_, v)| v),
+            )
+            .execute(&mut *tx)
+            .await?;
         } else {
             for (sql, values) in &statements {
                 bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), values)
