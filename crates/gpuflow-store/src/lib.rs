@@ -325,6 +325,10 @@ fn placeholders_after(backend: &str, after: usize, rows: usize, cols: usize) -> 
     out
 }
 
+/// A pooled PostgreSQL connection idle longer than this is checked before
+/// it is used again.
+const CHECK_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Statements of one batch that run in one round trip at most: a group
 /// of submissions writes three (jobs, events, audit lines). A larger
 /// batch (a cycle's) runs one statement at a time, so that each cached
@@ -587,10 +591,21 @@ impl SqlStore {
         let opts = AnyConnectOptions::from_str(&url)?;
         let pool = AnyPoolOptions::new()
             .max_connections(max)
-            // A SQLite connection is a file this process holds: nothing
-            // breaks it between uses, and checking it was a round trip to
-            // SQLite's thread at every transaction's start.
-            .test_before_acquire(backend != "sqlite")
+            // A PostgreSQL connection that sat idle may have been cut (the
+            // database restarted, a proxy timed it out): it is checked
+            // before use, and a dead one replaced. One used within the
+            // last second is not: under load that check was one of a
+            // group commit's two round trips. A SQLite connection is a
+            // file this process holds: nothing breaks it between uses.
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if backend != "sqlite" && meta.idle_for > CHECK_IDLE_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == "sqlite" {

@@ -285,6 +285,36 @@ async fn sqlite_store() {
     assert_eq!(again.load(Table::Jobs).await.unwrap().len(), 1);
 }
 
+/// Pooled PostgreSQL connections that the database cut while they sat
+/// idle (as a restart of the database or a proxy's timeout does) are
+/// replaced before a commit uses them: the commit goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_cut_while_idle_are_replaced() {
+    let Some(pg) = postgres() else {
+        return;
+    };
+    let store = SqlStore::open(&pg.url).await.unwrap();
+    let mut b = Batch::default();
+    b.put.push(rec(Table::Jobs, "00000001", "a", "{}"));
+    store.commit(&b).await.unwrap();
+    let mut admin = <sqlx::AnyConnection as sqlx::Connection>::connect(&pg.url)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    // Idle for longer than a connection is trusted without a check.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut b = Batch::default();
+    b.put.push(rec(Table::Jobs, "00000002", "a", "{}"));
+    store.commit(&b).await.unwrap();
+    assert_eq!(store.load(Table::Jobs).await.unwrap().len(), 2);
+}
+
 /// A throwaway PostgreSQL; `None`, with the reason printed, where it is not
 /// installed.
 fn postgres() -> Option<TempPostgres> {
