@@ -741,8 +741,8 @@ impl Store for SqlStore {
             .execute(&mut *tx)
             .await?;
         } else {
-            for (sql, values) in &statements {
-                bind_all(sqlx::query(sqlx::AssertSqlSafe(sql.clone())), values)
+            for (sql, values) in statements {
+                bind_all(sqlx::query(sqlx::AssertSqlSafe(sql)), &values)
                     .execute(&mut *tx)
                     .await?;
             }
