@@ -391,19 +391,12 @@ fn statements<'a>(backend: &str, batch: &'a Batch, one: bool) -> Vec<(String, Ve
         placeholders_after(backend, after, rows, cols)
     };
     for (table, rows) in latest_puts(&batch.put) {
-        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO {} (key, team, state, doc) VALUES {} \
-                 ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc",
-                table.name(),
-                placeholders(chunk.len(), 4)
-            );
-            let values = chunk
-                .iter()
-                .flat_map(|r| [Text(&r.key), Text(&r.team), Text(&r.state), Text(&r.doc)])
-                .collect();
-            out.push((sql, values));
-        }
+        let head = format!("INSERT INTO {} (key, team, state, doc)", table.name());
+        let tail = " ON CONFLICT (key) DO UPDATE SET team = excluded.team, state = excluded.state, doc = excluded.doc";
+        inserts(&mut out, &mut placeholders, &head, tail, &rows, |r| {
+            let r: &'a Record = r;
+            [Text(&r.key), Text(&r.team), Text(&r.state), Text(&r.doc)]
+        });
     }
     for (t, key) in &batch.delete {
         let sql = format!(
@@ -414,66 +407,55 @@ fn statements<'a>(backend: &str, batch: &'a Batch, one: bool) -> Vec<(String, Ve
         out.push((sql, vec![Text(key)]));
     }
     // Rows of one statement take their sequence numbers in order.
-    for chunk in batch.events.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO events (at, job, team, kind, message) VALUES {}",
-            placeholders(chunk.len(), 5)
-        );
-        let values = chunk
-            .iter()
-            .flat_map(|e| {
-                [
-                    Int(e.at as i64),
-                    MaybeInt(e.job.map(|j| j as i64)),
-                    Text(&e.team),
-                    Text(&e.kind),
-                    Text(&e.message),
-                ]
-            })
-            .collect();
-        out.push((sql, values));
-    }
-    for chunk in batch.audit.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO audit (at, actor, action, target, detail) VALUES {}",
-            placeholders(chunk.len(), 5)
-        );
-        let values = chunk
-            .iter()
-            .flat_map(|a| {
-                [
-                    Int(a.at as i64),
-                    Text(&a.actor),
-                    Text(&a.action),
-                    Text(&a.target),
-                    Text(&a.detail),
-                ]
-            })
-            .collect();
-        out.push((sql, values));
-    }
-    for chunk in batch.logs.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text) VALUES {}",
-            placeholders(chunk.len(), 7)
-        );
-        let values = chunk
-            .iter()
-            .flat_map(|l| {
-                [
-                    Int(l.job as i64),
-                    Int(i64::from(l.attempt)),
-                    Int(i64::from(l.group)),
-                    Int(i64::from(l.index)),
-                    Text(&l.stream),
-                    Int(l.offset as i64),
-                    Text(&l.text),
-                ]
-            })
-            .collect();
-        out.push((sql, values));
-    }
+    let head = "INSERT INTO events (at, job, team, kind, message)";
+    inserts(&mut out, &mut placeholders, head, "", &batch.events, |e| {
+        [
+            Int(e.at as i64),
+            MaybeInt(e.job.map(|j| j as i64)),
+            Text(&e.team),
+            Text(&e.kind),
+            Text(&e.message),
+        ]
+    });
+    let head = "INSERT INTO audit (at, actor, action, target, detail)";
+    inserts(&mut out, &mut placeholders, head, "", &batch.audit, |a| {
+        [
+            Int(a.at as i64),
+            Text(&a.actor),
+            Text(&a.action),
+            Text(&a.target),
+            Text(&a.detail),
+        ]
+    });
+    let head = "INSERT INTO logs (job, attempt, grp, idx, stream, offset_bytes, text)";
+    inserts(&mut out, &mut placeholders, head, "", &batch.logs, |l| {
+        [
+            Int(l.job as i64),
+            Int(i64::from(l.attempt)),
+            Int(i64::from(l.group)),
+            Int(i64::from(l.index)),
+            Text(&l.stream),
+            Int(l.offset as i64),
+            Text(&l.text),
+        ]
+    });
     out
+}
+
+/// Statements that insert `rows`, [`ROWS_PER_STATEMENT`] a statement:
+/// `head`, the rows' values (`N` a row, by `row`), then `tail`.
+fn inserts<'r, 'a, T, const N: usize>(
+    out: &mut Vec<(String, Vec<Value<'a>>)>,
+    placeholders: &mut impl FnMut(usize, usize) -> String,
+    head: &str,
+    tail: &str,
+    rows: &'r [T],
+    row: impl Fn(&'r T) -> [Value<'a>; N],
+) {
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!("{head} VALUES {}{tail}", placeholders(chunk.len(), N));
+        out.push((sql, chunk.iter().flat_map(&row).collect()));
+    }
 }
 
 /// A batch's puts by table, each key once with its last record: what
