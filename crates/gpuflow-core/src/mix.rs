@@ -132,7 +132,15 @@ impl WorkloadMix {
         typical: Typical,
     ) -> WorkloadMix {
         let coverage = typical.coverage;
-        let mut tally: BTreeMap<(u64, u32, u32, Vec<String>), f64> = BTreeMap::new();
+        // Each shape's weight, in the order first seen, found through
+        // `index` (or as the last task's: shapes come in runs); each task's
+        // weight is added to its shape's sum in the order given, so the sums
+        // do not depend on how they are found. 100,000 pending tasks are
+        // tallied every cycle.
+        type Key<'k> = (u64, u32, u32, &'k [String]);
+        let mut tally: Vec<(Key<'a>, f64)> = Vec::new();
+        let mut index: rustc_hash::FxHashMap<Key<'a>, usize> = Default::default();
+        let mut last: Option<usize> = None;
         for (t, n) in tasks {
             let (milli, count) = match &t.gpu {
                 GpuRequest::Whole { count } if *count > 0 => (1000, *count as u32),
@@ -149,18 +157,27 @@ impl WorkloadMix {
                     MixWeighting::Tasks => 1.0,
                     MixWeighting::Gpus => (milli * count) as f64 / 1000.0,
                 };
-            *tally
-                .entry((t.cpu.0, milli, count, t.models.clone()))
-                .or_default() += w;
+            let key: Key<'a> = (t.cpu.0, milli, count, &t.models);
+            let i = match last {
+                Some(i) if tally[i].0 == key => i,
+                _ => *index.entry(key).or_insert_with(|| {
+                    tally.push((key, 0.0));
+                    tally.len() - 1
+                }),
+            };
+            last = Some(i);
+            tally[i].1 += w;
         }
-        let total: f64 = tally.values().sum();
+        // In key order, as the total and the ties below are read.
+        tally.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let total: f64 = tally.iter().map(|(_, w)| w).sum();
         let mut shapes: Vec<MixShape> = tally
             .into_iter()
             .map(|((cpu, milli, count, models), w)| MixShape {
                 cpu: CpuMilli(cpu),
                 milli,
                 count,
-                models,
+                models: models.to_vec(),
                 weight: w,
             })
             .collect();

@@ -111,7 +111,8 @@ pub async fn run_once_with(
     let took = started.elapsed();
     // What was not reused is stale: freed now, off the state lock, rather
     // than kept beside this cycle's snapshot until the next.
-    let stale = std::mem::take(&mut *reuse);
+    // Their room is kept for the next snapshot to build in.
+    let (spare, stale) = std::mem::take(&mut *reuse).split_spare();
     tokio::task::spawn_blocking(move || drop(stale));
     // Phase 2.
     let computed = match tokio::task::spawn_blocking(move || taken.compute()).await {
@@ -138,6 +139,7 @@ pub async fn run_once_with(
     // peak of a cycle that admits thousands).
     let mut spent = out.spent;
     *reuse = crate::snapshot::Reuse::keep(&mut spent.0.snap);
+    reuse.set_spare(spare);
     tokio::task::spawn_blocking(move || drop(spent));
     // Admissions and preemptions by queue, and waits to a first start, as
     // counters (read before the change is committed).

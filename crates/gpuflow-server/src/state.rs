@@ -1262,6 +1262,11 @@ impl World {
         self.job_revs.get(&id).copied().unwrap_or(0)
     }
 
+    /// Each job's id and revision ([`World::job_rev`]), in id order.
+    pub fn job_revs(&self) -> impl Iterator<Item = (u64, u64)> {
+        self.job_revs.iter().map(|(&id, &rev)| (id, rev))
+    }
+
     /// The jobs in memory by id, as [`World::jobs`], each with its
     /// revision ([`World::job_rev`]).
     pub fn jobs_and_revs(&self) -> impl Iterator<Item = (&JobRec, u64)> {

@@ -1041,11 +1041,13 @@ fn memo_fragmentation(
 }
 
 fn gpus_by_model(c: &Cluster) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
+    // Counted by name borrowed, then named once per model: clusters have
+    // tens of thousands of GPUs and a few models.
+    let mut m: BTreeMap<&str, u64> = BTreeMap::new();
     for g in c.nodes().iter().flat_map(|n| &n.gpus) {
-        *m.entry(g.model.clone()).or_default() += 1;
+        *m.entry(g.model.as_str()).or_default() += 1;
     }
-    m
+    m.into_iter().map(|(k, n)| (k.to_string(), n)).collect()
 }
 
 /// How much of the picked shared GPU is left free after the pick (0 for other picks).
