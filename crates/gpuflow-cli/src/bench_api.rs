@@ -23,6 +23,7 @@ pub(crate) fn submit(
     readers: usize,
     read_pause: Duration,
     array: usize,
+    backlog: usize,
 ) -> anyhow::Result<()> {
     if jobs == 0 || clients == 0 || array == 0 {
         bail!("--jobs, --clients and --array must be above 0");
@@ -32,12 +33,12 @@ pub(crate) fn submit(
             "--jobs must be a multiple of --array × --clients, so that each client sends whole arrays"
         );
     }
-    let alone = run_submissions(jobs, clients, store, 0, read_pause, array)?;
+    let alone = run_submissions(jobs, clients, store, 0, read_pause, array, backlog)?;
     if readers > 0 {
         // The same submissions on a fresh server, while `readers` clients
         // poll `why` of a job the cycle does not reach (a diagnosis each)
         // and list jobs, as dashboards and impatient users do.
-        let with = run_submissions(jobs, clients, store, readers, read_pause, array)?;
+        let with = run_submissions(jobs, clients, store, readers, read_pause, array, backlog)?;
         println!(
             "with {readers} readers polling why and listing jobs: {:.0} submissions/s against {alone:.0} alone, ratio {:.2}",
             with,
@@ -72,8 +73,57 @@ fn throwaway_postgres(_: bool) -> anyhow::Result<Throwaway> {
     bail!(crate::sim::WITHOUT_BENCH)
 }
 
+/// Sends `jobs` submissions of `spec` (each of `array` jobs) from `clients`
+/// threads at once: each request's latency.
+fn send_all(
+    url: &str,
+    token: &str,
+    spec: &str,
+    jobs: usize,
+    clients: usize,
+    array: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let (url, token, lat, spec) = (
+                url.to_string(),
+                token.to_string(),
+                latencies.clone(),
+                spec.to_string(),
+            );
+            let n = (jobs / clients + usize::from(c < jobs % clients)) / array;
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let http = client();
+                let mut mine = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let t = Instant::now();
+                    let resp = http
+                        .post(&url)
+                        .header("Authorization", format!("Bearer {token}"))
+                        .header("Content-Type", "application/yaml")
+                        .send(spec.as_str())?;
+                    if resp.status().as_u16() != 201 {
+                        bail!("submission refused: HTTP {}", resp.status());
+                    }
+                    mine.push(t.elapsed());
+                }
+                lat.lock().expect("not poisoned").extend(mine);
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow!("a client thread panicked"))??;
+    }
+    let l = latencies.lock().expect("not poisoned").clone();
+    Ok(l)
+}
+
 /// Submissions per second on a fresh in-process server, with `readers`
-/// clients reading meanwhile.
+/// clients reading meanwhile, after `backlog` jobs were queued and a cycle
+/// ran over them.
 fn run_submissions(
     jobs: usize,
     clients: usize,
@@ -81,6 +131,7 @@ fn run_submissions(
     readers: usize,
     read_pause: Duration,
     array: usize,
+    backlog: usize,
 ) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let pg = match store {
@@ -92,6 +143,7 @@ fn run_submissions(
     cfg.store_url = pg.as_ref().map(|p| p.url.clone());
     // Throughput, not the per-token rate limit, is measured.
     cfg.rate_per_token = 0;
+    let interval = cfg.cycle_interval;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -112,7 +164,15 @@ fn run_submissions(
         }
     );
     let http = client;
-    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    if backlog > 0 {
+        // Queued first, untimed; every cycle from then on runs over at
+        // least this many pending jobs (no node takes any). Two cycle
+        // intervals let one run over the whole backlog before the clock
+        // starts.
+        eprintln!("queueing a backlog of {backlog} jobs first");
+        send_all(&url, &token, &spec, backlog, clients, array)?;
+        std::thread::sleep(2 * interval);
+    }
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let reader_threads: Vec<_> = (0..readers)
@@ -148,41 +208,12 @@ fn run_submissions(
         }
     );
     let start = Instant::now();
-    let threads: Vec<_> = (0..clients)
-        .map(|c| {
-            let (url, token, lat, spec) =
-                (url.clone(), token.clone(), latencies.clone(), spec.clone());
-            let n = (jobs / clients + usize::from(c < jobs % clients)) / array;
-            std::thread::spawn(move || -> anyhow::Result<()> {
-                let http = http();
-                let mut mine = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let t = Instant::now();
-                    let resp = http
-                        .post(&url)
-                        .header("Authorization", format!("Bearer {token}"))
-                        .header("Content-Type", "application/yaml")
-                        .send(spec.as_str())?;
-                    if resp.status().as_u16() != 201 {
-                        bail!("submission refused: HTTP {}", resp.status());
-                    }
-                    mine.push(t.elapsed());
-                }
-                lat.lock().expect("not poisoned").extend(mine);
-                Ok(())
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join()
-            .map_err(|_| anyhow!("a client thread panicked"))??;
-    }
+    let mut l = send_all(&url, &token, &spec, jobs, clients, array)?;
     let wall = start.elapsed();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     for t in reader_threads {
         let _ = t.join();
     }
-    let mut l = latencies.lock().expect("not poisoned").clone();
     l.sort();
     let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1];
     let rate = jobs as f64 / wall.as_secs_f64();
@@ -191,8 +222,13 @@ fn run_submissions(
     } else {
         format!("{jobs} submissions")
     };
+    let over = if backlog > 0 {
+        format!(" over a backlog of {backlog}")
+    } else {
+        String::new()
+    };
     println!(
-        "store {store}: {what}, {clients} clients, {readers} readers ({} reads): {rate:.0} jobs/s; latency (per request) p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "store {store}: {what}{over}, {clients} clients, {readers} readers ({} reads): {rate:.0} jobs/s; latency (per request) p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         reads.load(std::sync::atomic::Ordering::Relaxed),
         pct(0.50).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,

@@ -216,6 +216,10 @@ pub(crate) enum BenchCommand {
         /// Submit arrays of this many jobs instead of single jobs.
         #[arg(long, default_value_t = 1)]
         array: usize,
+        /// Queue this many jobs first (untimed, no node takes them), so
+        /// that every cycle meanwhile runs over at least this backlog.
+        #[arg(long, default_value_t = 0)]
+        backlog: usize,
     },
     /// What readers cost the server: its memory while 8 and 32 clients read
     /// reports over many stored jobs (as another team's viewer and as an
@@ -703,6 +707,7 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             readers,
             read_pause_ms,
             array,
+            backlog,
         } => crate::bench_api::submit(
             jobs,
             clients,
@@ -710,6 +715,7 @@ pub(crate) fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             readers,
             Duration::from_millis(read_pause_ms),
             array,
+            backlog,
         ),
         BenchCommand::Burst {
             nodes,
