@@ -567,7 +567,7 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
     .await?;
     let queues = queue_spent;
     let projects = project_spent;
-    let mut w = shared.world.lock().await;
+    let mut w = shared.write().await;
     // A budget past its taper point is "low": said once a period, as an
     // event its team's webhooks may ask for (`budget-low`).
     let mut change = crate::Change::default();
@@ -612,7 +612,7 @@ pub async fn refresh_budgets(shared: &crate::Shared, now: u64) -> Result<(), cra
             w.budget_warned.insert(key, start);
         }
     }
-    crate::commit(shared.store.as_ref(), &mut w, change).await?;
+    w = w.commit(change).await?;
     w.budget_used = queues;
     w.project_budget_used = projects;
     drop(w);

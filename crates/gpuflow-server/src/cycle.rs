@@ -21,7 +21,7 @@ use crate::event::EventKind;
 use crate::lifecycle;
 use crate::snapshot::{Snapshot, snapshot};
 use crate::state::{Alloc, JobRec, World};
-use crate::{Change, Shared, commit};
+use crate::{Change, Shared};
 
 /// Runs cycles until the process ends.
 ///
@@ -96,9 +96,9 @@ pub async fn run_once_with(
     let started = Instant::now();
     // Phase 1.
     let taken = {
-        let mut world = shared.world.lock().await;
+        let mut world = shared.write().await;
         let change = timers(&world, &shared.cfg, t);
-        commit(shared.store.as_ref(), &mut world, change).await?;
+        world = world.commit(change).await?;
         world.prune_finished(t, shared.cfg.keep_finished_s);
         Taken::take(&world, t, &shared.cfg, &mut reuse)?.map(|mut taken| {
             taken.snap.fault = shared.cfg.fault.clone();
@@ -131,7 +131,7 @@ pub async fn run_once_with(
     meanwhile().await;
     // Phase 3.
     let applying = Instant::now();
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let out = computed.apply(&world, t);
     // What the cycle read is not needed to commit its change: kept for the
     // next cycle where it may reuse it, the rest freed now, off the lock,
@@ -158,7 +158,7 @@ pub async fn run_once_with(
             _ => {}
         }
     }
-    commit(shared.store.as_ref(), &mut world, out.change).await?;
+    world = world.commit(out.change).await?;
     let stats = &mut world.stats;
     for (admitted, queue, wait) in counted {
         let by = if admitted {
@@ -306,7 +306,7 @@ async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerE
         tracing::error!("the scheduling core panicked and no single pending job explains it");
         return Ok(());
     };
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let Some(mut j) = world.jobs().get(&id).cloned() else {
         return Ok(());
     };
@@ -321,7 +321,7 @@ async fn set_aside_culprit(shared: &Shared, t: u64) -> Result<(), crate::ServerE
     let mut change = Change::default();
     change.event(t, Some(id), &j.team, kind, j.reason.clone());
     change.job(j);
-    commit(shared.store.as_ref(), &mut world, change).await
+    world.commit(change).await.map(drop)
 }
 
 /// The one item whose presence makes `fails` true, by halving: `None`

@@ -210,7 +210,14 @@ pub struct Smtp {
 
 /// What every request handler and the scheduling loop share.
 pub struct Shared {
+    /// The state lock: held to read the state or change what is not
+    /// stored; what is stored changes only through [`Shared::write`].
     pub world: Mutex<World>,
+    /// Held by the writer of a change from the state it reads to the
+    /// change in memory, through the store's write, where the state lock
+    /// is let go ([`Writing::commit`]): writers take turns, so what one
+    /// stores and then publishes is what it read, and readers go on.
+    writes: Mutex<()>,
     pub store: Arc<dyn Store>,
     pub cfg: Config,
     /// Wakes the scheduling loop.
@@ -506,25 +513,76 @@ pub async fn each_job(
     Ok(())
 }
 
-/// Commits a change, then applies it to the working state. On a store error
-/// nothing changes in memory either.
-///
-/// # Errors
-/// On a store error.
-pub async fn commit(
-    store: &dyn Store,
-    world: &mut World,
-    change: Change,
-) -> Result<(), ServerError> {
-    if change.is_empty() {
-        return Ok(());
+impl Shared {
+    /// The state to change: the writers' turn, then the state lock.
+    pub async fn write(&self) -> Writing<'_> {
+        let turn = self.writes.lock().await;
+        let world = self.world.lock().await;
+        Writing {
+            shared: self,
+            _turn: turn,
+            world,
+        }
     }
-    let (batch, memory) = records(change);
-    let started = std::time::Instant::now();
-    store.commit(&batch).await?;
-    world.stats.commit.observe(started.elapsed().as_secs_f64());
-    publish(world, memory, &batch.events);
-    Ok(())
+}
+
+/// A writer's hold on the state ([`Shared::write`]): reads and changes it
+/// as a `World`, and stores a change with [`Writing::commit`].
+pub struct Writing<'a> {
+    shared: &'a Shared,
+    _turn: tokio::sync::MutexGuard<'a, ()>,
+    world: tokio::sync::MutexGuard<'a, World>,
+}
+
+impl std::ops::Deref for Writing<'_> {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.world
+    }
+}
+
+impl std::ops::DerefMut for Writing<'_> {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
+}
+
+impl<'a> Writing<'a> {
+    /// Stores a change, then applies it to the state, and holds the state
+    /// again. The state lock is let go while the store writes, so readers
+    /// (and submissions, which only add jobs of ids they took) go on; no
+    /// other writer runs until this one is done. On a store error nothing
+    /// changes in memory either, and the hold is let go.
+    ///
+    /// # Errors
+    /// On a store error.
+    pub async fn commit(self, change: Change) -> Result<Writing<'a>, ServerError> {
+        let Writing {
+            shared,
+            _turn: turn,
+            mut world,
+        } = self;
+        if !change.is_empty() {
+            // Ids of jobs the change makes are taken before others may
+            // submit meanwhile.
+            if let Some(&last) = change.jobs.keys().next_back() {
+                world.next_job = world.next_job.max(last);
+            }
+            let (batch, memory) = records(change);
+            let started = std::time::Instant::now();
+            drop(world);
+            let stored = shared.store.commit(&batch).await;
+            world = shared.world.lock().await;
+            world.stats.commit.observe(started.elapsed().as_secs_f64());
+            stored?;
+            publish(&mut world, memory, &batch.events);
+        }
+        Ok(Writing {
+            shared,
+            _turn: turn,
+            world,
+        })
+    }
 }
 
 /// What a stored change puts in memory.
@@ -738,6 +796,7 @@ pub async fn open_with(
     let oidc = Arc::new(oidc::Oidc::new(&cfg.oidc));
     let shared = Arc::new(Shared {
         world: Mutex::new(world),
+        writes: Mutex::new(()),
         store,
         cfg,
         wake: Notify::new(),

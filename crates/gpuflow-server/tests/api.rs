@@ -1446,3 +1446,94 @@ async fn every_query_parameter_is_checked() {
         .await;
     assert_eq!((s, &v["code"]), (400, &json!("websocket_required")), "{v}");
 }
+
+// ------------------------------------------------- no state lock across I/O
+
+/// `psql` on `url`, reading statements from its standard input.
+fn psql(url: &str) -> std::process::Child {
+    let bin = gpuflow_store::pgtest::find_binaries().expect("PostgreSQL is installed");
+    std::process::Command::new(bin.join("psql"))
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql runs")
+}
+
+/// Reads are answered while a write waits for the store: a writer lets go
+/// of the state lock while its change is committed, and publishes it after
+/// (issue #39). Another session holds PostgreSQL's jobs table against
+/// writes, so a cancellation's commit waits on it; a read of the job
+/// meanwhile answers with the state as stored, and the cancellation
+/// completes once the table is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_answered_while_a_write_waits_for_the_store() {
+    use std::io::{BufRead, Write};
+    with_postgres(async |url| {
+        let url = url.expect("a PostgreSQL URL");
+        let h = std::sync::Arc::new(harness(Some(url.clone())).await);
+        let id = h.job("default").await;
+        // The other session: the table is held once it says so.
+        let mut holder = psql(&url);
+        let mut said = std::io::BufReader::new(holder.stdout.take().unwrap());
+        let mut to_holder = holder.stdin.take().unwrap();
+        writeln!(
+            to_holder,
+            "BEGIN;\nLOCK TABLE jobs IN EXCLUSIVE MODE;\n\\echo locked"
+        )
+        .unwrap();
+        let mut line = String::new();
+        said.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "locked");
+        let writer = h.clone();
+        let cancel = tokio::spawn(async move {
+            writer
+                .json(
+                    "POST",
+                    &format!("/v1/jobs/{id}/cancel"),
+                    &writer.admin,
+                    json!({}),
+                )
+                .await
+        });
+        // Until PostgreSQL shows the cancellation waiting for the table.
+        let mut waiting = false;
+        for _ in 0..600 {
+            let mut ask = psql(&url);
+            writeln!(
+                ask.stdin.take().unwrap(),
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock';"
+            )
+            .unwrap();
+            let out = ask.wait_with_output().unwrap();
+            if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+                waiting = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(waiting, "the cancellation never waited for the table");
+        // Before the change the read waited behind the commit for as long
+        // as the table was held (for good here).
+        let (s, v) = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            h.get(&format!("/v1/jobs/{id}"), &h.admin),
+        )
+        .await
+        .expect("a read waited for a write's commit");
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["state"], "pending", "{v}");
+        assert!(
+            !cancel.is_finished(),
+            "the write did not wait for the store"
+        );
+        writeln!(to_holder, "COMMIT;").unwrap();
+        drop(to_holder);
+        holder.wait().unwrap();
+        let (s, v) = cancel.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        let (_, v) = h.get(&format!("/v1/jobs/{id}"), &h.admin).await;
+        assert_eq!(v["state"], "cancelled", "{v}");
+    })
+    .await;
+}

@@ -27,7 +27,7 @@ use crate::groupcommit::{Receiver, group};
 use crate::http::{Error, parse_json};
 use crate::secret::{hash, new_token};
 use crate::state::World;
-use crate::{Change, Shared, commit};
+use crate::{Change, Shared};
 
 fn token(headers: &HeaderMap) -> Result<String, Error> {
     crate::http::auth::bearer(headers)
@@ -166,7 +166,7 @@ pub async fn register(
     let req: Register = parse_json(&body)?;
     crate::http::check_name("node", &req.node, "node name")?;
     check_inventory(&req.inventory)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let at = shared.now();
     let node_token = new_token("gfn");
     let mut change = Change::default();
@@ -208,7 +208,7 @@ pub async fn register(
         "",
     );
     change.nodes.insert(node.name.clone(), node);
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     shared.wake.notify_one();
     Ok(Json(Registered {
         node_token,
@@ -307,7 +307,7 @@ async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let mut world = shared.world.lock().await;
+        let mut world = shared.write().await;
         let at = shared.now();
         let mut all = Change::default();
         let (mut nodes, mut jobs) = (HashSet::new(), HashSet::new());
@@ -336,13 +336,13 @@ async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
                 }
             }
         }
-        let stored = commit(shared.store.as_ref(), &mut world, all).await;
+        let stored = world.commit(all).await;
         if let Err(e) = &stored {
             tracing::error!(error = ?e, beats = folded.len(), "heartbeats were not stored");
         }
         for beat in folded {
             let reply = match &stored {
-                Ok(()) => Ok(reply(&shared, &world, &beat.name, at)),
+                Ok(world) => Ok(reply(&shared, world, &beat.name, at)),
                 Err(_) => Err(ApiError::new(
                     500,
                     "internal",
@@ -353,7 +353,7 @@ async fn serve_beats(shared: Weak<Shared>, queue: Receiver<Beat>) {
             // An agent that went away no longer waits.
             let _ = beat.done.send(reply);
         }
-        drop(world);
+        drop(stored);
         if changed_jobs {
             shared.wake.notify_one();
         }

@@ -388,14 +388,13 @@ pub async fn verified_id_token(
 /// # Errors
 /// 403 when the name is another user's (a token user's, or another
 /// subject's), or the team does not exist; 401 when the user is disabled.
-pub async fn sign_in(
-    shared: &Shared,
-    world: &mut World,
+pub fn sign_in(
+    world: &World,
     identity: &gpuflow_api::Identity,
     username: &str,
     (team, role): (String, Role),
     at: u64,
-) -> Result<User, crate::http::Error> {
+) -> Result<(User, crate::Change), crate::http::Error> {
     let known = world.records().users.get(username).cloned();
     if let Some(u) = &known {
         if u.identity.as_ref() != Some(identity) {
@@ -434,8 +433,8 @@ pub async fn sign_in(
         identity: Some(identity.clone()),
         signed_out_at: known.as_ref().and_then(|u| u.signed_out_at),
     };
+    let mut change = crate::Change::default();
     if known.as_ref() != Some(&user) {
-        let mut change = crate::Change::default();
         change.put(crate::Rec::User(user.clone()));
         change.audit(
             at,
@@ -458,9 +457,8 @@ pub async fn sign_in(
                 }
             ),
         );
-        crate::commit(shared.store.as_ref(), world, change).await?;
     }
-    Ok(user)
+    Ok((user, change))
 }
 
 /// The caller an ID token sent as a bearer token names (as Kubernetes'
@@ -481,7 +479,7 @@ async fn oidc_caller(
         provider: id.provider.clone(),
         subject: id.subject.clone(),
     };
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     if let Some(out) = world
         .records()
         .users
@@ -500,7 +498,8 @@ async fn oidc_caller(
         )
         .into());
     }
-    let user = sign_in(shared, &mut world, &identity, &id.username, granted, at).await?;
+    let (user, change) = sign_in(&world, &identity, &id.username, granted, at)?;
+    world.commit(change).await?;
     Ok(Caller {
         user,
         token_id: String::new(),
@@ -536,7 +535,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
         provider: link.provider.clone(),
         subject: link.subject.clone(),
     };
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     // Revoked while it was renewed: as revoked.
     let Some(now_rec) = world.records().tokens.get(&t.hash).cloned() else {
         return Err(refusal(&Refused::Unknown, at).into());
@@ -574,7 +573,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
                 &format!("user/{}", t.user),
                 e.to_string(),
             );
-            crate::commit(shared.store.as_ref(), &mut world, change).await?;
+            world.commit(change).await?;
             let mut err = refusal(&Refused::Revoked(revoked), at);
             err.message = format!("{} ({e})", err.message);
             Err(err.into())
@@ -597,7 +596,8 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
                 .into());
             }
             let granted = shared.oidc.role_of(&id)?;
-            let user = sign_in(shared, &mut world, &identity, &r.username, granted, at).await?;
+            let (user, signed) = sign_in(&world, &identity, &r.username, granted, at)?;
+            world = world.commit(signed).await?;
             let mut next = now_rec.clone();
             next.session = Some(crate::state::SessionLink {
                 checked_at: at,
@@ -606,7 +606,7 @@ async fn recheck(shared: &Shared, t: TokenRec, at: u64) -> Result<Caller, crate:
             });
             let mut change = crate::Change::default();
             change.put(crate::Rec::Token(next));
-            crate::commit(shared.store.as_ref(), &mut world, change).await?;
+            world.commit(change).await?;
             Ok(Caller {
                 user,
                 token_id: t.id().to_string(),

@@ -20,7 +20,7 @@ async fn report(
     caller.need_admin("reporting a cluster's workloads")?;
     check_name("cluster", &cluster, "cluster")?;
     let r: api::WorkloadReport = body.read(MAX_REPORT_BYTES)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let at = shared.now();
     let (records, result) = crate::external::apply(&world, &cluster, &r, at);
     let mut change = Change::default();
@@ -38,7 +38,7 @@ async fn report(
             format!("{new} new workloads, {} finished", result.finished),
         );
     }
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     for j in records {
         world.put_external(j);
     }

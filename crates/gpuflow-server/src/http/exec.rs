@@ -21,9 +21,9 @@ use tokio::sync::oneshot;
 
 use super::params::{Flag, ParamSet, TermSize};
 use super::*;
+use crate::Change;
 use crate::http::auth::Caller;
 use crate::secret::{hash, new_token};
-use crate::{Change, commit};
 
 /// How long a session waits for its agent to connect.
 const AGENT_WAIT: Duration = Duration::from_secs(20);
@@ -191,7 +191,7 @@ async fn open_session(
     let id = super::jobs::job_id(id)?;
     let what = if command.is_empty() { "attach" } else { "exec" };
     let (node, order) = {
-        let mut world = shared.world.lock().await;
+        let world = shared.write().await;
         super::jobs::visible(&world, caller, id)?;
         let j = world.jobs().get(&id).ok_or_else(|| {
             ApiError::conflict(format!("job {id} is not running: nothing to {what} into"))
@@ -262,7 +262,7 @@ async fn open_session(
             &format!("job/{id}"),
             detail,
         );
-        commit(shared.store.as_ref(), &mut world, change).await?;
+        world.commit(change).await?;
         (node, order)
     };
     let session = order.session.clone();

@@ -945,7 +945,7 @@ async fn job_action(
     Path((id, action)): Path<(String, String)>,
 ) -> Reply<api::Job> {
     let id = job_id(&id)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     visible(&world, &caller, id)?;
     if let Some(e) = world.external().get(&id).and_then(|j| j.external.as_ref()) {
         return Err(ApiError::conflict(format!(
@@ -989,7 +989,7 @@ async fn job_action(
     change.audit(at, who, &format!("job.{action}"), &format!("job/{id}"), "");
     let view = next.view(at);
     change.job(next);
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(Json(view))
@@ -1002,7 +1002,7 @@ async fn cancel_array(
     Path(id): Path<String>,
 ) -> Reply<api::ArrayCancelled> {
     let id = job_id(&id)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     visible(&world, &caller, id)?;
     let Some(team) = world
         .summaries()
@@ -1045,7 +1045,7 @@ async fn cancel_array(
         }
     }
     change.audit(at, &who, "array.cancel", &format!("array/{id}"), "");
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(Json(api::ArrayCancelled {
@@ -1086,7 +1086,7 @@ async fn submit_batch(
         specs.push(spec);
     }
     let arrays = dependency_arrays(&shared, &specs.iter().collect::<Vec<_>>()).await?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let mut jobs = Vec::with_capacity(specs.len());
     let t = shared.now();
     for (i, mut spec) in specs.into_iter().enumerate() {
@@ -1134,7 +1134,7 @@ async fn submit_batch(
     for j in jobs {
         change.job(j);
     }
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(Created(api::BatchSubmitted { ids }))

@@ -50,7 +50,7 @@ use crate::http::auth::Caller;
 use crate::http::params::{NamePage, Params};
 use crate::secret::{hash, new_token};
 use crate::state::{JobRec, TokenRec, World};
-use crate::{Change, Gone, Rec, Shared, commit};
+use crate::{Change, Gone, Rec, Shared};
 
 /// An error reply.
 #[derive(Debug)]

@@ -131,7 +131,7 @@ async fn node_action(
     Path((name, action)): Path<(String, String)>,
 ) -> Reply<api::NodeView> {
     caller.need_admin("changing a node")?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let Some(n) = world.nodes().get(&name) else {
         return Err(ApiError::not_found(format!("node {name:?} not found")).into());
     };
@@ -181,7 +181,7 @@ async fn node_action(
         "",
     );
     change.nodes.insert(name.clone(), n);
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     let used = world.gpus_in_use();
     let holders = world.holders(|_| true);
     Ok(Json(node_view(

@@ -69,7 +69,7 @@ async fn create_project(
     if p.budget.is_some() {
         caller.need_admin("setting a project's budget")?;
     }
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     if !caller.leads(&p.team) {
         return Err(ApiError::forbidden(format!(
             "creating a project of team {:?} needs the admin role or that team's lead",
@@ -96,7 +96,7 @@ async fn create_project(
         &format!("project/{}", p.name),
         p.cost_centre.clone(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Created(p))
 }
 
@@ -109,7 +109,7 @@ async fn patch_project(
 ) -> Reply<api::ProjectView> {
     let patch: api::ProjectPatch = body.read(shared.cfg.max_body_bytes)?;
     caller.need_admin("changing a project")?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let Some(p) = world.records().projects.get(&name) else {
         return Err(ApiError::not_found(format!("project {name:?} not found")).into());
     };
@@ -130,7 +130,7 @@ async fn patch_project(
         &format!("project/{name}"),
         serde_json::to_string(&p.budget).unwrap_or_default(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     // The new budget is counted now, not at the next 30 s count.
     if let Err(e) = crate::accounting::refresh_budgets(&shared, shared.now()).await {

@@ -218,7 +218,7 @@ async fn create_queue(
 ) -> Result<Warned<Created<QueueSpec>>, Error> {
     let q: QueueSpec = body.read(shared.cfg.max_body_bytes)?;
     q.validate()?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     if !caller.leads(&q.team) {
         return Err(ApiError::forbidden(format!(
             "creating a queue of team {:?} needs the admin role or that team's lead",
@@ -324,7 +324,7 @@ async fn create_queue(
         &format!("queue/{}", q.name),
         serde_json::to_string(&q).unwrap_or_default(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
@@ -337,7 +337,7 @@ async fn patch_queue(
     body: JsonBody<QueuePatch>,
 ) -> Result<Warned<Json<QueueSpec>>, Error> {
     let (p, body): (QueuePatch, _) = body.read_raw(shared.cfg.max_body_bytes)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let Some(q) = world
         .records()
         .queues
@@ -398,7 +398,7 @@ async fn patch_queue(
         &format!("queue/{name}"),
         String::from_utf8_lossy(&body),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     let warnings = quota_warnings(&world, &q);
     drop(world);
     shared.wake.notify_one();
@@ -410,7 +410,7 @@ async fn delete_queue(
     Path(name): Path<String>,
 ) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a queue")?;
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     if !world.records().queues.contains_key(&name) {
         return Err(ApiError::not_found(format!("queue {name:?} not found")).into());
     }
@@ -444,6 +444,6 @@ async fn delete_queue(
         &format!("queue/{name}"),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(axum::response::NoContent)
 }

@@ -27,7 +27,7 @@ async fn set_prices(
     caller.need_admin("setting prices")?;
     let p: api::Prices = body.read(shared.cfg.max_body_bytes)?;
     p.validate()?;
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let mut change = Change::default();
     change.put(Rec::Prices(p.clone()));
     change.audit(
@@ -37,7 +37,7 @@ async fn set_prices(
         "prices",
         serde_json::to_string(&p).unwrap_or_default(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Json(p))
 }
 

@@ -41,7 +41,7 @@ async fn create(
                 .into(),
         ));
     }
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     if world.records().reservations.contains_key(&s.name) {
         return Err(ApiError::conflict(format!("reservation {:?} exists", s.name)).into());
     }
@@ -147,7 +147,7 @@ async fn create(
         &format!("reservation/{}", r.name),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(Created(r))
@@ -166,7 +166,7 @@ async fn remove(
     Path(name): Path<String>,
 ) -> Result<axum::response::NoContent, Error> {
     caller.need_admin("deleting a reservation")?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     if !world.records().reservations.contains_key(&name) {
         return Err(ApiError::not_found(format!("reservation {name:?} not found")).into());
     }
@@ -179,7 +179,7 @@ async fn remove(
         &format!("reservation/{name}"),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(axum::response::NoContent)

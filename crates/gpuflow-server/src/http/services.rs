@@ -118,7 +118,7 @@ async fn create_service(
 ) -> Result<Created<api::ServiceView>, Error> {
     let spec: api::ServiceSpec = body.read(shared.cfg.max_body_bytes)?;
     spec.validate()?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let Some(queue) = world.records().queues.get(&spec.queue) else {
         return Err(ApiError::bad_request(
             "unknown_queue",
@@ -167,7 +167,7 @@ async fn create_service(
         &format!("service/{}", svc.spec.name),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     let view = crate::services::view(&world, &svc);
     drop(world);
     shared.wake.notify_one();
@@ -181,7 +181,7 @@ async fn patch_service(
     body: JsonBody<api::ServicePatch>,
 ) -> Reply<api::ServiceView> {
     let patch: api::ServicePatch = body.read(shared.cfg.max_body_bytes)?;
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let mut next = owned(&world, &caller, &name, "change")?.clone();
     if let Some(r) = patch.replicas {
         next.spec.replicas = r;
@@ -223,7 +223,7 @@ async fn patch_service(
         &format!("service/{name}"),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     let view = crate::services::view(&world, &next);
     drop(world);
     shared.wake.notify_one();
@@ -236,7 +236,7 @@ async fn delete_service(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<axum::response::NoContent, Error> {
-    let mut world = shared.world.lock().await;
+    let mut world = shared.write().await;
     let team = owned(&world, &caller, &name, "delete")?.team.clone();
     let at = shared.now();
     let mut change = Change::default();
@@ -264,7 +264,7 @@ async fn delete_service(
         format!("service {name} deleted by {who}"),
     );
     change.audit(at, &who, "service.delete", &format!("service/{name}"), "");
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world = world.commit(change).await?;
     drop(world);
     shared.wake.notify_one();
     Ok(axum::response::NoContent)

@@ -61,7 +61,7 @@ async fn create_team(
         .into());
     }
     check_images(&t)?;
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     if world.records().teams.contains_key(&t.name) {
         return Err(ApiError::conflict(format!("team {:?} already exists", t.name)).into());
     }
@@ -82,7 +82,7 @@ async fn create_team(
         &format!("team/{}", t.name),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Created(t.redacted()))
 }
 
@@ -136,7 +136,7 @@ async fn patch_team(
     if !(only_sharing && caller.leads(&name)) {
         caller.need_admin("changing a team (other than its leads sharing control of its jobs)")?;
     }
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let Some(t) = world.records().teams.get(&name) else {
         return Err(ApiError::not_found(format!("team {name:?} not found")).into());
     };
@@ -189,6 +189,6 @@ async fn patch_team(
             format!("registry logins for {}", logins.join(", "))
         },
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Json(t.redacted()))
 }

@@ -50,7 +50,7 @@ async fn create_token(
         }
         (asked, _) => asked,
     };
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let Some(u) = world.records().users.get(&r.user).cloned() else {
         return Err(ApiError::bad_request(
             "unknown_user",
@@ -94,7 +94,7 @@ async fn create_token(
         &format!("user/{}", r.user),
         rec.id(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     let created = TokenCreated {
         user: r.user,
         token,
@@ -137,7 +137,7 @@ async fn revoke_token(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::response::NoContent, Error> {
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let at = shared.now();
     let found = world
         .records()
@@ -184,7 +184,7 @@ async fn revoke_token(
         &format!("user/{}", t.user),
         t.id(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(axum::response::NoContent)
 }
 
@@ -254,9 +254,9 @@ async fn open_session(
         provider: id.provider.clone(),
         subject: id.subject.clone(),
     };
-    let mut world = shared.world.lock().await;
-    let user = crate::http::auth::sign_in(shared, &mut world, &identity, &id.username, granted, at)
-        .await?;
+    let mut world = shared.write().await;
+    let (user, signed) = crate::http::auth::sign_in(&world, &identity, &id.username, granted, at)?;
+    world = world.commit(signed).await?;
     let token = new_token("gfs");
     let rec = TokenRec {
         hash: hash(&token),
@@ -307,7 +307,7 @@ async fn open_session(
         &format!("user/{}", user.name),
         format!("{} subject {} ({})", id.provider, id.subject, rec.id()),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     let created = TokenCreated {
         user: user.name.clone(),
         token,

@@ -72,7 +72,7 @@ async fn create_user(
         )
         .into());
     }
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let allowed = caller.admin()
         || (caller.leads(&u.team)
             && matches!(u.role, Role::Member | Role::Viewer | Role::TeamLead));
@@ -121,7 +121,7 @@ async fn create_user(
         &format!("user/{}", u.name),
         u.role.as_str(),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Created(u))
 }
 
@@ -145,7 +145,7 @@ async fn enable_user(
 }
 
 async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bool) -> Reply<User> {
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let mut u = seen(&world, caller, name)?;
     let allowed =
         caller.admin() || (caller.leads(&u.team) && matches!(u.role, Role::Member | Role::Viewer));
@@ -176,7 +176,7 @@ async fn set_disabled(shared: &Shared, caller: &Caller, name: &str, disabled: bo
         &format!("user/{}", u.name),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Json(u))
 }
 
@@ -206,7 +206,7 @@ async fn sign_out(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Reply<User> {
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let mut u = seen(&world, &caller, &name)?;
     let allowed = caller.admin()
         || u.name == caller.user.name
@@ -246,6 +246,6 @@ async fn sign_out(
         &format!("user/{}", u.name),
         "",
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(Json(u))
 }

@@ -85,7 +85,7 @@ async fn create(
         // team submits to any).
         None => (caller.user.team.clone(), Some(caller.user.name.clone())),
     };
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     if !team.is_empty() && !world.records().teams.contains_key(&team) {
         return Err(bad(format!("team: {team:?} does not exist")));
     }
@@ -127,7 +127,7 @@ async fn create(
                 .unwrap_or_default()
         ),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     let view = h.view(true);
     Ok(Created(view))
 }
@@ -150,7 +150,7 @@ async fn remove(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::response::NoContent, Error> {
-    let mut world = shared.world.lock().await;
+    let world = shared.write().await;
     let Some(h) = world.hooks.by_id.get(&id).filter(|h| manages(&caller, h)) else {
         return Err(not_found(&id));
     };
@@ -163,7 +163,7 @@ async fn remove(
         &format!("webhook/{id}"),
         h.mail.clone().unwrap_or_else(|| h.url.clone()),
     );
-    commit(shared.store.as_ref(), &mut world, change).await?;
+    world.commit(change).await?;
     Ok(axum::response::NoContent)
 }
 
