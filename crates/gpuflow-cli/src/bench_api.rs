@@ -98,7 +98,7 @@ fn send_all(
                 let mut mine = Vec::with_capacity(n);
                 for _ in 0..n {
                     let t = Instant::now();
-                    let resp = http
+                    let mut resp = http
                         .post(&url)
                         .header("Authorization", format!("Bearer {token}"))
                         .header("Content-Type", "application/yaml")
@@ -106,6 +106,9 @@ fn send_all(
                     if resp.status().as_u16() != 201 {
                         bail!("submission refused: HTTP {}", resp.status());
                     }
+                    // The answer (the job's id) is read, as a client
+                    // does: only then is the connection kept for the next.
+                    resp.body_mut().read_to_vec()?;
                     mine.push(t.elapsed());
                 }
                 lat.lock().expect("not poisoned").extend(mine);
@@ -851,7 +854,10 @@ pub(crate) fn readers(jobs: usize, seconds: u64, submissions: usize) -> anyhow::
                             .header("Authorization", format!("Bearer {admin}"))
                             .header("Content-Type", "application/yaml")
                             .send(spec)
-                            .is_ok_and(|r| r.status().as_u16() == 201)
+                            .is_ok_and(|mut r| {
+                                // Read, so that the connection is kept.
+                                r.status().as_u16() == 201 && r.body_mut().read_to_vec().is_ok()
+                            })
                         {
                             ok += 1;
                         }
