@@ -485,6 +485,40 @@ pub struct SqlStore {
     backend: &'static str,
     /// The leadership token every commit carries ([`Store::fence`]).
     fence: std::sync::OnceLock<u64>,
+    /// SQLite's checkpoints, run beside the commits ([`checkpoints`]).
+    checkpointer: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for SqlStore {
+    fn drop(&mut self) {
+        if let Some(c) = &self.checkpointer {
+            c.abort();
+        }
+    }
+}
+
+/// How often SQLite's write-ahead log is copied back into the database.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Copies SQLite's write-ahead log back into the database every
+/// [`CHECKPOINT_EVERY`], beside the commits. Left to SQLite, the commit
+/// that found the log past 1,000 pages copied it, with a flush of the
+/// database file, and the submissions grouped behind it waited. A passive
+/// checkpoint waits for no reader and no writer; what it cannot copy yet
+/// it copies next time.
+async fn checkpoints(pool: AnyPool) {
+    loop {
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        if pool.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_all(&pool)
+            .await
+        {
+            tracing::warn!(error = %e, "a checkpoint of the SQLite log failed; the next one retries");
+        }
+    }
 }
 
 /// Opens (creating a SQLite file when needed) and migrates a store.
@@ -597,6 +631,8 @@ impl SqlStore {
                         conn.execute("PRAGMA journal_mode=WAL").await?;
                         conn.execute("PRAGMA synchronous=FULL").await?;
                         conn.execute("PRAGMA busy_timeout=10000").await?;
+                        // Checkpoints run beside the commits ([`checkpoints`]).
+                        conn.execute("PRAGMA wal_autocheckpoint=0").await?;
                     }
                     Ok(())
                 })
@@ -604,10 +640,13 @@ impl SqlStore {
             .connect_with(opts)
             .await?;
         migrate::run(&pool, backend).await?;
+        let checkpointer =
+            (backend == "sqlite").then(|| tokio::spawn(checkpoints(pool.clone())).abort_handle());
         Ok(SqlStore {
             pool,
             backend,
             fence: std::sync::OnceLock::new(),
+            checkpointer,
         })
     }
 }

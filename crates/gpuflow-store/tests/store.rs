@@ -285,6 +285,43 @@ async fn sqlite_store() {
     assert_eq!(again.load(Table::Jobs).await.unwrap().len(), 1);
 }
 
+/// SQLite's write-ahead log is copied back into the database beside the
+/// commits (its commits no longer do it when the log grows long): what
+/// 100 commits wrote, 1 MB in all, reaches the database file within a few
+/// checkpoint periods. Without the checkpoints the file stays at its one
+/// page while the log grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_log_is_copied_back_beside_the_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpuflow.db");
+    let store = SqlStore::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let doc = "x".repeat(1000);
+    for i in 0..100 {
+        let b = Batch {
+            put: (0..10)
+                .map(|k| rec(Table::Jobs, &format!("{i:05}-{k}"), "t", &doc))
+                .collect(),
+            ..Batch::default()
+        };
+        store.commit(&b).await.unwrap();
+    }
+    let mut size = 0;
+    for _ in 0..100 {
+        size = std::fs::metadata(&path).unwrap().len();
+        if size > 1_000_000 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        size > 1_000_000,
+        "the database file is {size} bytes 5 s after the commits: the log was not copied back"
+    );
+    assert_eq!(store.load(Table::Jobs).await.unwrap().len(), 1000);
+}
+
 /// Pooled PostgreSQL connections that the database cut while they sat
 /// idle (as a restart of the database or a proxy's timeout does) are
 /// replaced before a commit uses them: the commit goes through.
