@@ -416,7 +416,7 @@ pub(crate) fn server_cycle(nodes: usize, pending: usize, cycles: usize) -> anyho
     let after = phases();
     let mean = |i: usize| (after[i] - before[i]) * 1e3 / cycles as f64;
     println!(
-        "  mean phases of those cycles: take {:.1} ms, compute {:.1} ms, apply {:.1} ms (take and apply hold the state lock)",
+        "  mean phases of those cycles: take {:.1} ms, compute {:.1} ms, apply {:.1} ms (take holds the state lock; apply too, but not while the store writes)",
         mean(0),
         mean(1),
         mean(2)
