@@ -82,6 +82,29 @@ fn a_standby_takes_over_from_a_leader_killed_under_load() {
         (s == 503 && v["message"].as_str()?.contains(&urls[0])).then_some((s, v))
     });
     assert_eq!((status, v["code"].as_str()), (503, Some("standby")), "{v}");
+    // A browser on the standby is sent on to the same page of the leader;
+    // anything else (a POST from a page, an API call) is not.
+    let browser: ureq::Agent = ureq::Agent::config_builder()
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let r = browser
+        .get(format!("{}/ui/?page=jobs", urls[1]))
+        .header("Accept", "text/html,application/xhtml+xml")
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 307);
+    assert_eq!(
+        r.headers().get("location").and_then(|l| l.to_str().ok()),
+        Some(format!("{}/ui/?page=jobs", urls[0]).as_str())
+    );
+    let r = browser
+        .post(format!("{}/ui/", urls[1]))
+        .header("Accept", "text/html")
+        .send("")
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
     let admin = admin_token(&dirs[0]);
     let _agent = agent(root.path(), &urls.join(","), "n1", "8");
     let api = Api::new(&urls[0]);

@@ -150,14 +150,29 @@ pub const STANDBY_HEADER: &str = "x-gpuflow-standby";
 
 /// What a standby answers while it waits: 503 with code `standby`, the
 /// leader's address in the message and in `X-Gpuflow-Leader`,
-/// [`STANDBY_HEADER`] and `Retry-After`.
+/// [`STANDBY_HEADER`] and `Retry-After`. A browser's page request (a GET
+/// that accepts HTML) is sent on to the same page of a leader whose lease
+/// holds (307): the dashboard follows the leader. `tls`: whether a leader
+/// advertised as a bare address is reached by HTTPS (as this server is).
 pub fn standby_router(
     leader: tokio::sync::watch::Receiver<Option<gpuflow_store::Leader>>,
+    tls: bool,
 ) -> axum::Router {
     use axum::response::IntoResponse;
-    axum::Router::new().fallback(move || {
+    axum::Router::new().fallback(move |req: axum::extract::Request| {
         let leader = leader.borrow().clone();
         async move {
+            if let Some(to) = leader
+                .as_ref()
+                .filter(|l| l.expires_in >= 0 && !l.addr.is_empty())
+                .and_then(|l| page_on_leader(&req, &l.addr, tls))
+            {
+                return (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, to)],
+                )
+                    .into_response();
+            }
             let (message, addr) = match leader {
                 Some(l) if l.expires_in >= 0 => (
                     format!(
@@ -193,4 +208,33 @@ pub fn standby_router(
             r
         }
     })
+}
+
+/// Where a browser's page request `req` goes on the leader at `addr` (a
+/// URL, or an address reached by this server's scheme): `None` for
+/// anything but a GET that accepts HTML.
+fn page_on_leader(
+    req: &axum::extract::Request,
+    addr: &str,
+    tls: bool,
+) -> Option<axum::http::HeaderValue> {
+    let html = req
+        .headers()
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    if req.method() != axum::http::Method::GET || !html {
+        return None;
+    }
+    let base = addr.trim_end_matches('/');
+    let base = if base.starts_with("http://") || base.starts_with("https://") {
+        base.to_string()
+    } else {
+        format!("{}://{base}", if tls { "https" } else { "http" })
+    };
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/", axum::http::uri::PathAndQuery::as_str);
+    axum::http::HeaderValue::from_str(&format!("{base}{path}")).ok()
 }

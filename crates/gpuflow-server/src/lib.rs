@@ -847,7 +847,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             let handle = axum_server::Handle::new();
             let task = serve(
                 listener.try_clone()?,
-                leader::standby_router(watch),
+                leader::standby_router(watch, tls.is_some()),
                 tls.as_ref(),
                 most,
                 handle.clone(),
