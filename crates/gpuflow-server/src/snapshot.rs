@@ -952,16 +952,8 @@ pub(crate) fn snapshot_with(
                 blocked.push((j.id, why(j, reason)));
             }
         }
-        let mut i = 0;
-        pending.retain(|_| {
-            i += 1;
-            !held[i - 1]
-        });
-        let mut i = 0;
-        pending_revs.retain(|_| {
-            i += 1;
-            !held[i - 1]
-        });
+        without_held(&mut pending, &held);
+        without_held(&mut pending_revs, &held);
     }
     for (id, _) in &blocked {
         if let Some(j) = world.jobs().get(id) {
@@ -1022,6 +1014,12 @@ pub(crate) fn snapshot_with(
         base: None,
         versions,
     })
+}
+
+/// `items` without those whose place is marked in `held`.
+fn without_held<T>(items: &mut Vec<T>, held: &[bool]) {
+    let mut at = held.iter();
+    items.retain(|_| !at.next().copied().unwrap_or(false));
 }
 
 /// A task in an image runs only where the node can run images (set on
