@@ -1434,6 +1434,48 @@ fn a_job_that_fits_nowhere_yet_expects_to_start_when_a_node_frees_enough() {
     .assert_eq(&out);
 }
 
+/// A job that no node has room for yet takes GPUs in the estimates behind
+/// it only from when a node has room for it, not from when enough are
+/// free across nodes: job 3 needs 4 GPUs on one node, 4 are free in all
+/// at t=2000 but on two nodes, and n1 has 4 at t=5000. Job 4 (2 GPUs for
+/// two hours) starts at t=1000, when n1 frees 2. The estimate said
+/// t=5000: job 3 had taken the GPUs that free at t=2000.
+#[test]
+fn a_job_waiting_for_a_node_takes_no_gpus_from_those_behind_it_before_then() {
+    // The cluster from t=1000 on; before, job 1 also holds 2 GPUs of n1.
+    let rest = "
+        node n1 gpus=8*H100 labels=zone:a
+        node n2 gpus=8*H100 labels=zone:b
+        queue org H100=16
+        config quotas=off backfill=off preemption=off
+        run 2 queue=org gpu=whole:2 cpu=1 runtime=5000 started=0 select=zone:a
+        run 5 queue=org gpu=whole:4 cpu=1 started=0 select=zone:a
+        run 6 queue=org gpu=whole:2 cpu=1 runtime=2000 started=0 select=zone:b
+        run 7 queue=org gpu=whole:6 cpu=1 started=0 select=zone:b
+        job 3 queue=org gpu=whole:4 cpu=1 runtime=3600 prio=9
+        job 4 queue=org gpu=whole:2 cpu=1 runtime=7200
+    ";
+    let out = run(&format!(
+        "{rest}
+        run 1 queue=org gpu=whole:2 cpu=1 runtime=1000 started=0 select=zone:a
+        cycle 10"
+    ));
+    expect![[r#"
+        cycle t=10
+          pending job 3 (#1 in queue, eta t=5000): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+          pending job 4 (#2 in queue, eta t=1000): on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+    // At t=1000, once job 1 has ended, job 4 starts, as estimated.
+    let later = run(&format!("{rest}\n        cycle 1000"));
+    expect![[r#"
+        cycle t=1000
+          start job 4 on H100: n1[2,3]
+          pending job 3 (#1 in queue, eta t=8200): on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 2 nodes have too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&later);
+}
+
 /// GPUs that free on a node that takes no new work, or that have failed,
 /// make no room: job 3 waits for n2, whose job ends at t=300, not for
 /// cordoned n1 (t=100) or for n3, whose job ends at t=50 on GPUs that have

@@ -323,7 +323,14 @@ impl<'a> Cycle<'a> {
             {
                 takes = false;
             }
-            let mut t = all.when(milli, run, takes);
+            // Turned away by where GPUs are free, it takes them from when
+            // its nodes have room (below), not from when enough are free
+            // somewhere: those behind it may use them until then. One that
+            // holds a reservation keeps work that would not end before off
+            // its nodes from now, and takes from now.
+            let by_place = flag & BY_PLACE != 0;
+            let takes_at_start = by_place && flag & RESERVED == 0;
+            let mut t = all.when(milli, run, takes && !takes_at_start);
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known
             // end, after those of its queue (or user) held back before it.
@@ -355,9 +362,7 @@ impl<'a> Cycle<'a> {
             }
             // Turned away by where GPUs are free, not by how many: also
             // wait until enough nodes have room for its tasks.
-            if flag & BY_PLACE != 0
-                && let Some(at) = t
-            {
+            if by_place && let Some(at) = t {
                 let slots = node_slots.get_or_insert_with(|| self.node_slots());
                 t = slots.earliest(&self.snap.pending[i].job, at, self.snap.placer);
             }
@@ -389,6 +394,13 @@ impl<'a> Cycle<'a> {
                 t = Some(t.map_or(end, |t| t.min(end)));
             }
             eta[i] = t.unwrap_or(NO_ETA);
+            // One turned away by where GPUs are free takes them from its start.
+            if takes_at_start
+                && takes
+                && let Some(start) = t
+            {
+                all.take_from(start, milli);
+            }
             // What it took comes back when it is expected to end.
             if let Some(start) = t
                 && let Some(run) = run

@@ -96,7 +96,15 @@ impl Profile {
 
     /// Twice the steps, keeping the values: `false` at the most.
     fn grow(&mut self) -> bool {
-        if self.steps >= MAX_STEPS || self.beyond.is_empty() {
+        if self.beyond.is_empty() {
+            return false;
+        }
+        self.double()
+    }
+
+    /// Twice the steps, whatever comes later: `false` at the most.
+    fn double(&mut self) -> bool {
+        if self.steps >= MAX_STEPS {
             return false;
         }
         let mut leaf = vec![0i64; self.steps];
@@ -164,6 +172,21 @@ impl Profile {
                 return None;
             }
         }
+    }
+
+    /// Takes `need` milli-GPU from `at` on: a start found elsewhere
+    /// ([`Profile::when`] without taking, then a later time).
+    /// The profile first grows to cover `at`, so that past its last step
+    /// it still only rises. Past the most steps nothing is taken (nor is
+    /// anything estimated there).
+    pub(super) fn take_from(&mut self, at: u64, need: u64) {
+        let s = step_of(self.now, at);
+        while s >= self.steps {
+            if !self.double() {
+                return;
+            }
+        }
+        self.add_from(s, -to_i64(need));
     }
 
     /// `milli` comes free again at `end`.
@@ -288,6 +311,21 @@ fn to_i64(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpus_taken_past_the_last_step_are_gone_from_then_on() {
+        // 8 GPUs free for good; 8 are taken from day 100 on, far past
+        // the steps a new profile covers.
+        let mut p = Profile::new(&[], 8000, 0);
+        p.take_from(100 * 86_400, 8000);
+        // A job that runs for good never finds them; one of an hour does now.
+        assert_eq!(p.when(1000, None, false), None);
+        assert_eq!(p.when(1000, Some(3600), false), Some(0));
+        // Past the most steps nothing is taken.
+        let mut q = Profile::new(&[], 8000, 0);
+        q.take_from(400 * 86_400, 8000);
+        assert_eq!(q.when(1000, None, false), Some(0));
+    }
 
     #[test]
     fn a_short_job_starts_in_the_gap_before_a_big_one() {
