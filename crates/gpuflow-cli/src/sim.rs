@@ -140,7 +140,7 @@ pub(crate) struct RunArgs {
     /// repeatable: e.g. `--tune gpuflow.tries_per_queue=100000 --tune
     /// slurm-like.max_reservations=100` (settings: tries_per_queue, tries_per_cycle,
     /// max_reservations, min_runtime, history_weight, preemption,
-    /// notebooks_borrow, lease_horizon, reclaim_holds, predict_runtimes, disruption_budget, disruption_max_jobs, disruption_window, protected_pass_budgets, budget_patience, underserved_pass_budgets, reclaims_restore_fairness, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap, quotas, class_tiers, backfill_per_node, placement: `slurm`, a placement policy or a weighted sum of scorers).
+    /// notebooks_borrow, lease_horizon, reclaim_holds, predict_runtimes (true, false or exact: each job's real runtime), disruption_budget, disruption_max_jobs, disruption_window, protected_pass_budgets, budget_patience, underserved_pass_budgets, reclaims_restore_fairness, max_unsaved, batch_rank, preemptible_one_tier, victims_by_lost_work, usage_half_life, aging_step, aging_cap, quotas, class_tiers, backfill_per_node, placement: `slurm`, a placement policy or a weighted sum of scorers).
     #[arg(long)]
     tune: Vec<String>,
     /// Policies, comma separated: fifo, slurm-like, slurm-qos, gpuflow.
@@ -149,6 +149,11 @@ pub(crate) struct RunArgs {
     /// Where the CSV, SVG and (for synthetic runs) the trace go.
     #[arg(long, default_value = "sim-out")]
     out: PathBuf,
+    /// Also write every start estimate, with the job's real start and its
+    /// reasons then, to sim_estimates_log.csv (one row per estimate: a
+    /// job's first cycle, then one an hour while it waits).
+    #[arg(long)]
+    estimates_log: bool,
 }
 
 #[derive(Subcommand)]
@@ -656,7 +661,11 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
             .map(|p| {
                 let (spec, jobs, bar) = (&spec, &jobs, &bar);
                 s.spawn(move || {
-                    let r = dynamic::simulate(spec, jobs, p, &SimConfig::default(), a.seed);
+                    let cfg = SimConfig {
+                        log_estimates: a.estimates_log,
+                        ..SimConfig::default()
+                    };
+                    let r = dynamic::simulate(spec, jobs, p, &cfg, a.seed);
                     bar.inc(1);
                     r
                 })
@@ -680,8 +689,19 @@ fn run_dynamic(a: RunArgs) -> anyhow::Result<()> {
         &a.out.join("sim_run_p95_wait.svg"),
         &dynreport::svg(&results),
     )?;
+    if a.estimates_log {
+        report::write(
+            &a.out.join("sim_estimates_log.csv"),
+            &dynreport::estimates_log_csv(&results),
+        )?;
+    }
     eprintln!(
-        "wrote sim_run.csv, sim_jobs.csv, sim_estimates.csv and sim_run_p95_wait.svg to {}",
+        "wrote sim_run.csv, sim_jobs.csv, sim_estimates.csv{} and sim_run_p95_wait.svg to {}",
+        if a.estimates_log {
+            ", sim_estimates_log.csv"
+        } else {
+            ""
+        },
         a.out.display()
     );
     Ok(())

@@ -62,6 +62,82 @@ fn sim_openb_writes_a_table_a_csv_and_an_svg() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// `--estimates-log` writes every start estimate with the job's real
+/// start and reasons; `predict_runtimes=exact` tells estimates the real
+/// runtimes; a value it does not know is refused, naming the choices.
+#[test]
+fn sim_run_logs_each_estimate_and_can_be_told_exact_runtimes() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "sim",
+            "run",
+            "--workload",
+            "realistic",
+            "--hours",
+            "24",
+            "--gpus",
+            "64",
+            "--teams",
+            "3",
+            "--load",
+            "1.1",
+            "--policy",
+            "slurm-like,gpuflow",
+            "--out",
+            out.path().to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        gpuflow(&args)
+    };
+    let (code, _, stderr) = run(&[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!out.path().join("sim_estimates_log.csv").exists());
+    let (code, _, stderr) = run(&[
+        "--estimates-log",
+        "--tune",
+        "gpuflow.predict_runtimes=exact",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("sim_estimates_log.csv"), "{stderr}");
+    let log = std::fs::read_to_string(out.path().join("sim_estimates_log.csv")).unwrap();
+    let mut lines = log.lines();
+    assert_eq!(
+        lines.next(),
+        Some("policy,job,team,kind,at_s,estimate_s,start_s,error_s,wait_left_s,reasons")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    // As many rows per policy as the summary counted estimates.
+    let summary = std::fs::read_to_string(out.path().join("sim_estimates.csv")).unwrap();
+    for policy in ["slurm-like", "gpuflow"] {
+        let counted: usize = summary
+            .lines()
+            .find(|l| l.starts_with(&format!("{policy},all,")))
+            .and_then(|l| l.split(',').nth(2))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{policy}: no count in {summary}"));
+        let logged = rows.iter().filter(|r| r[0] == policy).count();
+        assert!(counted > 0, "{summary}");
+        assert!(
+            logged >= counted,
+            "{policy}: {logged} rows, {counted} scored"
+        );
+    }
+    for r in &rows {
+        assert_eq!(r.len(), 10, "{r:?}");
+        assert!(!r[9].is_empty(), "an estimate without reasons: {r:?}");
+        if let (Ok(e), Ok(s)) = (r[5].parse::<i64>(), r[6].parse::<i64>()) {
+            assert_eq!(r[7].parse::<i64>().unwrap(), e - s, "{r:?}");
+        }
+    }
+    let (code, _, stderr) = run(&["--tune", "gpuflow.predict_runtimes=sometimes"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("predict_runtimes=sometimes: expected true, false or exact"),
+        "{stderr}"
+    );
+}
+
 /// A Slurm accounting log replayed under Slurm's rules and gpuflow's: the
 /// jobs it read, what it left out, per kind and team.
 #[test]

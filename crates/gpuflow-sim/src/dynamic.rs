@@ -33,6 +33,11 @@ pub struct SimPolicy {
     /// recent ones ([`schedule::RecentRuntimes`]), as gpuflow's server does; Slurm's
     /// (`squeue --start`) count on the declared time limits.
     pub predicts_runtimes: bool,
+    /// Its start estimates are told each job's real runtime instead
+    /// (`predict_runtimes=exact`): what the estimates would be with a
+    /// perfect predictor, which sets apart the error of the predictor from
+    /// that of the estimate itself.
+    pub exact_runtimes: bool,
 }
 
 /// Slurm's node selection (select/cons_tres) as these baselines model it:
@@ -67,6 +72,7 @@ impl SimPolicy {
             config,
             placement: slurm_node_selection(),
             predicts_runtimes: false,
+            exact_runtimes: false,
         }
     }
 
@@ -96,6 +102,7 @@ impl SimPolicy {
             config,
             placement: slurm_node_selection(),
             predicts_runtimes: false,
+            exact_runtimes: false,
         }
     }
 
@@ -112,6 +119,7 @@ impl SimPolicy {
             },
             placement: slurm_node_selection(),
             predicts_runtimes: false,
+            exact_runtimes: false,
         }
     }
 
@@ -121,6 +129,7 @@ impl SimPolicy {
             config: Config::default(),
             placement: Policy::gpuflow(),
             predicts_runtimes: true,
+            exact_runtimes: false,
         }
     }
 
@@ -192,7 +201,9 @@ impl SimPolicy {
     /// (the most unsaved work a job consolidation moves may hold; none: no
     /// consolidation), `consolidation_interval=SECONDS` (from one to the next),
     /// `max_preemptions_per_cycle=N` (no new victim search once a cycle has
-    /// told that many jobs to stop).
+    /// told that many jobs to stop), `predict_runtimes=true|false|exact`
+    /// (estimates count on users' recent runtimes, on declared limits, or
+    /// on each job's real runtime).
     ///
     /// # Errors
     /// An unknown setting or a value of the wrong type, said as such.
@@ -206,7 +217,14 @@ impl SimPolicy {
             return Ok(());
         }
         if key == "predict_runtimes" {
-            self.predicts_runtimes = value.parse().map_err(|_| bad())?;
+            (self.predicts_runtimes, self.exact_runtimes) = match value {
+                "exact" => (true, true),
+                v => (
+                    v.parse()
+                        .map_err(|_| format!("{key}={value}: expected true, false or exact"))?,
+                    false,
+                ),
+            };
             return Ok(());
         }
         let c = &mut self.config;
@@ -334,6 +352,9 @@ pub struct SimConfig {
     pub grace: u64,
     /// The simulation stops at this multiple of the last arrival, even with work left.
     pub stop_after: f64,
+    /// Keep, with each start estimate, the codes of the job's reasons
+    /// ([`Outcome::estimate_reasons`]).
+    pub log_estimates: bool,
 }
 
 impl Default for SimConfig {
@@ -343,6 +364,7 @@ impl Default for SimConfig {
             checkpoint_every: 1800,
             grace: 60,
             stop_after: 3.0,
+            log_estimates: false,
         }
     }
 }
@@ -369,6 +391,10 @@ pub struct Outcome {
     /// (when, the estimated start or `None` for unknown), at its first
     /// cycle and then at the first cycle of every hour it waited.
     pub estimates: Vec<(u64, Option<u64>)>,
+    /// With [`SimConfig::log_estimates`], beside each estimate: the codes
+    /// of the job's reasons then ([`schedule::PendingReason::code`]),
+    /// joined by `+`.
+    pub estimate_reasons: Vec<String>,
 }
 
 /// A policy's run.
@@ -455,6 +481,7 @@ pub fn simulate(
             requeued_wait: 0,
             idle_waiting_gpu_hours: 0.0,
             estimates: Vec::new(),
+            estimate_reasons: Vec::new(),
         })
         .collect();
     let by_id: BTreeMap<JobId, usize> = jobs
@@ -535,14 +562,22 @@ pub fn simulate(
                 outcomes[i].lost_gpu_hours += lost;
                 lost_total += lost;
                 requeued_at[i] = Some(done_at);
-                pending.push(r.work);
+                let mut work = r.work;
+                if policy.exact_runtimes {
+                    work.expected_runtime =
+                        Some(remaining[i].min(work.max_runtime.unwrap_or(u64::MAX)));
+                }
+                pending.push(work);
             }
         }
         running = keep;
         // 2. Arrivals.
         while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
             let mut w = workload(&jobs[next_arrival]);
-            if policy.predicts_runtimes {
+            if policy.exact_runtimes {
+                let j = &jobs[next_arrival];
+                w.expected_runtime = Some(j.duration.min(j.max_runtime.unwrap_or(u64::MAX)));
+            } else if policy.predicts_runtimes {
                 w.expected_runtime = runtimes.expect(&w.user, &w.class);
             }
             pending.push(w);
@@ -580,6 +615,10 @@ pub fn simulate(
                 let o = &mut outcomes[by_id[&p.job]];
                 if o.first_start.is_none() && now >= o.submit + 3600 * o.estimates.len() as u64 {
                     o.estimates.push((now, p.eta));
+                    if sim.log_estimates {
+                        let codes: Vec<&str> = p.reasons.iter().map(|r| r.code()).collect();
+                        o.estimate_reasons.push(codes.join("+"));
+                    }
                 }
             }
             for (id, flavor, allocations) in plan.admitted {
@@ -588,10 +627,13 @@ pub fn simulate(
                     .position(|w| w.job.id == id)
                     .expect("admitted from pending");
                 let mut work = pending.swap_remove(k);
-                if policy.predicts_runtimes {
+                let i = by_id[&id];
+                if policy.exact_runtimes {
+                    work.expected_runtime =
+                        Some(remaining[i].min(work.max_runtime.unwrap_or(u64::MAX)));
+                } else if policy.predicts_runtimes {
                     work.expected_runtime = runtimes.expect(&work.user, &work.class);
                 }
-                let i = by_id[&id];
                 outcomes[i].first_start.get_or_insert(now);
                 if let Some(t) = requeued_at[i].take() {
                     outcomes[i].requeued_wait += now - t;

@@ -185,6 +185,40 @@ pub fn estimates_csv(results: &[SimResult]) -> String {
     out
 }
 
+/// Every start estimate, one a row, against the job's real start (for
+/// runs with [`crate::dynamic::SimConfig::log_estimates`]): when it was
+/// told, the estimate (empty: unknown), the first start (empty: never),
+/// estimate − start in seconds, and the job's reasons then.
+pub fn estimates_log_csv(results: &[SimResult]) -> String {
+    let mut out =
+        String::from("policy,job,team,kind,at_s,estimate_s,start_s,error_s,wait_left_s,reasons\n");
+    let opt = |t: Option<u64>| t.map(|t| t.to_string()).unwrap_or_default();
+    for r in results {
+        for o in &r.outcomes {
+            for (k, &(at, eta)) in o.estimates.iter().enumerate() {
+                let error = match (eta, o.first_start) {
+                    (Some(e), Some(s)) => (e as i64 - s as i64).to_string(),
+                    _ => String::new(),
+                };
+                let left = o.first_start.map(|s| s.saturating_sub(at));
+                let _ = writeln!(
+                    out,
+                    "{},{},{},{},{at},{},{},{error},{},{}",
+                    r.policy,
+                    o.id,
+                    o.team,
+                    kind_name(o.kind),
+                    opt(eta),
+                    opt(o.first_start),
+                    opt(left),
+                    o.estimate_reasons.get(k).map_or("", String::as_str),
+                );
+            }
+        }
+    }
+    out
+}
+
 /// GPU-hours allocated in the arrival window over the cluster's, percent.
 fn alloc_pct(r: &SimResult) -> f64 {
     r.team_gpu_hours.values().sum::<f64>() / r.capacity_gpu_hours * 100.0

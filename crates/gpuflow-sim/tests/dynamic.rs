@@ -546,20 +546,16 @@ fn gpus_idle_while_work_that_fits_them_waits_are_measured() {
     assert!((pct - 3.0 / (8.0 * 4.0) * 100.0).abs() < 0.5, "{pct}");
 }
 
-/// Start estimates are recorded at a job's first cycle and hourly while it
-/// waits, and scored against its real start. On one GPU, team-a's jobs
-/// declare 10 hours and run 100 s: after the first has run, gpuflow
-/// expects the next ones to run as long and tells the third when it will
-/// start to within a cycle; Slurm's rule (the declared limit) is hours off.
-#[test]
-fn start_estimates_are_recorded_and_gpuflow_expects_recent_runtimes() {
+/// One GPU and team-a guaranteed it; one-GPU batch jobs submitted at
+/// `submits` that declare 10 hours and run 100 s.
+fn one_gpu_batch(submits: &[u64]) -> (workload::ClusterSpec, Vec<workload::TraceJob>) {
     let spec = cluster(
         "[[nodes]]\ncount = 1\ngpus = 1\nmodel = \"H100\"\ncpu = 64\nmem_gib = 512\n\n[[queues]]\nname = \"team-a\"\nguaranteed = { H100 = 1 }\n",
     );
-    let jobs: Vec<workload::TraceJob> = [0, 150, 160]
-        .into_iter()
+    let jobs = submits
+        .iter()
         .enumerate()
-        .map(|(i, submit)| workload::TraceJob {
+        .map(|(i, &submit)| workload::TraceJob {
             id: i as u64 + 1,
             submit,
             duration: 100,
@@ -572,6 +568,17 @@ fn start_estimates_are_recorded_and_gpuflow_expects_recent_runtimes() {
             model: None,
         })
         .collect();
+    (spec, jobs)
+}
+
+/// Start estimates are recorded at a job's first cycle and hourly while it
+/// waits, and scored against its real start. On one GPU, team-a's jobs
+/// declare 10 hours and run 100 s: after the first has run, gpuflow
+/// expects the next ones to run as long and tells the third when it will
+/// start to within a cycle; Slurm's rule (the declared limit) is hours off.
+#[test]
+fn start_estimates_are_recorded_and_gpuflow_expects_recent_runtimes() {
+    let (spec, jobs) = one_gpu_batch(&[0, 150, 160]);
     let run = |p: SimPolicy| dynamic::simulate(&spec, &jobs, &p, &SimConfig::default(), 1).unwrap();
     let (slurm, ours) = (run(SimPolicy::slurm()), run(SimPolicy::gpuflow()));
     for r in [&slurm, &ours] {
@@ -594,4 +601,60 @@ fn start_estimates_are_recorded_and_gpuflow_expects_recent_runtimes() {
     }
     // Jobs that started at once have no estimate.
     assert!(ours.outcomes[0].estimates.is_empty());
+}
+
+/// `predict_runtimes=exact` tells the estimates each job's real runtime,
+/// and `log_estimates` keeps each estimate's reasons, written one row an
+/// estimate by `estimates_log_csv`. On one GPU the first job declares 10
+/// hours and runs 100 s; the second comes while it runs. With nothing run
+/// yet, gpuflow's predictor has no history and counts on the declared
+/// limit (hours off); told the real runtime, it is right to the cycle.
+/// (The third job, long after, only keeps the run going.)
+#[test]
+fn exact_runtimes_isolate_the_estimate_and_the_log_keeps_its_reasons() {
+    let (spec, jobs) = one_gpu_batch(&[0, 10, 1000]);
+    let cfg = SimConfig {
+        log_estimates: true,
+        ..SimConfig::default()
+    };
+    let run = |p: &SimPolicy| dynamic::simulate(&spec, &jobs, p, &cfg, 1).unwrap();
+    let mut exact = SimPolicy::gpuflow();
+    exact.tune("predict_runtimes", "exact").unwrap();
+    assert!(exact.exact_runtimes && exact.predicts_runtimes);
+    let (recent, told) = (run(&SimPolicy::gpuflow()), run(&exact));
+    let off = |r: &dynamic::SimResult| {
+        let second = &r.outcomes[1];
+        let (_, eta) = second.estimates[0];
+        eta.expect("an estimate")
+            .abs_diff(second.first_start.expect("it starts"))
+    };
+    assert!(off(&recent) > 30_000, "no history: {} s off", off(&recent));
+    assert!(off(&told) <= 60, "told the runtime: {} s off", off(&told));
+    // Decisions do not read estimates: the same starts either way.
+    let starts =
+        |r: &dynamic::SimResult| -> Vec<_> { r.outcomes.iter().map(|o| o.first_start).collect() };
+    assert_eq!(starts(&recent), starts(&told));
+    // The log: one row per estimate, the reasons as codes, the error in
+    // seconds against the real start.
+    let second = &told.outcomes[1];
+    assert_eq!(second.estimate_reasons.len(), second.estimates.len());
+    let csv = gpuflow_sim::dynreport::estimates_log_csv(std::slice::from_ref(&told));
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{csv}");
+    let f: Vec<&str> = rows[0].split(',').collect();
+    let (at, eta, start) = (
+        f[4].parse::<i64>().unwrap(),
+        f[5].parse::<i64>().unwrap(),
+        f[6].parse::<i64>().unwrap(),
+    );
+    assert_eq!(f[1], "2", "{csv}");
+    assert_eq!(f[7].parse::<i64>().unwrap(), eta - start, "{csv}");
+    assert_eq!(f[8].parse::<i64>().unwrap(), start - at, "{csv}");
+    assert_eq!(f[9], second.estimate_reasons[0], "{csv}");
+    // Its own queue holds the one GPU: no capacity to lend, no node free.
+    assert_eq!(f[9], "Quota.NoLendableCapacity+Placement", "{csv}");
+    eprintln!("{csv}");
+    // Without the flag, no reasons are kept.
+    let plain = dynamic::simulate(&spec, &jobs, &exact, &SimConfig::default(), 1).unwrap();
+    assert!(plain.outcomes[1].estimate_reasons.is_empty());
 }

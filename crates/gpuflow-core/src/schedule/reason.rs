@@ -152,6 +152,37 @@ fn relative(at: u64, now: u64) -> String {
 }
 
 impl PendingReason {
+    /// A short, stable name of the reason's kind (its variant; a quota
+    /// block adds its own, `Quota.NoLendableCapacity`), for logs and
+    /// tallies: the data it holds is left out.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PendingReason::QueueHeld { .. } => "QueueHeld",
+            PendingReason::QueueDraining { .. } => "QueueDraining",
+            PendingReason::UserGpuLimit { .. } => "UserGpuLimit",
+            PendingReason::UserRunningLimit { .. } => "UserRunningLimit",
+            PendingReason::NotWithinGuarantee { .. } => "NotWithinGuarantee",
+            PendingReason::NoLease { .. } => "NoLease",
+            PendingReason::GuaranteeLent { .. } => "GuaranteeLent",
+            PendingReason::Quota { block, .. } => match block {
+                QuotaBlock::Cap { .. } => "Quota.Cap",
+                QuotaBlock::BorrowLimit { .. } => "Quota.BorrowLimit",
+                QuotaBlock::NoLendableCapacity { .. } => "Quota.NoLendableCapacity",
+                QuotaBlock::Budget { .. } => "Quota.Budget",
+            },
+            PendingReason::Placement { .. } => "Placement",
+            PendingReason::Reservation { .. } => "Reservation",
+            PendingReason::ReclaimHold { .. } => "ReclaimHold",
+            PendingReason::WaitingForPreemption { .. } => "WaitingForPreemption",
+            PendingReason::UnsavedWork { .. } => "UnsavedWork",
+            PendingReason::DisruptionBudget { .. } => "DisruptionBudget",
+            PendingReason::DisruptionCount { .. } => "DisruptionCount",
+            PendingReason::BudgetPatience { .. } => "BudgetPatience",
+            PendingReason::ReclaimFairness { .. } => "ReclaimFairness",
+            PendingReason::NotReached { .. } => "NotReached",
+        }
+    }
+
     /// The reason for people at time `now`: as its `Display`, with the
     /// times it holds told relative to `now` ("in 12 min"), never as raw
     /// seconds of the cycle's clock.
