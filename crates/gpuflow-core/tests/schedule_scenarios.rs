@@ -805,7 +805,7 @@ fn a_job_whose_queues_reclaim_the_rules_refused_holds_no_nodes() {
           hold n1 for job 2 from t=1060
           pending job 1 (#1 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
           pending job 2 (#2 in queue, eta t=3630): within queue a's guarantee of 3 H100 GPUs (it would hold 2), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 2 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode; preempting would pass queue c's disruption budget: 0.00 of 0.10 GPU-hours already lost in the window; it preempts past disruption budgets once it has waited 60 min, from t=3600s
-          pending job 20 (#1 in queue, eta t=1060): the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1060s; this job would borrow and not end before
+          pending job 20 (#1 in queue, eta unknown): the free GPUs that would hold it are kept from new borrowing for job 2, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1060s; this job would borrow and not end before
     "#]]
     .assert_eq(&out);
 }
@@ -2079,6 +2079,37 @@ fn a_guarantee_the_queue_fills_itself_is_not_called_lent() {
     expect![[r#"
         cycle t=10
           pending job 3 (#1 in queue, eta t=3600): needs 4 H100 GPUs of quota; the cluster has 0 left to lend; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+    "#]]
+    .assert_eq(&out);
+}
+
+/// A job kept off the nodes held for a lender's reclaim waits for its own
+/// queue's work to end, as a job over its quota does, not for GPUs to be
+/// free somewhere. Queue a reclaims all four GPUs of n1 for job 1; two
+/// are free now, but held. Queue b's job 3 would borrow: it cannot have
+/// them while they are held, nor once job 1 holds the node. Its estimate
+/// said t=1000 (the held GPUs counted as free); its queue's running jobs
+/// are expected to end at t=2000 and t=2050 (they are preempted sooner,
+/// and job 1 then holds n1 to about t=5000, so it is still early, but no
+/// longer "now").
+#[test]
+fn a_job_kept_off_nodes_held_for_a_reclaim_waits_for_its_own_queue() {
+    let out = run("
+        config min_runtime=600 budget=none max_unsaved=none underserved_pass=0
+        node n1 gpus=4*H100
+        queue a H100=4
+        queue b H100=0
+        run 10 queue=b class=batch gpu=whole:1 cpu=1 started=900 runtime=7200 expected=1100
+        run 11 queue=b class=batch gpu=whole:1 cpu=1 started=950 runtime=7200 expected=1100
+        job 1 queue=a class=training gpu=whole:4 cpu=1 runtime=3600
+        job 3 queue=b class=batch gpu=whole:1 cpu=1 runtime=600 expected=600
+        cycle 1000
+    ");
+    expect![[r#"
+        cycle t=1000
+          hold n1 for job 1 from t=1550
+          pending job 1 (#1 in queue, eta t=1550): within queue a's guarantee of 4 H100 GPUs (it would hold 4), but other queues hold that capacity on loan: it is taken back as borrowed jobs pass their minimum runtime, and leases their term; on H100: main: needs 4 whole GPUs (H100) on one node, 1 CPU: 1 node has too few free GPUs in the requested sharing mode
+          pending job 3 (#1 in queue, eta t=2000): the free GPUs that would hold it are kept from new borrowing for job 1, within its queue's guarantee, which takes back the borrowed GPUs beside them from t=1550s; this job would borrow and not end before
     "#]]
     .assert_eq(&out);
 }

@@ -219,9 +219,15 @@ impl<'a> Cycle<'a> {
                     // free: it waits for the cluster's frees, not its
                     // queue's.
                     PendingReason::GuaranteeLent { .. } => 0,
+                    // Kept off the nodes held for a lender's reclaim, it
+                    // would borrow what the lender takes back: like a job
+                    // over its quota, it waits for its own queue's work to
+                    // end, not for the cluster's frees (openb's notebooks
+                    // were told hours early).
                     PendingReason::Quota { .. }
                     | PendingReason::NotWithinGuarantee { .. }
-                    | PendingReason::NoLease { .. } => BY_QUOTA,
+                    | PendingReason::NoLease { .. }
+                    | PendingReason::ReclaimHold { .. } => BY_QUOTA,
                     PendingReason::QueueHeld { .. } | PendingReason::QueueDraining { .. } => HELD,
                     _ => 0,
                 };
