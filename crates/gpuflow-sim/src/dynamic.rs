@@ -369,6 +369,12 @@ impl Default for SimConfig {
     }
 }
 
+/// How long a job with `left` seconds of work runs once started: until
+/// it is done or its declared maximum kills it.
+fn runs_for(left: u64, w: &Workload) -> u64 {
+    left.min(w.max_runtime.unwrap_or(u64::MAX))
+}
+
 /// What happened to one job.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
@@ -564,8 +570,7 @@ pub fn simulate(
                 requeued_at[i] = Some(done_at);
                 let mut work = r.work;
                 if policy.exact_runtimes {
-                    work.expected_runtime =
-                        Some(remaining[i].min(work.max_runtime.unwrap_or(u64::MAX)));
+                    work.expected_runtime = Some(runs_for(remaining[i], &work));
                 }
                 pending.push(work);
             }
@@ -575,8 +580,7 @@ pub fn simulate(
         while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
             let mut w = workload(&jobs[next_arrival]);
             if policy.exact_runtimes {
-                let j = &jobs[next_arrival];
-                w.expected_runtime = Some(j.duration.min(j.max_runtime.unwrap_or(u64::MAX)));
+                w.expected_runtime = Some(runs_for(remaining[next_arrival], &w));
             } else if policy.predicts_runtimes {
                 w.expected_runtime = runtimes.expect(&w.user, &w.class);
             }
@@ -628,9 +632,9 @@ pub fn simulate(
                     .expect("admitted from pending");
                 let mut work = pending.swap_remove(k);
                 let i = by_id[&id];
+                let run_for = runs_for(remaining[i], &work);
                 if policy.exact_runtimes {
-                    work.expected_runtime =
-                        Some(remaining[i].min(work.max_runtime.unwrap_or(u64::MAX)));
+                    work.expected_runtime = Some(run_for);
                 } else if policy.predicts_runtimes {
                     work.expected_runtime = runtimes.expect(&work.user, &work.class);
                 }
@@ -638,7 +642,6 @@ pub fn simulate(
                 if let Some(t) = requeued_at[i].take() {
                     outcomes[i].requeued_wait += now - t;
                 }
-                let run_for = remaining[i].min(work.max_runtime.unwrap_or(u64::MAX));
                 live.insert(
                     id,
                     Live {

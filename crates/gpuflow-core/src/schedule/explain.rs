@@ -335,7 +335,7 @@ impl<'a> Cycle<'a> {
             // holds a reservation keeps work that would not end before off
             // its nodes from now, and takes from now.
             let by_place = flag & BY_PLACE != 0;
-            let takes_at_start = by_place && flag & RESERVED == 0;
+            let takes_at_start = takes && by_place && flag & RESERVED == 0;
             let mut t = all.when(milli, run, takes && !takes_at_start);
             // Blocked by quota or a user limit: also wait for the queue (or the
             // user) to free as much as the job needs, from jobs with a known
@@ -401,10 +401,7 @@ impl<'a> Cycle<'a> {
             }
             eta[i] = t.unwrap_or(NO_ETA);
             // One turned away by where GPUs are free takes them from its start.
-            if takes_at_start
-                && takes
-                && let Some(start) = t
-            {
+            if takes_at_start && let Some(start) = t {
                 all.take_from(start, milli);
             }
             // What it took comes back when it is expected to end.
