@@ -195,7 +195,13 @@ fn replay_with(
                     let t = placer.begin_trial();
                     if let Some((_, p)) = live.get(n % live.len().max(1)) {
                         placer.release(p);
-                        if let Some(q) = placer.try_place_job(job) {
+                        // Asked with a live job given back, as a victim
+                        // search asks: the existence test answers as a
+                        // trial placement does.
+                        let fits = placer.fits_job(job);
+                        let q = placer.try_place_job(job);
+                        prop_assert_eq!(fits, q.is_some(), "fits_job and try_place_job disagree");
+                        if let Some(q) = q {
                             placer.release(&q);
                         }
                         placer.restore(p);
@@ -212,7 +218,21 @@ fn replay_with(
                 // A trial placement (no explanation) decides exactly as a real one.
                 let trial = placer.clone().try_place_job(job);
                 let real = placer.clone().place_job(job).ok();
-                prop_assert_eq!(trial, real, "try_place_job and place_job disagree");
+                prop_assert_eq!(&trial, &real, "try_place_job and place_job disagree");
+                // Whether it fits, without choosing where: what it
+                // remembers from earlier ops (a class that fitted, the
+                // moment none did) stays true as nodes fill, empty,
+                // cordon and fail.
+                prop_assert_eq!(
+                    placer.fits_job(job),
+                    trial.is_some(),
+                    "fits_job and try_place_job disagree"
+                );
+                prop_assert_eq!(
+                    &placer.trial_place(job),
+                    &trial,
+                    "trial_place and try_place_job disagree"
+                );
                 match placer.place_job(job) {
                     Ok(p) => {
                         // Gangs whole: one allocation per task, each task once.

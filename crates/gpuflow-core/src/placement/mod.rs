@@ -71,10 +71,22 @@ pub struct Placer {
     /// random GPU pick.
     request_hash: Vec<u64>,
     cache: FxHashMap<(ClassId, u32), Eval>,
+    /// Per request (by id) and class (by id): whether the class fits, in a
+    /// byte ([`UNKNOWN`], [`FITS`], or [`FITS`] + 1 + the index of its
+    /// rejection in `rejects`). Scans read it instead of `cache`, in which
+    /// each class is a miss in the processor's cache.
+    verdicts: Vec<Vec<u8>>,
+    /// Bytes held by `verdicts`: past [`MAX_VERDICT_BYTES`] it starts over.
+    verdict_bytes: usize,
+    /// The rejections `verdicts` name, in the order first seen.
+    rejects: Vec<Reject>,
     /// Per request: the live classes that fit it, best first, kept in step with
     /// the cluster's class changes. A decision reads the top instead of
     /// evaluating every class.
     ranked: Vec<Ranked>,
+    /// Per request: what is known of whether any live class fits it
+    /// ([`Placer::fits_job`]).
+    fit_memo: Vec<FitMemo>,
     /// Fragmentation of node states already measured: (static shape, free CPU,
     /// free milli-GPU per GPU) → milli-GPU. Valid while the mix stays the same.
     frag_memo: FxHashMap<(u32, u64, [u16; 8]), f64>,
@@ -111,11 +123,40 @@ impl Ranked {
     }
 }
 
+/// Whether any live class fits a request, as last found. A class's
+/// evaluation never changes (class ids name one state), so a class that
+/// fitted fits while it is live, and once no live class fitted, only the
+/// classes that became live since can.
+#[derive(Clone, Copy, Debug)]
+struct FitMemo {
+    /// A class that fitted.
+    fits: Option<ClassId>,
+    /// The change sequence at which no live class fitted (`u64::MAX`: not known).
+    none_at: u64,
+}
+
+impl Default for FitMemo {
+    fn default() -> FitMemo {
+        FitMemo {
+            fits: None,
+            none_at: u64::MAX,
+        }
+    }
+}
+
 /// A kept ranking is brought in step while fewer classes changed than this
 /// many times the live classes; past that it is rebuilt or the request scans.
 /// Changes repeat classes (a node leaving and coming back), so syncing is cheaper
 /// than the raw count suggests.
 const KEEP_RANKING: usize = 8;
+
+/// A class not evaluated for a request yet ([`Placer::verdicts`]).
+const UNKNOWN: u8 = 0;
+/// A class that fits a request ([`Placer::verdicts`]).
+const FITS: u8 = 1;
+/// Verdict bytes kept at most (requests times class ids); past this they
+/// start over.
+const MAX_VERDICT_BYTES: usize = 1 << 26;
 
 /// Evaluations kept at most; past this the cache starts over.
 const MAX_CACHE: usize = 1 << 22;
@@ -196,7 +237,11 @@ impl Placer {
             requests: FxHashMap::default(),
             request_hash: Vec::new(),
             cache: FxHashMap::default(),
+            verdicts: Vec::new(),
+            verdict_bytes: 0,
+            rejects: Vec::new(),
             ranked: Vec::new(),
+            fit_memo: Vec::new(),
             frag_memo: FxHashMap::default(),
             static_memo: FxHashMap::default(),
             explain: true,
@@ -391,6 +436,119 @@ impl Placer {
         let p = self.place_job(job).ok();
         self.explain = true;
         p
+    }
+
+    /// Whether `job` would be placed now: the answer of
+    /// [`Placer::trial_place`], without choosing where. A job of one task
+    /// (and no topology) fits when any live class fits its task, which is
+    /// remembered per request from one test to the next; others are placed
+    /// and given back. Changes nothing, and leaves no trace on later
+    /// tie-breaks.
+    pub fn fits_job(&mut self, job: &Job) -> bool {
+        if job.task_count() == 1
+            && job.constraints.topology.is_none()
+            && let Some(g) = job.groups.iter().find(|g| g.replicas > 0)
+        {
+            let rid = self.intern(&g.request, &job.constraints);
+            return self.any_class_fits(rid, &g.request, &job.constraints);
+        }
+        self.trial_place(job).is_some()
+    }
+
+    /// Where `job` would be placed now ([`Placer::try_place_job`]), given
+    /// back: changes nothing, and leaves no trace on later tie-breaks.
+    pub fn trial_place(&mut self, job: &Job) -> Option<Placement> {
+        let trial = self.begin_trial();
+        let p = self.try_place_job(job);
+        if let Some(p) = &p {
+            self.release(p);
+        }
+        self.end_trial(trial);
+        p
+    }
+
+    /// Whether a live class fits request `rid` (see [`FitMemo`]).
+    fn any_class_fits(&mut self, rid: u32, req: &TaskRequest, cons: &Constraints) -> bool {
+        if self.fit_memo.len() <= rid as usize {
+            self.fit_memo.resize(rid as usize + 1, FitMemo::default());
+        }
+        let memo = self.fit_memo[rid as usize];
+        if memo.fits.is_some_and(|c| self.cluster.is_live(c)) {
+            return true;
+        }
+        let now = self.cluster.change_seq();
+        let live = self.cluster.live_classes().len();
+        let fits = |this: &mut Self, class: ClassId| this.verdict(class, rid, req, cons).is_none();
+        let changed = (memo.none_at != u64::MAX)
+            .then(|| self.cluster.changes_since(memo.none_at))
+            .flatten()
+            .map(<[ClassId]>::len)
+            .filter(|&n| n <= live);
+        let found = match changed {
+            // No class fitted then: only one that became live since may.
+            Some(n) => (0..n).find_map(|j| {
+                let class = self.cluster.changes_since(memo.none_at).expect("kept")[j];
+                (self.cluster.is_live(class) && fits(self, class)).then_some(class)
+            }),
+            // The newest live classes first: the states a trial just made.
+            None => (0..live).rev().find_map(|j| {
+                let class = self.cluster.live_classes()[j];
+                fits(self, class).then_some(class)
+            }),
+        };
+        let m = &mut self.fit_memo[rid as usize];
+        match found {
+            Some(class) => m.fits = Some(class),
+            None => m.none_at = now,
+        }
+        found.is_some()
+    }
+
+    /// Whether `class` fits request `rid`: `None` when it does, else the
+    /// rejection ([`Placer::verdicts`], evaluated on first use).
+    fn verdict(
+        &mut self,
+        class: ClassId,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Option<Reject> {
+        let (r, c) = (rid as usize, class.0 as usize);
+        let known = self.verdicts.get(r).and_then(|v| v.get(c)).copied();
+        let code = match known {
+            Some(code) if code != UNKNOWN => code,
+            _ => {
+                let code = match self.eval_class(class, rid, req, cons) {
+                    Eval::Fit { .. } => FITS,
+                    Eval::Reject(x) => {
+                        let k = match self.rejects.iter().position(|&y| y == x) {
+                            Some(k) => k,
+                            None => {
+                                self.rejects.push(x);
+                                self.rejects.len() - 1
+                            }
+                        };
+                        FITS + 1 + k as u8
+                    }
+                };
+                if self.verdicts.len() <= r {
+                    self.verdicts.resize_with(r + 1, Vec::new);
+                }
+                let slots = self.cluster.class_slots().max(c + 1);
+                let v = &mut self.verdicts[r];
+                if v.len() <= c {
+                    self.verdict_bytes += slots - v.len();
+                    v.resize(slots, UNKNOWN);
+                }
+                v[c] = code;
+                if self.verdict_bytes > MAX_VERDICT_BYTES {
+                    self.verdicts.clear();
+                    self.verdict_bytes = 0;
+                }
+                code
+            }
+        };
+        (code != FITS).then(|| self.rejects[(code - FITS - 1) as usize])
     }
 
     /// Places every task of `job` and commits the allocations to the working
@@ -935,6 +1093,11 @@ impl Placer {
         let mut fitting = 0usize;
         for i in 0..self.cluster.live_classes().len() {
             let class = self.cluster.live_classes()[i];
+            if let Some(r) = self.verdict(class, rid, req, cons) {
+                let members = self.cluster.class_members(class).len() as u32;
+                explain::tally(&mut rejections, r, members);
+                continue;
+            }
             match self.eval_class(class, rid, req, cons) {
                 Eval::Reject(r) => explain::tally(
                     &mut rejections,

@@ -775,28 +775,27 @@ impl<'a> Cycle<'a> {
         if self.memo.fits_seen.get(&key) == Some(&self.victims.epoch) {
             return true;
         }
-        match self.fits_now(i, flavor) {
-            Some(_) => {
-                self.memo.fits_seen.insert(key, self.victims.epoch);
-                true
-            }
-            None => {
-                self.memo.no_fit.insert(key);
-                false
-            }
+        let fits = self.fits_now(i, flavor);
+        if fits {
+            self.memo.fits_seen.insert(key, self.victims.epoch);
+        } else {
+            self.memo.no_fit.insert(key);
         }
+        fits
     }
 
-    /// A trial placement: where job `i` would fit now, without explanation.
-    /// Nothing stays placed, and it leaves no trace on later tie-breaks.
-    pub(super) fn fits_now(&mut self, i: usize, flavor: &str) -> Option<Placement> {
+    /// Whether job `i` would fit on `flavor` now, without choosing where
+    /// ([`Placer::fits_job`]): nothing changes.
+    pub(super) fn fits_now(&mut self, i: usize, flavor: &str) -> bool {
         let job = self.job_on(i, flavor);
-        self.fits_now_as(&job)
+        self.snap.placer.fits_job(&job)
     }
 
-    /// [`Cycle::fits_now`] of a job already built.
+    /// A trial placement of a job already built (see [`Cycle::job_on`]):
+    /// where it would fit now, without explanation. Nothing stays placed,
+    /// and it leaves no trace on later tie-breaks.
     pub(super) fn fits_now_as(&mut self, job: &Job) -> Option<Placement> {
-        fits_now(self.snap.placer, job)
+        self.snap.placer.trial_place(job)
     }
 
     /// Places a job already restricted by [`Cycle::job_on`], explaining a failure.

@@ -103,7 +103,7 @@ impl<'a> Cycle<'a> {
             };
         let found = fewest(nodes.len(), |n| {
             empty(self.snap.placer, &mut released, &mut emptied, n);
-            fits_now(self.snap.placer, &job)
+            self.snap.placer.trial_place(&job)
         });
         if let Some((n, _)) = found {
             empty(self.snap.placer, &mut released, &mut emptied, n);

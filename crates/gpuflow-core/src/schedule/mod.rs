@@ -302,17 +302,6 @@ fn fewest<T>(len: usize, mut probe: impl FnMut(usize) -> Option<T>) -> Option<(u
     Some((above, p))
 }
 
-/// Where `job` would be placed now, leaving no trace.
-fn fits_now(placer: &mut Placer, job: &Job) -> Option<Placement> {
-    let trial = placer.begin_trial();
-    let p = placer.try_place_job(job);
-    if let Some(p) = &p {
-        placer.release(p);
-    }
-    placer.end_trial(trial);
-    p
-}
-
 /// The pending jobs the free capacity could hold now, quota aside, with
 /// their milli-GPUs: GPUs idle while work that fits them waits. Each
 /// pending job with GPUs, in order, is placed on what is left (a shape

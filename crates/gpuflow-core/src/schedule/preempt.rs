@@ -540,7 +540,7 @@ impl<'a> Cycle<'a> {
             let worth = released >= demand || chosen.len().is_power_of_two();
             if worth {
                 tried = chosen.len();
-                if self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some() {
+                if self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor) {
                     found = true;
                     break;
                 }
@@ -551,7 +551,7 @@ impl<'a> Cycle<'a> {
         if !found
             && tried < chosen.len()
             && self.quota_ok(i, flavor).is_ok()
-            && self.fits_now(i, flavor).is_some()
+            && self.fits_now(i, flavor)
         {
             found = true;
         }
@@ -566,7 +566,7 @@ impl<'a> Cycle<'a> {
                 self.snap
                     .queues
                     .charge(r.work.queue, flavor, r.work.gpu_milli() as i64);
-                let still = self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor).is_some();
+                let still = self.quota_ok(i, flavor).is_ok() && self.fits_now(i, flavor);
                 if still {
                     chosen.remove(k);
                 } else {
