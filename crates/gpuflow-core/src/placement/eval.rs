@@ -21,6 +21,9 @@ pub(super) fn static_once(
 }
 
 impl Placer {
+    /// The evaluation of `class` for request `rid`. A rejection is read
+    /// from its byte ([`Placer::verdicts`]); a fit from the cache, as its
+    /// score reads the mix. Either is evaluated on first use.
     pub(super) fn eval_class(
         &mut self,
         class: ClassId,
@@ -28,6 +31,10 @@ impl Placer {
         req: &TaskRequest,
         cons: &Constraints,
     ) -> Eval {
+        let code = self.verdict_code(class, rid);
+        if code > FITS {
+            return Eval::Reject(self.rejects[(code - FITS - 1) as usize]);
+        }
         if let Some(e) = self.cache.get(&(class, rid)) {
             return *e;
         }
@@ -37,11 +44,74 @@ impl Placer {
         // state and the request instead of the placer's stream.
         let seed = self.seed ^ self.cluster.class_hash(class) ^ self.request_hash[rid as usize];
         let e = self.eval_node(rep, req, cons, None, Some(seed), Some(rid));
-        if self.cache.len() >= MAX_CACHE {
-            self.cache.clear();
+        match e {
+            Eval::Fit { .. } => {
+                if self.cache.len() >= MAX_CACHE {
+                    self.cache.clear();
+                }
+                self.cache.insert((class, rid), e);
+                if code == UNKNOWN {
+                    self.set_verdict(class, rid, FITS);
+                }
+            }
+            Eval::Reject(x) => {
+                let k = match self.rejects.iter().position(|&y| y == x) {
+                    Some(k) => k,
+                    None => {
+                        self.rejects.push(x);
+                        self.rejects.len() - 1
+                    }
+                };
+                self.set_verdict(class, rid, FITS + 1 + k as u8);
+            }
         }
-        self.cache.insert((class, rid), e);
         e
+    }
+
+    /// Whether `class` fits request `rid`: `None` when it does, else the
+    /// rejection. Reads only the byte once it is known.
+    pub(super) fn verdict(
+        &mut self,
+        class: ClassId,
+        rid: u32,
+        req: &TaskRequest,
+        cons: &Constraints,
+    ) -> Option<Reject> {
+        match self.verdict_code(class, rid) {
+            FITS => None,
+            UNKNOWN => match self.eval_class(class, rid, req, cons) {
+                Eval::Fit { .. } => None,
+                Eval::Reject(x) => Some(x),
+            },
+            code => Some(self.rejects[(code - FITS - 1) as usize]),
+        }
+    }
+
+    /// The byte kept for (`rid`, `class`): [`UNKNOWN`] when none is.
+    fn verdict_code(&self, class: ClassId, rid: u32) -> u8 {
+        self.verdicts
+            .get(rid as usize)
+            .and_then(|v| v.get(class.0 as usize))
+            .copied()
+            .unwrap_or(UNKNOWN)
+    }
+
+    fn set_verdict(&mut self, class: ClassId, rid: u32, code: u8) {
+        let (r, c) = (rid as usize, class.0 as usize);
+        if self.verdicts.len() <= r {
+            self.verdicts.resize_with(r + 1, Vec::new);
+        }
+        let slots = self.cluster.class_slots().max(c + 1);
+        let v = &mut self.verdicts[r];
+        if v.len() <= c {
+            self.verdict_bytes += slots - v.len();
+            v.resize(slots, UNKNOWN);
+        }
+        v[c] = code;
+        if self.verdict_bytes > MAX_VERDICT_BYTES {
+            self.verdicts.clear();
+            self.verdict_bytes = 0;
+        }
     }
 
     /// Stages 2-4 for one node: filters, GPU picks, state scorers.

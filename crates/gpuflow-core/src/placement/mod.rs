@@ -70,11 +70,15 @@ pub struct Placer {
     /// interned: with [`Cluster::class_hash`] it seeds a cached evaluation's
     /// random GPU pick.
     request_hash: Vec<u64>,
+    /// Fitting evaluations per (class, request): their scores read the mix,
+    /// so a new mix clears them.
     cache: FxHashMap<(ClassId, u32), Eval>,
     /// Per request (by id) and class (by id): whether the class fits, in a
     /// byte ([`UNKNOWN`], [`FITS`], or [`FITS`] + 1 + the index of its
-    /// rejection in `rejects`). Scans read it instead of `cache`, in which
-    /// each class is a miss in the processor's cache.
+    /// rejection in `rejects`). A rejection is kept only here: it reads the
+    /// node and the request, never the mix, and most classes reject most
+    /// requests, so scans read bytes instead of a map in which each class
+    /// is a miss in the processor's cache.
     verdicts: Vec<Vec<u8>>,
     /// Bytes held by `verdicts`: past [`MAX_VERDICT_BYTES`] it starts over.
     verdict_bytes: usize,
@@ -267,13 +271,9 @@ impl Placer {
     pub fn set_mix(&mut self, mix: WorkloadMix) {
         self.pressure = mix.model_pressure(&gpus_by_model(&self.cluster));
         self.mix = mix;
-        // A rejection reads the node and the request, never the mix (the
-        // filters and whether any GPU pick exists): it stays true. Scores
-        // read the mix and go. Rejections of classes no node is in now go
-        // too, so the cache does not grow with every state ever seen.
-        let cluster = &self.cluster;
-        self.cache
-            .retain(|&(class, _), e| matches!(e, Eval::Reject(_)) && cluster.is_live(class));
+        // Scores read the mix and go; rejections (in `verdicts`) and
+        // whether a class fits do not, and stay.
+        self.cache.clear();
         self.ranked.clear();
         self.frag_memo.clear();
     }
@@ -502,53 +502,6 @@ impl Placer {
             None => m.none_at = now,
         }
         found.is_some()
-    }
-
-    /// Whether `class` fits request `rid`: `None` when it does, else the
-    /// rejection ([`Placer::verdicts`], evaluated on first use).
-    fn verdict(
-        &mut self,
-        class: ClassId,
-        rid: u32,
-        req: &TaskRequest,
-        cons: &Constraints,
-    ) -> Option<Reject> {
-        let (r, c) = (rid as usize, class.0 as usize);
-        let known = self.verdicts.get(r).and_then(|v| v.get(c)).copied();
-        let code = match known {
-            Some(code) if code != UNKNOWN => code,
-            _ => {
-                let code = match self.eval_class(class, rid, req, cons) {
-                    Eval::Fit { .. } => FITS,
-                    Eval::Reject(x) => {
-                        let k = match self.rejects.iter().position(|&y| y == x) {
-                            Some(k) => k,
-                            None => {
-                                self.rejects.push(x);
-                                self.rejects.len() - 1
-                            }
-                        };
-                        FITS + 1 + k as u8
-                    }
-                };
-                if self.verdicts.len() <= r {
-                    self.verdicts.resize_with(r + 1, Vec::new);
-                }
-                let slots = self.cluster.class_slots().max(c + 1);
-                let v = &mut self.verdicts[r];
-                if v.len() <= c {
-                    self.verdict_bytes += slots - v.len();
-                    v.resize(slots, UNKNOWN);
-                }
-                v[c] = code;
-                if self.verdict_bytes > MAX_VERDICT_BYTES {
-                    self.verdicts.clear();
-                    self.verdict_bytes = 0;
-                }
-                code
-            }
-        };
-        (code != FITS).then(|| self.rejects[(code - FITS - 1) as usize])
     }
 
     /// Places every task of `job` and commits the allocations to the working
@@ -1093,11 +1046,6 @@ impl Placer {
         let mut fitting = 0usize;
         for i in 0..self.cluster.live_classes().len() {
             let class = self.cluster.live_classes()[i];
-            if let Some(r) = self.verdict(class, rid, req, cons) {
-                let members = self.cluster.class_members(class).len() as u32;
-                explain::tally(&mut rejections, r, members);
-                continue;
-            }
             match self.eval_class(class, rid, req, cons) {
                 Eval::Reject(r) => explain::tally(
                     &mut rejections,
