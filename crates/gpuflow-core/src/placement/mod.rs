@@ -193,6 +193,10 @@ struct Scratch {
     /// Per class id: its evaluation in this walk, and how many of its
     /// nodes it rejected ([`Placer::place_per_node`]).
     by_class: Vec<(Option<Eval>, u32)>,
+    /// Per class id: the mark of the last sync that took it
+    /// ([`Placer::sync_ranked`]), so a change seen twice is taken once.
+    seen: Vec<u32>,
+    mark: u32,
 }
 
 /// Where the tasks of a job were placed.
@@ -1092,10 +1096,20 @@ impl Placer {
                 if synced != u64::MAX
                     && c.len() <= KEEP_RANKING * self.cluster.live_classes().len() =>
             {
-                let mut c = c.to_vec();
-                c.sort_unstable();
-                c.dedup();
-                c
+                // Each class once, in the order first changed (what a
+                // class's handling below does reads no other class).
+                let s = &mut self.scratch;
+                s.mark = s.mark.wrapping_add(1);
+                if s.mark == 0 {
+                    s.seen.fill(0);
+                    s.mark = 1;
+                }
+                s.seen.resize(self.cluster.class_slots(), 0);
+                let (seen, mark) = (&mut s.seen, s.mark);
+                c.iter()
+                    .copied()
+                    .filter(|class| std::mem::replace(&mut seen[class.0 as usize], mark) != mark)
+                    .collect()
             }
             _ => {
                 let r = &mut self.ranked[rid as usize];

@@ -234,39 +234,69 @@ impl Profile {
     }
 
     /// The first step at or after `from` whose value passes `leaf`;
-    /// `may`: whether a range whose values lie within (least, most) may
-    /// hold one.
+    /// `may`: whether a range whose values lie within (least, most) holds
+    /// one (exactly: a range it admits has a step that passes).
+    ///
+    /// Down the path to `from`, the ranges right of it are kept (nearest
+    /// last); the first of them that may hold one is then followed down to
+    /// its first step that does. A loop, not a recursion: this is most of
+    /// the estimates' cost.
     fn first(
         &self,
         from: usize,
-        may: impl Fn(i64, i64) -> bool + Copy,
-        leaf: impl Fn(i64) -> bool + Copy,
+        may: impl Fn(i64, i64) -> bool,
+        leaf: impl Fn(i64) -> bool,
     ) -> Option<usize> {
-        self.first_in(1, 0, self.steps, from, 0, may, leaf)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn first_in(
-        &self,
-        n: usize,
-        lo: usize,
-        hi: usize,
-        from: usize,
-        above: i64,
-        may: impl Fn(i64, i64) -> bool + Copy,
-        leaf: impl Fn(i64) -> bool + Copy,
-    ) -> Option<usize> {
-        let node = self.tree[n];
-        if hi <= from || !may(node.min + above, node.max + above) {
+        if from >= self.steps {
             return None;
         }
-        if hi - lo == 1 {
-            return leaf(node.min + above).then_some(lo);
+        let may_at = |n: usize, above: i64| {
+            let node = self.tree[n];
+            may(node.min + above, node.max + above)
+        };
+        // (node, what its ancestors added): ranges right of `from`'s path.
+        let mut right = [(0usize, 0i64); usize::BITS as usize];
+        let mut kept = 0;
+        let (mut n, mut lo, mut hi, mut above) = (1, 0, self.steps, 0);
+        loop {
+            if !may_at(n, above) {
+                break;
+            }
+            if hi - lo == 1 {
+                if leaf(self.tree[n].min + above) {
+                    return Some(lo);
+                }
+                break;
+            }
+            above += self.tree[n].add;
+            let mid = (lo + hi) / 2;
+            if from < mid {
+                right[kept] = (2 * n + 1, above);
+                kept += 1;
+                (n, hi) = (2 * n, mid);
+            } else {
+                (n, lo) = (2 * n + 1, mid);
+            }
         }
-        let mid = (lo + hi) / 2;
-        let above = above + node.add;
-        self.first_in(2 * n, lo, mid, from, above, may, leaf)
-            .or_else(|| self.first_in(2 * n + 1, mid, hi, from, above, may, leaf))
+        while kept > 0 {
+            kept -= 1;
+            let (mut n, mut above) = right[kept];
+            if !may_at(n, above) {
+                continue;
+            }
+            // Some step below passes: the first, down the leftmost branch
+            // that may hold one.
+            while n < self.steps {
+                above += self.tree[n].add;
+                n = if may_at(2 * n, above) {
+                    2 * n
+                } else {
+                    2 * n + 1
+                };
+            }
+            return Some(n - self.steps);
+        }
+        None
     }
 
     /// The last step whose value is below `need`.
@@ -311,6 +341,16 @@ fn to_i64(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Numbers below `m`, from a fixed seed.
+    fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        }
+    }
 
     #[test]
     fn gpus_taken_past_the_last_step_are_gone_from_then_on() {
@@ -366,18 +406,50 @@ mod tests {
         assert_eq!(p.when(2000, Some(60), false), Some(30));
     }
 
+    /// `first` finds the first step from any point, for both questions
+    /// the estimates ask, as a scan of the steps would.
+    #[test]
+    fn first_finds_what_a_scan_of_the_steps_finds() {
+        let mut rand = xorshift(0x2545_f491_4f6c_dd1du64);
+        for _ in 0..100 {
+            let now = 5000;
+            let ends: Vec<(u64, u64)> = (0..1 + rand(40))
+                .map(|_| (now + rand(300 * STEP), 1000 * (1 + rand(3))))
+                .collect();
+            let mut p = Profile::new(&ends, 1000 * rand(3), now);
+            while p.steps < 512 {
+                assert!(p.double());
+            }
+            for _ in 0..rand(30) {
+                let s = rand(p.steps as u64) as usize;
+                p.add_from(s, -1000 * (1 + rand(3) as i64));
+            }
+            let mut v = vec![0i64; p.steps];
+            p.leaves(1, 0, p.steps, 0, &mut v);
+            for _ in 0..50 {
+                let from = rand(p.steps as u64 + 2) as usize;
+                let need = 1000 * rand(8) as i64 - 2000;
+                let scan = |ok: &dyn Fn(i64) -> bool| (from..p.steps).find(|&s| ok(v[s]));
+                assert_eq!(
+                    p.first(from, |lo, _| lo < need, |x| x < need),
+                    scan(&|x| x < need),
+                    "below {need} from {from}"
+                );
+                assert_eq!(
+                    p.first(from, |_, hi| hi >= need, |x| x >= need),
+                    scan(&|x| x >= need),
+                    "at least {need} from {from}"
+                );
+            }
+        }
+    }
+
     /// Against a plain list of every minute's free GPUs, over random
     /// frees, starts and ends.
     #[test]
     fn answers_as_a_plain_minute_by_minute_list_would() {
         const N: usize = 4096;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut rand = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..200 {
             let now = 1000 + rand(100);
             let ends: Vec<(u64, u64)> = (0..rand(6))
