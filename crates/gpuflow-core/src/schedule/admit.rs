@@ -348,8 +348,11 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
-        for r in reasons {
-            self.out.reasons[i].push(r);
+        let mine = &mut self.out.reasons[i];
+        if mine.is_empty() {
+            *mine = reasons;
+        } else {
+            mine.append(&mut reasons);
         }
         false
     }

@@ -438,6 +438,9 @@ struct Reserves {
     /// Per flavor index, `ending` with each job a reclaim could take told
     /// at the time it could ([`Cycle::reclaim_order`]), built when first asked.
     reclaiming: BTreeMap<u32, Option<Ending>>,
+    /// Such lists without the jobs told to stop this cycle
+    /// ([`Cycle::without_new_victims`]): (list, `VictimIndex::marked` then, result).
+    unmarked: Vec<(Ending, usize, Ending)>,
     /// Per flavor, an upper bound of the GPU capacity free on one node ([`Cycle::max_free`]).
     max_free: BTreeMap<String, u64>,
 }
@@ -464,6 +467,8 @@ struct VictimIndex {
     /// Counts admissions and preemptions: what the shared reclaim windows
     /// depend on (usage, victims, disruptions) changes only with them.
     epoch: u64,
+    /// Counts the running jobs told to stop this cycle.
+    marked: usize,
     /// Per flavor index, the reclaim window entitled searches share.
     shared: rustc_hash::FxHashMap<u32, Rc<SharedWindow>>,
     /// Per flavor, running jobs in victim-cost order (see [`Cycle::reclaim_list`]).

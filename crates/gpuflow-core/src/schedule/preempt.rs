@@ -603,6 +603,7 @@ impl<'a> Cycle<'a> {
             let r = &self.snap.running[k];
             let lost = r.lost_gpu_seconds(self.snap.now) / 3600.0;
             self.victims.run[k].victim = true;
+            self.victims.marked += 1;
             // A queue's own priority preemptions make room for its own job;
             // only reclaim takes usage away from it.
             // Only reclaims count against its disruption budget, too.

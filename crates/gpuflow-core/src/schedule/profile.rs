@@ -237,10 +237,10 @@ impl Profile {
     /// `may`: whether a range whose values lie within (least, most) holds
     /// one (exactly: a range it admits has a step that passes).
     ///
-    /// Down the path to `from`, the ranges right of it are kept (nearest
-    /// last); the first of them that may hold one is then followed down to
-    /// its first step that does. A loop, not a recursion: this is most of
-    /// the estimates' cost.
+    /// Down the path to `from` while its range may hold one; then up
+    /// again, trying each range right of the path (nearest first), and
+    /// down the first that may hold one to its first step that does. A
+    /// loop, not a recursion: this is most of the estimates' cost.
     fn first(
         &self,
         from: usize,
@@ -254,14 +254,9 @@ impl Profile {
             let node = self.tree[n];
             may(node.min + above, node.max + above)
         };
-        // (node, what its ancestors added): ranges right of `from`'s path.
-        let mut right = [(0usize, 0i64); usize::BITS as usize];
-        let mut kept = 0;
+        // `above`: what the ancestors of node `n` added.
         let (mut n, mut lo, mut hi, mut above) = (1, 0, self.steps, 0);
-        loop {
-            if !may_at(n, above) {
-                break;
-            }
+        while may_at(n, above) {
             if hi - lo == 1 {
                 if leaf(self.tree[n].min + above) {
                     return Some(lo);
@@ -271,30 +266,29 @@ impl Profile {
             above += self.tree[n].add;
             let mid = (lo + hi) / 2;
             if from < mid {
-                right[kept] = (2 * n + 1, above);
-                kept += 1;
                 (n, hi) = (2 * n, mid);
             } else {
                 (n, lo) = (2 * n + 1, mid);
             }
         }
-        while kept > 0 {
-            kept -= 1;
-            let (mut n, mut above) = right[kept];
-            if !may_at(n, above) {
-                continue;
+        while n > 1 {
+            // A left child's sibling is the next range right of the path.
+            if n.is_multiple_of(2) && may_at(n + 1, above) {
+                n += 1;
+                // Some step below passes: the first, down the leftmost
+                // branch that may hold one.
+                while n < self.steps {
+                    above += self.tree[n].add;
+                    n = if may_at(2 * n, above) {
+                        2 * n
+                    } else {
+                        2 * n + 1
+                    };
+                }
+                return Some(n - self.steps);
             }
-            // Some step below passes: the first, down the leftmost branch
-            // that may hold one.
-            while n < self.steps {
-                above += self.tree[n].add;
-                n = if may_at(2 * n, above) {
-                    2 * n
-                } else {
-                    2 * n + 1
-                };
-            }
-            return Some(n - self.steps);
+            n /= 2;
+            above -= self.tree[n].add;
         }
         None
     }

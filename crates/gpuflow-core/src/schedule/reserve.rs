@@ -75,14 +75,7 @@ impl<'a> Cycle<'a> {
                 .unwrap_or_else(|| self.ending_order()),
             false => self.ending_order(),
         };
-        // Victims chosen this cycle end when they are told to stop.
-        let ending: Vec<(u64, usize)> = ending
-            .iter()
-            .copied()
-            .filter(|&(_, k)| {
-                !self.victims.run[k].victim || self.snap.running[k].stopping_at.is_some()
-            })
-            .collect();
+        let ending = self.without_new_victims(ending);
         // It would start later, when another reservation may hold the
         // nodes: it keeps off all of them.
         let mut job = self.job_on(i, flavor);
@@ -159,6 +152,32 @@ impl<'a> Cycle<'a> {
     }
 
     /// [`Cycle::reserve`]'s running jobs by end time, built once a cycle.
+    /// `ending` without the victims chosen this cycle: they end when they
+    /// are told to stop. Kept while no more are chosen (reservations
+    /// asked for it with the same list, tens of thousands of jobs long).
+    fn without_new_victims(&mut self, ending: Ending) -> Ending {
+        let marked = self.victims.marked;
+        let kept = &mut self.reserve.unmarked;
+        if let Some((_, _, e)) = kept
+            .iter()
+            .find(|(from, m, _)| *m == marked && Rc::ptr_eq(from, &ending))
+        {
+            return e.clone();
+        }
+        let e: Ending = Rc::new(
+            ending
+                .iter()
+                .copied()
+                .filter(|&(_, k)| {
+                    !self.victims.run[k].victim || self.snap.running[k].stopping_at.is_some()
+                })
+                .collect(),
+        );
+        kept.retain(|(from, _, _)| !Rc::ptr_eq(from, &ending));
+        kept.push((ending, marked, e.clone()));
+        e
+    }
+
     pub(super) fn ending_order(&mut self) -> Rc<Vec<(u64, usize)>> {
         if let Some(e) = &self.reserve.ending {
             return e.clone();
